@@ -1,0 +1,7 @@
+"""ActiveKV reference connector: the readable definition of what the native
+engine must do bit for bit. Used for parity only; never packaged."""
+
+from .connector import ActiveKVReferenceConnector
+from .config import ActiveKVConfig, ActiveKVConfigError
+
+__all__ = ["ActiveKVConfig", "ActiveKVConfigError", "ActiveKVReferenceConnector"]

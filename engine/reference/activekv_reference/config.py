@@ -1,0 +1,80 @@
+"""ActiveKV configuration, read from vLLM's ``kv_connector_extra_config``.
+
+Every key is checked when the connector starts: an unknown key, a value of the
+wrong type or out of range, or an unknown mode fails at once with a message
+that names the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+Mode = Literal["exact", "compressed"]
+StoreScope = Literal["prompt", "prompt_and_decode"]
+
+GIB = 1 << 30
+
+
+class ActiveKVConfigError(ValueError):
+    """Raised for a bad ``kv_connector_extra_config``; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActiveKVConfig:
+    # exact: KV bytes stored as they are; compressed: int8 with per-token,
+    # per-head float32 scales (see codec.py for the error bound).
+    mode: Mode = "exact"
+    # Host store size in bytes (per worker). Blocks beyond it are evicted by LRU.
+    capacity_bytes: int = 1 * GIB
+    # A block is admitted to the store on its N-th sighting (1 = first time seen).
+    store_threshold: int = 1
+    # At most this many host bytes are written for one request; 0 = no cap.
+    max_bytes_per_request: int = 0
+    # Which full blocks are saved: the prompt's only, or decode blocks too.
+    store_blocks: StoreScope = "prompt"
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ActiveKVConfig:
+        """Validate ``extra`` and build the config; raises ActiveKVConfigError."""
+        extra = dict(extra or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - set(fields))
+        if unknown:
+            raise ActiveKVConfigError(
+                f"kv_connector_extra_config: unknown key {unknown[0]!r}; "
+                f"accepted keys: {', '.join(sorted(fields))}"
+            )
+        for name, value in extra.items():
+            _check_value(name, fields[name].type, value)
+        return cls(**extra)
+
+
+# Checks for each key beyond its type: (predicate, what the key accepts).
+_RANGES = {
+    "capacity_bytes": (lambda v: v > 0, "a positive number of bytes"),
+    "store_threshold": (lambda v: v >= 1, "an integer >= 1"),
+    "max_bytes_per_request": (lambda v: v >= 0, "an integer >= 0 (0 = no cap)"),
+}
+_LITERALS = {"Mode": Mode, "StoreScope": StoreScope}
+
+
+def _check_value(name: str, annotation: str, value: Any) -> None:
+    where = f"kv_connector_extra_config[{name!r}]"
+    if annotation in _LITERALS:
+        accepted = get_args(_LITERALS[annotation])
+        if value not in accepted:
+            raise ActiveKVConfigError(
+                f"{where}: {value!r} is not accepted; accepted values: "
+                f"{', '.join(repr(a) for a in accepted)}"
+            )
+        return
+    # bool is an int subclass in Python; a flag is never a byte count.
+    if annotation == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ActiveKVConfigError(
+            f"{where}: expected an integer, got {type(value).__name__} {value!r}"
+        )
+    check, accepts = _RANGES.get(name, (None, ""))
+    if check is not None and not check(value):
+        raise ActiveKVConfigError(f"{where}: {value!r} is out of range; expected {accepts}")

@@ -1,0 +1,144 @@
+"""The vLLM-facing connector: a KVConnectorBase_V1 that hands each call to the
+scheduler side or the worker side, by role. No logic of its own lives here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .config import ActiveKVConfig
+from .identity import ModelIdentity
+from .layout import KVLayout
+from .metadata import ActiveKVMetadata
+from .scheduler import SchedulerSide
+from .stats import ActiveKVPromMetrics, ActiveKVStats
+from .worker import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+def model_identity(vllm_config: VllmConfig, layout: KVLayout) -> ModelIdentity:
+    return ModelIdentity(
+        model=str(vllm_config.model_config.model),
+        dtype=str(layout.dtype).removeprefix("torch."),
+        num_layers=len(layout.layer_names),
+        num_kv_heads=layout.num_kv_heads,
+        head_size=layout.head_size,
+        block_size=layout.block_size,
+        tp_size=vllm_config.parallel_config.tensor_parallel_size,
+    )
+
+
+class ActiveKVReferenceConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.config = ActiveKVConfig.from_extra_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
+        layout = KVLayout.from_kv_cache_config(kv_cache_config)
+        slot_bytes = layout.slot_bytes(self.config.mode)
+        num_slots = self.config.capacity_bytes // slot_bytes
+        if num_slots == 0:
+            raise ValueError(
+                f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
+                f"holds no block; one block takes {slot_bytes} bytes in "
+                f"{self.config.mode} mode"
+            )
+        identity = model_identity(vllm_config, layout)
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler_side = SchedulerSide(
+                self.config,
+                identity.digest(),
+                layout.block_size,
+                slot_bytes,
+                num_slots,
+                identity.tp_size,
+            )
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            self.worker_side = WorkerSide(
+                self.config, layout, num_slots, get_tensor_model_parallel_rank()
+            )
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped save is only a future miss
+
+    # -- worker ---------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker_side.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        self.worker_side.start_load_kv(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self.worker_side.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        self.worker_side.save_kv_layer(layer_name, kv_layer, self._meta())
+
+    def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        self.worker_side.wait_for_save(meta if isinstance(meta, ActiveKVMetadata) else None)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        return self.worker_side.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker_side.take_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self.worker_side.take_worker_meta()
+
+    def get_kv_connector_stats(self):
+        side = self.worker_side or self.scheduler_side
+        return side.stats.take()
+
+    def _meta(self) -> ActiveKVMetadata:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, ActiveKVMetadata):
+            raise TypeError(f"ActiveKV got connector metadata of type {type(meta).__name__}")
+        return meta
+
+    # -- scheduler ------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> ActiveKVMetadata:
+        return self.scheduler_side.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output) -> None:
+        self.scheduler_side.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        return self.scheduler_side.request_finished(request, block_ids)
+
+    def has_pending_push_work(self) -> bool:
+        return self.scheduler_side is not None and self.scheduler_side.has_pending_work()
+
+    # -- telemetry ------------------------------------------------------------
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return ActiveKVStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return ActiveKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

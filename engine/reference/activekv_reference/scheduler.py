@@ -1,0 +1,220 @@
+"""Scheduler side: owns the block index and the admission policy, and decides
+each step which blocks the workers load and save.
+
+Loads: a request's leading full prompt blocks past vLLM's own prefix hit that
+are visible in the index are loaded (never the block holding the last prompt
+token: vLLM must compute at least one token). Their slots are pinned until the
+workers report the load done.
+
+Saves: after each step, every full block the step completes (prompt blocks, and
+decode blocks if configured) is offered to the policy; an admitted block gets
+a PENDING slot and a save op. It turns VISIBLE only when every worker reported
+the save sealed (worker metadata), so a lookup never sees a half-written block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from .config import ActiveKVConfig
+from .identity import BlockKey, block_keys
+from .index import BlockIndex
+from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
+from .policy import AdmissionPolicy
+from .stats import ActiveKVStats
+
+
+@dataclasses.dataclass
+class _RequestState:
+    request: Any  # vllm.v1.request.Request: its token ids grow as it decodes
+    salt: str | None
+    keys: list[BlockKey] = dataclasses.field(default_factory=list)
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    lookup_start: int = 0  # first block index past vLLM's own prefix hit
+    sighted: bool = False
+    save_cursor: int = 0  # blocks below it were already offered for saving
+    blocks_written: int = 0
+    unconfirmed_saves: int = 0
+
+
+class SchedulerSide:
+    def __init__(
+        self,
+        config: ActiveKVConfig,
+        identity_digest: bytes,
+        block_size: int,
+        slot_bytes: int,
+        num_slots: int,
+        tp_size: int,
+    ):
+        self.config = config
+        self.identity_digest = identity_digest
+        self.block_size = block_size
+        self.slot_bytes = slot_bytes
+        self.tp_size = tp_size
+        self.index = BlockIndex(num_slots)
+        self.policy = AdmissionPolicy(config, slot_bytes)
+        self.stats = ActiveKVStats()
+        self._requests: dict[str, _RequestState] = {}
+        self._pending_loads: list[LoadOp] = []
+        self._slot_owner: dict[int, str] = {}  # pending save slot -> request id
+        self._confirmations: Counter[int] = Counter()  # save reports per slot
+        self._load_reports: Counter[int] = Counter()
+        self._finished_awaiting: dict[str, _RequestState] = {}
+        self._notify_awaiting: list[str] = []
+
+    # -- lookups ----------------------------------------------------------------
+    def _state(self, request) -> _RequestState:
+        st = self._requests.get(request.request_id)
+        if st is None:
+            st = _RequestState(request=request, salt=request.cache_salt)
+            self._requests[request.request_id] = st
+        return st
+
+    def _keys_upto(self, st: _RequestState, num_blocks: int) -> list[BlockKey]:
+        if len(st.keys) < num_blocks:
+            tokens = st.request.all_token_ids[: num_blocks * self.block_size]
+            st.keys = block_keys(self.identity_digest, st.salt, tokens, self.block_size, st.keys)
+        return st.keys
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        if num_computed_tokens % self.block_size:
+            return 0, False
+        st = self._state(request)
+        first = num_computed_tokens // self.block_size
+        # The block holding the last prompt token is always computed by vLLM.
+        limit = (request.num_prompt_tokens - 1) // self.block_size
+        keys = self._keys_upto(st, limit)
+        hits = 0
+        for i in range(first, limit):
+            if self.index.lookup(keys[i]) is None:
+                break
+            hits += 1
+        st.lookup_start = first
+        return hits * self.block_size, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        st = self._state(request)
+        self.stats.add("lookups", 1)
+        if num_external_tokens <= 0:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        n = num_external_tokens // self.block_size
+        for i in range(st.lookup_start, st.lookup_start + n):
+            slot = self.index.pin(st.keys[i])
+            self._pending_loads.append(LoadOp(slot=slot, block_id=block_ids[i], key=st.keys[i]))
+        self.stats.add("hit_blocks", n)
+        self.stats.add("hit_tokens", num_external_tokens)
+
+    # -- per-step plan ------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output) -> ActiveKVMetadata:
+        meta = ActiveKVMetadata(loads=self._pending_loads, awaiting_free=self._notify_awaiting)
+        self._pending_loads, self._notify_awaiting = [], []
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._requests.get(new.req_id)
+            if st is None:  # not seen by get_num_new_matched_tokens: nothing to do
+                continue
+            st.block_ids = list(new.block_ids[0])
+            st.save_cursor = 0
+            if not st.sighted:
+                prompt_blocks = st.request.num_prompt_tokens // self.block_size
+                self.policy.sight(self._keys_upto(st, prompt_blocks))
+                st.sighted = True
+            self._plan_saves(new.req_id, st, new.num_computed_tokens + scheduled[new.req_id], meta)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._requests.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:  # after preemption: a fresh block list
+                st.block_ids = list(new_ids[0]) if new_ids is not None else []
+                st.save_cursor = 0
+            elif new_ids is not None:
+                st.block_ids.extend(new_ids[0])
+            self._plan_saves(req_id, st, cached.num_computed_tokens[i] + scheduled[req_id], meta)
+        return meta
+
+    def _plan_saves(self, req_id: str, st: _RequestState, computed: int, meta: ActiveKVMetadata):
+        known = min(computed, len(st.request.all_token_ids), len(st.block_ids) * self.block_size)
+        full = self.policy.savable_blocks(
+            known // self.block_size, st.request.num_prompt_tokens, self.block_size
+        )
+        keys = self._keys_upto(st, full)
+        prompt_blocks = st.request.num_prompt_tokens // self.block_size
+        for i in range(st.save_cursor, full):
+            key = keys[i]
+            if i >= prompt_blocks:  # decode blocks are sighted when they fill
+                self.policy.sight([key])
+            if self.index.contains(key):
+                self.index.touch(key)
+                continue
+            if not self.policy.admits(key):
+                self.stats.add("rejected_threshold", 1)
+                continue
+            if not self.policy.within_request_cap(st.blocks_written):
+                self.stats.add("rejected_request_cap", 1)
+                continue
+            slot, evicted = self.index.reserve(key)
+            self.stats.add("evicted_blocks", len(evicted))
+            if slot is None:
+                self.stats.add("rejected_full", 1)
+                continue
+            meta.saves.append(SaveOp(slot=slot, block_id=st.block_ids[i], key=key, req_id=req_id))
+            self._slot_owner[slot] = req_id
+            st.blocks_written += 1
+            st.unconfirmed_saves += 1
+        st.save_cursor = max(st.save_cursor, full)
+
+    # -- worker reports -----------------------------------------------------------
+    def update_connector_output(self, connector_output) -> None:
+        wm = connector_output.kv_connector_worker_meta
+        if not isinstance(wm, ActiveKVWorkerMetadata):
+            return
+        for slot in wm.saved:
+            self._confirmations[slot] += 1
+            if self._confirmations[slot] == self.tp_size:  # every rank sealed it
+                del self._confirmations[slot]
+                self.index.commit(slot)
+                self.stats.add("stored_blocks", 1)
+                self._save_settled(slot)
+        for slot in wm.failed_saves:
+            self._confirmations.pop(slot, None)
+            self.index.discard(slot)
+            self._save_settled(slot)
+        self._load_reports.update(wm.loaded)
+        for slot in list(self._load_reports):
+            while self._load_reports[slot] >= self.tp_size:  # one load done on every rank
+                self._load_reports[slot] -= self.tp_size
+                self.index.unpin(slot)
+            if self._load_reports[slot] == 0:
+                del self._load_reports[slot]
+        for slot in wm.failed_loads:  # the slot does not hold its block: drop it
+            self.index.discard(slot)
+
+    def _save_settled(self, slot: int) -> None:
+        req_id = self._slot_owner.pop(slot, None)
+        st = self._requests.get(req_id) or self._finished_awaiting.get(req_id)
+        if st is None:
+            return
+        st.unconfirmed_saves -= 1
+        if st.unconfirmed_saves == 0 and req_id in self._finished_awaiting:
+            del self._finished_awaiting[req_id]
+            self._notify_awaiting.append(req_id)
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        st = self._requests.pop(request.request_id, None)
+        if st is None or st.unconfirmed_saves == 0:
+            return False, None
+        # Keep the device blocks until the saves reading them are done.
+        self._finished_awaiting[request.request_id] = st
+        return True, None
+
+    def has_pending_work(self) -> bool:
+        return bool(self._finished_awaiting or self._notify_awaiting)
+
+    def take_stats(self) -> ActiveKVStats | None:
+        return self.stats.take()
