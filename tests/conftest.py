@@ -1,0 +1,42 @@
+"""Shared set-up: the reference connector on the import path, figures reported
+at the end of the run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "engine" / "reference"
+
+# vLLM's engine and worker processes import the connector by module path, so
+# they need it on PYTHONPATH as well as this process on sys.path.
+sys.path.insert(0, str(REFERENCE))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(REFERENCE), os.environ.get("PYTHONPATH", "")) if p
+)
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def figures():
+    """Append lines to print in the summary (measured figures, agreements)."""
+    return _FIGURES
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FIGURES:
+        terminalreporter.section("ActiveKV figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    path = Path(os.environ.get("ACTIVEKV_TEST_CACHE", ROOT / ".cache" / "tests"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+from activekv_reference.config import GIB, ActiveKVConfig, ActiveKVConfigError
+
+
+def test_defaults_when_nothing_is_configured():
+    cfg = ActiveKVConfig.from_extra_config(None)
+    assert cfg == ActiveKVConfig()
+    assert (cfg.mode, cfg.capacity_bytes, cfg.store_threshold) == ("exact", GIB, 1)
+
+
+def test_every_key_is_read():
+    extra = {
+        "mode": "compressed",
+        "capacity_bytes": 4096,
+        "store_threshold": 3,
+        "max_bytes_per_request": 10_000,
+        "store_blocks": "prompt_and_decode",
+    }
+    cfg = ActiveKVConfig.from_extra_config(extra)
+    assert {k: getattr(cfg, k) for k in extra} == extra
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        ({"capacity": 1}, ["unknown key 'capacity'", "capacity_bytes", "store_threshold"]),
+        ({"capacity_bytes": "1G"}, ["'capacity_bytes'", "expected an integer", "str"]),
+        ({"capacity_bytes": 1.5}, ["'capacity_bytes'", "expected an integer", "float"]),
+        ({"capacity_bytes": True}, ["'capacity_bytes'", "expected an integer", "bool"]),
+        ({"capacity_bytes": -1}, ["'capacity_bytes'", "out of range", "positive"]),
+        ({"capacity_bytes": 0}, ["'capacity_bytes'", "positive"]),
+        ({"store_threshold": 0}, ["'store_threshold'", ">= 1"]),
+        ({"max_bytes_per_request": -5}, ["'max_bytes_per_request'", ">= 0"]),
+        ({"mode": "lossy"}, ["'mode'", "'lossy'", "'exact', 'compressed'"]),
+        ({"mode": 1}, ["'mode'", "'exact', 'compressed'"]),
+        ({"store_blocks": "all"}, ["'store_blocks'", "'prompt', 'prompt_and_decode'"]),
+    ],
+)
+def test_bad_config_names_the_key_and_what_it_accepts(extra, fragments):
+    with pytest.raises(ActiveKVConfigError) as err:
+        ActiveKVConfig.from_extra_config(extra)
+    for fragment in fragments:
+        assert fragment in str(err.value)

@@ -1,0 +1,96 @@
+"""Exact mode in real vLLM: blocks come back from host RAM, answers unchanged."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.support import vllm_harness as h
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def exact_llm(tiny_model):
+    llm = h.make_llm(tiny_model, {"mode": "exact"})
+    yield llm
+    h.shutdown(llm)
+
+
+def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, expected):
+    rng = random.Random(1)
+    prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
+    # A request of max_model_len tokens needs every device block: it evicts the prompt.
+    filler = h.random_tokens(rng, h.MAX_MODEL_LEN - h.MAX_TOKENS)
+
+    first = h.generate(exact_llm, [prompt])[0]
+    h.generate(exact_llm, [filler])
+    with h.TelemetryDelta(exact_llm) as delta:
+        again = h.generate(exact_llm, [prompt])[0]
+
+    reusable = h.reusable_tokens(len(prompt))
+    assert first.num_cached_tokens == 0
+    assert delta["hit_tokens"] == reusable  # every reusable token came from the host store
+    assert again.num_cached_tokens == reusable
+    # Exact mode stores the KV bytes and nothing else.
+    assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
+    assert first.tokens == again.tokens == expected([prompt])[0]
+
+
+def test_cache_salt_isolates_tenants(exact_llm, expected):
+    rng = random.Random(2)
+    prompt = h.random_tokens(rng, 6 * h.BLOCK_SIZE + 1)
+    h.generate(exact_llm, [prompt], salt="tenant-a")
+
+    for salt in ("tenant-b", None):
+        h.flush_device_cache(exact_llm)
+        with h.TelemetryDelta(exact_llm) as delta:
+            other = h.generate(exact_llm, [prompt], salt=salt)[0]
+        assert delta["hit_tokens"] == 0, f"salt {salt!r} was served tenant-a's blocks"
+        assert other.num_cached_tokens == 0
+        assert other.tokens == expected([prompt])[0]
+
+    h.flush_device_cache(exact_llm)
+    with h.TelemetryDelta(exact_llm) as delta:
+        same = h.generate(exact_llm, [prompt], salt="tenant-a")[0]
+    assert delta["hit_tokens"] == h.reusable_tokens(len(prompt))
+    assert same.tokens == expected([prompt])[0]
+
+
+def test_mixed_concurrent_batch(exact_llm, expected, figures):
+    rng = random.Random(3)
+    shared_a = h.random_tokens(rng, 4 * h.BLOCK_SIZE)
+    shared_b = h.random_tokens(rng, 2 * h.BLOCK_SIZE + 7)
+    batch = [
+        h.random_tokens(rng, 2048 + 9),  # the long one
+        shared_a + h.random_tokens(rng, 40),
+        shared_a + h.random_tokens(rng, 3),
+        shared_a + h.random_tokens(rng, 150),
+        shared_b + h.random_tokens(rng, 64),
+        shared_b + h.random_tokens(rng, 1),
+        h.random_tokens(rng, 17),  # shorter than a block: nothing to store
+        h.random_tokens(rng, 300),
+        shared_a + shared_b,
+    ]
+    assert len(batch) >= 8 and max(map(len, batch)) >= 2048
+    want = expected(batch)
+
+    with h.TelemetryDelta(exact_llm) as cold:
+        first = h.generate(exact_llm, batch)
+    h.flush_device_cache(exact_llm)
+    with h.TelemetryDelta(exact_llm) as warm:
+        second = h.generate(exact_llm, batch)
+
+    assert [r.tokens for r in first] == want
+    assert [r.tokens for r in second] == want
+    # Second pass: vLLM's cache was dropped, so every reusable token of every
+    # prompt is either loaded from the host store or shared within the batch.
+    reusable = [h.reusable_tokens(len(p)) for p in batch]
+    assert all(r.num_cached_tokens == n for r, n in zip(second, reusable))
+    assert warm["hit_tokens"] >= h.reusable_tokens(len(batch[0]))
+    assert cold["stored_blocks"] > 0
+    figures.append(
+        f"mixed batch: cold pass stored {cold['stored_blocks']:.0f} blocks; warm pass "
+        f"{warm['hit_tokens']:.0f} tokens from the host store"
+    )
