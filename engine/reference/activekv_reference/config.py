@@ -46,8 +46,8 @@ class ActiveKVConfig:
                 f"kv_connector_extra_config: unknown key {unknown[0]!r}; "
                 f"accepted keys: {', '.join(sorted(fields))}"
             )
-        for name, value in extra.items():
-            _check_value(name, fields[name].type, value)
+        for name in sorted(extra):  # sorted: the same first error in every engine
+            _check_value(name, fields[name].type, extra[name])
         return cls(**extra)
 
 

@@ -28,8 +28,8 @@ class AdmissionPolicy:
         for key in keys:
             self._sightings[key] = self._sightings.get(key, 0) + 1
             self._sightings.move_to_end(key)
-        while len(self._sightings) > MAX_TRACKED_SIGHTINGS:
-            self._sightings.popitem(last=False)
+            if len(self._sightings) > MAX_TRACKED_SIGHTINGS:
+                self._sightings.popitem(last=False)
 
     def sightings(self, key: BlockKey) -> int:
         return self._sightings.get(key, 0)

@@ -32,6 +32,7 @@ COUNTERS: dict[str, str] = {
     "bytes_to_device": "Bytes read from the host store",
     "save_us": "Microseconds spent saving blocks",
     "load_us": "Microseconds spent loading blocks",
+    "quarantined_fences": "Transfer fences with an unknown outcome; their staging is never reused",
 }
 
 

@@ -24,7 +24,7 @@ from .arena import HostArena
 from .codec import Codec, make_codec
 from .config import ActiveKVConfig
 from .layout import KVLayout
-from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
+from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp
 from .stats import ActiveKVStats
 
 _RECENT_FINISHED = 4096
@@ -49,7 +49,6 @@ class WorkerSide:
         # Per-step state.
         self._load_ops: list[LoadOp] = []
         self._staged_loads: dict[str, torch.Tensor] = {}
-        self._save_ops: list[SaveOp] = []
         self._staged_saves: dict[str, torch.Tensor] = {}
         self._out = ActiveKVWorkerMetadata()
         self._load_error_blocks: set[int] = set()
@@ -130,17 +129,17 @@ class WorkerSide:
             return
         assert self.codec is not None
         t0 = time.perf_counter()
-        self._save_ops = meta.saves
         block_ids = torch.tensor([op.block_id for op in meta.saves], device=kv_layer.device)
         encoded = self.codec.encode(kv_layer.index_select(0, block_ids))
         self._staged_saves[layer_name] = encoded.to("cpu", non_blocking=True)
         self.stats.add("save_us", _elapsed_us(t0))
 
     def wait_for_save(self, meta: ActiveKVMetadata | None) -> None:
-        if meta is not None:
-            self._awaiting_free.update(meta.awaiting_free)
-        ops, staged = self._save_ops, self._staged_saves
-        self._save_ops, self._staged_saves = [], {}
+        staged, self._staged_saves = self._staged_saves, {}
+        if meta is None:
+            return
+        self._awaiting_free.update(meta.awaiting_free)
+        ops = meta.saves
         if not ops:
             return
         assert self.arena is not None
