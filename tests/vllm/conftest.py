@@ -18,7 +18,7 @@ def tiny_model(cache_dir):
 
 @pytest.fixture(scope="session")
 def baseline_llm(tiny_model):
-    llm = h.make_llm(tiny_model, connector=False)
+    llm = h.make_llm(tiny_model, connector=None)
     yield llm
     h.shutdown(llm)
 
@@ -35,3 +35,9 @@ def expected(baseline_llm):
         return [memo[tuple(p)] for p in prompts]
 
     return tokens_for
+
+
+@pytest.fixture(scope="module", params=sorted(h.CONNECTORS))
+def connector(request):
+    """Each connector test module runs once per implementation."""
+    return request.param

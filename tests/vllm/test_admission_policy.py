@@ -15,13 +15,13 @@ CAP_BLOCKS = 6
 
 
 @pytest.fixture(scope="module")
-def policy_llm(tiny_model):
+def policy_llm(tiny_model, connector):
     extra = {
         "store_threshold": THRESHOLD,
         "max_bytes_per_request": CAP_BLOCKS * h.exact_block_bytes(),
         "store_blocks": "prompt_and_decode",
     }
-    llm = h.make_llm(tiny_model, extra)
+    llm = h.make_llm(tiny_model, extra, connector=connector)
     yield llm
     h.shutdown(llm)
 

@@ -18,10 +18,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_bad_config_fails_at_startup_naming_the_key(case, tiny_model, capfd):
+def test_bad_config_fails_at_startup_naming_the_key(case, tiny_model, connector, capfd):
     extra, fragments = CASES[case]
     with pytest.raises(Exception) as raised:
-        h.make_llm(tiny_model, extra)
+        h.make_llm(tiny_model, extra, connector=connector)
     # The connector runs in vLLM's engine process: its message reaches us on stderr.
     err = capfd.readouterr().err + str(raised.value)
     for fragment in fragments:

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def compressed_llm(tiny_model):
-    llm = h.make_llm(tiny_model, {"mode": "compressed"})
+def compressed_llm(tiny_model, connector):
+    llm = h.make_llm(tiny_model, {"mode": "compressed"}, connector=connector)
     yield llm
     h.shutdown(llm)
 

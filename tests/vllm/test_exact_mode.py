@@ -12,8 +12,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def exact_llm(tiny_model):
-    llm = h.make_llm(tiny_model, {"mode": "exact"})
+def exact_llm(tiny_model, connector):
+    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector)
     yield llm
     h.shutdown(llm)
 

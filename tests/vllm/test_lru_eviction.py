@@ -15,8 +15,8 @@ BLOCKS_PER_PROMPT = 4
 
 
 @pytest.fixture(scope="module")
-def small_store_llm(tiny_model):
-    llm = h.make_llm(tiny_model, {"capacity_bytes": STORE_BLOCKS * h.exact_block_bytes()})
+def small_store_llm(tiny_model, connector):
+    llm = h.make_llm(tiny_model, {"capacity_bytes": STORE_BLOCKS * h.exact_block_bytes()}, connector=connector)
     yield llm
     h.shutdown(llm)
 

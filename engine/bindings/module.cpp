@@ -1,0 +1,544 @@
+// The pybind11 module `activekv`: small adapters between vLLM's Python objects
+// and the native engine, and the vLLM-facing classes built at import time.
+//
+// vLLM's factory reads the connector's constructor signature and checks
+// isinstance(..., KVConnectorBase_V1), so the connector is a real subclass made
+// with the base's own metaclass; its methods are native functions. Each method
+// takes what it needs from the Python arguments under the GIL, then releases
+// the GIL for the native work. Nothing here calls back into Python objects of
+// ours on a per-step path: per step, only vLLM's arguments are read.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "activekv/config.h"
+#include "activekv/kv_layout.h"
+#include "activekv/scheduler_side.h"
+#include "activekv/telemetry.h"
+#include "activekv/worker_side.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace activekv {
+namespace {
+
+constexpr const char* kModule = "activekv";
+constexpr const char* kConnectorName = "ActiveKVConnector";
+
+// ---- conversions ------------------------------------------------------------
+
+py::bytes to_bytes(const BlockKey& key) {
+  return {reinterpret_cast<const char*>(key.data()), key.size()};
+}
+
+BlockKey to_key(const py::handle& b) {
+  const std::string s = py::cast<std::string>(b);
+  if (s.size() != BlockKey{}.size()) throw py::value_error("block key must be 32 bytes");
+  BlockKey k;
+  std::copy(s.begin(), s.end(), k.begin());
+  return k;
+}
+
+std::map<std::string, ConfigValue> to_config_values(const py::handle& extra) {
+  std::map<std::string, ConfigValue> out;
+  if (extra.is_none()) return out;
+  for (const auto& [k, v] : py::cast<py::dict>(extra)) {
+    ConfigValue cv;
+    cv.type_name = py::cast<std::string>(py::type::handle_of(v).attr("__name__"));
+    cv.repr = py::cast<std::string>(py::repr(v));
+    if (py::isinstance<py::bool_>(v)) {
+      cv.kind = ConfigValue::Kind::kBool;
+    } else if (py::isinstance<py::int_>(v)) {
+      cv.kind = ConfigValue::Kind::kInt;
+      cv.int_value = py::cast<std::int64_t>(v);
+    } else if (py::isinstance<py::str>(v)) {
+      cv.kind = ConfigValue::Kind::kString;
+      cv.string_value = py::cast<std::string>(v);
+    }
+    out.emplace(py::cast<std::string>(py::str(k)), std::move(cv));
+  }
+  return out;
+}
+
+c10::ScalarType dtype_from_python(const py::handle& dtype) {
+  const auto name = py::cast<std::string>(py::str(dtype));
+  if (name == "torch.bfloat16") return c10::ScalarType::BFloat16;
+  if (name == "torch.float16") return c10::ScalarType::Half;
+  if (name == "torch.float32") return c10::ScalarType::Float;
+  throw py::value_error("ActiveKV does not support KV cache dtype " + name);
+}
+
+KVLayout layout_of(const py::handle& kv_cache_config) {
+  const py::module_ iface = py::module_::import("vllm.v1.kv_cache_interface");
+  const py::list groups = kv_cache_config.attr("kv_cache_groups");
+  py::list kinds;
+  for (const auto& g : groups) kinds.append(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__"));
+  if (groups.size() != 1 ||
+      !py::type::handle_of(groups[0].attr("kv_cache_spec")).is(iface.attr("FullAttentionSpec"))) {
+    throw py::value_error(
+        "ActiveKV supports models with one full-attention KV cache group; this model has " +
+        py::cast<std::string>(py::repr(kinds)));
+  }
+  const py::object spec = groups[0].attr("kv_cache_spec");
+  if (!spec.attr("head_size_v").equal(spec.attr("head_size"))) {
+    throw py::value_error("ActiveKV needs K and V heads of the same size");
+  }
+  KVLayout layout;
+  layout.layer_names = py::cast<std::vector<std::string>>(groups[0].attr("layer_names"));
+  layout.block_size = py::cast<std::int64_t>(spec.attr("block_size"));
+  layout.num_kv_heads = py::cast<std::int64_t>(spec.attr("num_kv_heads"));
+  layout.head_size = py::cast<std::int64_t>(spec.attr("head_size"));
+  layout.dtype = dtype_from_python(spec.attr("dtype"));
+  return layout;
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::Float: return "float32";
+    default: return c10::toString(t);
+  }
+}
+
+py::dict telemetry_dict(const Telemetry& t) {
+  py::dict d;
+  for (std::size_t i = 0; i < kCounterNames.size(); ++i) {
+    d[py::str(std::string(kCounterNames[i]))] = t.get(static_cast<Counter>(i));
+  }
+  return d;
+}
+
+// ---- the two sides, as held by a connector instance ---------------------------
+
+class SchedulerEngine {
+ public:
+  SchedulerEngine(std::unique_ptr<SchedulerSide> side) : side_(std::move(side)) {}
+
+  // Brings the engine's copy of the request's token ids up to date.
+  void sync(const py::handle& request) {
+    const std::string id = py::cast<std::string>(request.attr("request_id"));
+    const std::int64_t known = side_->known_tokens(id);
+    const py::object all = request.attr("all_token_ids");
+    if (known == 0) requests_[py::str(id)] = request;
+    if (py::len(all) <= static_cast<std::size_t>(known)) return;
+    const auto fresh = py::cast<std::vector<std::int64_t>>(
+        all[py::slice(known, static_cast<py::ssize_t>(py::len(all)), 1)]);
+    const py::object salt = request.attr("cache_salt");
+    side_->observe_request(id, salt.is_none() ? std::nullopt : std::optional(py::cast<std::string>(salt)),
+                           py::cast<std::int64_t>(request.attr("num_prompt_tokens")), fresh);
+  }
+
+  py::tuple get_num_new_matched_tokens(const py::handle& request, std::int64_t num_computed) {
+    sync(request);
+    const std::string id = py::cast<std::string>(request.attr("request_id"));
+    std::int64_t n;
+    {
+      py::gil_scoped_release nogil;
+      n = side_->get_num_new_matched_tokens(id, num_computed);
+    }
+    return py::make_tuple(n, false);
+  }
+
+  void update_state_after_alloc(const py::handle& request, const py::handle& blocks, std::int64_t n) {
+    const std::string id = py::cast<std::string>(request.attr("request_id"));
+    std::vector<std::int64_t> ids;
+    if (n > 0) ids = py::cast<std::vector<std::int64_t>>(blocks.attr("get_block_ids")()[py::int_(0)]);
+    py::gil_scoped_release nogil;
+    side_->update_state_after_alloc(id, ids, n);
+  }
+
+  StepPlan build(const py::handle& so) {
+    const py::dict scheduled = so.attr("num_scheduled_tokens");
+    std::vector<SchedulerSide::NewRequest> fresh;
+    for (const auto& r : so.attr("scheduled_new_reqs")) {
+      const auto id = py::cast<std::string>(r.attr("req_id"));
+      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
+      fresh.push_back({id, py::cast<std::vector<std::int64_t>>(r.attr("block_ids")[py::int_(0)]),
+                       py::cast<std::int64_t>(r.attr("num_computed_tokens")),
+                       py::cast<std::int64_t>(scheduled[py::str(id)])});
+    }
+    const py::object cached = so.attr("scheduled_cached_reqs");
+    const py::list ids = cached.attr("req_ids");
+    const py::object resumed = cached.attr("resumed_req_ids");
+    const py::list new_block_ids = cached.attr("new_block_ids");
+    const py::list computed = cached.attr("num_computed_tokens");
+    std::vector<SchedulerSide::CachedRequest> running;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto id = py::cast<std::string>(ids[i]);
+      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
+      std::optional<std::vector<std::int64_t>> blocks;
+      if (!new_block_ids[i].is_none()) {
+        blocks = py::cast<std::vector<std::int64_t>>(new_block_ids[i][py::int_(0)]);
+      }
+      running.push_back({id, resumed.contains(ids[i]), std::move(blocks),
+                         py::cast<std::int64_t>(computed[i]),
+                         py::cast<std::int64_t>(scheduled[ids[i]])});
+    }
+    py::gil_scoped_release nogil;
+    return side_->build_step(fresh, running);
+  }
+
+  void apply(const WorkerReport& report) {
+    py::gil_scoped_release nogil;
+    side_->apply_report(report);
+  }
+
+  bool request_finished(const py::handle& request) {
+    const auto id = py::cast<std::string>(request.attr("request_id"));
+    requests_.attr("pop")(py::str(id), py::none());
+    py::gil_scoped_release nogil;
+    return side_->request_finished(id);
+  }
+
+  bool has_pending_work() const { return side_->has_pending_work(); }
+  Telemetry take_telemetry() { return side_->take_telemetry(); }
+
+ private:
+  std::unique_ptr<SchedulerSide> side_;
+  py::dict requests_;  // request id -> vllm Request, for its growing token ids
+};
+
+// ---- Python-side classes made at import ----------------------------------------
+
+struct Classes {
+  py::object base;            // KVConnectorBase_V1
+  py::object metadata;        // ActiveKVMetadata
+  py::object worker_meta;     // ActiveKVWorkerMetadata
+  py::object stats;           // ActiveKVStats
+  py::object prom;            // ActiveKVPromMetrics
+};
+Classes* g_classes = nullptr;  // lives as long as the module (never freed: interpreter owns it)
+
+py::object new_instance(const py::object& cls) { return cls.attr("__new__")(cls); }
+
+py::object plan_to_python(const StepPlan& plan) {
+  py::object meta = new_instance(g_classes->metadata);
+  py::list loads, saves;
+  for (const auto& op : plan.loads) loads.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key)));
+  for (const auto& op : plan.saves) {
+    saves.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key), op.req_id));
+  }
+  meta.attr("loads") = loads;
+  meta.attr("saves") = saves;
+  meta.attr("awaiting_free") = py::cast(plan.awaiting_free);
+  return meta;
+}
+
+StepPlan plan_from_python(const py::handle& meta) {
+  if (!py::isinstance(meta, g_classes->metadata)) {
+    throw py::type_error("ActiveKV got connector metadata of type " +
+                         py::cast<std::string>(py::type::handle_of(meta).attr("__name__")));
+  }
+  StepPlan plan;
+  for (const auto& t : meta.attr("loads")) {
+    plan.loads.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
+                          to_key(t[py::int_(2)])});
+  }
+  for (const auto& t : meta.attr("saves")) {
+    plan.saves.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
+                          to_key(t[py::int_(2)]), py::cast<std::string>(t[py::int_(3)])});
+  }
+  plan.awaiting_free = py::cast<std::vector<std::string>>(meta.attr("awaiting_free"));
+  return plan;
+}
+
+py::object report_to_python(const WorkerReport& r) {
+  py::object meta = new_instance(g_classes->worker_meta);
+  meta.attr("saved") = py::cast(r.saved);
+  meta.attr("failed_saves") = py::cast(r.failed_saves);
+  meta.attr("loaded") = py::cast(r.loaded);
+  meta.attr("failed_loads") = py::cast(r.failed_loads);
+  return meta;
+}
+
+WorkerReport report_from_python(const py::handle& meta) {
+  WorkerReport r;
+  r.saved = py::cast<std::vector<std::int64_t>>(meta.attr("saved"));
+  r.failed_saves = py::cast<std::vector<std::int64_t>>(meta.attr("failed_saves"));
+  r.loaded = py::cast<std::vector<std::int64_t>>(meta.attr("loaded"));
+  r.failed_loads = py::cast<std::vector<std::int64_t>>(meta.attr("failed_loads"));
+  return r;
+}
+
+py::object stats_or_none(const Telemetry& t) {
+  if (t.empty()) return py::none();
+  return g_classes->stats("data"_a = telemetry_dict(t));
+}
+
+// A method for a class built with type(): `self` comes first.
+template <class F, class... Extra>
+py::cpp_function method(F&& f, const Extra&... extra) {
+  return py::cpp_function(std::forward<F>(f), py::is_method(py::none()), extra...);
+}
+
+SchedulerEngine& scheduler_of(const py::handle& self) {
+  return py::cast<SchedulerEngine&>(self.attr("_activekv_scheduler"));
+}
+WorkerSide& worker_of(const py::handle& self) {
+  return py::cast<WorkerSide&>(self.attr("_activekv_worker"));
+}
+
+void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
+  g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
+  const py::object transfer = self.attr("_kv_transfer_config");
+  auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
+  if (!parsed.ok()) throw py::value_error(parsed.status().error());
+  const Config config = parsed.value();
+  const KVLayout layout = layout_of(kv_cache_config);
+  const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
+  const std::int64_t num_slots = config.capacity_bytes / slot_bytes;
+  if (num_slots == 0) {
+    throw py::value_error("kv_connector_extra_config['capacity_bytes']=" +
+                          std::to_string(config.capacity_bytes) + " holds no block; one block takes " +
+                          std::to_string(slot_bytes) + " bytes in " + mode_name(config.mode) + " mode");
+  }
+  const py::module_ base_mod = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
+  if (role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"))) {
+    ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
+                     dtype_name(layout.dtype),
+                     static_cast<std::int64_t>(layout.layer_names.size()),
+                     layout.num_kv_heads,
+                     layout.head_size,
+                     layout.block_size,
+                     py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
+    self.attr("_activekv_scheduler") = py::cast(
+        SchedulerEngine(std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
+                                                        num_slots, id.tp_size)));
+  } else {
+    const auto rank = py::cast<std::int64_t>(
+        py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());
+    self.attr("_activekv_worker") =
+        py::cast(std::make_unique<WorkerSide>(config, layout, num_slots, rank));
+  }
+}
+
+py::dict connector_namespace() {
+  py::dict ns;
+  ns["__module__"] = kModule;
+  ns["__doc__"] = "ActiveKV: vLLM's KV cache in host RAM (native engine).";
+  ns["__init__"] = method(&connector_init);
+  const py::module_ inspect = py::module_::import("inspect");
+  const py::object P = inspect.attr("Parameter");
+  const py::object kind = P.attr("POSITIONAL_OR_KEYWORD");
+  // What vLLM's factory inspects (a class's signature, so without self).
+  ns["__signature__"] = inspect.attr("Signature")(
+      py::make_tuple(P("vllm_config", kind), P("role", kind), P("kv_cache_config", kind)));
+  ns["_cache_hit_source"] =
+      py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
+  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(
+      method([](py::object) { return false; }));  // a dropped save is only a future miss
+
+  // -- worker --
+  ns["register_kv_caches"] = method([](py::object self, py::dict kv_caches) {
+    std::unordered_map<std::string, at::Tensor> caches;
+    for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
+    const Status s = worker_of(self).register_kv_caches(caches);
+    if (!s.ok()) throw py::value_error(s.error());
+  });
+  ns["bind_connector_metadata"] = method([](py::object self, py::object meta) {
+    self.attr("_connector_metadata") = meta;
+    if (py::hasattr(self, "_activekv_worker")) worker_of(self).bind_plan(plan_from_python(meta));
+  });
+  ns["clear_connector_metadata"] = method([](py::object self) {
+    self.attr("_connector_metadata") = py::none();
+    if (py::hasattr(self, "_activekv_worker")) worker_of(self).clear_plan();
+  });
+  ns["start_load_kv"] = method([](py::object self, py::object, py::kwargs) {
+    WorkerSide& w = worker_of(self);
+    py::gil_scoped_release nogil;
+    w.start_load();
+  });
+  ns["wait_for_layer_load"] = method([](py::object self, std::string layer) {
+    WorkerSide& w = worker_of(self);
+    py::gil_scoped_release nogil;
+    w.wait_for_layer_load(layer);
+  });
+  ns["save_kv_layer"] = method([](py::object self, std::string layer, at::Tensor kv, py::object, py::kwargs) {
+    WorkerSide& w = worker_of(self);
+    py::gil_scoped_release nogil;
+    w.save_layer(layer, kv);
+  });
+  ns["wait_for_save"] = method([](py::object self) {
+    WorkerSide& w = worker_of(self);
+    py::gil_scoped_release nogil;
+    w.wait_for_save();
+  });
+  ns["get_finished"] = method([](py::object self, py::object finished) {
+    WorkerSide& w = worker_of(self);
+    const auto ids = py::cast<std::vector<std::string>>(py::list(finished));
+    std::vector<std::string> done;
+    {
+      py::gil_scoped_release nogil;
+      done = w.get_finished(ids);
+    }
+    py::object sending = done.empty() ? py::none() : py::object(py::set(py::cast(done)));
+    return py::make_tuple(sending, py::none());
+  });
+  ns["get_block_ids_with_load_errors"] = method([](py::object self) {
+    return py::set(py::cast(worker_of(self).take_load_errors()));
+  });
+  ns["build_connector_worker_meta"] = method([](py::object self) -> py::object {
+    const WorkerReport r = worker_of(self).take_report();
+    return r.empty() ? py::none() : report_to_python(r);
+  });
+  ns["get_kv_connector_stats"] = method([](py::object self) -> py::object {
+    if (py::hasattr(self, "_activekv_worker")) return stats_or_none(worker_of(self).take_telemetry());
+    return stats_or_none(scheduler_of(self).take_telemetry());
+  });
+
+  // -- scheduler --
+  ns["get_num_new_matched_tokens"] = method([](py::object self, py::object request, std::int64_t n) {
+    return scheduler_of(self).get_num_new_matched_tokens(request, n);
+  });
+  ns["update_state_after_alloc"] = method([](py::object self, py::object request, py::object blocks, std::int64_t n) {
+    scheduler_of(self).update_state_after_alloc(request, blocks, n);
+  });
+  ns["build_connector_meta"] = method([](py::object self, py::object so) {
+    return plan_to_python(scheduler_of(self).build(so));
+  });
+  ns["update_connector_output"] = method([](py::object self, py::object output) {
+    const py::object wm = output.attr("kv_connector_worker_meta");
+    if (py::isinstance(wm, g_classes->worker_meta)) scheduler_of(self).apply(report_from_python(wm));
+  });
+  ns["request_finished"] = method([](py::object self, py::object request, py::object) {
+    return py::make_tuple(scheduler_of(self).request_finished(request), py::none());
+  });
+  ns["has_pending_push_work"] = method([](py::object self) {
+    return py::hasattr(self, "_activekv_scheduler") && scheduler_of(self).has_pending_work();
+  });
+
+  // -- telemetry --
+  const py::object classmethod = py::module_::import("builtins").attr("classmethod");
+  ns["build_kv_connector_stats"] = classmethod(method([](py::object, py::object data) {
+    return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
+  }));
+  ns["build_prom_metrics"] = classmethod(method(
+      [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
+        return g_classes->prom(vllm_config, types, labels, per_engine);
+      }));
+  return ns;
+}
+
+py::object make_class(const py::object& base, const char* name, py::dict ns) {
+  ns["__module__"] = kModule;
+  ns["__qualname__"] = name;
+  return py::type::handle_of(base)(name, py::make_tuple(base), ns);
+}
+
+py::dict stats_namespace() {
+  py::dict ns;
+  ns["reset"] = method([](py::object self) {
+    py::dict data = self.attr("data");
+    for (const auto& n : kCounterNames) data[py::str(std::string(n))] = 0;
+  });
+  ns["aggregate"] = method([](py::object self, py::object other) {
+    py::dict data = self.attr("data");
+    py::dict theirs = other.attr("data");
+    for (const auto& n : kCounterNames) {
+      const py::str k{std::string(n)};
+      data[k] = data.attr("get")(k, 0) + theirs.attr("get")(k, 0);
+    }
+    return self;
+  });
+  ns["reduce"] = method([](py::object self) {
+    py::dict data = self.attr("data");
+    py::dict out;
+    for (const auto& n : kCounterNames) out[py::str(std::string(n))] = data.attr("get")(std::string(n), 0);
+    return out;
+  });
+  ns["is_empty"] = method([](py::object self) {
+    py::dict data = self.attr("data");
+    for (const auto& n : kCounterNames) {
+      if (py::cast<bool>(data.attr("get")(std::string(n), 0))) return false;
+    }
+    return true;
+  });
+  return ns;
+}
+
+py::dict prom_namespace(const py::object& prom_base) {
+  py::dict ns;
+  ns["__init__"] = method([prom_base](py::object self, py::object vllm_config, py::object types,
+                                      py::object labels, py::dict per_engine) {
+    prom_base.attr("__init__")(self, vllm_config, types, labels, per_engine);
+    py::dict counters;
+    for (const auto& n : kCounterNames) {
+      const std::string name(n);
+      py::object c = self.attr("_counter_cls")("name"_a = "vllm:activekv_" + name,
+                                               "documentation"_a = "ActiveKV " + name,
+                                               "labelnames"_a = labels);
+      py::dict per;
+      for (const auto& [idx, values] : per_engine) per[idx] = c.attr("labels")(*values);
+      counters[py::str(name)] = per;
+    }
+    self.attr("_activekv_counters") = counters;
+  });
+  ns["observe"] = method([](py::object self, py::dict data, py::int_ engine_idx) {
+    py::dict counters = self.attr("_activekv_counters");
+    for (const auto& [name, per] : counters) {
+      const py::object v = data.attr("get")(name, 0);
+      if (py::cast<bool>(v)) per[engine_idx].attr("inc")(v);
+    }
+  }, "transfer_stats_data"_a, "engine_idx"_a = 0);
+  return ns;
+}
+
+py::dict worker_meta_namespace() {
+  py::dict ns;
+  ns["aggregate"] = method([](py::object self, py::object other) {
+    if (!py::isinstance(other, g_classes->worker_meta)) {
+      throw py::type_error("cannot aggregate " +
+                           py::cast<std::string>(py::type::handle_of(other).attr("__name__")) +
+                           " into ActiveKV metadata");
+    }
+    WorkerReport a = report_from_python(self);
+    const WorkerReport b = report_from_python(other);
+    a.saved.insert(a.saved.end(), b.saved.begin(), b.saved.end());
+    a.failed_saves.insert(a.failed_saves.end(), b.failed_saves.begin(), b.failed_saves.end());
+    a.loaded.insert(a.loaded.end(), b.loaded.begin(), b.loaded.end());
+    a.failed_loads.insert(a.failed_loads.end(), b.failed_loads.begin(), b.failed_loads.end());
+    return report_to_python(a);
+  });
+  return ns;
+}
+
+}  // namespace
+}  // namespace activekv
+
+PYBIND11_MODULE(activekv, m) {
+  using namespace activekv;
+  m.doc() = "ActiveKV: vLLM's KV cache in host RAM. Load with kv_connector_module_path='activekv'.";
+  py::class_<SchedulerEngine>(m, "_SchedulerEngine");
+  py::class_<WorkerSide>(m, "_WorkerEngine");
+
+  const py::module_ base = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
+  const py::module_ metrics = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.metrics");
+  g_classes = new Classes{};
+  g_classes->base = base.attr("KVConnectorBase_V1");
+  g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
+  g_classes->worker_meta =
+      make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
+  g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());
+  const py::object prom_base = metrics.attr("KVConnectorPromMetrics");
+  g_classes->prom = make_class(prom_base, "ActiveKVPromMetrics", prom_namespace(prom_base));
+  const py::object connector = make_class(g_classes->base, kConnectorName, connector_namespace());
+
+  m.attr("ActiveKVMetadata") = g_classes->metadata;
+  m.attr("ActiveKVWorkerMetadata") = g_classes->worker_meta;
+  m.attr("ActiveKVStats") = g_classes->stats;
+  m.attr("ActiveKVPromMetrics") = g_classes->prom;
+  m.attr(kConnectorName) = connector;
+  m.def("register", [] {
+    py::module_::import("vllm.distributed.kv_transfer.kv_connector.factory")
+        .attr("KVConnectorFactory")
+        .attr("register_connector")(kConnectorName, kModule, kConnectorName);
+  }, "vllm.general_plugins entry point: makes 'ActiveKVConnector' known to vLLM by name.");
+}

@@ -1,0 +1,39 @@
+// ActiveKV configuration, read from vLLM's kv_connector_extra_config. Same keys,
+// defaults and messages as the Python reference (config.py).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "activekv/status.h"
+
+namespace activekv {
+
+enum class Mode { kExact, kCompressed };
+enum class StoreScope { kPrompt, kPromptAndDecode };
+
+// One value of the extra config as Python gave it.
+struct ConfigValue {
+  enum class Kind { kInt, kBool, kString, kOther };
+  Kind kind = Kind::kOther;
+  std::int64_t int_value = 0;
+  std::string string_value;
+  std::string type_name;  // Python type name, for messages
+  std::string repr;       // Python repr(), for messages
+};
+
+struct Config {
+  Mode mode = Mode::kExact;
+  std::int64_t capacity_bytes = std::int64_t{1} << 30;
+  std::int64_t store_threshold = 1;
+  std::int64_t max_bytes_per_request = 0;  // 0 = no cap
+  StoreScope store_blocks = StoreScope::kPrompt;
+
+  // Validates every key; the error names the key and what it accepts.
+  static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);
+};
+
+const char* mode_name(Mode mode);
+
+}  // namespace activekv

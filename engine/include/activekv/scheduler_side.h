@@ -1,0 +1,100 @@
+// Scheduler side: owns the block index and the admission policy, and decides
+// each step which blocks the workers load and save. Mirrors the reference
+// (engine/reference/activekv_reference/scheduler.py) decision for decision.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "activekv/admission_policy.h"
+#include "activekv/block_index.h"
+#include "activekv/config.h"
+#include "activekv/step_plan.h"
+#include "activekv/telemetry.h"
+
+namespace activekv {
+
+class SchedulerSide {
+ public:
+  SchedulerSide(const Config& config, const Digest& identity_digest, std::int64_t block_size,
+                std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size);
+  SchedulerSide(const SchedulerSide&) = delete;
+  SchedulerSide& operator=(const SchedulerSide&) = delete;
+
+  // Token ids the engine holds for the request (0 if unknown).
+  std::int64_t known_tokens(const std::string& req_id) const;
+  // Registers the request or appends its newest token ids; `tokens` continue
+  // from known_tokens(req_id).
+  void observe_request(const std::string& req_id, const std::optional<std::string>& salt,
+                       std::int64_t num_prompt_tokens, std::span<const std::int64_t> tokens);
+
+  // Tokens loadable from the host store past `num_computed_tokens`.
+  std::int64_t get_num_new_matched_tokens(const std::string& req_id,
+                                          std::int64_t num_computed_tokens);
+  void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
+                                std::int64_t num_external_tokens);
+
+  struct NewRequest {
+    std::string req_id;
+    std::vector<std::int64_t> block_ids;
+    std::int64_t num_computed_tokens;
+    std::int64_t num_scheduled_tokens;
+  };
+  struct CachedRequest {
+    std::string req_id;
+    bool resumed;
+    std::optional<std::vector<std::int64_t>> new_block_ids;
+    std::int64_t num_computed_tokens;
+    std::int64_t num_scheduled_tokens;
+  };
+  StepPlan build_step(const std::vector<NewRequest>& new_requests,
+                      const std::vector<CachedRequest>& cached_requests);
+
+  void apply_report(const WorkerReport& report);
+  // True: keep the request's device blocks until the workers report its saves.
+  bool request_finished(const std::string& req_id);
+  bool has_pending_work() const { return !finished_awaiting_.empty() || !notify_awaiting_.empty(); }
+
+  Telemetry take_telemetry() { return stats_.take(); }
+  const BlockIndex& index() const { return index_; }
+
+ private:
+  struct RequestState {
+    std::optional<std::string> salt;
+    std::int64_t num_prompt_tokens = 0;
+    std::vector<std::int64_t> tokens;
+    std::vector<BlockKey> keys;
+    std::vector<std::int64_t> block_ids;
+    std::int64_t lookup_start = 0;
+    bool sighted = false;
+    std::int64_t save_cursor = 0;
+    std::int64_t blocks_written = 0;
+    std::int64_t unconfirmed_saves = 0;
+  };
+  const std::vector<BlockKey>& keys_upto(RequestState& st, std::int64_t num_blocks);
+  void plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
+                  StepPlan& plan);
+  void save_settled(std::int64_t slot);
+
+  Config config_;
+  Digest identity_digest_;
+  std::int64_t block_size_;
+  std::int64_t tp_size_;
+  BlockIndex index_;
+  AdmissionPolicy policy_;
+  Telemetry stats_;
+  std::unordered_map<std::string, RequestState> requests_;
+  std::vector<LoadOp> pending_loads_;
+  std::unordered_map<std::int64_t, std::string> slot_owner_;
+  std::map<std::int64_t, std::int64_t> confirmations_;  // save reports per slot
+  std::map<std::int64_t, std::int64_t> load_reports_;
+  std::unordered_map<std::string, RequestState> finished_awaiting_;
+  std::vector<std::string> notify_awaiting_;
+};
+
+}  // namespace activekv

@@ -1,0 +1,46 @@
+// What passes between the scheduler side and the workers each step: plain data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "activekv/block_key.h"
+
+namespace activekv {
+
+struct LoadOp {
+  std::int64_t slot;      // host slot to read
+  std::int64_t block_id;  // device block to fill
+  BlockKey key;           // block the slot must hold
+};
+
+struct SaveOp {
+  std::int64_t slot;      // host slot to write (pending until reported)
+  std::int64_t block_id;  // device block to read
+  BlockKey key;
+  std::string req_id;
+};
+
+// Scheduler -> workers.
+struct StepPlan {
+  std::vector<LoadOp> loads;
+  std::vector<SaveOp> saves;
+  // Finished requests whose device blocks stay allocated until the workers
+  // report that none of their saves is still running.
+  std::vector<std::string> awaiting_free;
+};
+
+// Workers -> scheduler; reports of all TP ranks are concatenated.
+struct WorkerReport {
+  std::vector<std::int64_t> saved;
+  std::vector<std::int64_t> failed_saves;
+  std::vector<std::int64_t> loaded;  // ok or not
+  std::vector<std::int64_t> failed_loads;
+
+  bool empty() const {
+    return saved.empty() && failed_saves.empty() && loaded.empty() && failed_loads.empty();
+  }
+};
+
+}  // namespace activekv

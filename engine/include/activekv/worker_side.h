@@ -1,0 +1,112 @@
+// Worker side: owns the host arena and moves blocks between it and the paged
+// KV cache. Mirrors the reference (worker.py) step by step:
+//   start_load          check each load's slot holds the expected block, gather
+//                       its rows into one staging region per layer and issue one
+//                       host->device copy per layer (on a load stream where the
+//                       device has streams);
+//   wait_for_layer_load make the compute stream wait for that layer's copy, then
+//                       decode and scatter the rows into the paged cache;
+//   save_layer          gather the layer's blocks on the device, encode, and
+//                       issue one device->host copy into staging (on a save
+//                       stream that first waits for the compute stream);
+//   wait_for_save       wait for the copies' fences, write the rows into their
+//                       slots and seal them. A fence that fails is quarantined
+//                       and its saves reported failed.
+// Device-generic: c10 streams and events only; on CPU everything is immediate.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "activekv/config.h"
+#include "activekv/host_arena.h"
+#include "activekv/kv_codec.h"
+#include "activekv/kv_layout.h"
+#include "activekv/staging_pool.h"
+#include "activekv/step_plan.h"
+#include "activekv/telemetry.h"
+
+namespace activekv {
+
+class WorkerSide {
+ public:
+  WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank);
+  ~WorkerSide();
+  WorkerSide(const WorkerSide&) = delete;
+  WorkerSide& operator=(const WorkerSide&) = delete;
+
+  // Must be called once, before any step. Errors name the layer or shape.
+  Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
+
+  // The step's plan, bound before the forward and cleared after wait_for_save.
+  void bind_plan(StepPlan plan) { plan_ = std::move(plan); }
+  void clear_plan() { plan_.reset(); }
+
+  void start_load();
+  void wait_for_layer_load(const std::string& layer_name);
+  void save_layer(const std::string& layer_name, const at::Tensor& kv_layer);
+  void wait_for_save();
+
+  // Requests the scheduler kept for their saves that can now be released.
+  std::vector<std::string> get_finished(const std::vector<std::string>& finished_req_ids);
+  std::vector<std::int64_t> take_load_errors();
+  WorkerReport take_report();
+  Telemetry take_telemetry() { return stats_.take(); }
+
+  // What a sealed slot records: the block key and this worker's TP rank.
+  std::string tag(const BlockKey& key) const;
+  HostArena* arena() { return arena_.get(); }
+  const StagingPool* staging() const { return staging_.get(); }
+
+ private:
+  struct LayerLoad {
+    at::Tensor rows;  // on the device
+    std::optional<c10::Event> ready;
+    std::optional<StagingLease> lease;
+  };
+  struct LayerSave {
+    at::Tensor rows;  // on the host
+    std::optional<c10::Event> done;
+    std::optional<StagingLease> lease;
+  };
+  bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
+  void release_load_leases();
+
+  Config config_;
+  KVLayout layout_;
+  std::int64_t num_slots_;
+  std::int64_t tp_rank_;
+  std::int64_t layer_bytes_;
+  std::unordered_map<std::string, std::int64_t> layer_offset_;
+  std::unordered_map<std::string, at::Tensor> kv_;
+  c10::Device device_{c10::DeviceType::CPU};
+  std::unique_ptr<KVCodec> codec_;
+  std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<StagingPool> staging_;
+  std::optional<c10::Stream> load_stream_;
+  std::optional<c10::Stream> save_stream_;
+  Telemetry stats_;
+
+  std::vector<LoadOp> load_ops_;
+  at::Tensor load_block_ids_;
+  std::unordered_map<std::string, LayerLoad> staged_loads_;
+  std::vector<LayerLoad> finished_loads_;  // leases waiting for their fence
+  std::optional<StepPlan> plan_;
+  std::unordered_map<std::string, LayerSave> staged_saves_;
+  WorkerReport report_;
+  std::vector<std::int64_t> load_error_blocks_;
+  std::set<std::string> awaiting_free_;
+  std::deque<std::string> recent_finished_;
+};
+
+}  // namespace activekv

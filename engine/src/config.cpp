@@ -1,0 +1,88 @@
+#include "activekv/config.h"
+
+#include <array>
+#include <functional>
+
+namespace activekv {
+namespace {
+
+constexpr std::array<const char*, 5> kKeys = {"capacity_bytes", "max_bytes_per_request", "mode",
+                                              "store_blocks", "store_threshold"};
+
+std::string where(const std::string& key) {
+  return "kv_connector_extra_config['" + key + "']";
+}
+
+Status bad(std::string message) { return {ErrorCode::kInvalidConfig, std::move(message)}; }
+
+Status read_int(const std::string& key, const ConfigValue& v, std::int64_t& out,
+                const std::function<bool(std::int64_t)>& in_range, const char* accepts) {
+  if (v.kind != ConfigValue::Kind::kInt) {
+    return bad(where(key) + ": expected an integer, got " + v.type_name + " " + v.repr);
+  }
+  if (!in_range(v.int_value)) {
+    return bad(where(key) + ": " + v.repr + " is out of range; expected " + accepts);
+  }
+  out = v.int_value;
+  return Status::Ok();
+}
+
+template <class E, std::size_t N>
+Status read_choice(const std::string& key, const ConfigValue& v,
+                   const std::array<std::pair<const char*, E>, N>& choices, E& out) {
+  if (v.kind == ConfigValue::Kind::kString) {
+    for (const auto& [name, value] : choices) {
+      if (v.string_value == name) {
+        out = value;
+        return Status::Ok();
+      }
+    }
+  }
+  std::string accepted;
+  for (const auto& [name, value] : choices) {
+    accepted += (accepted.empty() ? "'" : ", '") + std::string(name) + "'";
+  }
+  return bad(where(key) + ": " + v.repr + " is not accepted; accepted values: " + accepted);
+}
+
+}  // namespace
+
+const char* mode_name(Mode mode) { return mode == Mode::kExact ? "exact" : "compressed"; }
+
+Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
+  for (const auto& [key, value] : extra) {  // std::map: sorted, like the reference
+    bool known = false;
+    for (const char* k : kKeys) known = known || key == k;
+    if (!known) {
+      std::string accepted;
+      for (const char* k : kKeys) accepted += (accepted.empty() ? "" : ", ") + std::string(k);
+      return bad("kv_connector_extra_config: unknown key '" + key + "'; accepted keys: " +
+                 accepted);
+    }
+  }
+  Config c;
+  for (const auto& [key, v] : extra) {
+    Status s;
+    if (key == "mode") {
+      constexpr std::array<std::pair<const char*, Mode>, 2> kModes = {
+          {{"exact", Mode::kExact}, {"compressed", Mode::kCompressed}}};
+      s = read_choice(key, v, kModes, c.mode);
+    } else if (key == "store_blocks") {
+      constexpr std::array<std::pair<const char*, StoreScope>, 2> kScopes = {
+          {{"prompt", StoreScope::kPrompt}, {"prompt_and_decode", StoreScope::kPromptAndDecode}}};
+      s = read_choice(key, v, kScopes, c.store_blocks);
+    } else if (key == "capacity_bytes") {
+      s = read_int(key, v, c.capacity_bytes, [](auto x) { return x > 0; },
+                   "a positive number of bytes");
+    } else if (key == "store_threshold") {
+      s = read_int(key, v, c.store_threshold, [](auto x) { return x >= 1; }, "an integer >= 1");
+    } else {
+      s = read_int(key, v, c.max_bytes_per_request, [](auto x) { return x >= 0; },
+                   "an integer >= 0 (0 = no cap)");
+    }
+    if (!s.ok()) return s;
+  }
+  return c;
+}
+
+}  // namespace activekv

@@ -1,0 +1,203 @@
+#include "activekv/scheduler_side.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace activekv {
+
+SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest,
+                             std::int64_t block_size, std::int64_t slot_bytes,
+                             std::int64_t num_slots, std::int64_t tp_size)
+    : config_(config),
+      identity_digest_(identity_digest),
+      block_size_(block_size),
+      tp_size_(tp_size),
+      index_(num_slots),
+      policy_(config, slot_bytes) {}
+
+std::int64_t SchedulerSide::known_tokens(const std::string& req_id) const {
+  const auto it = requests_.find(req_id);
+  return it == requests_.end() ? 0 : static_cast<std::int64_t>(it->second.tokens.size());
+}
+
+void SchedulerSide::observe_request(const std::string& req_id,
+                                    const std::optional<std::string>& salt,
+                                    std::int64_t num_prompt_tokens,
+                                    std::span<const std::int64_t> tokens) {
+  auto [it, created] = requests_.try_emplace(req_id);
+  if (created) {
+    it->second.salt = salt;
+    it->second.num_prompt_tokens = num_prompt_tokens;
+  }
+  it->second.tokens.insert(it->second.tokens.end(), tokens.begin(), tokens.end());
+}
+
+const std::vector<BlockKey>& SchedulerSide::keys_upto(RequestState& st, std::int64_t num_blocks) {
+  if (static_cast<std::int64_t>(st.keys.size()) < num_blocks) {
+    const auto n = std::min<std::size_t>(st.tokens.size(),
+                                         static_cast<std::size_t>(num_blocks * block_size_));
+    extend_block_keys(identity_digest_, st.salt, std::span(st.tokens).first(n), block_size_,
+                      st.keys);
+  }
+  return st.keys;
+}
+
+std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id,
+                                                       std::int64_t num_computed_tokens) {
+  if (num_computed_tokens % block_size_ != 0) return 0;
+  auto& st = requests_.at(req_id);
+  const std::int64_t first = num_computed_tokens / block_size_;
+  // The block holding the last prompt token is always computed by vLLM.
+  const std::int64_t limit = (st.num_prompt_tokens - 1) / block_size_;
+  const auto& keys = keys_upto(st, limit);
+  std::int64_t hits = 0;
+  for (std::int64_t i = first; i < limit; ++i) {
+    if (!index_.lookup(keys[static_cast<std::size_t>(i)])) break;
+    ++hits;
+  }
+  st.lookup_start = first;
+  return hits * block_size_;
+}
+
+void SchedulerSide::update_state_after_alloc(const std::string& req_id,
+                                             std::span<const std::int64_t> block_ids,
+                                             std::int64_t num_external_tokens) {
+  auto& st = requests_.at(req_id);
+  stats_.add(Counter::kLookups, 1);
+  if (num_external_tokens <= 0) return;
+  const std::int64_t n = num_external_tokens / block_size_;
+  for (std::int64_t i = st.lookup_start; i < st.lookup_start + n; ++i) {
+    const BlockKey& key = st.keys.at(static_cast<std::size_t>(i));
+    const std::int64_t slot = index_.pin(key);
+    pending_loads_.push_back(LoadOp{slot, block_ids[static_cast<std::size_t>(i)], key});
+  }
+  stats_.add(Counter::kHitBlocks, n);
+  stats_.add(Counter::kHitTokens, num_external_tokens);
+}
+
+StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
+                                   const std::vector<CachedRequest>& cached_requests) {
+  StepPlan plan;
+  plan.loads = std::move(pending_loads_);
+  plan.awaiting_free = std::move(notify_awaiting_);
+  pending_loads_.clear();
+  notify_awaiting_.clear();
+  for (const auto& r : new_requests) {
+    const auto it = requests_.find(r.req_id);
+    if (it == requests_.end()) continue;  // never looked up: nothing to do
+    auto& st = it->second;
+    st.block_ids = r.block_ids;
+    st.save_cursor = 0;
+    if (!st.sighted) {
+      for (const auto& key : keys_upto(st, st.num_prompt_tokens / block_size_)) policy_.sight(key);
+      st.sighted = true;
+    }
+    plan_saves(r.req_id, st, r.num_computed_tokens + r.num_scheduled_tokens, plan);
+  }
+  for (const auto& r : cached_requests) {
+    const auto it = requests_.find(r.req_id);
+    if (it == requests_.end()) continue;
+    auto& st = it->second;
+    if (r.resumed) {  // after preemption: a fresh block list
+      st.block_ids = r.new_block_ids.value_or(std::vector<std::int64_t>{});
+      st.save_cursor = 0;
+    } else if (r.new_block_ids) {
+      st.block_ids.insert(st.block_ids.end(), r.new_block_ids->begin(), r.new_block_ids->end());
+    }
+    plan_saves(r.req_id, st, r.num_computed_tokens + r.num_scheduled_tokens, plan);
+  }
+  return plan;
+}
+
+void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
+                               StepPlan& plan) {
+  const std::int64_t known =
+      std::min({computed, static_cast<std::int64_t>(st.tokens.size()),
+                static_cast<std::int64_t>(st.block_ids.size()) * block_size_});
+  const std::int64_t full =
+      policy_.savable_blocks(known / block_size_, st.num_prompt_tokens, block_size_);
+  const auto& keys = keys_upto(st, full);
+  const std::int64_t prompt_blocks = st.num_prompt_tokens / block_size_;
+  for (std::int64_t i = st.save_cursor; i < full; ++i) {
+    const BlockKey& key = keys[static_cast<std::size_t>(i)];
+    if (i >= prompt_blocks) policy_.sight(key);  // decode blocks are sighted when they fill
+    if (index_.contains(key)) {
+      index_.touch(key);
+      continue;
+    }
+    if (!policy_.admits(key)) {
+      stats_.add(Counter::kRejectedThreshold, 1);
+      continue;
+    }
+    if (!policy_.within_request_cap(st.blocks_written)) {
+      stats_.add(Counter::kRejectedRequestCap, 1);
+      continue;
+    }
+    auto r = index_.reserve(key);
+    stats_.add(Counter::kEvictedBlocks, static_cast<std::int64_t>(r.evicted.size()));
+    if (!r.slot) {
+      stats_.add(Counter::kRejectedFull, 1);
+      continue;
+    }
+    plan.saves.push_back(SaveOp{*r.slot, st.block_ids[static_cast<std::size_t>(i)], key, req_id});
+    slot_owner_[*r.slot] = req_id;
+    ++st.blocks_written;
+    ++st.unconfirmed_saves;
+  }
+  st.save_cursor = std::max(st.save_cursor, full);
+}
+
+void SchedulerSide::apply_report(const WorkerReport& report) {
+  for (const auto slot : report.saved) {
+    if (++confirmations_[slot] == tp_size_) {  // every rank sealed it
+      confirmations_.erase(slot);
+      index_.commit(slot);
+      stats_.add(Counter::kStoredBlocks, 1);
+      save_settled(slot);
+    }
+  }
+  for (const auto slot : report.failed_saves) {
+    confirmations_.erase(slot);
+    index_.discard(slot);
+    save_settled(slot);
+  }
+  for (const auto slot : report.loaded) ++load_reports_[slot];
+  for (auto it = load_reports_.begin(); it != load_reports_.end();) {
+    while (it->second >= tp_size_) {  // one load done on every rank
+      it->second -= tp_size_;
+      index_.unpin(it->first);
+    }
+    it = it->second == 0 ? load_reports_.erase(it) : std::next(it);
+  }
+  for (const auto slot : report.failed_loads) index_.discard(slot);  // slot lost its block
+}
+
+void SchedulerSide::save_settled(std::int64_t slot) {
+  const auto owner = slot_owner_.find(slot);
+  if (owner == slot_owner_.end()) return;
+  const std::string req_id = owner->second;
+  slot_owner_.erase(owner);
+  if (auto it = requests_.find(req_id); it != requests_.end()) {
+    --it->second.unconfirmed_saves;
+    return;
+  }
+  if (auto it = finished_awaiting_.find(req_id); it != finished_awaiting_.end()) {
+    if (--it->second.unconfirmed_saves == 0) {
+      finished_awaiting_.erase(it);
+      notify_awaiting_.push_back(req_id);
+    }
+  }
+}
+
+bool SchedulerSide::request_finished(const std::string& req_id) {
+  const auto it = requests_.find(req_id);
+  if (it == requests_.end()) return false;
+  RequestState st = std::move(it->second);
+  requests_.erase(it);
+  if (st.unconfirmed_saves == 0) return false;
+  // Keep the device blocks until the saves reading them are done.
+  finished_awaiting_.emplace(req_id, std::move(st));
+  return true;
+}
+
+}  // namespace activekv
