@@ -1,0 +1,100 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "activekv/worker_side.h"
+
+namespace activekv {
+namespace {
+
+KVLayout layout() {
+  KVLayout l;
+  l.layer_names = {"l0", "l1", "l2"};
+  l.block_size = 32;
+  l.num_kv_heads = 2;
+  l.head_size = 32;
+  l.dtype = at::kBFloat16;
+  return l;
+}
+
+std::unordered_map<std::string, at::Tensor> caches() {
+  at::manual_seed(1);
+  std::unordered_map<std::string, at::Tensor> kv;
+  for (const auto& n : layout().layer_names) kv[n] = at::randn({12, 2, 32, 64}).to(at::kBFloat16);
+  return kv;
+}
+
+BlockKey key(std::uint8_t i) {
+  BlockKey k{};
+  k.fill(i);
+  return k;
+}
+
+void step(WorkerSide& w, std::unordered_map<std::string, at::Tensor>& kv, StepPlan plan) {
+  w.bind_plan(std::move(plan));
+  w.start_load();
+  for (const auto& n : layout().layer_names) {
+    w.wait_for_layer_load(n);
+    w.save_layer(n, kv.at(n));
+  }
+  w.wait_for_save();
+  w.clear_plan();
+}
+
+TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
+  Config config;
+  WorkerSide w(config, layout(), 8, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}});
+  auto report = w.take_report();
+  EXPECT_EQ(report.saved, (std::vector<std::int64_t>{0, 5}));
+  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}});
+  for (const auto& n : layout().layer_names) {
+    EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort)));
+    EXPECT_TRUE(at::equal(kv[n][2].view(at::kShort), kv[n][3].view(at::kShort)));
+  }
+  EXPECT_EQ(w.take_report().loaded, (std::vector<std::int64_t>{5, 0}));
+  EXPECT_TRUE(w.take_load_errors().empty());
+}
+
+TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
+  Config config;
+  WorkerSide w(config, layout(), 4, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}});
+  w.take_report();
+  const at::Tensor before = kv["l0"][6].clone();
+  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}});
+  EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{6}));
+  EXPECT_EQ(w.take_report().failed_loads, (std::vector<std::int64_t>{2}));
+  EXPECT_TRUE(at::equal(kv["l0"][6], before));
+}
+
+TEST(WorkerSide, MissingLayerFailsTheStepSaves) {
+  Config config;
+  WorkerSide w(config, layout(), 4, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}});
+  w.save_layer("l0", kv["l0"]);
+  w.wait_for_save();
+  const auto report = w.take_report();
+  EXPECT_TRUE(report.saved.empty());
+  EXPECT_EQ(report.failed_saves, (std::vector<std::int64_t>{1}));
+  EXPECT_FALSE(w.arena()->tag(1));
+}
+
+TEST(WorkerSide, RejectsCachesThatDoNotMatchTheSpec) {
+  Config config;
+  WorkerSide w(config, layout(), 4, 0);
+  auto kv = caches();
+  kv.erase("l2");
+  const Status s = w.register_kv_caches(kv);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error().find("'l2'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace activekv
