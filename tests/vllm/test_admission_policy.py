@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.support import vllm_harness as h
+from pipeline import vllm_harness as h
 
 pytestmark = pytest.mark.vllm
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import vllm_harness as h
+from pipeline import vllm_harness as h
 
 pytestmark = pytest.mark.vllm
 

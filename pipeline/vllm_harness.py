@@ -1,10 +1,15 @@
-"""Drives real vLLM offline with token-id prompts and reads ActiveKV telemetry."""
+"""Drives real vLLM offline with token-id prompts and reads ActiveKV telemetry.
+
+Shared by the tests and the parity harness.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import random
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +29,21 @@ CONNECTORS = {
                   "kv_connector_module_path": "activekv_reference"},
     "native": {"kv_connector": "ActiveKVConnector"},
 }
+# The reference wrapped by the parity recorder (not an implementation under test).
+RECORDER = {"kv_connector": "RecordingReferenceConnector",
+            "kv_connector_module_path": "pipeline.parity.recorder"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def reference_on_path() -> None:
+    """Put the reference (never installed) and this repo on the import path of
+    this process and of the vLLM processes it starts."""
+    paths = [os.path.join(ROOT, "engine", "reference"), ROOT]
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    current = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *([current] if current else [])])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +52,9 @@ class Result:
     num_cached_tokens: int
 
 
-def make_llm(model_path, extra_config: dict[str, Any] | None = None, *, connector: str | None):
+def make_llm(
+    model_path, extra_config: dict[str, Any] | None = None, *, connector: str | dict | None
+):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
     vLLM keeps its metrics in one process-wide registry that every LLM with
@@ -46,7 +68,7 @@ def make_llm(model_path, extra_config: dict[str, Any] | None = None, *, connecto
     kwargs = {}
     if connector is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            **CONNECTORS[connector],
+            **(CONNECTORS[connector] if isinstance(connector, str) else connector),
             kv_role="kv_both",
             kv_connector_extra_config=extra_config or {},
         )

@@ -1,0 +1,1 @@
+"""ActiveKV's release pipeline: one module per stage; noxfile.py wires them."""

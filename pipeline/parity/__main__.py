@@ -1,0 +1,61 @@
+"""`python -m pipeline.parity`: record, replay, judge; exit 1 on a failed gating cell.
+
+    python -m pipeline.parity --out build/parity [--modes exact compressed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from .. import vllm_harness as h
+from ..tiny_model import tiny_llama
+from .cells import Cell, judge, table
+from .replay import replay
+from .trace import read_trace
+from .workloads import record_session, sessions
+
+
+def _traces(directory: Path) -> tuple[list[dict], list[dict]]:
+    sched = sorted(directory.glob("scheduler-*.trace"))
+    workers = sorted(directory.glob("worker-*.trace"))
+    if len(sched) != 1 or len(workers) != 1:
+        raise SystemExit(f"{directory}: expected one scheduler and one worker trace, "
+                         f"found {len(sched)} and {len(workers)}")
+    return read_trace(sched[0]), read_trace(workers[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.parity")
+    parser.add_argument("--out", type=Path, default=Path("build/parity"))
+    parser.add_argument("--modes", nargs="+", default=["exact", "compressed"],
+                        choices=["exact", "compressed"])
+    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
+    args = parser.parse_args(argv)
+
+    h.reference_on_path()
+    model = tiny_llama(args.cache)
+    cells: list[Cell] = []
+    for mode in args.modes:
+        for session in sessions(mode):
+            directory = args.out / "recordings" / f"{mode}-{session.name}"
+            shutil.rmtree(directory, ignore_errors=True)
+            record_session(model, session, directory)
+            sched, worker = _traces(directory)
+            runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
+            for scenario, _ in session.scenarios:
+                ref1, ref2, native = (r.get(scenario, []) for r in runs)
+                cells.append(judge(mode, scenario, ref1, ref2, native))
+    print(table(cells))
+    report = args.out / "parity.json"
+    report.write_text(json.dumps([c.as_dict() for c in cells], indent=2))
+    print(f"\nwrote {report}")
+    failed = [c for c in cells if c.result == "FAIL"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The reference connector, recording every call vLLM makes (parity only).
+
+Load it in vLLM with kv_connector="RecordingReferenceConnector",
+kv_connector_module_path="pipeline.parity.recorder" and ACTIVEKV_RECORD_DIR set.
+"""
+
+from __future__ import annotations
+
+from activekv_reference import ActiveKVReferenceConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from .trace import (
+    plain_metadata,
+    plain_request,
+    plain_scheduler_output,
+    plain_worker_meta,
+    writer_from_env,
+)
+
+
+class RecordingReferenceConnector(ActiveKVReferenceConnector):
+    def __init__(self, vllm_config, role, kv_cache_config):
+        super().__init__(vllm_config, role, kv_cache_config)
+        is_scheduler = role == KVConnectorRole.SCHEDULER
+        self._trace = writer_from_env("scheduler" if is_scheduler else "worker")
+        self._trace.add(
+            "init",
+            role="scheduler" if is_scheduler else "worker",
+            extra_config=dict(self._kv_transfer_config.kv_connector_extra_config),
+            model=str(vllm_config.model_config.model),
+            tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            kv_cache_config=kv_cache_config,
+        )
+
+    # -- scheduler --------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        ret = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        self._trace.add("gnnmt", request=plain_request(request), nct=num_computed_tokens, ret=ret)
+        return ret
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        self._trace.add(
+            "usaa",
+            request=plain_request(request),
+            block_ids=list(blocks.get_block_ids()[0]),
+            n=num_external_tokens,
+        )
+
+    def build_connector_meta(self, scheduler_output):
+        self._trace.refresh_segment()
+        meta = super().build_connector_meta(scheduler_output)
+        running = self.scheduler_side._requests.values()
+        self._trace.add(
+            "bcm",
+            so=plain_scheduler_output(scheduler_output),
+            tokens={st.request.request_id: list(st.request.all_token_ids) for st in running},
+            ret=plain_metadata(meta),
+        )
+        return meta
+
+    def update_connector_output(self, connector_output):
+        super().update_connector_output(connector_output)
+        self._trace.add("uco", worker_meta=plain_worker_meta(connector_output.kv_connector_worker_meta))
+
+    def request_finished(self, request, block_ids):
+        ret = super().request_finished(request, block_ids)
+        self._trace.add("rf", request_id=request.request_id, ret=ret)
+        return ret
+
+    # -- worker -----------------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        super().register_kv_caches(kv_caches)
+        self._trace.add(
+            "register", layers={n: (tuple(t.shape), str(t.dtype)) for n, t in kv_caches.items()}
+        )
+
+    def bind_connector_metadata(self, connector_metadata):
+        self._trace.refresh_segment()
+        super().bind_connector_metadata(connector_metadata)
+        self._trace.add("bind", meta=plain_metadata(connector_metadata))
+
+    def start_load_kv(self, forward_context, **kwargs):
+        super().start_load_kv(forward_context, **kwargs)
+        self._trace.add("start_load")
+
+    def wait_for_layer_load(self, layer_name):
+        super().wait_for_layer_load(layer_name)
+        self._trace.add("wfl", layer=layer_name)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        ids = [op.block_id for op in self._get_connector_metadata().saves]
+        # What the save reads: the blocks as the forward left them.
+        self._trace.add("save", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].clone())
+        super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self):
+        super().wait_for_save()
+        self._trace.add("wfs")
+
+    def get_finished(self, finished_req_ids):
+        ret = super().get_finished(finished_req_ids)
+        self._trace.add("gf", finished=sorted(finished_req_ids), ret=ret)
+        return ret
+
+    def get_block_ids_with_load_errors(self):
+        ret = super().get_block_ids_with_load_errors()
+        self._trace.add("errors", ret=sorted(ret))
+        return ret
+
+    def build_connector_worker_meta(self):
+        ret = super().build_connector_worker_meta()
+        self._trace.add("wmeta", ret=plain_worker_meta(ret))
+        return ret
+
+    def clear_connector_metadata(self):
+        super().clear_connector_metadata()
+        self._trace.add("clear")

@@ -1,0 +1,245 @@
+"""Replay a recorded vLLM session on one connector implementation.
+
+The scheduler events are replayed in their recorded order with the recorded
+inputs; after each build_connector_meta the worker step of the same index is
+replayed with the metadata *this* implementation produced, the recorded KV
+contents written into the blocks each save reads, and the worker's output fed
+back to this implementation's scheduler side. Every return value, every
+metadata object, the loaded block contents and, at the end of each segment,
+the bytes of every block in the host store are collected as observations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .trace import plain_metadata, plain_worker_meta
+
+IMPLEMENTATIONS = {
+    "reference": ("activekv_reference", "ActiveKVReferenceConnector"),
+    "native": ("activekv", "ActiveKVConnector"),
+}
+
+Observation = tuple[str, Any]  # (what, value)
+
+
+class TraceMismatchError(ValueError):
+    """The recording cannot be replayed (another model identity, a broken file)."""
+
+
+def _distributed_ready() -> None:
+    """The worker side asks vLLM for its TP rank: a one-process group on loopback."""
+    from vllm.distributed import parallel_state as ps
+
+    if ps._TP is not None:
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ps.init_distributed_environment(
+        world_size=1, rank=0, local_rank=0, backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )
+    ps.initialize_model_parallel(1, 1)
+
+
+def _connector_class(impl: str):
+    module, name = IMPLEMENTATIONS[impl]
+    return getattr(importlib.import_module(module), name)
+
+
+def _vllm_config(init: dict[str, Any], connector_name: str):
+    from vllm.config import KVTransferConfig
+
+    return SimpleNamespace(
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=connector_name, kv_role="kv_both",
+            kv_connector_extra_config=init["extra_config"],
+        ),
+        model_config=SimpleNamespace(model=init["model"]),
+        parallel_config=SimpleNamespace(tensor_parallel_size=init["tp_size"]),
+    )
+
+
+def store_bytes(worker) -> dict[int, str]:
+    """SHA-256 of every sealed slot's bytes, by slot, for either implementation."""
+    if hasattr(worker, "worker_side"):  # reference
+        arena = worker.worker_side.arena
+        return {s: hashlib.sha256(arena.slot_data(s)).hexdigest() for s in arena.sealed_slots()}
+    engine = worker._activekv_worker
+    return {s: hashlib.sha256(engine.slot_data(s)).hexdigest() for s in engine.sealed_slots()}
+
+
+class _Blocks:
+    def __init__(self, ids):
+        self._ids = ids
+
+    def get_block_ids(self):
+        return (self._ids,)
+
+
+def _check_identity(sched_init: dict, worker_init: dict, model_identity: str | None) -> None:
+    if model_identity is not None and sched_init["model"] != model_identity:
+        raise TraceMismatchError(
+            f"recording is of model {sched_init['model']!r}, not {model_identity!r}: "
+            "record it again for this model"
+        )
+    if sched_init["extra_config"] != worker_init["extra_config"]:
+        raise TraceMismatchError("scheduler and worker traces come from different configurations")
+
+
+def replay(
+    sched_events: list[dict], worker_events: list[dict], impl: str,
+    model_identity: str | None = None,
+) -> dict[str, list[Observation]]:
+    """Observations per segment, for one fresh pair of connectors of `impl`."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    if not sched_events or sched_events[0]["kind"] != "init":
+        raise TraceMismatchError("scheduler trace does not start with its init event")
+    if not worker_events or worker_events[0]["kind"] != "init":
+        raise TraceMismatchError("worker trace does not start with its init event")
+    sched_init, worker_init = sched_events[0], worker_events[0]
+    _check_identity(sched_init, worker_init, model_identity)
+    _distributed_ready()
+    cls = _connector_class(impl)
+    config = _vllm_config(sched_init, cls.__name__)
+    sched = cls(config, KVConnectorRole.SCHEDULER, sched_init["kv_cache_config"])
+    worker = cls(config, KVConnectorRole.WORKER, worker_init["kv_cache_config"])
+
+    register = [e for e in worker_events if e["kind"] == "register"]
+    if len(register) != 1:
+        raise TraceMismatchError("worker trace must register its KV caches exactly once")
+    kv = {
+        name: torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
+        for name, (shape, dtype) in register[0]["layers"].items()
+    }
+    worker.register_kv_caches(kv)
+    steps = _worker_steps(worker_events[1:])
+    obs: dict[str, list[Observation]] = defaultdict(list)
+    requests: dict[str, SimpleNamespace] = {}
+    pending_output = None
+    step = 0
+    segment = ""
+
+    def request_of(plain):
+        r = requests.setdefault(plain["request_id"], SimpleNamespace(**plain))
+        r.all_token_ids = plain["all_token_ids"]
+        return r
+
+    def end_segment(name):
+        if name:
+            obs[name].append(("host store", store_bytes(worker)))
+
+    for ev in sched_events[1:]:
+        if ev["segment"] != segment:
+            end_segment(segment)
+            segment = ev["segment"]
+        kind = ev["kind"]
+        if kind == "gnnmt":
+            ret = sched.get_num_new_matched_tokens(request_of(ev["request"]), ev["nct"])
+            obs[segment].append(("get_num_new_matched_tokens", tuple(ret)))
+        elif kind == "usaa":
+            sched.update_state_after_alloc(request_of(ev["request"]), _Blocks(ev["block_ids"]), ev["n"])
+        elif kind == "bcm":
+            for rid, tokens in ev["tokens"].items():
+                if rid in requests:
+                    requests[rid].all_token_ids = tokens
+            if pending_output is not None:  # the recording had no update for it
+                sched.update_connector_output(pending_output)
+            meta = sched.build_connector_meta(_scheduler_output(ev["so"]))
+            obs[segment].append(("build_connector_meta", plain_metadata(meta)))
+            if step >= len(steps):
+                raise TraceMismatchError(f"worker trace ends before step {step}")
+            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment])
+            step += 1
+        elif kind == "uco":
+            if pending_output is not None:
+                sched.update_connector_output(pending_output)
+                pending_output = None
+        elif kind == "rf":
+            ret = sched.request_finished(SimpleNamespace(request_id=ev["request_id"]), [])
+            obs[segment].append(("request_finished", (ev["request_id"], tuple(ret))))
+        elif kind == "register":
+            raise TraceMismatchError("register event in the scheduler trace")
+    end_segment(segment)
+    return dict(obs)
+
+
+def _worker_steps(events: list[dict]) -> list[list[dict]]:
+    """The worker's events grouped by step: each step starts at its bind."""
+    steps: list[list[dict]] = []
+    for ev in events:
+        if ev["kind"] == "bind":
+            steps.append([])
+        if steps:
+            steps[-1].append(ev)
+    return steps
+
+
+def _scheduler_output(plain: dict[str, Any]):
+    cached = SimpleNamespace(
+        req_ids=plain["cached_req_ids"],
+        resumed_req_ids=set(plain["resumed"]),
+        new_block_ids=[None if b is None else (b,) for b in plain["new_block_ids"]],
+        num_computed_tokens=plain["num_computed_tokens"],
+    )
+    return SimpleNamespace(
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, block_ids=(b,), num_computed_tokens=n) for r, b, n in plain["new"]
+        ],
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=plain["num_scheduled_tokens"],
+        finished_req_ids=set(plain["finished_req_ids"]),
+    )
+
+
+def _worker_step(worker, kv, meta, events, out: list[Observation]):
+    from vllm.v1.outputs import KVConnectorOutput
+
+    worker.bind_connector_metadata(meta)
+    finished_sending = None
+    output = KVConnectorOutput()
+    load_ids = [op[1] if isinstance(op, tuple) else op.block_id for op in meta.loads]
+    for ev in events:
+        kind = ev["kind"]
+        if kind == "start_load":
+            worker.start_load_kv(None)
+        elif kind == "wfl":
+            worker.wait_for_layer_load(ev["layer"])
+            if load_ids:
+                loaded = kv[ev["layer"]][load_ids]
+                out.append(("loaded", (ev["layer"], hashlib.sha256(loaded.view(torch.uint8).numpy().tobytes()).hexdigest())))
+        elif kind == "save":
+            layer = kv[ev["layer"]]
+            ids = [op[1] if isinstance(op, tuple) else op.block_id for op in meta.saves]
+            if ids != ev["block_ids"]:
+                # This implementation planned other saves than the recording:
+                # give it the recorded contents where they exist.
+                out.append(("save plan differs from the recording", (ids, ev["block_ids"])))
+            for i, b in enumerate(ev["block_ids"]):
+                layer[b] = ev["blocks"][i]
+            worker.save_kv_layer(ev["layer"], layer, None)
+        elif kind == "wfs":
+            worker.wait_for_save()
+        elif kind == "gf":
+            sending, _ = worker.get_finished(set(ev["finished"]))
+            finished_sending = sending
+            out.append(("get_finished", sorted(sending or ())))
+        elif kind == "errors":
+            out.append(("load errors", sorted(worker.get_block_ids_with_load_errors())))
+        elif kind == "wmeta":
+            wm = worker.build_connector_worker_meta()
+            out.append(("worker meta", plain_worker_meta(wm)))
+            output = KVConnectorOutput(finished_sending=finished_sending, kv_connector_worker_meta=wm)
+        elif kind == "clear":
+            worker.clear_connector_metadata()
+    return None if output.is_empty() else output

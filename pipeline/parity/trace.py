@@ -1,0 +1,91 @@
+"""Connector call traces: plain picklable events, appended as they happen.
+
+Each vLLM process (scheduler, each worker) writes its own file. Every event
+carries the segment (scenario) it belongs to: the driver names the current
+segment in a control file, read by the recorder at each step.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SEGMENT_FILE = "segment"
+
+
+def plain_request(request) -> dict[str, Any]:
+    return {
+        "request_id": request.request_id,
+        "all_token_ids": list(request.all_token_ids),
+        "num_prompt_tokens": request.num_prompt_tokens,
+        "cache_salt": request.cache_salt,
+    }
+
+
+def plain_scheduler_output(so) -> dict[str, Any]:
+    cached = so.scheduled_cached_reqs
+    return {
+        "new": [(r.req_id, list(r.block_ids[0]), r.num_computed_tokens) for r in so.scheduled_new_reqs],
+        "cached_req_ids": list(cached.req_ids),
+        "resumed": sorted(cached.resumed_req_ids),
+        "new_block_ids": [None if b is None else list(b[0]) for b in cached.new_block_ids],
+        "num_computed_tokens": list(cached.num_computed_tokens),
+        "num_scheduled_tokens": dict(so.num_scheduled_tokens),
+        "finished_req_ids": sorted(so.finished_req_ids),
+    }
+
+
+def plain_metadata(meta) -> dict[str, Any]:
+    """Either implementation's connector metadata as comparable plain data."""
+    def op(o):
+        return tuple(o) if isinstance(o, tuple) else tuple(o.__dict__.values())
+    return {
+        "loads": [op(o) for o in meta.loads],
+        "saves": [op(o) for o in meta.saves],
+        "awaiting_free": list(meta.awaiting_free),
+    }
+
+
+def plain_worker_meta(wm) -> dict[str, list[int]] | None:
+    if wm is None:
+        return None
+    return {k: list(getattr(wm, k)) for k in ("saved", "failed_saves", "loaded", "failed_loads")}
+
+
+class TraceWriter:
+    def __init__(self, directory: Path, name: str):
+        self.directory = directory
+        self._file = open(directory / f"{name}.trace", "ab")  # noqa: SIM115 - lives with the connector
+        self._segment = ""
+
+    def refresh_segment(self) -> None:
+        try:
+            self._segment = (self.directory / SEGMENT_FILE).read_text().strip()
+        except FileNotFoundError:
+            self._segment = ""
+
+    def add(self, kind: str, **fields: Any) -> None:
+        pickle.dump({"kind": kind, "segment": self._segment, **fields}, self._file)
+        self._file.flush()
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    events = []
+    with open(path, "rb") as f:
+        while True:
+            try:
+                events.append(pickle.load(f))
+            except EOFError:
+                return events
+
+
+def trace_files(directory: Path) -> Iterator[Path]:
+    return iter(sorted(directory.glob("*.trace")))
+
+
+def writer_from_env(name: str) -> TraceWriter:
+    directory = Path(os.environ["ACTIVEKV_RECORD_DIR"])
+    return TraceWriter(directory, f"{name}-{os.getpid()}")

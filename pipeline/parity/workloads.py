@@ -1,0 +1,169 @@
+"""The parity scenarios: vLLM workloads, one segment (cell) each.
+
+Scenarios that share a connector configuration run in one vLLM session, in
+order; a cell's replay therefore starts from the state its session left.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import vllm_harness as h
+from .trace import SEGMENT_FILE
+
+BS = h.BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    extra_config: dict
+    scenarios: list[tuple[str, Callable]]
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return h.random_tokens(random.Random(seed), n)
+
+
+# -- default store ---------------------------------------------------------------
+P1 = _tokens(101, 5 * BS + 3)
+
+
+def miss(llm):
+    h.generate(llm, [P1])
+
+
+def full_hit(llm):
+    h.flush_device_cache(llm)
+    h.generate(llm, [P1])
+
+
+def partial_hit(llm):
+    h.flush_device_cache(llm)
+    h.generate(llm, [P1[: 3 * BS] + _tokens(102, 2 * BS + 5)])
+
+
+def salt_isolation(llm):
+    h.flush_device_cache(llm)
+    h.generate(llm, [P1], salt="tenant-b")
+    h.flush_device_cache(llm)
+    h.generate(llm, [P1], salt="tenant-b")
+    h.generate(llm, [P1])
+
+
+def mixed_batch(llm):
+    shared = _tokens(103, 4 * BS)
+    batch = [shared + _tokens(104 + i, n) for i, n in enumerate((5, 40, 150, 1))]
+    batch += [_tokens(110 + i, n) for i, n in enumerate((17, 300, 3 * BS, 2 * BS + 1))]
+    h.generate(llm, batch)
+    h.flush_device_cache(llm)
+    h.generate(llm, batch)
+
+
+def long_prompt(llm):
+    prompt = _tokens(120, 2048 + 9)
+    h.generate(llm, [prompt])
+    h.flush_device_cache(llm)
+    h.generate(llm, [prompt])
+
+
+def aborted_request(llm):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompt = _tokens(121, 12 * BS + 4)
+    engine = llm.llm_engine
+    engine.add_request("aborted-0", TokensPrompt(prompt_token_ids=prompt),
+                       SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    for _ in range(4):  # prefill and a few decode steps, then abort mid-flight
+        engine.step()
+    engine.abort_request(["aborted-0"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    h.flush_device_cache(llm)
+    h.generate(llm, [prompt])
+
+
+def preemption_and_resume(llm):
+    # Two long requests decoding together need more device blocks than vLLM
+    # has (NUM_DEVICE_BLOCKS): one is preempted and later resumed.
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [_tokens(130 + i, 1100) for i in range(2)]
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    h.flush_device_cache(llm)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+
+# -- small store ------------------------------------------------------------------
+def eviction_under_pressure(llm):
+    p = [_tokens(140 + i, 4 * BS + 1) for i in range(3)]
+    for prompt in (p[0], p[1], p[0], p[2], p[0], p[1]):
+        h.flush_device_cache(llm)
+        h.generate(llm, [prompt])
+
+
+# -- admission policy -------------------------------------------------------------
+def store_threshold(llm):
+    prompt = _tokens(150, 4 * BS + 1)
+    for _ in range(3):
+        h.flush_device_cache(llm)
+        h.generate(llm, [prompt])
+
+
+def per_request_cap(llm):
+    prompt = _tokens(151, 10 * BS + 1)
+    for _ in range(3):
+        h.flush_device_cache(llm)
+        h.generate(llm, [prompt])
+
+
+def decode_blocks(llm):
+    prompt = _tokens(152, 2 * BS + 20)
+    first = h.generate(llm, [prompt])[0]
+    h.flush_device_cache(llm)
+    h.generate(llm, [prompt])
+    h.flush_device_cache(llm)
+    h.generate(llm, [prompt + list(first.tokens) + _tokens(153, 5)])
+
+
+def sessions(mode: str) -> list[Session]:
+    one_block = h.exact_block_bytes()
+    return [
+        Session("default", {"mode": mode}, [
+            ("miss", miss), ("full hit", full_hit), ("partial hit", partial_hit),
+            ("salt isolation", salt_isolation), ("mixed batch", mixed_batch),
+            ("prompt of 2k tokens", long_prompt), ("aborted request", aborted_request),
+            ("preemption and resume", preemption_and_resume),
+        ]),
+        Session("small-store", {"mode": mode, "capacity_bytes": 8 * one_block}, [
+            ("eviction under pressure", eviction_under_pressure),
+        ]),
+        Session("policy", {
+            "mode": mode, "store_threshold": 2, "max_bytes_per_request": 6 * one_block,
+            "store_blocks": "prompt_and_decode",
+        }, [
+            ("store threshold", store_threshold), ("per-request cap", per_request_cap),
+            ("decode-block saving", decode_blocks),
+        ]),
+    ]
+
+
+def record_session(model_path: Path, session: Session, directory: Path) -> None:
+    """Run the session's scenarios in vLLM with the recorder; traces land in `directory`."""
+    import os
+
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ["ACTIVEKV_RECORD_DIR"] = str(directory)
+    (directory / SEGMENT_FILE).write_text("")
+    llm = h.make_llm(model_path, session.extra_config, connector=h.RECORDER)
+    try:
+        for name, run in session.scenarios:
+            (directory / SEGMENT_FILE).write_text(name)
+            run(llm)
+    finally:
+        h.shutdown(llm)
