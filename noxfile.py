@@ -1,6 +1,7 @@
 """ActiveKV's sessions. Thin: each session wires a stage; logic lives elsewhere.
 
-    nox -s tests               C++ tests, unit tests, then the real-vLLM tests
+    nox -s tests               C++ tests, unit tests, the real-vLLM tests, parity
+    nox -s parity              the parity gate alone
     nox -s tests -- -m "not vllm"   only pytest, with these arguments
 """
 
@@ -65,3 +66,18 @@ def tests(session: nox.Session) -> None:
         return
     session.run("python", "-m", "pytest", "-m", "not vllm")
     session.run("python", "-m", "pytest", "-m", "vllm")
+    run_parity(session)
+
+
+def run_parity(session: nox.Session) -> None:
+    session.run("python", "-m", "pipeline.parity", "--out", "build/parity",
+                env={"PYTHONPATH": "engine/reference"})
+
+
+@nox.session(python=PYTHON)
+def parity(session: nox.Session) -> None:
+    """Record real vLLM runs with the reference, replay them on the reference
+    twice and on the native engine, and gate bitwise (table + build/parity/parity.json)."""
+    install_cpu_test_env(session)
+    install_engine(session)
+    run_parity(session)

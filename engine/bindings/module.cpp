@@ -11,6 +11,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <unistd.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -299,6 +301,13 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     throw py::value_error("kv_connector_extra_config['capacity_bytes']=" +
                           std::to_string(config.capacity_bytes) + " holds no block; one block takes " +
                           std::to_string(slot_bytes) + " bytes in " + mode_name(config.mode) + " mode");
+  }
+  const std::int64_t host_bytes =
+      static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+  if (config.capacity_bytes > host_bytes) {
+    throw py::value_error("kv_connector_extra_config['capacity_bytes']=" +
+                          std::to_string(config.capacity_bytes) + " exceeds this host's memory (" +
+                          std::to_string(host_bytes) + " bytes); ask for less");
   }
   const py::module_ base_mod = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
   if (role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"))) {

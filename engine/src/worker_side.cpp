@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
 
 namespace activekv {
 namespace {
@@ -66,6 +67,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     kv_[name] = it->second;
   }
   device_ = kv_.at(layout_.layer_names.front()).device();
+  num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
   const bool pin = has_streams();
   arena_ = std::make_unique<HostArena>(num_slots_, layout_.slot_bytes(config_.mode), pin);
@@ -76,6 +78,23 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
   }
   return Status::Ok();
+}
+
+void WorkerSide::bind_plan(StepPlan plan) {
+  auto check = [this](std::int64_t slot, std::int64_t block_id) {
+    if (block_id < 0 || block_id >= num_device_blocks_) {
+      throw std::out_of_range("block id " + std::to_string(block_id) +
+                              " out of range (the KV cache has " +
+                              std::to_string(num_device_blocks_) + " blocks)");
+    }
+    if (slot < 0 || slot >= num_slots_) {
+      throw std::out_of_range("slot " + std::to_string(slot) + " out of range (arena has " +
+                              std::to_string(num_slots_) + " slots)");
+    }
+  };
+  for (const auto& op : plan.loads) check(op.slot, op.block_id);
+  for (const auto& op : plan.saves) check(op.slot, op.block_id);
+  plan_ = std::move(plan);
 }
 
 std::string WorkerSide::tag(const BlockKey& key) const {

@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     h.reference_on_path()
     model = tiny_llama(args.cache)
     cells: list[Cell] = []
+    overhead: list[tuple[str, int, float, float]] = []
     for mode in args.modes:
         for session in sessions(mode):
             directory = args.out / "recordings" / f"{mode}-{session.name}"
@@ -47,11 +48,23 @@ def main(argv: list[str] | None = None) -> int:
             sched, worker = _traces(directory)
             runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
             for scenario, _ in session.scenarios:
-                ref1, ref2, native = (r.get(scenario, []) for r in runs)
-                cells.append(judge(mode, scenario, ref1, ref2, native))
+                ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
+                cells.append(judge(mode, scenario, ref1, ref2, native,
+                                   runs[0].live_differs.get(scenario, 0)))
+            overhead.append((f"{mode}-{session.name}", runs[0].steps, runs[1].per_step_us(),
+                             runs[2].per_step_us()))
     print(table(cells))
+    print("\nper-step connector overhead on the same recordings (time inside connector calls):")
+    for name, steps, ref_us, native_us in overhead:
+        print(f"  {name:22} {steps:5} steps  reference {ref_us:9.1f} us  native {native_us:8.1f} us"
+              f"  ({ref_us / native_us:5.1f}x less)")
     report = args.out / "parity.json"
-    report.write_text(json.dumps([c.as_dict() for c in cells], indent=2))
+    report.write_text(json.dumps({
+        "cells": [c.as_dict() for c in cells],
+        "overhead_us_per_step": [
+            {"recording": n, "steps": s, "reference": r, "native": x} for n, s, r, x in overhead
+        ],
+    }, indent=2))
     print(f"\nwrote {report}")
     failed = [c for c in cells if c.result == "FAIL"]
     return 1 if failed else 0

@@ -12,6 +12,7 @@ class Cell:
     gating: bool  # the reference agreed with itself, so the cell gates bitwise
     result: str  # "pass", "FAIL", or "reported" for a non-gating cell
     observations: int
+    live: str  # does the reference's replay return what the live vLLM run returned
     detail: str = ""
 
     def as_dict(self) -> dict:
@@ -27,21 +28,24 @@ def _first_difference(a: list, b: list) -> str:
     return ""
 
 
-def judge(mode: str, scenario: str, ref1: list, ref2: list, native: list) -> Cell:
+def judge(
+    mode: str, scenario: str, ref1: list, ref2: list, native: list, live_differs: int = 0
+) -> Cell:
+    live = "equal" if live_differs == 0 else f"{live_differs} returns differ"
     self_diff = _first_difference(ref1, ref2)
     if self_diff:
         # The reference does not agree with itself: nothing to gate on.
         native_diff = _first_difference(ref1, native)
-        return Cell(mode, scenario, False, "reported", len(ref1),
+        return Cell(mode, scenario, False, "reported", len(ref1), live,
                     f"reference disagrees with itself: {self_diff}; native vs run 1: "
                     f"{native_diff or 'equal'}")
     diff = _first_difference(ref1, native)
-    return Cell(mode, scenario, True, "FAIL" if diff else "pass", len(ref1), diff)
+    return Cell(mode, scenario, True, "FAIL" if diff else "pass", len(ref1), live, diff)
 
 
 def table(cells: list[Cell]) -> str:
-    rows = [("mode", "scenario", "gating", "result", "observations")]
-    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations))
+    rows = [("mode", "scenario", "gating", "result", "observations", "vs live run")]
+    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.live)
              for c in cells]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]

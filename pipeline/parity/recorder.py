@@ -34,6 +34,7 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
 
     # -- scheduler --------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        self._trace.refresh_segment()  # a scenario's first call of the scheduler
         ret = super().get_num_new_matched_tokens(request, num_computed_tokens)
         self._trace.add("gnnmt", request=plain_request(request), nct=num_computed_tokens, ret=ret)
         return ret

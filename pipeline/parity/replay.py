@@ -11,20 +11,17 @@ the bytes of every block in the host store are collected as observations.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import importlib
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from ..standalone import make_pair
 from .trace import plain_metadata, plain_worker_meta
-
-IMPLEMENTATIONS = {
-    "reference": ("activekv_reference", "ActiveKVReferenceConnector"),
-    "native": ("activekv", "ActiveKVConnector"),
-}
 
 Observation = tuple[str, Any]  # (what, value)
 
@@ -33,40 +30,29 @@ class TraceMismatchError(ValueError):
     """The recording cannot be replayed (another model identity, a broken file)."""
 
 
-def _distributed_ready() -> None:
-    """The worker side asks vLLM for its TP rank: a one-process group on loopback."""
-    from vllm.distributed import parallel_state as ps
+@dataclasses.dataclass
+class ReplayResult:
+    observations: dict[str, list[Observation]]  # per segment
+    live_differs: dict[str, int]  # per segment: scheduler returns unlike the live run
+    steps: int = 0
+    connector_seconds: float = 0.0  # inside connector calls only
 
-    if ps._TP is not None:
-        return
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ps.init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-    )
-    ps.initialize_model_parallel(1, 1)
+    def per_step_us(self) -> float:
+        return 1e6 * self.connector_seconds / max(self.steps, 1)
 
 
-def _connector_class(impl: str):
-    module, name = IMPLEMENTATIONS[impl]
-    return getattr(importlib.import_module(module), name)
+class _Clock:
+    """Accumulates the time spent inside connector calls."""
 
+    def __init__(self):
+        self.seconds = 0.0
 
-def _vllm_config(init: dict[str, Any], connector_name: str):
-    from vllm.config import KVTransferConfig
-
-    return SimpleNamespace(
-        kv_transfer_config=KVTransferConfig(
-            kv_connector=connector_name, kv_role="kv_both",
-            kv_connector_extra_config=init["extra_config"],
-        ),
-        model_config=SimpleNamespace(model=init["model"]),
-        parallel_config=SimpleNamespace(tensor_parallel_size=init["tp_size"]),
-    )
+    def __call__(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 def store_bytes(worker) -> dict[int, str]:
@@ -99,21 +85,18 @@ def _check_identity(sched_init: dict, worker_init: dict, model_identity: str | N
 def replay(
     sched_events: list[dict], worker_events: list[dict], impl: str,
     model_identity: str | None = None,
-) -> dict[str, list[Observation]]:
-    """Observations per segment, for one fresh pair of connectors of `impl`."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-
+) -> ReplayResult:
+    """Replays the recording on one fresh pair of connectors of `impl`."""
     if not sched_events or sched_events[0]["kind"] != "init":
         raise TraceMismatchError("scheduler trace does not start with its init event")
     if not worker_events or worker_events[0]["kind"] != "init":
         raise TraceMismatchError("worker trace does not start with its init event")
     sched_init, worker_init = sched_events[0], worker_events[0]
     _check_identity(sched_init, worker_init, model_identity)
-    _distributed_ready()
-    cls = _connector_class(impl)
-    config = _vllm_config(sched_init, cls.__name__)
-    sched = cls(config, KVConnectorRole.SCHEDULER, sched_init["kv_cache_config"])
-    worker = cls(config, KVConnectorRole.WORKER, worker_init["kv_cache_config"])
+    sched, _ = make_pair(impl, sched_init["extra_config"], sched_init["kv_cache_config"],
+                         model=sched_init["model"], tp_size=sched_init["tp_size"])
+    _, worker = make_pair(impl, worker_init["extra_config"], worker_init["kv_cache_config"],
+                          model=worker_init["model"], tp_size=worker_init["tp_size"])
 
     register = [e for e in worker_events if e["kind"] == "register"]
     if len(register) != 1:
@@ -125,10 +108,12 @@ def replay(
     worker.register_kv_caches(kv)
     steps = _worker_steps(worker_events[1:])
     obs: dict[str, list[Observation]] = defaultdict(list)
+    live_differs: dict[str, int] = defaultdict(int)
     requests: dict[str, SimpleNamespace] = {}
     pending_output = None
     step = 0
     segment = ""
+    clock = _Clock()
 
     def request_of(plain):
         r = requests.setdefault(plain["request_id"], SimpleNamespace(**plain))
@@ -145,33 +130,38 @@ def replay(
             segment = ev["segment"]
         kind = ev["kind"]
         if kind == "gnnmt":
-            ret = sched.get_num_new_matched_tokens(request_of(ev["request"]), ev["nct"])
-            obs[segment].append(("get_num_new_matched_tokens", tuple(ret)))
+            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]), ev["nct"]))
+            obs[segment].append(("get_num_new_matched_tokens", ret))
+            live_differs[segment] += ret != tuple(ev["ret"])
         elif kind == "usaa":
-            sched.update_state_after_alloc(request_of(ev["request"]), _Blocks(ev["block_ids"]), ev["n"])
+            clock(sched.update_state_after_alloc, request_of(ev["request"]), _Blocks(ev["block_ids"]),
+                  ev["n"])
         elif kind == "bcm":
             for rid, tokens in ev["tokens"].items():
                 if rid in requests:
                     requests[rid].all_token_ids = tokens
             if pending_output is not None:  # the recording had no update for it
-                sched.update_connector_output(pending_output)
-            meta = sched.build_connector_meta(_scheduler_output(ev["so"]))
+                clock(sched.update_connector_output, pending_output)
+            so = _scheduler_output(ev["so"])
+            meta = clock(sched.build_connector_meta, so)
             obs[segment].append(("build_connector_meta", plain_metadata(meta)))
+            live_differs[segment] += plain_metadata(meta) != ev["ret"]
             if step >= len(steps):
                 raise TraceMismatchError(f"worker trace ends before step {step}")
-            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment])
+            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock)
             step += 1
         elif kind == "uco":
             if pending_output is not None:
-                sched.update_connector_output(pending_output)
+                clock(sched.update_connector_output, pending_output)
                 pending_output = None
         elif kind == "rf":
-            ret = sched.request_finished(SimpleNamespace(request_id=ev["request_id"]), [])
-            obs[segment].append(("request_finished", (ev["request_id"], tuple(ret))))
+            ret = tuple(clock(sched.request_finished, SimpleNamespace(request_id=ev["request_id"]), []))
+            obs[segment].append(("request_finished", (ev["request_id"], ret)))
+            live_differs[segment] += ret != tuple(ev["ret"])
         elif kind == "register":
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
-    return dict(obs)
+    return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds)
 
 
 def _worker_steps(events: list[dict]) -> list[list[dict]]:
@@ -202,19 +192,19 @@ def _scheduler_output(plain: dict[str, Any]):
     )
 
 
-def _worker_step(worker, kv, meta, events, out: list[Observation]):
+def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock):
     from vllm.v1.outputs import KVConnectorOutput
 
-    worker.bind_connector_metadata(meta)
+    clock(worker.bind_connector_metadata, meta)
     finished_sending = None
     output = KVConnectorOutput()
     load_ids = [op[1] if isinstance(op, tuple) else op.block_id for op in meta.loads]
     for ev in events:
         kind = ev["kind"]
         if kind == "start_load":
-            worker.start_load_kv(None)
+            clock(worker.start_load_kv, None)
         elif kind == "wfl":
-            worker.wait_for_layer_load(ev["layer"])
+            clock(worker.wait_for_layer_load, ev["layer"])
             if load_ids:
                 loaded = kv[ev["layer"]][load_ids]
                 out.append(("loaded", (ev["layer"], hashlib.sha256(loaded.view(torch.uint8).numpy().tobytes()).hexdigest())))
@@ -227,19 +217,19 @@ def _worker_step(worker, kv, meta, events, out: list[Observation]):
                 out.append(("save plan differs from the recording", (ids, ev["block_ids"])))
             for i, b in enumerate(ev["block_ids"]):
                 layer[b] = ev["blocks"][i]
-            worker.save_kv_layer(ev["layer"], layer, None)
+            clock(worker.save_kv_layer, ev["layer"], layer, None)
         elif kind == "wfs":
-            worker.wait_for_save()
+            clock(worker.wait_for_save)
         elif kind == "gf":
-            sending, _ = worker.get_finished(set(ev["finished"]))
+            sending, _ = clock(worker.get_finished, set(ev["finished"]))
             finished_sending = sending
             out.append(("get_finished", sorted(sending or ())))
         elif kind == "errors":
-            out.append(("load errors", sorted(worker.get_block_ids_with_load_errors())))
+            out.append(("load errors", sorted(clock(worker.get_block_ids_with_load_errors))))
         elif kind == "wmeta":
-            wm = worker.build_connector_worker_meta()
+            wm = clock(worker.build_connector_worker_meta)
             out.append(("worker meta", plain_worker_meta(wm)))
             output = KVConnectorOutput(finished_sending=finished_sending, kv_connector_worker_meta=wm)
         elif kind == "clear":
-            worker.clear_connector_metadata()
+            clock(worker.clear_connector_metadata)
     return None if output.is_empty() else output

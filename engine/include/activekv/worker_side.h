@@ -49,7 +49,9 @@ class WorkerSide {
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
 
   // The step's plan, bound before the forward and cleared after wait_for_save.
-  void bind_plan(StepPlan plan) { plan_ = std::move(plan); }
+  // Throws std::out_of_range (and binds nothing) for a block id or slot
+  // outside the KV cache or the arena.
+  void bind_plan(StepPlan plan);
   void clear_plan() { plan_.reset(); }
 
   void start_load();
@@ -90,6 +92,7 @@ class WorkerSide {
   std::unordered_map<std::string, std::int64_t> layer_offset_;
   std::unordered_map<std::string, at::Tensor> kv_;
   c10::Device device_{c10::DeviceType::CPU};
+  std::int64_t num_device_blocks_ = 0;
   std::unique_ptr<KVCodec> codec_;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<StagingPool> staging_;

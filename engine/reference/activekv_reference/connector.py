@@ -3,6 +3,7 @@ scheduler side or the worker side, by role. No logic of its own lives here."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +57,12 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 f"holds no block; one block takes {slot_bytes} bytes in "
                 f"{self.config.mode} mode"
             )
+        host_bytes = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if self.config.capacity_bytes > host_bytes:
+            raise ValueError(
+                f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
+                f"exceeds this host's memory ({host_bytes} bytes); ask for less"
+            )
         identity = model_identity(vllm_config, layout)
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
@@ -82,6 +89,11 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
     # -- worker ---------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker_side.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        if self.worker_side is not None and isinstance(connector_metadata, ActiveKVMetadata):
+            self.worker_side.check_plan(connector_metadata)
+        super().bind_connector_metadata(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         self.worker_side.start_load_kv(self._meta())

@@ -84,6 +84,17 @@ class WorkerSide:
         """What a sealed slot records: the block key and this worker's TP rank."""
         return key + struct.pack("<I", self.tp_rank)
 
+    def check_plan(self, meta: ActiveKVMetadata) -> None:
+        """Every block id and slot of the step must exist (IndexError, nothing done)."""
+        num_blocks = next(iter(self._kv.values())).shape[0]
+        for op in [*meta.loads, *meta.saves]:
+            if not 0 <= op.block_id < num_blocks:
+                raise IndexError(
+                    f"block id {op.block_id} out of range (the KV cache has {num_blocks} blocks)"
+                )
+            if not 0 <= op.slot < self.num_slots:
+                raise IndexError(f"slot {op.slot} out of range (arena has {self.num_slots} slots)")
+
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata) -> None:
         self._load_ops = []
