@@ -1,0 +1,193 @@
+// Block-batch transfer benchmark for the worker side on an accelerator.
+//
+// Prints, for N scattered blocks of B bytes per layer: the pinned-copy peak of
+// one large copy each way and both ways at once (measured in the same run),
+// the naive loop (one copy per block), and the engine's save path, load path
+// and loads overlapped with saves, each as GB/s and as a share of its peak.
+//
+//   transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+
+#include "activekv/worker_side.h"
+
+using namespace activekv;
+
+namespace {
+
+struct Options {
+  std::string device = "cuda";
+  std::int64_t blocks = 2048;
+  std::int64_t layers = 4;
+  std::int64_t iters = 5;
+};
+
+c10::Device g_device{c10::DeviceType::CUDA, 0};
+
+void sync() {
+  c10::impl::VirtualGuardImpl impl(g_device.type());
+  c10::Event e(g_device.type());
+  e.record(impl.getStream(g_device));
+  e.synchronize();
+}
+
+// Mean seconds of `fn` over `iters` runs after one warm-up.
+double timed(std::int64_t iters, const std::function<void()>& fn) {
+  fn();
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < iters; ++i) fn();
+  sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+         static_cast<double>(iters);
+}
+
+void row(const char* what, double bytes, double seconds, double peak_gbs) {
+  const double gbs = bytes / seconds / 1e9;
+  if (peak_gbs > 0) {
+    std::printf("%-44s %9.1f GB/s  %6.1f%% of peak\n", what, gbs, 100.0 * gbs / peak_gbs);
+  } else {
+    std::printf("%-44s %9.1f GB/s\n", what, gbs);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--device") o.device = argv[i + 1];
+    else if (k == "--blocks") o.blocks = std::stoll(argv[i + 1]);
+    else if (k == "--layers") o.layers = std::stoll(argv[i + 1]);
+    else if (k == "--iters") o.iters = std::stoll(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  g_device = c10::Device(o.device);
+  // 64 KiB per block per layer: K and V of 32 tokens x 8 heads x 64, bf16.
+  KVLayout layout;
+  for (std::int64_t l = 0; l < o.layers; ++l) layout.layer_names.push_back("layer." + std::to_string(l));
+  layout.block_size = 32;
+  layout.num_kv_heads = 8;
+  layout.head_size = 64;
+  layout.dtype = at::kBFloat16;
+  const std::int64_t device_blocks = 4 * o.blocks;
+  const double block_bytes = static_cast<double>(layout.layer_bytes(Mode::kExact));
+  const double batch_bytes = block_bytes * static_cast<double>(o.blocks * o.layers);
+  std::printf("device %s, %lld blocks x %lld layers x %.0f KiB = %.0f MiB per batch\n",
+              o.device.c_str(), static_cast<long long>(o.blocks), static_cast<long long>(o.layers),
+              block_bytes / 1024, batch_bytes / (1 << 20));
+
+  const auto dev = at::TensorOptions().device(g_device).dtype(at::kByte);
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+
+  // Peaks: one large pinned copy each way, and both ways at once.
+  const std::int64_t big = std::int64_t{1} << 30;
+  at::Tensor d_big = at::empty({big}, dev), h_big = at::empty({big}, pinned);
+  at::Tensor d_big2 = at::empty({big}, dev), h_big2 = at::empty({big}, pinned);
+  const double h2d_peak = big / timed(o.iters, [&] { d_big.copy_(h_big, true); }) / 1e9;
+  const double d2h_peak = big / timed(o.iters, [&] { h_big.copy_(d_big, true); }) / 1e9;
+  c10::impl::VirtualGuardImpl impl(g_device.type());
+  const c10::Stream s1 = impl.getStreamFromGlobalPool(g_device, false);
+  const c10::Stream s2 = impl.getStreamFromGlobalPool(g_device, false);
+  const double both_peak =
+      2.0 * big / timed(o.iters, [&] {
+        c10::Event start(g_device.type());
+        start.record(impl.getStream(g_device));
+        start.block(s1);
+        start.block(s2);
+        {
+          const c10::StreamGuard g(s1);
+          d_big.copy_(h_big, true);
+        }
+        {
+          const c10::StreamGuard g(s2);
+          h_big2.copy_(d_big2, true);
+        }
+        c10::Event e1(g_device.type()), e2(g_device.type());
+        e1.record(s1);
+        e2.record(s2);
+        e1.block(impl.getStream(g_device));
+        e2.block(impl.getStream(g_device));
+      }) / 1e9;
+  std::printf("%-44s %9.1f GB/s\n", "peak: pinned host->device, 1 GiB", h2d_peak);
+  std::printf("%-44s %9.1f GB/s\n", "peak: pinned device->host, 1 GiB", d2h_peak);
+  std::printf("%-44s %9.1f GB/s\n", "peak: both directions at once (sum)", both_peak);
+  d_big = d_big2 = h_big = h_big2 = at::Tensor();
+
+  // The paged KV cache and a scattered set of blocks.
+  std::unordered_map<std::string, at::Tensor> kv;
+  for (const auto& n : layout.layer_names) {
+    kv[n] = at::randn({device_blocks, 2, 32, 512}, at::TensorOptions().device(g_device)).to(at::kBFloat16);
+  }
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(device_blocks));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+  const std::vector<std::int64_t> save_ids(ids.begin(), ids.begin() + o.blocks);
+  const std::vector<std::int64_t> load_ids(ids.begin() + o.blocks, ids.begin() + 2 * o.blocks);
+
+  // Naive: one copy per block per layer into pinned host memory.
+  at::Tensor host = at::empty({o.blocks * o.layers, static_cast<std::int64_t>(block_bytes)}, pinned);
+  const double naive = timed(o.iters, [&] {
+    std::int64_t r = 0;
+    for (const auto& n : layout.layer_names) {
+      for (const auto b : save_ids) host[r++].copy_(kv[n][b].view({-1}).view(at::kByte), true);
+    }
+  });
+  row("naive: one device->host copy per block", batch_bytes, naive, d2h_peak);
+
+  Config config;
+  config.capacity_bytes = static_cast<std::int64_t>(batch_bytes) * 2;
+  WorkerSide worker(config, layout, 2 * o.blocks, 0);
+  if (const Status s = worker.register_kv_caches(kv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.error().c_str());
+    return 1;
+  }
+  auto key = [](std::int64_t i) {
+    BlockKey k{};
+    std::memcpy(k.data(), &i, sizeof(i));
+    return k;
+  };
+  StepPlan saves, loads, both;
+  for (std::int64_t i = 0; i < o.blocks; ++i) {
+    saves.saves.push_back(SaveOp{i, save_ids[static_cast<std::size_t>(i)], key(i), "r"});
+    // Loads read the slots of a first save of the load set (o.blocks + i).
+    both.saves.push_back(SaveOp{i, save_ids[static_cast<std::size_t>(i)], key(i), "r"});
+  }
+  StepPlan seed;
+  for (std::int64_t i = 0; i < o.blocks; ++i) {
+    seed.saves.push_back(SaveOp{o.blocks + i, load_ids[static_cast<std::size_t>(i)], key(o.blocks + i), "r"});
+    loads.loads.push_back(LoadOp{o.blocks + i, load_ids[static_cast<std::size_t>(i)], key(o.blocks + i)});
+    both.loads.push_back(LoadOp{o.blocks + i, load_ids[static_cast<std::size_t>(i)], key(o.blocks + i)});
+  }
+  auto run_step = [&](const StepPlan& plan) {
+    worker.bind_plan(plan);
+    worker.start_load();
+    for (const auto& n : layout.layer_names) {
+      worker.wait_for_layer_load(n);
+      worker.save_layer(n, kv[n]);
+    }
+    worker.wait_for_save();
+    worker.clear_plan();
+    worker.take_report();
+  };
+  run_step(seed);
+  row("engine: save batch (gather, one copy, seal)", batch_bytes, timed(o.iters, [&] { run_step(saves); }), d2h_peak);
+  row("engine: load batch (one copy, scatter)", batch_bytes, timed(o.iters, [&] { run_step(loads); }), h2d_peak);
+  row("engine: loads and saves overlapped (sum)", 2 * batch_bytes, timed(o.iters, [&] { run_step(both); }), both_peak);
+  const Telemetry t = worker.take_telemetry();
+  std::printf("quarantined fences: %lld\n", static_cast<long long>(t.get(Counter::kQuarantinedFences)));
+  return 0;
+}
