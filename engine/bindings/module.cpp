@@ -258,6 +258,7 @@ py::object report_to_python(const WorkerReport& r) {
   meta.attr("failed_saves") = py::cast(r.failed_saves);
   meta.attr("loaded") = py::cast(r.loaded);
   meta.attr("failed_loads") = py::cast(r.failed_loads);
+  meta.attr("quarantined") = py::cast(r.quarantined);
   return meta;
 }
 
@@ -267,6 +268,7 @@ WorkerReport report_from_python(const py::handle& meta) {
   r.failed_saves = py::cast<std::vector<std::int64_t>>(meta.attr("failed_saves"));
   r.loaded = py::cast<std::vector<std::int64_t>>(meta.attr("loaded"));
   r.failed_loads = py::cast<std::vector<std::int64_t>>(meta.attr("failed_loads"));
+  r.quarantined = py::cast<std::vector<std::int64_t>>(meta.attr("quarantined"));
   return r;
 }
 
@@ -514,6 +516,7 @@ py::dict worker_meta_namespace() {
     a.failed_saves.insert(a.failed_saves.end(), b.failed_saves.begin(), b.failed_saves.end());
     a.loaded.insert(a.loaded.end(), b.loaded.begin(), b.loaded.end());
     a.failed_loads.insert(a.failed_loads.end(), b.failed_loads.begin(), b.failed_loads.end());
+    a.quarantined.insert(a.quarantined.end(), b.quarantined.begin(), b.quarantined.end());
     return report_to_python(a);
   });
   return ns;
@@ -533,11 +536,9 @@ PYBIND11_MODULE(activekv, m) {
       })
       .def("slot_data", [](WorkerSide& w, std::int64_t slot) {
         if (w.arena() == nullptr) throw py::value_error("KV caches not registered yet");
-        auto row = w.arena()->view(slot, 0, w.arena()->slot_bytes());
-        if (!row.ok()) throw py::index_error(row.status().error());
-        const at::Tensor bytes = row.value().contiguous();
-        return py::bytes(reinterpret_cast<const char*>(bytes.data_ptr()),
-                         static_cast<std::size_t>(bytes.numel()));
+        auto data = w.arena()->slot_data(slot);
+        if (!data.ok()) throw py::index_error(data.status().error());
+        return py::bytes(data.value());
       });
 
   const py::module_ base = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");

@@ -88,6 +88,17 @@ void BlockIndex::discard(std::int64_t slot) {
   if (entry.pins == 0) drop(entry);
 }
 
+void BlockIndex::retire(std::int64_t slot) {
+  const auto it = key_of_slot_.find(slot);
+  if (it == key_of_slot_.end()) return;
+  auto& entry = by_key_.at(it->second);
+  const BlockKey key = entry.key;
+  if (entry.state == SlotState::kVisible) lru_.erase(entry.lru_pos);
+  key_of_slot_.erase(slot);
+  by_key_.erase(key);  // the slot is not returned to free_
+  ++retired_;
+}
+
 std::vector<BlockKey> BlockIndex::lru_keys() const { return {lru_.begin(), lru_.end()}; }
 
 void BlockIndex::drop(Entry& entry) {

@@ -6,61 +6,84 @@
 
 namespace activekv {
 
-HostArena::HostArena(std::int64_t num_slots, std::int64_t slot_bytes, bool pin,
-                     std::int64_t chunk_bytes)
+HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64_t layer_bytes,
+                     bool pin, std::int64_t chunk_bytes)
     : num_slots_(num_slots),
-      slot_bytes_(slot_bytes),
+      num_layers_(num_layers),
+      layer_bytes_(layer_bytes),
       pin_(pin),
-      slots_per_chunk_(std::max<std::int64_t>(1, chunk_bytes / slot_bytes)),
-      chunks_(static_cast<std::size_t>((num_slots + slots_per_chunk_ - 1) / slots_per_chunk_)),
-      tags_(static_cast<std::size_t>(num_slots)) {}
+      slots_per_chunk_(std::max<std::int64_t>(1, chunk_bytes / (num_layers * layer_bytes))),
+      chunks_(static_cast<std::size_t>((num_slots + slots_per_chunk_ - 1) / slots_per_chunk_)) {}
 
 std::int64_t HostArena::allocated_chunks() const {
   return std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.defined(); });
 }
 
-Result<at::Tensor> HostArena::view(std::int64_t slot, std::int64_t offset, std::int64_t nbytes) {
-  if (slot < 0 || slot >= num_slots_) {
-    return Status(ErrorCode::kOutOfRange, "slot " + std::to_string(slot) +
-                                              " out of range (arena has " +
-                                              std::to_string(num_slots_) + " slots)");
-  }
-  const auto c = static_cast<std::size_t>(slot / slots_per_chunk_);
-  if (!chunks_[c].defined()) {
-    const std::int64_t rows =
-        std::min(slots_per_chunk_, num_slots_ - static_cast<std::int64_t>(c) * slots_per_chunk_);
-    try {
-      chunks_[c] = at::empty({rows, slot_bytes_}, at::TensorOptions().dtype(at::kByte).pinned_memory(pin_));
-    } catch (const c10::Error& e) {
-      return Status(ErrorCode::kOutOfMemory,
-                    "cannot allocate a host arena chunk of " + std::to_string(rows * slot_bytes_) +
-                        " bytes: " + e.what_without_backtrace());
+std::vector<SlotRun> HostArena::runs(const std::vector<std::int64_t>& slots) const {
+  std::vector<SlotRun> out;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const auto s = slots[i];
+    if (!out.empty()) {
+      SlotRun& last = out.back();
+      if (s == last.first + last.count && s / slots_per_chunk_ == last.first / slots_per_chunk_) {
+        ++last.count;
+        continue;
+      }
     }
+    out.push_back(SlotRun{s, 1, static_cast<std::int64_t>(i)});
   }
-  return chunks_[c][slot % slots_per_chunk_].narrow(0, offset, nbytes);
+  return out;
 }
 
-Status HostArena::write(std::int64_t slot, std::int64_t offset, const at::Tensor& data) {
-  auto row = view(slot, offset, data.numel());
-  if (!row.ok()) return row.status();
-  tags_[static_cast<std::size_t>(slot)].reset();
-  row.value().copy_(data);
+Status HostArena::ensure_chunk(std::int64_t chunk) {
+  auto& c = chunks_[static_cast<std::size_t>(chunk)];
+  if (c.defined()) return Status::Ok();
+  const std::int64_t rows = std::min(slots_per_chunk_, num_slots_ - chunk * slots_per_chunk_);
+  try {
+    c = at::empty({num_layers_, rows, layer_bytes_},
+                  at::TensorOptions().dtype(at::kByte).pinned_memory(pin_));
+  } catch (const c10::Error& e) {
+    return {ErrorCode::kOutOfMemory, "cannot allocate a host arena chunk of " +
+                                         std::to_string(num_layers_ * rows * layer_bytes_) +
+                                         " bytes: " + e.what_without_backtrace()};
+  }
   return Status::Ok();
 }
 
-void HostArena::seal(std::int64_t slot, std::string tag) {
-  tags_.at(static_cast<std::size_t>(slot)) = std::move(tag);
+Result<at::Tensor> HostArena::run_view(std::int64_t layer, const SlotRun& run) {
+  if (run.first < 0 || run.count < 1 || run.first + run.count > num_slots_ ||
+      run.first / slots_per_chunk_ != (run.first + run.count - 1) / slots_per_chunk_) {
+    return Status(ErrorCode::kOutOfRange,
+                  "slots " + std::to_string(run.first) + ".." +
+                      std::to_string(run.first + run.count - 1) + " out of range (arena has " +
+                      std::to_string(num_slots_) + " slots)");
+  }
+  const std::int64_t chunk = run.first / slots_per_chunk_;
+  if (const Status s = ensure_chunk(chunk); !s.ok()) return s;
+  return chunks_[static_cast<std::size_t>(chunk)][layer].narrow(0, run.first % slots_per_chunk_,
+                                                                 run.count);
 }
 
 std::optional<std::string> HostArena::tag(std::int64_t slot) const {
-  if (slot < 0 || slot >= num_slots_) return std::nullopt;
-  return tags_[static_cast<std::size_t>(slot)];
+  const auto it = tags_.find(slot);
+  if (it == tags_.end()) return std::nullopt;
+  return it->second;
 }
 
 std::vector<std::int64_t> HostArena::sealed_slots() const {
   std::vector<std::int64_t> out;
-  for (std::int64_t s = 0; s < num_slots_; ++s) {
-    if (tags_[static_cast<std::size_t>(s)]) out.push_back(s);
+  for (const auto& [slot, tag] : tags_) out.push_back(slot);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<std::string> HostArena::slot_data(std::int64_t slot) {
+  std::string out;
+  for (std::int64_t l = 0; l < num_layers_; ++l) {
+    auto v = run_view(l, SlotRun{slot, 1, 0});
+    if (!v.ok()) return v.status();
+    const at::Tensor bytes = v.value().contiguous();
+    out.append(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
   }
   return out;
 }

@@ -161,6 +161,12 @@ void SchedulerSide::apply_report(const WorkerReport& report) {
     index_.discard(slot);
     save_settled(slot);
   }
+  for (const auto slot : report.quarantined) {
+    confirmations_.erase(slot);
+    index_.retire(slot);
+    stats_.add(Counter::kQuarantinedFences, 1);
+    save_settled(slot);
+  }
   for (const auto slot : report.loaded) ++load_reports_[slot];
   for (auto it = load_reports_.begin(); it != load_reports_.end();) {
     while (it->second >= tp_size_) {  // one load done on every rank

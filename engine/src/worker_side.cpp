@@ -29,6 +29,11 @@ c10::Stream current_stream(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
+at::Tensor ok_or_throw(Result<at::Tensor> r) {
+  if (!r.ok()) throw std::runtime_error(r.status().error());
+  return r.value();
+}
+
 }  // namespace
 
 WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots,
@@ -39,7 +44,7 @@ WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_s
       tp_rank_(tp_rank),
       layer_bytes_(layout_.layer_bytes(config.mode)) {
   for (std::size_t i = 0; i < layout_.layer_names.size(); ++i) {
-    layer_offset_[layout_.layer_names[i]] = static_cast<std::int64_t>(i) * layer_bytes_;
+    layer_offset_[layout_.layer_names[i]] = static_cast<std::int64_t>(i);  // the layer's index
   }
 }
 
@@ -69,9 +74,8 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
-  const bool pin = has_streams();
-  arena_ = std::make_unique<HostArena>(num_slots_, layout_.slot_bytes(config_.mode), pin);
-  staging_ = std::make_unique<StagingPool>(pin);
+  arena_ = std::make_unique<HostArena>(num_slots_, static_cast<std::int64_t>(layout_.layer_names.size()),
+                                       layer_bytes_, /*pin=*/has_streams());
   if (has_streams()) {
     c10::impl::VirtualGuardImpl impl(device_.type());
     load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
@@ -94,6 +98,18 @@ void WorkerSide::bind_plan(StepPlan plan) {
   };
   for (const auto& op : plan.loads) check(op.slot, op.block_id);
   for (const auto& op : plan.saves) check(op.slot, op.block_id);
+  std::vector<std::int64_t> slots, ids;
+  for (const auto& op : plan.saves) {
+    slots.push_back(op.slot);
+    ids.push_back(op.block_id);
+    arena_->unseal(op.slot);  // its bytes are about to be rewritten
+  }
+  save_runs_ = arena_->runs(slots);
+  // Made here, once: a host->device copy from pageable memory waits for the
+  // compute stream, which must not happen between layers.
+  save_block_ids_ = ids.empty() ? at::Tensor() : block_ids_tensor(ids);
+  saved_layers_.clear();
+  save_fences_.clear();
   plan_ = std::move(plan);
 }
 
@@ -103,25 +119,13 @@ std::string WorkerSide::tag(const BlockKey& key) const {
   return t;
 }
 
-void WorkerSide::release_load_leases() {
-  // A load's staging goes back to the pool only once its copy has finished.
-  for (auto& l : finished_loads_) {
-    if (!l.lease) continue;
-    try {
-      if (l.ready) l.ready->synchronize();
-      staging_->release(*l.lease);
-    } catch (const c10::Error&) {
-      staging_->quarantine(*l.lease);
-      stats_.add(Counter::kQuarantinedFences, 1);
-    }
-  }
-  finished_loads_.clear();
+at::Tensor WorkerSide::block_ids_tensor(const std::vector<std::int64_t>& ids) const {
+  return at::tensor(ids, at::kLong).to(device_);
 }
 
 void WorkerSide::start_load() {
   load_ops_.clear();
   staged_loads_.clear();
-  release_load_leases();
   if (!plan_ || plan_->loads.empty()) return;
   const Stopwatch t;
   for (const auto& op : plan_->loads) {
@@ -136,36 +140,40 @@ void WorkerSide::start_load() {
   }
   if (load_ops_.empty()) return;
   const auto n = static_cast<std::int64_t>(load_ops_.size());
-  std::vector<std::int64_t> ids;
-  for (const auto& op : load_ops_) ids.push_back(op.block_id);
-  load_block_ids_ = at::tensor(ids, at::kLong).to(device_);
-  std::optional<c10::Event> compute_done;
-  if (has_streams()) {  // loads write blocks vLLM may still be zeroing
-    compute_done.emplace(device_.type());
-    compute_done->record(current_stream(device_));
-    compute_done->block(*load_stream_);
+  std::vector<std::int64_t> ids, slots;
+  for (const auto& op : load_ops_) {
+    ids.push_back(op.block_id);
+    slots.push_back(op.slot);
   }
-  for (const auto& name : layout_.layer_names) {
+  load_block_ids_ = block_ids_tensor(ids);
+  const auto runs = arena_->runs(slots);
+  if (has_streams()) {  // loads write blocks vLLM may still be zeroing
+    c10::Event compute_done(device_.type());
+    compute_done.record(current_stream(device_));
+    compute_done.block(*load_stream_);
+  }
+  for (std::int64_t l = 0; l < static_cast<std::int64_t>(layout_.layer_names.size()); ++l) {
     LayerLoad load;
-    std::vector<at::Tensor> rows;
-    for (const auto& op : load_ops_) rows.push_back(arena_->view(op.slot, layer_offset_[name], layer_bytes_).value());
-    if (!has_streams()) {
-      load.rows = at::stack(rows);
+    if (runs.size() == 1 && !has_streams()) {
+      load.rows = ok_or_throw(arena_->run_view(l, runs[0]));  // read in place
     } else {
-      auto lease = staging_->acquire(n * layer_bytes_);
-      if (!lease.ok()) throw std::runtime_error(lease.status().error());
-      at::Tensor staging = lease.value().buffer.view({n, layer_bytes_});
-      at::stack_out(staging, rows);
-      const c10::StreamGuard guard(*load_stream_);
-      load.rows = lease.value().buffer.view({n, layer_bytes_}).to(device_, /*non_blocking=*/true);
-      load.ready.emplace(device_.type());
-      load.ready->record(*load_stream_);
-      load.lease = lease.value();
+      // Allocated on the compute stream, which waits for the copies below.
+      load.rows = at::empty({n, layer_bytes_}, at::TensorOptions().dtype(at::kByte).device(device_));
+      std::optional<c10::StreamGuard> on_load_stream;
+      if (has_streams()) on_load_stream.emplace(*load_stream_);
+      for (const auto& run : runs) {
+        load.rows.narrow(0, run.offset, run.count)
+            .copy_(ok_or_throw(arena_->run_view(l, run)), /*non_blocking=*/true);
+      }
+      if (has_streams()) {
+        load.ready.emplace(device_.type());
+        load.ready->record(*load_stream_);
+      }
     }
-    staged_loads_.emplace(name, std::move(load));
+    staged_loads_.emplace(layout_.layer_names[static_cast<std::size_t>(l)], std::move(load));
   }
   stats_.add(Counter::kLoadedBlocks, n);
-  stats_.add(Counter::kBytesToDevice, n * layer_bytes_ * static_cast<std::int64_t>(kv_.size()));
+  stats_.add(Counter::kBytesToDevice, n * arena_->slot_bytes());
   stats_.add(Counter::kLoadUs, t.us());
 }
 
@@ -177,77 +185,64 @@ void WorkerSide::wait_for_layer_load(const std::string& layer_name) {
   staged_loads_.erase(it);
   if (load.ready) load.ready->block(current_stream(device_));
   kv_.at(layer_name).index_copy_(0, load_block_ids_, codec_->decode(load.rows));
-  finished_loads_.push_back(std::move(load));
   stats_.add(Counter::kLoadUs, t.us());
 }
 
 void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_layer) {
-  if (!plan_ || plan_->saves.empty() || layer_offset_.count(layer_name) == 0) return;
+  const auto layer = layer_offset_.find(layer_name);
+  if (!plan_ || plan_->saves.empty() || layer == layer_offset_.end()) return;
   const Stopwatch t;
-  std::vector<std::int64_t> ids;
-  for (const auto& op : plan_->saves) ids.push_back(op.block_id);
-  const at::Tensor block_ids = at::tensor(ids, at::kLong).to(kv_layer.device());
-  LayerSave save;
-  if (!has_streams()) {
-    save.rows = codec_->encode(kv_layer.index_select(0, block_ids));
-  } else {
+  std::optional<c10::StreamGuard> on_save_stream;
+  if (has_streams()) {
     // The save stream must see the layer's KV written by the compute stream.
     c10::Event written(device_.type());
     written.record(current_stream(device_));
     written.block(*save_stream_);
-    const c10::StreamGuard guard(*save_stream_);
-    const at::Tensor encoded = codec_->encode(kv_layer.index_select(0, block_ids));
-    auto lease = staging_->acquire(encoded.numel());
-    if (!lease.ok()) throw std::runtime_error(lease.status().error());
-    save.rows = lease.value().buffer.view(encoded.sizes());
-    save.rows.copy_(encoded, /*non_blocking=*/true);
-    save.done.emplace(device_.type());
-    save.done->record(*save_stream_);
-    save.lease = lease.value();
+    on_save_stream.emplace(*save_stream_);
   }
-  staged_saves_.emplace(layer_name, std::move(save));
+  const at::Tensor encoded = codec_->encode(kv_layer.index_select(0, save_block_ids_));
+  for (const auto& run : save_runs_) {
+    ok_or_throw(arena_->run_view(layer->second, run))
+        .copy_(encoded.narrow(0, run.offset, run.count), /*non_blocking=*/true);
+  }
+  if (has_streams()) {
+    save_fences_.emplace_back(device_.type());
+    save_fences_.back().record(*save_stream_);
+  }
+  saved_layers_.insert(layer_name);
   stats_.add(Counter::kSaveUs, t.us());
 }
 
 void WorkerSide::wait_for_save() {
-  auto staged = std::move(staged_saves_);
-  staged_saves_.clear();
   if (!plan_) return;
   awaiting_free_.insert(plan_->awaiting_free.begin(), plan_->awaiting_free.end());
-  if (plan_->saves.empty()) return;
+  const auto& ops = plan_->saves;
+  if (ops.empty()) return;
   const Stopwatch t;
   bool fences_ok = true;
-  for (auto& [name, save] : staged) {
-    if (!save.lease) continue;
+  for (auto& fence : save_fences_) {
     try {
-      save.done->synchronize();
+      fence.synchronize();
     } catch (const c10::Error&) {
-      staging_->quarantine(*save.lease);
-      save.lease.reset();
-      stats_.add(Counter::kQuarantinedFences, 1);
-      fences_ok = false;
+      fences_ok = false;  // a copy may still land in these slots
     }
   }
-  const auto& ops = plan_->saves;
-  if (!fences_ok || staged.size() != layout_.layer_names.size()) {
-    // A layer never reached save_layer, or its copy failed: no slot is whole.
+  save_fences_.clear();
+  if (!fences_ok) {
+    for (const auto& op : ops) report_.quarantined.push_back(op.slot);
+    stats_.add(Counter::kQuarantinedFences, 1);
+  } else if (saved_layers_.size() != layout_.layer_names.size()) {
+    // A layer never reached save_layer: no slot of this step is whole.
     for (const auto& op : ops) report_.failed_saves.push_back(op.slot);
   } else {
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      for (const auto& [name, save] : staged) {
-        const Status s = arena_->write(ops[i].slot, layer_offset_.at(name),
-                                       save.rows[static_cast<std::int64_t>(i)]);
-        if (!s.ok()) throw std::runtime_error(s.error());
-      }
-      arena_->seal(ops[i].slot, tag(ops[i].key));
-      report_.saved.push_back(ops[i].slot);
+    for (const auto& op : ops) {
+      arena_->seal(op.slot, tag(op.key));
+      report_.saved.push_back(op.slot);
     }
     stats_.add(Counter::kSavedBlocks, static_cast<std::int64_t>(ops.size()));
     stats_.add(Counter::kBytesToHost, static_cast<std::int64_t>(ops.size()) * arena_->slot_bytes());
   }
-  for (auto& [name, save] : staged) {
-    if (save.lease) staging_->release(*save.lease);
-  }
+  saved_layers_.clear();
   stats_.add(Counter::kSaveUs, t.us());
 }
 

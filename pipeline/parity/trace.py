@@ -52,7 +52,8 @@ def plain_metadata(meta) -> dict[str, Any]:
 def plain_worker_meta(wm) -> dict[str, list[int]] | None:
     if wm is None:
         return None
-    return {k: list(getattr(wm, k)) for k in ("saved", "failed_saves", "loaded", "failed_loads")}
+    fields = ("saved", "failed_saves", "loaded", "failed_loads", "quarantined")
+    return {k: list(getattr(wm, k)) for k in fields}
 
 
 class TraceWriter:

@@ -46,7 +46,7 @@ def test_metadata_is_plain_picklable_data():
 def test_worker_metadata_aggregates_over_ranks():
     def wm(saved):
         m = activekv.ActiveKVWorkerMetadata.__new__(activekv.ActiveKVWorkerMetadata)
-        m.saved, m.failed_saves, m.loaded, m.failed_loads = saved, [], [], []
+        m.saved, m.failed_saves, m.loaded, m.failed_loads, m.quarantined = saved, [], [], [], []
         return m
 
     assert wm([1, 2]).aggregate(wm([3])).saved == [1, 2, 3]

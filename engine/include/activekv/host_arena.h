@@ -1,5 +1,8 @@
 // Worker-side host arena: fixed-size slots in bounded chunks of host memory.
 //
+// Layer-major inside each chunk ([layers, slots, layer_bytes]), so a run of
+// consecutive slots of one layer is one contiguous range: a block batch moves
+// between the device and the arena with one copy per run, no host-side copy.
 // Chunks are allocated on first use and never exceed the chunk size (large
 // single pinned allocations fail on XPU and CUDA). Pinned where an accelerator
 // exists, pageable on CPU-only torch. Each slot remembers the tag (block key and
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "activekv/status.h"
@@ -19,37 +23,53 @@ namespace activekv {
 
 inline constexpr std::int64_t kDefaultChunkBytes = std::int64_t{64} << 20;
 
+// Consecutive slots [first, first + count) inside one chunk, at position
+// `offset` of a batch.
+struct SlotRun {
+  std::int64_t first;
+  std::int64_t count;
+  std::int64_t offset;
+};
+
 class HostArena {
  public:
-  HostArena(std::int64_t num_slots, std::int64_t slot_bytes, bool pin,
+  HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64_t layer_bytes, bool pin,
             std::int64_t chunk_bytes = kDefaultChunkBytes);
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
   std::int64_t num_slots() const { return num_slots_; }
-  std::int64_t slot_bytes() const { return slot_bytes_; }
+  std::int64_t slot_bytes() const { return num_layers_ * layer_bytes_; }
+  std::int64_t layer_bytes() const { return layer_bytes_; }
   std::int64_t slots_per_chunk() const { return slots_per_chunk_; }
   std::int64_t allocated_chunks() const;
 
-  // The slot's bytes [offset, offset + nbytes), allocating its chunk on first
-  // use. Errors: kOutOfRange (bad slot), kOutOfMemory (allocation refused).
-  Result<at::Tensor> view(std::int64_t slot, std::int64_t offset, std::int64_t nbytes);
+  // Splits a batch of slots into runs of consecutive slots within a chunk.
+  std::vector<SlotRun> runs(const std::vector<std::int64_t>& slots) const;
 
-  // Copies `data` (uint8, 1-D) into the slot at `offset`; the slot's tag is
-  // cleared until seal() says the whole slot is written.
-  Status write(std::int64_t slot, std::int64_t offset, const at::Tensor& data);
-  void seal(std::int64_t slot, std::string tag);
+  // The [count, layer_bytes] bytes of `layer` for the run's slots, allocating
+  // the chunk on first use. Errors: kOutOfRange, kOutOfMemory (refused).
+  Result<at::Tensor> run_view(std::int64_t layer, const SlotRun& run);
+
+  // Clears the slot's tag: its bytes are being rewritten.
+  void unseal(std::int64_t slot) { tags_.erase(slot); }
+  void seal(std::int64_t slot, std::string tag) { tags_[slot] = std::move(tag); }
   // The sealed tag, or nullopt (unsealed or out of range).
   std::optional<std::string> tag(std::int64_t slot) const;
   std::vector<std::int64_t> sealed_slots() const;
+  // All layers of a slot, layer after layer (the reference's slot layout).
+  Result<std::string> slot_data(std::int64_t slot);
 
  private:
+  Status ensure_chunk(std::int64_t chunk);
+
   std::int64_t num_slots_;
-  std::int64_t slot_bytes_;
+  std::int64_t num_layers_;
+  std::int64_t layer_bytes_;
   bool pin_;
   std::int64_t slots_per_chunk_;
   std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory
-  std::vector<std::optional<std::string>> tags_;
+  std::unordered_map<std::int64_t, std::string> tags_;  // sparse: slots can be many
 };
 
 }  // namespace activekv

@@ -37,9 +37,12 @@ struct WorkerReport {
   std::vector<std::int64_t> failed_saves;
   std::vector<std::int64_t> loaded;  // ok or not
   std::vector<std::int64_t> failed_loads;
+  // Saves whose copy has an unknown outcome: the slots are never used again.
+  std::vector<std::int64_t> quarantined;
 
   bool empty() const {
-    return saved.empty() && failed_saves.empty() && loaded.empty() && failed_loads.empty();
+    return saved.empty() && failed_saves.empty() && loaded.empty() && failed_loads.empty() &&
+           quarantined.empty();
   }
 };
 

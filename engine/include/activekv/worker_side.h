@@ -1,17 +1,18 @@
 // Worker side: owns the host arena and moves blocks between it and the paged
 // KV cache. Mirrors the reference (worker.py) step by step:
-//   start_load          check each load's slot holds the expected block, gather
-//                       its rows into one staging region per layer and issue one
-//                       host->device copy per layer (on a load stream where the
-//                       device has streams);
+//   start_load          check each load's slot holds the expected block, then per
+//                       layer copy the slots' rows to a device staging region,
+//                       one copy per run of consecutive slots (on a load stream
+//                       where the device has streams);
 //   wait_for_layer_load make the compute stream wait for that layer's copy, then
 //                       decode and scatter the rows into the paged cache;
-//   save_layer          gather the layer's blocks on the device, encode, and
-//                       issue one device->host copy into staging (on a save
-//                       stream that first waits for the compute stream);
-//   wait_for_save       wait for the copies' fences, write the rows into their
-//                       slots and seal them. A fence that fails is quarantined
-//                       and its saves reported failed.
+//   save_layer          gather the layer's blocks on the device, encode, and copy
+//                       them straight into their arena slots, one copy per run
+//                       (on a save stream that first waits for the compute
+//                       stream); the slots are PENDING, so nothing reads them;
+//   wait_for_save       wait for the copies' fences and seal the slots. A fence
+//                       with an unknown outcome quarantines its slots: reported,
+//                       never reused, never sealed.
 // Device-generic: c10 streams and events only; on CPU everything is immediate.
 #pragma once
 
@@ -32,7 +33,6 @@
 #include "activekv/host_arena.h"
 #include "activekv/kv_codec.h"
 #include "activekv/kv_layout.h"
-#include "activekv/staging_pool.h"
 #include "activekv/step_plan.h"
 #include "activekv/telemetry.h"
 
@@ -68,21 +68,14 @@ class WorkerSide {
   // What a sealed slot records: the block key and this worker's TP rank.
   std::string tag(const BlockKey& key) const;
   HostArena* arena() { return arena_.get(); }
-  const StagingPool* staging() const { return staging_.get(); }
 
  private:
   struct LayerLoad {
     at::Tensor rows;  // on the device
     std::optional<c10::Event> ready;
-    std::optional<StagingLease> lease;
-  };
-  struct LayerSave {
-    at::Tensor rows;  // on the host
-    std::optional<c10::Event> done;
-    std::optional<StagingLease> lease;
   };
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
-  void release_load_leases();
+  at::Tensor block_ids_tensor(const std::vector<std::int64_t>& ids) const;
 
   Config config_;
   KVLayout layout_;
@@ -95,7 +88,6 @@ class WorkerSide {
   std::int64_t num_device_blocks_ = 0;
   std::unique_ptr<KVCodec> codec_;
   std::unique_ptr<HostArena> arena_;
-  std::unique_ptr<StagingPool> staging_;
   std::optional<c10::Stream> load_stream_;
   std::optional<c10::Stream> save_stream_;
   Telemetry stats_;
@@ -103,9 +95,11 @@ class WorkerSide {
   std::vector<LoadOp> load_ops_;
   at::Tensor load_block_ids_;
   std::unordered_map<std::string, LayerLoad> staged_loads_;
-  std::vector<LayerLoad> finished_loads_;  // leases waiting for their fence
   std::optional<StepPlan> plan_;
-  std::unordered_map<std::string, LayerSave> staged_saves_;
+  std::vector<SlotRun> save_runs_;
+  at::Tensor save_block_ids_;  // on the device, made once per step
+  std::set<std::string> saved_layers_;
+  std::vector<c10::Event> save_fences_;
   WorkerReport report_;
   std::vector<std::int64_t> load_error_blocks_;
   std::set<std::string> awaiting_free_;

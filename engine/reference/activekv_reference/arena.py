@@ -43,6 +43,9 @@ class HostArena:
         self._keys[slot] = None
         row[offset : offset + data.numel()].copy_(data)
 
+    def unseal(self, slot: int) -> None:
+        self._keys[slot] = None
+
     def seal(self, slot: int, key: bytes) -> None:
         self._keys[slot] = key
 

@@ -103,6 +103,13 @@ class BlockIndex:
         if entry is not None and entry.pins == 0:
             self._drop(entry)
 
+    def retire(self, slot: int) -> None:
+        """Take `slot` out of service for good (a copy into it may still land)."""
+        entry = self._by_slot.pop(slot, None)
+        if entry is not None:
+            del self._by_key[entry.key]
+            self._lru.pop(entry.key, None)
+
     def state(self, key: BlockKey) -> SlotState | None:
         entry = self._by_key.get(key)
         return None if entry is None else entry.state

@@ -44,6 +44,9 @@ class ActiveKVWorkerMetadata(KVConnectorWorkerMetadata):
     failed_saves: list[int] = dataclasses.field(default_factory=list)
     loaded: list[int] = dataclasses.field(default_factory=list)  # slots read (ok or not)
     failed_loads: list[int] = dataclasses.field(default_factory=list)
+    # Saves whose copy has an unknown outcome (the native engine's fences; the
+    # reference copies synchronously and never reports one): never reused.
+    quarantined: list[int] = dataclasses.field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> ActiveKVWorkerMetadata:
         if not isinstance(other, ActiveKVWorkerMetadata):
@@ -53,4 +56,5 @@ class ActiveKVWorkerMetadata(KVConnectorWorkerMetadata):
             failed_saves=self.failed_saves + other.failed_saves,
             loaded=self.loaded + other.loaded,
             failed_loads=self.failed_loads + other.failed_loads,
+            quarantined=self.quarantined + other.quarantined,
         )

@@ -185,6 +185,11 @@ class SchedulerSide:
             self._confirmations.pop(slot, None)
             self.index.discard(slot)
             self._save_settled(slot)
+        for slot in wm.quarantined:
+            self._confirmations.pop(slot, None)
+            self.index.retire(slot)
+            self.stats.add("quarantined_fences", 1)
+            self._save_settled(slot)
         self._load_reports.update(wm.loaded)
         for slot in list(self._load_reports):
             while self._load_reports[slot] >= self.tp_size:  # one load done on every rank

@@ -94,6 +94,8 @@ class WorkerSide:
                 )
             if not 0 <= op.slot < self.num_slots:
                 raise IndexError(f"slot {op.slot} out of range (arena has {self.num_slots} slots)")
+        for op in meta.saves:  # their bytes are about to be rewritten
+            self.arena.unseal(op.slot)
 
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata) -> None:
@@ -186,6 +188,6 @@ class WorkerSide:
 
     def take_worker_meta(self) -> ActiveKVWorkerMetadata | None:
         out, self._out = self._out, ActiveKVWorkerMetadata()
-        if not (out.saved or out.failed_saves or out.loaded or out.failed_loads):
+        if not (out.saved or out.failed_saves or out.loaded or out.failed_loads or out.quarantined):
             return None
         return out
