@@ -162,7 +162,7 @@ class SchedulerEngine {
     std::vector<SchedulerSide::NewRequest> fresh;
     for (const auto& r : so.attr("scheduled_new_reqs")) {
       const auto id = py::cast<std::string>(r.attr("req_id"));
-      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
+      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);  // new: read once
       fresh.push_back({id, py::cast<std::vector<std::int64_t>>(r.attr("block_ids")[py::int_(0)]),
                        py::cast<std::int64_t>(r.attr("num_computed_tokens")),
                        py::cast<std::int64_t>(scheduled[py::str(id)])});
@@ -175,7 +175,8 @@ class SchedulerEngine {
     std::vector<SchedulerSide::CachedRequest> running;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const auto id = py::cast<std::string>(ids[i]);
-      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
+      const auto upto = py::cast<std::int64_t>(computed[i]) + py::cast<std::int64_t>(scheduled[ids[i]]);
+      if (side_->wants_tokens(id, upto) && requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
       std::optional<std::vector<std::int64_t>> blocks;
       if (!new_block_ids[i].is_none()) {
         blocks = py::cast<std::vector<std::int64_t>>(new_block_ids[i][py::int_(0)]);
@@ -213,6 +214,7 @@ class SchedulerEngine {
 struct Classes {
   py::object base;            // KVConnectorBase_V1
   py::object metadata;        // ActiveKVMetadata
+  py::object empty_metadata;  // one shared instance for the steps that move nothing
   py::object worker_meta;     // ActiveKVWorkerMetadata
   py::object stats;           // ActiveKVStats
   py::object prom;            // ActiveKVPromMetrics
@@ -222,6 +224,9 @@ Classes* g_classes = nullptr;  // lives as long as the module (never freed: inte
 py::object new_instance(const py::object& cls) { return cls.attr("__new__")(cls); }
 
 py::object plan_to_python(const StepPlan& plan) {
+  if (plan.loads.empty() && plan.saves.empty() && plan.awaiting_free.empty()) {
+    return g_classes->empty_metadata;
+  }
   py::object meta = new_instance(g_classes->metadata);
   py::list loads, saves;
   for (const auto& op : plan.loads) loads.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key)));
@@ -235,6 +240,7 @@ py::object plan_to_python(const StepPlan& plan) {
 }
 
 StepPlan plan_from_python(const py::handle& meta) {
+  if (meta.is(g_classes->empty_metadata)) return {};
   if (!py::isinstance(meta, g_classes->metadata)) {
     throw py::type_error("ActiveKV got connector metadata of type " +
                          py::cast<std::string>(py::type::handle_of(meta).attr("__name__")));
@@ -281,6 +287,12 @@ py::object stats_or_none(const Telemetry& t) {
 template <class F, class... Extra>
 py::cpp_function method(F&& f, const Extra&... extra) {
   return py::cpp_function(std::forward<F>(f), py::is_method(py::none()), extra...);
+}
+
+// A named method: tracebacks and profiles show which one ran.
+template <class F, class... Extra>
+py::cpp_function named(const char* name, F&& f, const Extra&... extra) {
+  return method(std::forward<F>(f), py::name(name), extra...);
 }
 
 SchedulerEngine& scheduler_of(const py::handle& self) {
@@ -348,42 +360,50 @@ py::dict connector_namespace() {
       method([](py::object) { return false; }));  // a dropped save is only a future miss
 
   // -- worker --
-  ns["register_kv_caches"] = method([](py::object self, py::dict kv_caches) {
+  ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
     std::unordered_map<std::string, at::Tensor> caches;
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
     const Status s = worker_of(self).register_kv_caches(caches);
     if (!s.ok()) throw py::value_error(s.error());
   });
-  ns["bind_connector_metadata"] = method([](py::object self, py::object meta) {
+  ns["bind_connector_metadata"] = named("bind_connector_metadata", [](py::object self, py::object meta) {
     self.attr("_connector_metadata") = meta;
     if (py::hasattr(self, "_activekv_worker")) worker_of(self).bind_plan(plan_from_python(meta));
   });
-  ns["clear_connector_metadata"] = method([](py::object self) {
+  ns["clear_connector_metadata"] = named("clear_connector_metadata", [](py::object self) {
     self.attr("_connector_metadata") = py::none();
     if (py::hasattr(self, "_activekv_worker")) worker_of(self).clear_plan();
   });
-  ns["start_load_kv"] = method([](py::object self, py::object, py::kwargs) {
+  ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object, py::kwargs) {
     WorkerSide& w = worker_of(self);
+    if (!w.has_loads()) return;
     py::gil_scoped_release nogil;
     w.start_load();
   });
-  ns["wait_for_layer_load"] = method([](py::object self, std::string layer) {
+  ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
     WorkerSide& w = worker_of(self);
+    if (!w.has_staged_loads()) return;
+    const auto name = py::cast<std::string>(layer);
     py::gil_scoped_release nogil;
-    w.wait_for_layer_load(layer);
+    w.wait_for_layer_load(name);
   });
-  ns["save_kv_layer"] = method([](py::object self, std::string layer, at::Tensor kv, py::object, py::kwargs) {
+  ns["save_kv_layer"] = named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
     WorkerSide& w = worker_of(self);
+    if (!w.has_saves()) return;
+    const auto name = py::cast<std::string>(layer);
+    const auto tensor = py::cast<at::Tensor>(kv);
     py::gil_scoped_release nogil;
-    w.save_layer(layer, kv);
+    w.save_layer(name, tensor);
   });
-  ns["wait_for_save"] = method([](py::object self) {
+  ns["wait_for_save"] = named("wait_for_save", [](py::object self) {
     WorkerSide& w = worker_of(self);
+    if (!w.has_saves()) return w.wait_for_save();  // no copy to wait for
     py::gil_scoped_release nogil;
     w.wait_for_save();
   });
-  ns["get_finished"] = method([](py::object self, py::object finished) {
+  ns["get_finished"] = named("get_finished", [](py::object self, py::object finished) -> py::tuple {
     WorkerSide& w = worker_of(self);
+    if (w.nothing_awaiting() && py::len(finished) == 0) return py::make_tuple(py::none(), py::none());
     const auto ids = py::cast<std::vector<std::string>>(py::list(finished));
     std::vector<std::string> done;
     {
@@ -393,45 +413,45 @@ py::dict connector_namespace() {
     py::object sending = done.empty() ? py::none() : py::object(py::set(py::cast(done)));
     return py::make_tuple(sending, py::none());
   });
-  ns["get_block_ids_with_load_errors"] = method([](py::object self) {
+  ns["get_block_ids_with_load_errors"] = named("get_block_ids_with_load_errors", [](py::object self) {
     return py::set(py::cast(worker_of(self).take_load_errors()));
   });
-  ns["build_connector_worker_meta"] = method([](py::object self) -> py::object {
+  ns["build_connector_worker_meta"] = named("build_connector_worker_meta", [](py::object self) -> py::object {
     const WorkerReport r = worker_of(self).take_report();
     return r.empty() ? py::none() : report_to_python(r);
   });
-  ns["get_kv_connector_stats"] = method([](py::object self) -> py::object {
+  ns["get_kv_connector_stats"] = named("get_kv_connector_stats", [](py::object self) -> py::object {
     if (py::hasattr(self, "_activekv_worker")) return stats_or_none(worker_of(self).take_telemetry());
     return stats_or_none(scheduler_of(self).take_telemetry());
   });
 
   // -- scheduler --
-  ns["get_num_new_matched_tokens"] = method([](py::object self, py::object request, std::int64_t n) {
+  ns["get_num_new_matched_tokens"] = named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
     return scheduler_of(self).get_num_new_matched_tokens(request, n);
   });
-  ns["update_state_after_alloc"] = method([](py::object self, py::object request, py::object blocks, std::int64_t n) {
+  ns["update_state_after_alloc"] = named("update_state_after_alloc", [](py::object self, py::object request, py::object blocks, std::int64_t n) {
     scheduler_of(self).update_state_after_alloc(request, blocks, n);
   });
-  ns["build_connector_meta"] = method([](py::object self, py::object so) {
+  ns["build_connector_meta"] = named("build_connector_meta", [](py::object self, py::object so) {
     return plan_to_python(scheduler_of(self).build(so));
   });
-  ns["update_connector_output"] = method([](py::object self, py::object output) {
+  ns["update_connector_output"] = named("update_connector_output", [](py::object self, py::object output) {
     const py::object wm = output.attr("kv_connector_worker_meta");
     if (py::isinstance(wm, g_classes->worker_meta)) scheduler_of(self).apply(report_from_python(wm));
   });
-  ns["request_finished"] = method([](py::object self, py::object request, py::object) {
+  ns["request_finished"] = named("request_finished", [](py::object self, py::object request, py::object) {
     return py::make_tuple(scheduler_of(self).request_finished(request), py::none());
   });
-  ns["has_pending_push_work"] = method([](py::object self) {
+  ns["has_pending_push_work"] = named("has_pending_push_work", [](py::object self) {
     return py::hasattr(self, "_activekv_scheduler") && scheduler_of(self).has_pending_work();
   });
 
   // -- telemetry --
   const py::object classmethod = py::module_::import("builtins").attr("classmethod");
-  ns["build_kv_connector_stats"] = classmethod(method([](py::object, py::object data) {
+  ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
     return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
   }));
-  ns["build_prom_metrics"] = classmethod(method(
+  ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
       [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
         return g_classes->prom(vllm_config, types, labels, per_engine);
       }));
@@ -446,11 +466,11 @@ py::object make_class(const py::object& base, const char* name, py::dict ns) {
 
 py::dict stats_namespace() {
   py::dict ns;
-  ns["reset"] = method([](py::object self) {
+  ns["reset"] = named("reset", [](py::object self) {
     py::dict data = self.attr("data");
     for (const auto& n : kCounterNames) data[py::str(std::string(n))] = 0;
   });
-  ns["aggregate"] = method([](py::object self, py::object other) {
+  ns["aggregate"] = named("aggregate", [](py::object self, py::object other) {
     py::dict data = self.attr("data");
     py::dict theirs = other.attr("data");
     for (const auto& n : kCounterNames) {
@@ -459,13 +479,13 @@ py::dict stats_namespace() {
     }
     return self;
   });
-  ns["reduce"] = method([](py::object self) {
+  ns["reduce"] = named("reduce", [](py::object self) {
     py::dict data = self.attr("data");
     py::dict out;
     for (const auto& n : kCounterNames) out[py::str(std::string(n))] = data.attr("get")(std::string(n), 0);
     return out;
   });
-  ns["is_empty"] = method([](py::object self) {
+  ns["is_empty"] = named("is_empty", [](py::object self) {
     py::dict data = self.attr("data");
     for (const auto& n : kCounterNames) {
       if (py::cast<bool>(data.attr("get")(std::string(n), 0))) return false;
@@ -492,7 +512,7 @@ py::dict prom_namespace(const py::object& prom_base) {
     }
     self.attr("_activekv_counters") = counters;
   });
-  ns["observe"] = method([](py::object self, py::dict data, py::int_ engine_idx) {
+  ns["observe"] = named("observe", [](py::object self, py::dict data, py::int_ engine_idx) {
     py::dict counters = self.attr("_activekv_counters");
     for (const auto& [name, per] : counters) {
       const py::object v = data.attr("get")(name, 0);
@@ -504,7 +524,7 @@ py::dict prom_namespace(const py::object& prom_base) {
 
 py::dict worker_meta_namespace() {
   py::dict ns;
-  ns["aggregate"] = method([](py::object self, py::object other) {
+  ns["aggregate"] = named("aggregate", [](py::object self, py::object other) {
     if (!py::isinstance(other, g_classes->worker_meta)) {
       throw py::type_error("cannot aggregate " +
                            py::cast<std::string>(py::type::handle_of(other).attr("__name__")) +
@@ -546,6 +566,10 @@ PYBIND11_MODULE(activekv, m) {
   g_classes = new Classes{};
   g_classes->base = base.attr("KVConnectorBase_V1");
   g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
+  g_classes->empty_metadata = new_instance(g_classes->metadata);
+  g_classes->empty_metadata.attr("loads") = py::list();
+  g_classes->empty_metadata.attr("saves") = py::list();
+  g_classes->empty_metadata.attr("awaiting_free") = py::list();
   g_classes->worker_meta =
       make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
   g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());

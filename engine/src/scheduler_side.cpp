@@ -42,6 +42,16 @@ const std::vector<BlockKey>& SchedulerSide::keys_upto(RequestState& st, std::int
   return st.keys;
 }
 
+bool SchedulerSide::wants_tokens(const std::string& req_id, std::int64_t computed) const {
+  const auto it = requests_.find(req_id);
+  if (it == requests_.end()) return false;
+  const auto& st = it->second;
+  const std::int64_t limit = config_.store_blocks == StoreScope::kPrompt
+                                 ? std::min(computed, st.num_prompt_tokens)
+                                 : computed;
+  return static_cast<std::int64_t>(st.tokens.size()) < limit;
+}
+
 std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id,
                                                        std::int64_t num_computed_tokens) {
   if (num_computed_tokens % block_size_ != 0) return 0;

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import vllm_harness as h
 from ..tiny_model import tiny_llama
 from .cells import Cell, judge, table
-from .replay import replay
+from .replay import ReplayResult, replay
 from .trace import read_trace
 from .workloads import record_session, sessions
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     h.reference_on_path()
     model = tiny_llama(args.cache)
     cells: list[Cell] = []
-    overhead: list[tuple[str, int, float, float]] = []
+    overhead: list[tuple[str, ReplayResult, ReplayResult]] = []
     for mode in args.modes:
         for session in sessions(mode):
             directory = args.out / "recordings" / f"{mode}-{session.name}"
@@ -51,18 +51,24 @@ def main(argv: list[str] | None = None) -> int:
                 ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
                 cells.append(judge(mode, scenario, ref1, ref2, native,
                                    runs[0].live_differs.get(scenario, 0)))
-            overhead.append((f"{mode}-{session.name}", runs[0].steps, runs[1].per_step_us(),
-                             runs[2].per_step_us()))
+            overhead.append((f"{mode}-{session.name}", runs[1], runs[2]))
     print(table(cells))
-    print("\nper-step connector overhead on the same recordings (time inside connector calls):")
-    for name, steps, ref_us, native_us in overhead:
-        print(f"  {name:22} {steps:5} steps  reference {ref_us:9.1f} us  native {native_us:8.1f} us"
-              f"  ({ref_us / native_us:5.1f}x less)")
+    print("\nper-step connector time on the same recordings (inside connector calls only):")
+    print(f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
+          f"  {'steps moving no block: reference / native':>44}")
+    for name, ref, nat in overhead:
+        print(f"  {name:24}{ref.steps:6}  {ref.per_step_us():9.1f} / {nat.per_step_us():6.1f} us"
+              f" ({ref.per_step_us() / nat.per_step_us():4.1f}x)"
+              f"  {ref.control_steps:6} steps {ref.control_step_us():7.1f} / "
+              f"{nat.control_step_us():5.1f} us ({ref.control_step_us() / nat.control_step_us():4.1f}x)")
     report = args.out / "parity.json"
     report.write_text(json.dumps({
         "cells": [c.as_dict() for c in cells],
         "overhead_us_per_step": [
-            {"recording": n, "steps": s, "reference": r, "native": x} for n, s, r, x in overhead
+            {"recording": n, "steps": r.steps, "reference": r.per_step_us(),
+             "native": x.per_step_us(), "steps_moving_no_block": r.control_steps,
+             "reference_no_block": r.control_step_us(), "native_no_block": x.control_step_us()}
+            for n, r, x in overhead
         ],
     }, indent=2))
     print(f"\nwrote {report}")

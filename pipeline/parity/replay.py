@@ -36,9 +36,15 @@ class ReplayResult:
     live_differs: dict[str, int]  # per segment: scheduler returns unlike the live run
     steps: int = 0
     connector_seconds: float = 0.0  # inside connector calls only
+    # Steps that move no block: what the connector costs vLLM on every step.
+    control_steps: int = 0
+    control_seconds: float = 0.0
 
     def per_step_us(self) -> float:
         return 1e6 * self.connector_seconds / max(self.steps, 1)
+
+    def control_step_us(self) -> float:
+        return 1e6 * self.control_seconds / max(self.control_steps, 1)
 
 
 class _Clock:
@@ -114,6 +120,7 @@ def replay(
     step = 0
     segment = ""
     clock = _Clock()
+    control_steps, control_seconds = 0, 0.0
 
     def request_of(plain):
         r = requests.setdefault(plain["request_id"], SimpleNamespace(**plain))
@@ -143,6 +150,7 @@ def replay(
             if pending_output is not None:  # the recording had no update for it
                 clock(sched.update_connector_output, pending_output)
             so = _scheduler_output(ev["so"])
+            step_start = clock.seconds
             meta = clock(sched.build_connector_meta, so)
             obs[segment].append(("build_connector_meta", plain_metadata(meta)))
             live_differs[segment] += plain_metadata(meta) != ev["ret"]
@@ -150,6 +158,9 @@ def replay(
                 raise TraceMismatchError(f"worker trace ends before step {step}")
             pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock)
             step += 1
+            if not meta.loads and not meta.saves:
+                control_steps += 1
+                control_seconds += clock.seconds - step_start
         elif kind == "uco":
             if pending_output is not None:
                 clock(sched.update_connector_output, pending_output)
@@ -161,7 +172,9 @@ def replay(
         elif kind == "register":
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
-    return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds)
+    return ReplayResult(
+        dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds
+    )
 
 
 def _worker_steps(events: list[dict]) -> list[list[dict]]:

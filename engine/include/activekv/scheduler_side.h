@@ -33,6 +33,10 @@ class SchedulerSide {
   void observe_request(const std::string& req_id, const std::optional<std::string>& salt,
                        std::int64_t num_prompt_tokens, std::span<const std::int64_t> tokens);
 
+  // True if planning saves after `computed` tokens needs token ids the engine
+  // does not hold yet (prompt scope needs none past the prompt).
+  bool wants_tokens(const std::string& req_id, std::int64_t computed) const;
+
   // Tokens loadable from the host store past `num_computed_tokens`.
   std::int64_t get_num_new_matched_tokens(const std::string& req_id,
                                           std::int64_t num_computed_tokens);

@@ -52,7 +52,17 @@ class WorkerSide {
   // Throws std::out_of_range (and binds nothing) for a block id or slot
   // outside the KV cache or the arena.
   void bind_plan(StepPlan plan);
-  void clear_plan() { plan_.reset(); }
+  void clear_plan() {
+    plan_.reset();
+    load_ops_.clear();
+    staged_loads_.clear();
+  }
+  // Cheap questions, so the binding skips idle calls without crossing into
+  // native work (vLLM calls these every step, for every layer).
+  bool has_loads() const { return plan_ && !plan_->loads.empty(); }
+  bool has_staged_loads() const { return !staged_loads_.empty(); }
+  bool has_saves() const { return plan_ && !plan_->saves.empty(); }
+  bool nothing_awaiting() const { return awaiting_free_.empty(); }
 
   void start_load();
   void wait_for_layer_load(const std::string& layer_name);

@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "activekv/host_arena.h"
+
+namespace activekv {
+namespace {
+
+TEST(HostArena, RunsSplitAtGapsAndChunkEdges) {
+  HostArena arena(10, 2, 50, /*pin=*/false, /*chunk_bytes=*/300);  // 3 slots per chunk
+  ASSERT_EQ(arena.slots_per_chunk(), 3);
+  const auto runs = arena.runs({0, 1, 2, 3, 4, 7, 6});
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_EQ((std::vector<std::int64_t>{runs[0].first, runs[0].count, runs[0].offset}),
+            (std::vector<std::int64_t>{0, 3, 0}));
+  EXPECT_EQ((std::vector<std::int64_t>{runs[1].first, runs[1].count, runs[1].offset}),
+            (std::vector<std::int64_t>{3, 2, 3}));
+  EXPECT_EQ(runs[2].first, 7);
+  EXPECT_EQ(runs[3].first, 6);
+}
+
+TEST(HostArena, ChunksAllocatedOnFirstUseAndBounded) {
+  HostArena arena(10, 2, 50, false, 300);
+  EXPECT_EQ(arena.allocated_chunks(), 0);
+  auto v = arena.run_view(1, SlotRun{4, 2, 0});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v.value().sizes(), (std::vector<std::int64_t>{2, 50}));
+  EXPECT_TRUE(v.value().is_contiguous());
+  EXPECT_EQ(arena.allocated_chunks(), 1);
+}
+
+TEST(HostArena, SlotDataIsLayerAfterLayer) {
+  HostArena arena(4, 2, 3, false);
+  arena.run_view(0, SlotRun{1, 1, 0}).value().fill_(7);
+  arena.run_view(1, SlotRun{1, 1, 0}).value().fill_(9);
+  EXPECT_EQ(arena.slot_data(1).value(), std::string("\x07\x07\x07\x09\x09\x09"));
+}
+
+TEST(HostArena, OutOfRangeAndCrossChunkRunsAreErrors) {
+  HostArena arena(10, 2, 50, false, 300);
+  const auto bad = arena.run_view(0, SlotRun{9, 2, 0});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().error_code(), ErrorCode::kOutOfRange);
+  EXPECT_FALSE(arena.run_view(0, SlotRun{2, 2, 0}).ok());  // spans two chunks
+  arena.seal(3, "t");
+  EXPECT_EQ(arena.tag(3), "t");
+  arena.unseal(3);
+  EXPECT_FALSE(arena.tag(3));
+}
+
+}  // namespace
+}  // namespace activekv
