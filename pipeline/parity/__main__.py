@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import vllm_harness as h
 from ..tiny_model import tiny_llama
+from . import e2e
 from .cells import Cell, judge, table
 from .replay import ReplayResult, replay
 from .trace import read_trace
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(judge(mode, scenario, ref1, ref2, native,
                                    runs[0].live_differs.get(scenario, 0)))
             overhead.append((f"{mode}-{session.name}", runs[1], runs[2]))
+        cells.append(e2e.run(model, mode))
     print(table(cells))
     print("\nper-step connector time on the same recordings (inside connector calls only):")
     print(f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"

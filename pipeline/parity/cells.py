@@ -12,7 +12,7 @@ class Cell:
     gating: bool  # the reference agreed with itself, so the cell gates bitwise
     result: str  # "pass", "FAIL", or "reported" for a non-gating cell
     observations: int
-    live: str  # does the reference's replay return what the live vLLM run returned
+    note: str  # replays: does the reference return what the live vLLM run did; e2e: the store
     detail: str = ""
 
     def as_dict(self) -> dict:
@@ -31,7 +31,7 @@ def _first_difference(a: list, b: list) -> str:
 def judge(
     mode: str, scenario: str, ref1: list, ref2: list, native: list, live_differs: int = 0
 ) -> Cell:
-    live = "equal" if live_differs == 0 else f"{live_differs} returns differ"
+    live = "live run: equal" if live_differs == 0 else f"live run: {live_differs} returns differ"
     self_diff = _first_difference(ref1, ref2)
     if self_diff:
         # The reference does not agree with itself: nothing to gate on.
@@ -44,8 +44,8 @@ def judge(
 
 
 def table(cells: list[Cell]) -> str:
-    rows = [("mode", "scenario", "gating", "result", "observations", "vs live run")]
-    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.live)
+    rows = [("mode", "scenario", "gating", "result", "observations", "note")]
+    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.note)
              for c in cells]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]

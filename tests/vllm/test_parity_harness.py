@@ -29,7 +29,7 @@ def test_native_replay_matches_the_reference_bit_for_bit(recording):
     for scenario in ("miss", "full hit"):
         cell = judge("exact", scenario, ref1.observations[scenario], ref2.observations[scenario],
                      native.observations[scenario], ref1.live_differs[scenario])
-        assert (cell.gating, cell.result, cell.live) == (True, "pass", "equal"), cell.detail
+        assert (cell.gating, cell.result, cell.note) == (True, "pass", "live run: equal"), cell.detail
     assert any(what == "loaded" for what, _ in ref1.observations["full hit"])  # a real hit
 
 
