@@ -205,13 +205,22 @@ def _scheduler_output(plain: dict[str, Any]):
     )
 
 
+def _block_ids(ops) -> list[int]:
+    """Device block ids of load or save ops of either implementation's metadata."""
+    return [op[1] if isinstance(op, tuple) else op.block_id for op in ops]
+
+
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
 def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock):
     from vllm.v1.outputs import KVConnectorOutput
 
     clock(worker.bind_connector_metadata, meta)
     finished_sending = None
     output = KVConnectorOutput()
-    load_ids = [op[1] if isinstance(op, tuple) else op.block_id for op in meta.loads]
+    load_ids = _block_ids(meta.loads)
     for ev in events:
         kind = ev["kind"]
         if kind == "start_load":
@@ -219,11 +228,10 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
         elif kind == "wfl":
             clock(worker.wait_for_layer_load, ev["layer"])
             if load_ids:
-                loaded = kv[ev["layer"]][load_ids]
-                out.append(("loaded", (ev["layer"], hashlib.sha256(loaded.view(torch.uint8).numpy().tobytes()).hexdigest())))
+                out.append(("loaded", (ev["layer"], _digest(kv[ev["layer"]][load_ids]))))
         elif kind == "save":
             layer = kv[ev["layer"]]
-            ids = [op[1] if isinstance(op, tuple) else op.block_id for op in meta.saves]
+            ids = _block_ids(meta.saves)
             if ids != ev["block_ids"]:
                 # This implementation planned other saves than the recording:
                 # give it the recorded contents where they exist.
