@@ -44,7 +44,7 @@ WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_s
       tp_rank_(tp_rank),
       layer_bytes_(layout_.layer_bytes(config.mode)) {
   for (std::size_t i = 0; i < layout_.layer_names.size(); ++i) {
-    layer_offset_[layout_.layer_names[i]] = static_cast<std::int64_t>(i);  // the layer's index
+    layer_index_[layout_.layer_names[i]] = static_cast<std::int64_t>(i);
   }
 }
 
@@ -189,8 +189,8 @@ void WorkerSide::wait_for_layer_load(const std::string& layer_name) {
 }
 
 void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_layer) {
-  const auto layer = layer_offset_.find(layer_name);
-  if (!plan_ || plan_->saves.empty() || layer == layer_offset_.end()) return;
+  const auto layer = layer_index_.find(layer_name);
+  if (!plan_ || plan_->saves.empty() || layer == layer_index_.end()) return;
   const Stopwatch t;
   std::optional<c10::StreamGuard> on_save_stream;
   if (has_streams()) {

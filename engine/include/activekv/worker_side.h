@@ -92,7 +92,7 @@ class WorkerSide {
   std::int64_t num_slots_;
   std::int64_t tp_rank_;
   std::int64_t layer_bytes_;
-  std::unordered_map<std::string, std::int64_t> layer_offset_;
+  std::unordered_map<std::string, std::int64_t> layer_index_;
   std::unordered_map<std::string, at::Tensor> kv_;
   c10::Device device_{c10::DeviceType::CPU};
   std::int64_t num_device_blocks_ = 0;
