@@ -99,6 +99,14 @@ def preemption_and_resume(llm):
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
 
 
+def many_running(llm):
+    # A serving-sized batch: 48 requests decoding together, half sharing a prefix.
+    shared = _tokens(122, 2 * BS)
+    prompts = [shared + _tokens(123 + i, 40) if i % 2 else _tokens(123 + i, 100) for i in range(48)]
+    h.flush_device_cache(llm)
+    h.generate(llm, prompts)
+
+
 # -- small store ------------------------------------------------------------------
 def eviction_under_pressure(llm):
     p = [_tokens(140 + i, 4 * BS + 1) for i in range(3)]
@@ -139,6 +147,7 @@ def sessions(mode: str) -> list[Session]:
             ("salt isolation", salt_isolation), ("mixed batch", mixed_batch),
             ("prompt of 2k tokens", long_prompt), ("aborted request", aborted_request),
             ("preemption and resume", preemption_and_resume),
+            ("48 requests running", many_running),
         ]),
         Session("small-store", {"mode": mode, "capacity_bytes": 8 * one_block}, [
             ("eviction under pressure", eviction_under_pressure),
