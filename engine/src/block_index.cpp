@@ -96,10 +96,7 @@ void BlockIndex::retire(std::int64_t slot) {
   if (entry.state == SlotState::kVisible) lru_.erase(entry.lru_pos);
   key_of_slot_.erase(slot);
   by_key_.erase(key);  // the slot is not returned to free_
-  ++retired_;
 }
-
-std::vector<BlockKey> BlockIndex::lru_keys() const { return {lru_.begin(), lru_.end()}; }
 
 void BlockIndex::drop(Entry& entry) {
   if (entry.state == SlotState::kVisible) lru_.erase(entry.lru_pos);

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +80,6 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
                 events.append(pickle.load(f))
             except EOFError:
                 return events
-
-
-def trace_files(directory: Path) -> Iterator[Path]:
-    return iter(sorted(directory.glob("*.trace")))
 
 
 def writer_from_env(name: str) -> TraceWriter:

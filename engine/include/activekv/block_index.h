@@ -52,10 +52,6 @@ class BlockIndex {
   void discard(std::int64_t slot);
   // Takes `slot` out of service for good (a copy into it may still land).
   void retire(std::int64_t slot);
-  std::int64_t retired() const { return retired_; }
-
-  // Visible keys, least recently used first.
-  std::vector<BlockKey> lru_keys() const;
 
  private:
   struct Entry {
@@ -72,7 +68,6 @@ class BlockIndex {
   std::unordered_map<BlockKey, Entry, BlockKeyHash> by_key_;
   std::unordered_map<std::int64_t, BlockKey> key_of_slot_;
   std::list<BlockKey> lru_;  // visible, oldest first
-  std::int64_t retired_ = 0;
 };
 
 }  // namespace activekv

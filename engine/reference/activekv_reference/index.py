@@ -114,10 +114,6 @@ class BlockIndex:
         entry = self._by_key.get(key)
         return None if entry is None else entry.state
 
-    def lru_keys(self) -> list[BlockKey]:
-        """Visible keys, least recently used first."""
-        return list(self._lru)
-
     def _drop(self, entry: _Entry) -> None:
         del self._by_key[entry.key]
         del self._by_slot[entry.slot]
