@@ -6,8 +6,9 @@
 namespace activekv {
 namespace {
 
-constexpr std::array<const char*, 5> kKeys = {"capacity_bytes", "max_bytes_per_request", "mode",
-                                              "store_blocks", "store_threshold"};
+constexpr std::array<const char*, 6> kKeys = {"capacity_bytes",   "fence_timeout_ms",
+                                              "max_bytes_per_request", "mode",
+                                              "store_blocks",     "store_threshold"};
 
 std::string where(const std::string& key) {
   return "kv_connector_extra_config['" + key + "']";
@@ -74,6 +75,9 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, [](auto x) { return x > 0; },
                    "a positive number of bytes");
+    } else if (key == "fence_timeout_ms") {
+      s = read_int(key, v, c.fence_timeout_ms, [](auto x) { return x >= 1; },
+                   "a positive number of milliseconds");
     } else if (key == "store_threshold") {
       s = read_int(key, v, c.store_threshold, [](auto x) { return x >= 1; }, "an integer >= 1");
     } else {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace activekv {
 
@@ -13,7 +14,46 @@ HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64
       layer_bytes_(layer_bytes),
       pin_(pin),
       slots_per_chunk_(std::max<std::int64_t>(1, chunk_bytes / (num_layers * layer_bytes))),
-      chunks_(static_cast<std::size_t>((num_slots + slots_per_chunk_ - 1) / slots_per_chunk_)) {}
+      chunks_(static_cast<std::size_t>((num_slots + slots_per_chunk_ - 1) / slots_per_chunk_)),
+      generations_(static_cast<std::size_t>(num_slots), 0) {}
+
+SlotLease HostArena::lease(const std::vector<std::int64_t>& slots) {
+  SlotLease out;
+  out.slots = slots;
+  for (const auto slot : slots) {
+    if (quarantined(slot)) {
+      throw std::logic_error("slot " + std::to_string(slot) + " is quarantined and cannot be leased");
+    }
+    tags_.erase(slot);
+    out.generations.push_back(++generations_[static_cast<std::size_t>(slot)]);
+  }
+  return out;
+}
+
+Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& tags) {
+  if (tags.size() != lease.slots.size()) {
+    throw std::invalid_argument("seal: " + std::to_string(tags.size()) + " tags for " +
+                                std::to_string(lease.slots.size()) + " slots");
+  }
+  for (std::size_t i = 0; i < lease.slots.size(); ++i) {
+    const auto slot = lease.slots[i];
+    if (generations_[static_cast<std::size_t>(slot)] != lease.generations[i]) {
+      return {ErrorCode::kStale, "slot " + std::to_string(slot) + " was leased at generation " +
+                                     std::to_string(lease.generations[i]) + " but is now at " +
+                                     std::to_string(generations_[static_cast<std::size_t>(slot)])};
+    }
+  }
+  for (std::size_t i = 0; i < lease.slots.size(); ++i) tags_[lease.slots[i]] = tags[i];
+  return Status::Ok();
+}
+
+void HostArena::quarantine(const SlotLease& lease) {
+  for (const auto slot : lease.slots) {
+    tags_.erase(slot);
+    ++generations_[static_cast<std::size_t>(slot)];
+    quarantined_.insert(slot);
+  }
+}
 
 std::int64_t HostArena::allocated_chunks() const {
   return std::count_if(chunks_.begin(), chunks_.end(), [](const auto& c) { return c.defined(); });

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <thread>
 
 namespace activekv {
 namespace {
@@ -32,6 +33,20 @@ c10::Stream current_stream(c10::Device device) {
 at::Tensor ok_or_throw(Result<at::Tensor> r) {
   if (!r.ok()) throw std::runtime_error(r.status().error());
   return r.value();
+}
+
+// Whether the fence completed before the deadline. An error or a timeout is
+// an unknown outcome: the copies behind it may still be running.
+bool fence_completed(const c10::Event& fence, std::chrono::steady_clock::time_point deadline) {
+  try {
+    while (!fence.query()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -80,6 +95,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     c10::impl::VirtualGuardImpl impl(device_.type());
     load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
     save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+    gather_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
   }
   return Status::Ok();
 }
@@ -97,13 +113,20 @@ void WorkerSide::bind_plan(StepPlan plan) {
     }
   };
   for (const auto& op : plan.loads) check(op.slot, op.block_id);
-  for (const auto& op : plan.saves) check(op.slot, op.block_id);
+  for (const auto& op : plan.saves) {
+    check(op.slot, op.block_id);
+    if (arena_->quarantined(op.slot)) {
+      throw std::invalid_argument("slot " + std::to_string(op.slot) +
+                                  " is quarantined (a fence with an unknown outcome) and is "
+                                  "never written again");
+    }
+  }
   std::vector<std::int64_t> slots, ids;
   for (const auto& op : plan.saves) {
     slots.push_back(op.slot);
     ids.push_back(op.block_id);
-    arena_->unseal(op.slot);  // its bytes are about to be rewritten
   }
+  save_lease_ = arena_->lease(slots);  // unsealed: their bytes are about to be rewritten
   save_runs_ = arena_->runs(slots);
   // Made here, once: a host->device copy from pageable memory waits for the
   // compute stream, which must not happen between layers.
@@ -192,15 +215,30 @@ void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_
   const auto layer = layer_index_.find(layer_name);
   if (!plan_ || plan_->saves.empty() || layer == layer_index_.end()) return;
   const Stopwatch t;
+  at::Tensor encoded;
   std::optional<c10::StreamGuard> on_save_stream;
   if (has_streams()) {
-    // The save stream must see the layer's KV written by the compute stream.
+    // Gather on its own stream, which must see the layer's KV written by the
+    // compute stream, so this layer's gather runs while the save stream still
+    // copies the layer before: the copy engine never waits for a kernel.
     c10::Event written(device_.type());
     written.record(current_stream(device_));
-    written.block(*save_stream_);
+    written.block(*gather_stream_);
+    {
+      const c10::StreamGuard on_gather_stream(*gather_stream_);
+      encoded = codec_->encode(kv_layer.index_select(0, save_block_ids_));
+    }
+    c10::Event gathered(device_.type());
+    gathered.record(*gather_stream_);
+    gathered.block(*save_stream_);
+    // Made on the gather stream, read on the save stream: not reused before
+    // the save stream's copies are done.
+    c10::impl::VirtualGuardImpl(device_.type())
+        .recordDataPtrOnStream(encoded.storage().data_ptr(), *save_stream_);
     on_save_stream.emplace(*save_stream_);
+  } else {
+    encoded = codec_->encode(kv_layer.index_select(0, save_block_ids_));
   }
-  const at::Tensor encoded = codec_->encode(kv_layer.index_select(0, save_block_ids_));
   for (const auto& run : save_runs_) {
     ok_or_throw(arena_->run_view(layer->second, run))
         .copy_(encoded.narrow(0, run.offset, run.count), /*non_blocking=*/true);
@@ -219,29 +257,28 @@ void WorkerSide::wait_for_save() {
   const auto& ops = plan_->saves;
   if (ops.empty()) return;
   const Stopwatch t;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.fence_timeout_ms);
   bool fences_ok = true;
-  for (auto& fence : save_fences_) {
-    try {
-      fence.synchronize();
-    } catch (const c10::Error&) {
-      fences_ok = false;  // a copy may still land in these slots
-    }
-  }
+  for (auto& fence : save_fences_) fences_ok = fences_ok && fence_completed(fence, deadline);
   save_fences_.clear();
-  if (!fences_ok) {
+  std::vector<std::string> tags;
+  for (const auto& op : ops) tags.push_back(tag(op.key));
+  if (!fences_ok) {  // a copy may still land in these slots: never use them again
+    arena_->quarantine(save_lease_);
     for (const auto& op : ops) report_.quarantined.push_back(op.slot);
     stats_.add(Counter::kQuarantinedFences, 1);
-  } else if (saved_layers_.size() != layout_.layer_names.size()) {
-    // A layer never reached save_layer: no slot of this step is whole.
+  } else if (saved_layers_.size() != layout_.layer_names.size() ||
+             !arena_->seal(save_lease_, tags).ok()) {
+    // A layer never reached save_layer (no slot of this step is whole), or
+    // the lease went stale: nothing of this step becomes visible.
     for (const auto& op : ops) report_.failed_saves.push_back(op.slot);
   } else {
-    for (const auto& op : ops) {
-      arena_->seal(op.slot, tag(op.key));
-      report_.saved.push_back(op.slot);
-    }
+    report_.saved.insert(report_.saved.end(), save_lease_.slots.begin(), save_lease_.slots.end());
     stats_.add(Counter::kSavedBlocks, static_cast<std::int64_t>(ops.size()));
     stats_.add(Counter::kBytesToHost, static_cast<std::int64_t>(ops.size()) * arena_->slot_bytes());
   }
+  save_lease_ = SlotLease{};
   saved_layers_.clear();
   stats_.add(Counter::kSaveUs, t.us());
 }

@@ -43,10 +43,38 @@ TEST(HostArena, OutOfRangeAndCrossChunkRunsAreErrors) {
   EXPECT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().error_code(), ErrorCode::kOutOfRange);
   EXPECT_FALSE(arena.run_view(0, SlotRun{2, 2, 0}).ok());  // spans two chunks
-  arena.seal(3, "t");
-  EXPECT_EQ(arena.tag(3), "t");
-  arena.unseal(3);
-  EXPECT_FALSE(arena.tag(3));
+}
+
+TEST(HostArena, LeaseSealsOnlyAtItsGeneration) {
+  HostArena arena(10, 2, 50, false, 300);
+  const SlotLease first = arena.lease({3, 4});
+  ASSERT_TRUE(arena.seal(first, {"a", "b"}).ok());
+  EXPECT_EQ(arena.tag(3), "a");
+  EXPECT_EQ(arena.tag(4), "b");
+
+  const SlotLease second = arena.lease({4});  // unseals slot 4 at once
+  EXPECT_FALSE(arena.tag(4));
+  EXPECT_EQ(arena.tag(3), "a");
+  const SlotLease third = arena.lease({4});  // slot 4 taken again: second is stale
+  const Status stale = arena.seal(second, {"c"});
+  EXPECT_EQ(stale.error_code(), ErrorCode::kStale);
+  EXPECT_NE(stale.error().find("slot 4"), std::string::npos);
+  EXPECT_FALSE(arena.tag(4));
+  ASSERT_TRUE(arena.seal(third, {"d"}).ok());
+  EXPECT_EQ(arena.tag(4), "d");
+}
+
+TEST(HostArena, QuarantinedLeaseNeverSealsAndItsSlotsAreNeverLeased) {
+  HostArena arena(10, 2, 50, false, 300);
+  ASSERT_TRUE(arena.seal(arena.lease({5}), {"old"}).ok());
+  const SlotLease lease = arena.lease({5, 6});
+  arena.quarantine(lease);
+  EXPECT_EQ(arena.quarantined_count(), 2);
+  EXPECT_TRUE(arena.quarantined(5));
+  EXPECT_FALSE(arena.quarantined(7));
+  EXPECT_EQ(arena.seal(lease, {"x", "y"}).error_code(), ErrorCode::kStale);
+  EXPECT_FALSE(arena.tag(5));  // neither the old bytes nor the new are served
+  EXPECT_THROW(arena.lease({6}), std::logic_error);
 }
 
 }  // namespace

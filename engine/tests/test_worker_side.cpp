@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 
 #include "activekv/worker_side.h"
 
@@ -94,6 +95,84 @@ TEST(WorkerSide, RejectsCachesThatDoNotMatchTheSpec) {
   const Status s = w.register_kv_caches(kv);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.error().find("'l2'"), std::string::npos);
+}
+
+// The accelerator torch was built for, when one is present: the tests below
+// run there too (streams, events, pinned memory), and are skipped elsewhere.
+std::optional<c10::Device> accelerator() {
+  const auto type = at::accelerator::getAccelerator(false);
+  if (!type || at::accelerator::deviceCount() == 0) return std::nullopt;
+  return c10::Device(*type, 0);
+}
+
+TEST(WorkerSideOnAccelerator, SavedBlocksLoadBackBitwise) {
+  const auto device = accelerator();
+  if (!device) GTEST_SKIP() << "no accelerator in this torch build or machine";
+  for (const Mode mode : {Mode::kExact, Mode::kCompressed}) {
+    Config config;
+    config.mode = mode;
+    WorkerSide w(config, layout(), 64, 0);
+    auto kv = caches();
+    for (auto& [name, t] : kv) t = t.to(*device);
+    ASSERT_TRUE(w.register_kv_caches(kv).ok());
+    // Slots 10..12 form one run, 40 another: both copy paths.
+    step(w, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
+                              SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}});
+    EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{10, 11, 12, 40}));
+    std::unordered_map<std::string, at::Tensor> host;
+    for (const auto& [name, t] : kv) host[name] = t.cpu();
+    step(w, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
+                         {}, {}});
+    EXPECT_TRUE(w.take_load_errors().empty());
+    for (const auto& n : layout().layer_names) {
+      const at::Tensor after = kv[n].cpu();
+      if (mode == Mode::kExact) {
+        EXPECT_TRUE(at::equal(after[0].view(at::kShort), host[n][9].view(at::kShort)));
+        EXPECT_TRUE(at::equal(after[1].view(at::kShort), host[n][3].view(at::kShort)));
+        EXPECT_TRUE(at::equal(after[2].view(at::kShort), host[n][7].view(at::kShort)));
+      } else {  // int8 with per-token-per-head scales: close, not equal
+        EXPECT_TRUE(at::allclose(after[1].to(at::kFloat), host[n][3].to(at::kFloat), 0.05, 0.05));
+      }
+      EXPECT_TRUE(at::equal(after[4].view(at::kShort), host[n][4].view(at::kShort)));  // untouched
+    }
+  }
+}
+
+TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
+  const auto device = accelerator();
+  if (!device) GTEST_SKIP() << "no accelerator in this torch build or machine";
+  KVLayout big = layout();
+  big.num_kv_heads = 8;
+  big.head_size = 128;  // 128 KiB per layer block
+  constexpr std::int64_t kBlocks = 4096;  // 1.5 GiB over 3 layers: far more than 1 ms of copying
+  std::unordered_map<std::string, at::Tensor> kv;
+  for (const auto& n : big.layer_names) {
+    kv[n] = at::ones({kBlocks, 2, 32, 8 * 128}, at::TensorOptions().dtype(at::kBFloat16).device(*device));
+  }
+  Config config;
+  config.fence_timeout_ms = 1;
+  WorkerSide w(config, big, kBlocks + 1, 0);
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  StepPlan plan;
+  for (std::int64_t b = 0; b < kBlocks; ++b) {
+    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
+  }
+  w.bind_plan(plan);
+  for (const auto& n : big.layer_names) w.save_layer(n, kv.at(n));
+  w.wait_for_save();
+  w.clear_plan();
+  const auto report = w.take_report();
+  EXPECT_TRUE(report.saved.empty());
+  EXPECT_EQ(report.quarantined.size(), static_cast<std::size_t>(kBlocks));
+  EXPECT_EQ(w.take_telemetry().get(Counter::kQuarantinedFences), 1);
+  EXPECT_EQ(w.arena()->quarantined_count(), kBlocks);
+  EXPECT_FALSE(w.arena()->tag(0));
+  at::accelerator::synchronizeDevice(0);  // the late copies land in quarantined slots only
+  EXPECT_FALSE(w.arena()->tag(kBlocks - 1));
+  // A quarantined slot is never written again; a fresh one still is.
+  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}}), std::invalid_argument);
+  step(w, kv, StepPlan{{}, {SaveOp{kBlocks, 0, key(1), "r"}}, {}});
+  EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{kBlocks}));
 }
 
 }  // namespace

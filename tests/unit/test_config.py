@@ -17,6 +17,7 @@ def test_every_key_is_read():
         "store_threshold": 3,
         "max_bytes_per_request": 10_000,
         "store_blocks": "prompt_and_decode",
+        "fence_timeout_ms": 250,
     }
     cfg = ActiveKVConfig.from_extra_config(extra)
     assert {k: getattr(cfg, k) for k in extra} == extra
@@ -33,6 +34,7 @@ def test_every_key_is_read():
         ({"capacity_bytes": 0}, ["'capacity_bytes'", "positive"]),
         ({"store_threshold": 0}, ["'store_threshold'", ">= 1"]),
         ({"max_bytes_per_request": -5}, ["'max_bytes_per_request'", ">= 0"]),
+        ({"fence_timeout_ms": 0}, ["'fence_timeout_ms'", "positive number of milliseconds"]),
         ({"mode": "lossy"}, ["'mode'", "'lossy'", "'exact', 'compressed'"]),
         ({"mode": 1}, ["'mode'", "'exact', 'compressed'"]),
         ({"store_blocks": "all"}, ["'store_blocks'", "'prompt', 'prompt_and_decode'"]),

@@ -29,6 +29,9 @@ struct Config {
   std::int64_t store_threshold = 1;
   std::int64_t max_bytes_per_request = 0;  // 0 = no cap
   StoreScope store_blocks = StoreScope::kPrompt;
+  // How long wait_for_save waits for a save's copies; past it their slots are
+  // quarantined (the copies' outcome is unknown).
+  std::int64_t fence_timeout_ms = 30000;
 
   // Validates every key; the error names the key and what it accepts.
   static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);

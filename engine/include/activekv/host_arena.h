@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "activekv/status.h"
@@ -22,6 +23,16 @@
 namespace activekv {
 
 inline constexpr std::int64_t kDefaultChunkBytes = std::int64_t{64} << 20;
+
+// The right to write a batch of slots, from bind to seal. Each slot's generation
+// moves on when a lease takes it and when a lease is quarantined, so a lease
+// seals only slots still at the generation it took: a stale or quarantined
+// lease can never make a slot visible.
+struct SlotLease {
+  std::vector<std::int64_t> slots;
+  std::vector<std::uint32_t> generations;
+  bool empty() const { return slots.empty(); }
+};
 
 // Consecutive slots [first, first + count) inside one chunk, at position
 // `offset` of a batch.
@@ -51,9 +62,22 @@ class HostArena {
   // the chunk on first use. Errors: kOutOfRange, kOutOfMemory (refused).
   Result<at::Tensor> run_view(std::int64_t layer, const SlotRun& run);
 
-  // Clears the slot's tag: its bytes are being rewritten.
-  void unseal(std::int64_t slot) { tags_.erase(slot); }
-  void seal(std::int64_t slot, std::string tag) { tags_[slot] = std::move(tag); }
+  // Takes the slots for writing: unseals them (nothing reads their bytes until
+  // seal) and moves their generations on. Must be called with slots in range.
+  SlotLease lease(const std::vector<std::int64_t>& slots);
+  // Must be called only after every copy into the lease's slots completed.
+  // Seals each slot with its tag (one per slot, in the lease's order), or
+  // nothing at all: kStale names the first slot taken since by another lease
+  // or quarantined.
+  Status seal(const SlotLease& lease, const std::vector<std::string>& tags);
+  // For a lease whose copies have an unknown outcome (fence error or
+  // timeout): its slots stay unsealed and are never leased again.
+  void quarantine(const SlotLease& lease);
+  bool quarantined(std::int64_t slot) const { return quarantined_.count(slot) != 0; }
+  std::int64_t quarantined_count() const { return static_cast<std::int64_t>(quarantined_.size()); }
+  std::uint32_t generation(std::int64_t slot) const {
+    return generations_[static_cast<std::size_t>(slot)];
+  }
   // The sealed tag, or nullopt (unsealed or out of range).
   std::optional<std::string> tag(std::int64_t slot) const;
   std::vector<std::int64_t> sealed_slots() const;
@@ -70,6 +94,8 @@ class HostArena {
   std::int64_t slots_per_chunk_;
   std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory
   std::unordered_map<std::int64_t, std::string> tags_;  // sparse: slots can be many
+  std::vector<std::uint32_t> generations_;               // one per slot
+  std::unordered_set<std::int64_t> quarantined_;
 };
 
 }  // namespace activekv

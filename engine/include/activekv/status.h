@@ -15,6 +15,7 @@ enum class ErrorCode {
   kOutOfMemory,
   kOutOfRange,
   kNotFound,
+  kStale,
 };
 
 class Status {

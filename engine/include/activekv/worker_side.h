@@ -6,13 +6,19 @@
 //                       where the device has streams);
 //   wait_for_layer_load make the compute stream wait for that layer's copy, then
 //                       decode and scatter the rows into the paged cache;
-//   save_layer          gather the layer's blocks on the device, encode, and copy
-//                       them straight into their arena slots, one copy per run
-//                       (on a save stream that first waits for the compute
-//                       stream); the slots are PENDING, so nothing reads them;
-//   wait_for_save       wait for the copies' fences and seal the slots. A fence
-//                       with an unknown outcome quarantines its slots: reported,
-//                       never reused, never sealed.
+//   save_layer          gather the layer's blocks on the device and encode them
+//                       (on a gather stream that first waits for the compute
+//                       stream), then copy them straight into their arena
+//                       slots, one copy per run (on a save stream that waits
+//                       for the gather); the slots are leased, so nothing
+//                       reads them;
+//   wait_for_save       wait for the copies' fences (at most fence_timeout_ms)
+//                       and seal the slots through the step's lease. A fence
+//                       with an unknown outcome (error, timeout) quarantines
+//                       the lease: its slots are reported, never reused, never
+//                       sealed.
+// The save slots are taken as one lease in bind_plan: unsealed at once (so no
+// load reads them), sealed only by that lease after its fence completed.
 // Device-generic: c10 streams and events only; on CPU everything is immediate.
 #pragma once
 
@@ -100,12 +106,14 @@ class WorkerSide {
   std::unique_ptr<HostArena> arena_;
   std::optional<c10::Stream> load_stream_;
   std::optional<c10::Stream> save_stream_;
+  std::optional<c10::Stream> gather_stream_;  // a save's gather and encode
   Telemetry stats_;
 
   std::vector<LoadOp> load_ops_;
   at::Tensor load_block_ids_;
   std::unordered_map<std::string, LayerLoad> staged_loads_;
   std::optional<StepPlan> plan_;
+  SlotLease save_lease_;
   std::vector<SlotRun> save_runs_;
   at::Tensor save_block_ids_;  // on the device, made once per step
   std::set<std::string> saved_layers_;

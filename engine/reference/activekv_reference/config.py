@@ -34,6 +34,9 @@ class ActiveKVConfig:
     max_bytes_per_request: int = 0
     # Which full blocks are saved: the prompt's only, or decode blocks too.
     store_blocks: StoreScope = "prompt"
+    # How long a worker waits for a save's copies before quarantining their
+    # slots (the native engine's fences; the reference's copies are immediate).
+    fence_timeout_ms: int = 30_000
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ActiveKVConfig:
@@ -56,6 +59,7 @@ _RANGES = {
     "capacity_bytes": (lambda v: v > 0, "a positive number of bytes"),
     "store_threshold": (lambda v: v >= 1, "an integer >= 1"),
     "max_bytes_per_request": (lambda v: v >= 0, "an integer >= 0 (0 = no cap)"),
+    "fence_timeout_ms": (lambda v: v >= 1, "a positive number of milliseconds"),
 }
 _LITERALS = {"Mode": Mode, "StoreScope": StoreScope}
 
