@@ -1,8 +1,10 @@
-"""ActiveKV's sessions. Thin: each session wires a stage; logic lives elsewhere.
+"""ActiveKV's sessions. Thin: each session wires a stage; logic lives in pipeline/.
 
     nox -s tests               C++ tests, unit tests, the real-vLLM tests, parity
     nox -s parity              the parity gate alone
     nox -s tests -- -m "not vllm"   only pytest, with these arguments
+    nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
+    nox -s audit  -- --target cpu                   build, then the payload audit
 """
 
 from __future__ import annotations
@@ -81,3 +83,27 @@ def parity(session: nox.Session) -> None:
     install_cpu_test_env(session)
     install_engine(session)
     run_parity(session)
+
+
+# --- The release pipeline's stages (python -m pipeline STAGE, in the session's venv) ---
+
+RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
+
+
+def run_pipeline(session: nox.Session, stage: str) -> None:
+    session.install("-r", RELEASE_REQUIREMENTS)
+    session.run("python", "-m", "pipeline", stage, *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def build(session: nox.Session) -> None:
+    """Wheels of the engine, built by cibuildwheel in each target's builder
+    image and repaired by auditwheel (build/release/<target>/wheels).
+    Flags: --target T (repeatable), --profile P, --python X.Y."""
+    run_pipeline(session, "build")
+
+
+@nox.session(python=PYTHON, default=False, requires=["build"])
+def audit(session: nox.Session) -> None:
+    """The payload audit of each target's wheels (build/release/<target>/audit.json)."""
+    run_pipeline(session, "audit")

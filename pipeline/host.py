@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
-class HostPreparationError(RuntimeError):
+from pipeline.errors import HostError
+
+
+class HostPreparationError(HostError):
     pass
 
 
@@ -40,3 +45,47 @@ def ensure_debian_packages(packages: Sequence[str]) -> None:
     for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, env=env)
+
+
+def _engine_answers(engine: str) -> bool:
+    probe = subprocess.run([engine, "info"], capture_output=True, text=True)
+    return probe.returncode == 0
+
+
+def ensure_container_engine(engine: str, *, log_dir: Path, wait_s: float = 60.0) -> None:
+    """Make `engine` (docker or podman) usable: install it where it is missing
+    and, for docker, start a daemon without a bridge (containers and builds use
+    the host's network). A pid file left by a killed daemon is cleared first."""
+    if engine == "podman":
+        ensure_debian_packages(["podman"])
+        return
+    if shutil.which(engine) and _engine_answers(engine):
+        return
+    ensure_debian_packages(["docker.io"])
+    if _engine_answers(engine):
+        return
+    if os.geteuid() != 0:
+        raise HostPreparationError(
+            "docker is installed but no daemon answers; start dockerd (as root: "
+            "dockerd --bridge=none --iptables=false) or run this as root"
+        )
+    pid_file = Path("/var/run/docker.pid")
+    if pid_file.exists():
+        stale = pid_file.read_text().strip()
+        if not (stale.isdigit() and Path(f"/proc/{stale}").exists()):
+            print(f"+ rm {pid_file}  # left by a daemon that is gone (pid {stale})", flush=True)
+            pid_file.unlink()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "dockerd.log"
+    cmd = ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false"]
+    print("+", " ".join(cmd), f"> {log} 2>&1 &", flush=True)
+    with log.open("ab") as out:
+        subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if _engine_answers(engine):
+            return
+        time.sleep(0.5)
+    raise HostPreparationError(
+        f"dockerd did not answer within {wait_s:.0f} s; its log is {log}"
+    )

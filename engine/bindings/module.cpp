@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -220,6 +222,9 @@ struct Classes {
   py::object prom;            // ActiveKVPromMetrics
 };
 Classes* g_classes = nullptr;  // lives as long as the module (never freed: interpreter owns it)
+constexpr std::array<const char*, 5> kVllmFacing = {"ActiveKVConnector", "ActiveKVMetadata",
+                                                    "ActiveKVWorkerMetadata", "ActiveKVStats",
+                                                    "ActiveKVPromMetrics"};
 
 py::object new_instance(const py::object& cls) { return cls.attr("__new__")(cls); }
 
@@ -542,6 +547,33 @@ py::dict worker_meta_namespace() {
   return ns;
 }
 
+// Builds the classes vLLM sees, as subclasses of vLLM's own bases, and puts
+// them on the module. Must be called with the GIL held; runs once.
+void make_vllm_classes(py::module_ m) {
+  if (g_classes != nullptr) return;
+  const py::module_ base = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
+  const py::module_ metrics = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.metrics");
+  g_classes = new Classes{};  // after the imports: a missing vLLM leaves nothing half-made
+  g_classes->base = base.attr("KVConnectorBase_V1");
+  g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
+  g_classes->empty_metadata = new_instance(g_classes->metadata);
+  g_classes->empty_metadata.attr("loads") = py::list();
+  g_classes->empty_metadata.attr("saves") = py::list();
+  g_classes->empty_metadata.attr("awaiting_free") = py::list();
+  g_classes->worker_meta =
+      make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
+  g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());
+  const py::object prom_base = metrics.attr("KVConnectorPromMetrics");
+  g_classes->prom = make_class(prom_base, "ActiveKVPromMetrics", prom_namespace(prom_base));
+  const py::object connector = make_class(g_classes->base, kConnectorName, connector_namespace());
+
+  m.attr("ActiveKVMetadata") = g_classes->metadata;
+  m.attr("ActiveKVWorkerMetadata") = g_classes->worker_meta;
+  m.attr("ActiveKVStats") = g_classes->stats;
+  m.attr("ActiveKVPromMetrics") = g_classes->prom;
+  m.attr(kConnectorName) = connector;
+}
+
 }  // namespace
 }  // namespace activekv
 
@@ -561,27 +593,16 @@ PYBIND11_MODULE(activekv, m) {
         return py::bytes(data.value());
       });
 
-  const py::module_ base = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
-  const py::module_ metrics = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.metrics");
-  g_classes = new Classes{};
-  g_classes->base = base.attr("KVConnectorBase_V1");
-  g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
-  g_classes->empty_metadata = new_instance(g_classes->metadata);
-  g_classes->empty_metadata.attr("loads") = py::list();
-  g_classes->empty_metadata.attr("saves") = py::list();
-  g_classes->empty_metadata.attr("awaiting_free") = py::list();
-  g_classes->worker_meta =
-      make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
-  g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());
-  const py::object prom_base = metrics.attr("KVConnectorPromMetrics");
-  g_classes->prom = make_class(prom_base, "ActiveKVPromMetrics", prom_namespace(prom_base));
-  const py::object connector = make_class(g_classes->base, kConnectorName, connector_namespace());
-
-  m.attr("ActiveKVMetadata") = g_classes->metadata;
-  m.attr("ActiveKVWorkerMetadata") = g_classes->worker_meta;
-  m.attr("ActiveKVStats") = g_classes->stats;
-  m.attr("ActiveKVPromMetrics") = g_classes->prom;
-  m.attr(kConnectorName) = connector;
+  // The vLLM-facing classes are made on first use, not at import: importing the
+  // engine needs only torch (the payload audit loads it where vLLM is absent),
+  // and vLLM reaches them by name (kv_connector_module_path, unpickling).
+  m.def("__getattr__", [m](const std::string& name) -> py::object {
+    if (std::find(kVllmFacing.begin(), kVllmFacing.end(), name) == kVllmFacing.end()) {
+      throw py::attribute_error("module 'activekv' has no attribute '" + name + "'");
+    }
+    make_vllm_classes(m);
+    return m.attr(name.c_str());
+  });
   m.def("register", [] {
     py::module_::import("vllm.distributed.kv_transfer.kv_connector.factory")
         .attr("KVConnectorFactory")

@@ -1,0 +1,140 @@
+"""Stage: build. The engine's wheels for one target, built by cibuildwheel in
+the target's builder image and repaired there by auditwheel.
+
+Input: the engine's source (the files git tracks or would track under
+engine/, so a build never picks up local build folders), copied into
+build/release/<target>/source. Output: build/release/<target>/wheels/*.whl and
+build.json (what was built, from which commit, with which image). The build
+is reproducible: SOURCE_DATE_EPOCH is the commit's time, the source path in
+the container is fixed, and the compiler cache is keyed on content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.config import ROOT, Target
+from pipeline.container import ContainerEngine, echo_run
+from pipeline.errors import BuildError
+from pipeline.images import builder_image
+
+RELEASE_DIR = ROOT / "build" / "release"
+CCACHE_DIR = ROOT / ".cache" / "ccache"
+ENGINE = "engine"
+# Never part of a wheel's build: the reference is Python, for parity only.
+SOURCE_EXCLUDES = ("engine/reference/",)
+
+
+def target_dir(target: Target) -> Path:
+    return RELEASE_DIR / target.name
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def source_date_epoch() -> str:
+    return git("log", "-1", "--format=%ct")
+
+
+def snapshot_source(dest: Path) -> list[str]:
+    """Copy engine/'s tracked and not-ignored files to dest; returns them."""
+    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard", ENGINE).splitlines()
+             if not f.startswith(SOURCE_EXCLUDES) and (ROOT / f).is_file()]
+    if dest.exists():
+        shutil.rmtree(dest)
+    for f in files:
+        out = dest / Path(f).relative_to(ENGINE)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, out)
+    return files
+
+
+def repair_command(target: Target) -> str:
+    excludes = " ".join(f"--exclude {shlex.quote(lib)}" for lib in target.provided_libraries)
+    return (f"auditwheel repair --plat {target.platform_tag} {excludes} "
+            f"--wheel-dir {{dest_dir}} {{wheel}}")
+
+
+def cibuildwheel_env(target: Target, image: str, epoch: str) -> dict[str, str]:
+    build_env = {
+        "SOURCE_DATE_EPOCH": epoch,
+        "ACTIVEKV_WERROR": "ON",
+        "CCACHE_DIR": "/ccache",
+        "CCACHE_BASEDIR": "/project",
+        "CCACHE_NOHASHDIR": "1",
+        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        # Offline and without isolation: the builder image holds exactly the
+        # build tools and torch this target pins.
+        "PIP_NO_INDEX": "1",
+        "MAKEFLAGS": f"-j{os.cpu_count() or 1}",
+    }
+    return {
+        "CIBW_PLATFORM": "linux",
+        "CIBW_ARCHS": "x86_64",
+        "CIBW_BUILD": " ".join(f"{tag}-manylinux_x86_64" for tag in target.cpython_tags),
+        "CIBW_MANYLINUX_X86_64_IMAGE": image,
+        "CIBW_CONTAINER_ENGINE": (
+            f"docker; create_args: --network host --volume {CCACHE_DIR}:/ccache"
+        ),
+        "CIBW_BUILD_FRONTEND": "pip; args: --no-build-isolation",
+        # A fixed build folder: nothing in the wheel depends on a random path.
+        "CIBW_CONFIG_SETTINGS": "build-dir=/tmp/activekv-build",
+        "CIBW_ENVIRONMENT": " ".join(f"{k}={shlex.quote(v)}" for k, v in build_env.items()),
+        "CIBW_ENVIRONMENT_PASS_LINUX": "",
+        "CIBW_REPAIR_WHEEL_COMMAND_LINUX": repair_command(target),
+        "CIBW_BUILD_VERBOSITY": "1",
+        "CIBW_TEST_SKIP": "*",
+        "SOURCE_DATE_EPOCH": epoch,
+    }
+
+
+def build(engine: ContainerEngine, target: Target, *, out: Path | None = None) -> dict:
+    """Build and repair the target's wheels; returns the stage record."""
+    out = out or target_dir(target)
+    image_ref, image_id = builder_image(engine, target)
+    source = out / "source"
+    files = snapshot_source(source)
+    wheels = out / "wheels"
+    staging = out / "wheels.partial"  # a failed build leaves earlier wheels intact
+    shutil.rmtree(staging, ignore_errors=True)
+    CCACHE_DIR.mkdir(parents=True, exist_ok=True)
+    epoch = source_date_epoch()
+    env = dict(os.environ, **cibuildwheel_env(target, image_ref, epoch))
+    if engine.name == "podman":
+        env["CIBW_CONTAINER_ENGINE"] = env["CIBW_CONTAINER_ENGINE"].replace("docker;", "podman;", 1)
+    started = time.monotonic()
+    result = echo_run([sys.executable, "-m", "cibuildwheel", "--output-dir", staging, "."],
+                      env=env, cwd=source, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"target {target.name}: cibuildwheel failed (exit {result.returncode}); "
+                         f"its output is above. Earlier wheels in {wheels} are untouched.")
+    built = sorted(staging.glob("*.whl"))
+    if len(built) != len(target.python):
+        raise BuildError(f"target {target.name}: expected {len(target.python)} wheel(s) "
+                         f"(python {', '.join(target.python)}), got {[w.name for w in built]}")
+    shutil.rmtree(wheels, ignore_errors=True)
+    staging.rename(wheels)
+    record = {
+        "stage": "build",
+        "target": target.name,
+        "commit": git("rev-parse", "HEAD"),
+        "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "source_date_epoch": int(epoch),
+        "builder_image": {"ref": image_ref, "id": image_id},
+        "torch": target.torch,
+        "platform_tag": target.platform_tag,
+        "source_files": len(files),
+        "seconds": round(time.monotonic() - started, 1),
+        "wheels": [{"file": w.name, "size": w.stat().st_size} for w in sorted(wheels.glob("*.whl"))],
+    }
+    (out / "build.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record

@@ -1,0 +1,225 @@
+"""release.toml, read into frozen dataclasses. Every key is checked at load
+time; an error names the key, what was wrong and what it accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE_TOML = ROOT / "release.toml"
+
+TargetName = Literal["cpu", "cuda", "xpu"]
+EngineName = Literal["docker", "podman"]
+TARGETS: tuple[str, ...] = get_args(TargetName)
+_PYTHON = re.compile(r"^3\.(\d+)$")
+_DIGEST_PIN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DebootstrapBase:
+    """A Debian base made on the build host with debootstrap and imported."""
+
+    suite: str
+    mirror: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PulledBase:
+    """A base image pulled from a registry, pinned by digest."""
+
+    image: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+    name: TargetName
+    torch: str
+    python: tuple[str, ...]
+    platform_tag: str
+    builder_base: DebootstrapBase | PulledBase
+    builder_dockerfile: Path
+    runtime_dockerfile: Path
+    index_url: str
+    torch_index_url: str
+    find_links: tuple[Path, ...]
+    ca_bundle: Path | None
+    provided_libraries: tuple[str, ...]
+    max_wheel_bytes: int
+
+    @property
+    def cpython_tags(self) -> tuple[str, ...]:
+        """cp311 for 3.11, and so on."""
+        return tuple("cp" + v.replace(".", "") for v in self.python)
+
+    @property
+    def torch_version(self) -> str:
+        """The public version (2.13.0 of 2.13.0+cpu)."""
+        return self.torch.split("+", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Profile:
+    name: str
+    description: str
+    targets: tuple[TargetName, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReleaseConfig:
+    container_engine: EngineName
+    default_profile: str
+    profiles: Mapping[str, Profile]
+    targets: Mapping[str, Target]
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            raise ConfigError(
+                f"release.toml: no target {name!r}; configured targets: {', '.join(self.targets)}"
+            )
+        return self.targets[name]
+
+
+def load(path: Path = RELEASE_TOML, *, environ: Mapping[str, str] = os.environ) -> ReleaseConfig:
+    """Read and check release.toml. PIP_FIND_LINKS and PIP_CERT / SSL_CERT_FILE
+    from `environ` add a wheelhouse and supply the CA bundle where the file
+    leaves them empty (hosts configure pip that way)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path.name} not found at {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path.name}: not valid TOML: {e}") from None
+    reader = _Reader(path.name, path.parent, environ)
+    return reader.release(data)
+
+
+class _Reader:
+    def __init__(self, filename: str, root: Path, environ: Mapping[str, str]) -> None:
+        self.filename = filename
+        self.root = root
+        self.environ = environ
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.filename}: [{key}] {message}")
+
+    def table(self, data: Mapping[str, Any], key: str, allowed: set[str], required: set[str]) -> dict:
+        value = data.get(key.rsplit(".", 1)[-1])
+        if not isinstance(value, dict):
+            raise self.fail(key, "missing or not a table")
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.fail(key, f"unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(allowed))}")
+        missing = sorted(required - set(value))
+        if missing:
+            raise self.fail(key, f"missing key {missing[0]!r}")
+        return value
+
+    def typed(self, table: Mapping[str, Any], where: str, key: str, kind: type) -> Any:
+        value = table[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            raise self.fail(where, f"{key} must be a {kind.__name__}, got {value!r}")
+        return value
+
+    def strings(self, table: Mapping[str, Any], where: str, key: str) -> tuple[str, ...]:
+        value = table[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(where, f"{key} must be a list of strings, got {value!r}")
+        return tuple(value)
+
+    def existing_file(self, where: str, key: str, value: str) -> Path:
+        path = self.root / value
+        if not path.is_file():
+            raise self.fail(where, f"{key}: {value} does not exist (paths are relative to the repository root)")
+        return path
+
+    def release(self, data: Mapping[str, Any]) -> ReleaseConfig:
+        unknown = sorted(set(data) - {"release", "profiles", "targets"})
+        if unknown:
+            raise self.fail(unknown[0], "unknown table; accepted: release, profiles, targets")
+        rel = self.table(data, "release", {"container_engine", "default_profile"}, {"container_engine", "default_profile"})
+        engine = rel["container_engine"]
+        if engine not in get_args(EngineName):
+            raise self.fail("release", f"container_engine {engine!r} is not accepted; accepted values: 'docker', 'podman'")
+        targets = self.targets(data)
+        profiles = self.profiles(data, targets)
+        default = self.typed(rel, "release", "default_profile", str)
+        if default not in profiles:
+            raise self.fail("release", f"default_profile {default!r} is not a profile; profiles: {', '.join(profiles)}")
+        return ReleaseConfig(container_engine=engine, default_profile=default, profiles=profiles, targets=targets)
+
+    def profiles(self, data: Mapping[str, Any], targets: Mapping[str, Target]) -> dict[str, Profile]:
+        raw = data.get("profiles")
+        if not isinstance(raw, dict) or not raw:
+            raise self.fail("profiles", "missing: define at least one profile")
+        out = {}
+        for name in raw:
+            where = f"profiles.{name}"
+            t = self.table(raw, where, {"description", "targets"}, {"targets"})
+            names = self.strings(t, where, "targets")
+            for n in names:
+                if n not in targets:
+                    raise self.fail(where, f"target {n!r} is not configured; targets: {', '.join(targets)}")
+            out[name] = Profile(name=name, description=t.get("description", ""), targets=names)  # type: ignore[arg-type]
+        return out
+
+    def targets(self, data: Mapping[str, Any]) -> dict[str, Target]:
+        raw = data.get("targets")
+        if not isinstance(raw, dict) or not raw:
+            raise self.fail("targets", "missing: define at least one target")
+        return {name: self.target(raw, name) for name in raw}
+
+    def target(self, raw: Mapping[str, Any], name: str) -> Target:
+        where = f"targets.{name}"
+        if name not in TARGETS:
+            raise self.fail(where, f"unknown target; accepted targets: {', '.join(TARGETS)}")
+        keys = {f.name for f in dataclasses.fields(Target)} - {"name"}
+        t = self.table(raw, where, keys, keys)
+        python = self.strings(t, where, "python")
+        for v in python:
+            if not _PYTHON.match(v):
+                raise self.fail(where, f"python: {v!r} is not a CPython version like '3.11'")
+        size = self.typed(t, where, "max_wheel_bytes", int)
+        if size <= 0:
+            raise self.fail(where, f"max_wheel_bytes must be positive, got {size}")
+        ca = self.typed(t, where, "ca_bundle", str) or self.environ.get("PIP_CERT") or self.environ.get("SSL_CERT_FILE") or ""
+        if ca and not Path(ca).is_file():
+            raise self.fail(where, f"ca_bundle: {ca} is not a file")
+        find_links = [self.root / p for p in self.strings(t, where, "find_links")]
+        find_links += [Path(p) for p in self.environ.get("PIP_FIND_LINKS", "").split() if p]
+        return Target(
+            name=name,  # type: ignore[arg-type]
+            torch=self.typed(t, where, "torch", str),
+            python=python,
+            platform_tag=self.typed(t, where, "platform_tag", str),
+            builder_base=self.base(t, where),
+            builder_dockerfile=self.existing_file(where, "builder_dockerfile", t["builder_dockerfile"]),
+            runtime_dockerfile=self.existing_file(where, "runtime_dockerfile", t["runtime_dockerfile"]),
+            index_url=self.typed(t, where, "index_url", str),
+            torch_index_url=self.typed(t, where, "torch_index_url", str),
+            find_links=tuple(p for p in find_links if p.is_dir()),
+            ca_bundle=Path(ca) if ca else None,
+            provided_libraries=self.strings(t, where, "provided_libraries"),
+            max_wheel_bytes=size,
+        )
+
+    def base(self, t: Mapping[str, Any], where: str) -> DebootstrapBase | PulledBase:
+        base = t["builder_base"]
+        if isinstance(base, dict) and set(base) == {"debootstrap", "mirror"}:
+            return DebootstrapBase(suite=base["debootstrap"], mirror=base["mirror"])
+        if isinstance(base, dict) and set(base) == {"image"}:
+            if not _DIGEST_PIN.match(base["image"]):
+                raise self.fail(where, f"builder_base: {base['image']!r} is not pinned; write it as name@sha256:<64 hex digits>")
+            return PulledBase(image=base["image"])
+        raise self.fail(
+            where,
+            "builder_base must be { debootstrap = \"<suite>\", mirror = \"<url>\" } or "
+            "{ image = \"<name>@sha256:<digest>\" }, got " + repr(base),
+        )

@@ -1,0 +1,117 @@
+"""One container abstraction for the whole pipeline: docker or podman, chosen in
+release.toml. Every command is echoed as `+ cmd`. Containers and image builds
+use the host's network (the daemon runs without a bridge)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import subprocess
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+
+from pipeline.errors import ImageError
+
+# Set to keep a failed container for debugging (its name is printed).
+KEEP_ENV = "ACTIVEKV_KEEP_CONTAINER"
+
+
+def echo_run(cmd: Sequence[str | os.PathLike[str]], *, capture: bool = False,
+             check: bool = True, env: Mapping[str, str] | None = None,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    args = [str(c) for c in cmd]
+    print("+", shlex.join(args), flush=True)
+    return subprocess.run(args, check=check, text=True, capture_output=capture, env=env, cwd=cwd)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerEngine:
+    name: str  # "docker" or "podman"
+    network: str = "host"
+
+    def run(self, *args: str | os.PathLike[str], capture: bool = False,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return echo_run([self.name, *args], capture=capture, check=check)
+
+    def image_id(self, ref: str) -> str | None:
+        """The image's id (sha256:...), or None when it is not here."""
+        probe = subprocess.run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],
+                               capture_output=True, text=True)
+        return probe.stdout.strip() if probe.returncode == 0 else None
+
+    def build_image(self, *, tag: str, context: Path, dockerfile: Path,
+                    build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:
+        args = ["build", f"--network={self.network}", "--tag", tag, "--file", str(dockerfile)]
+        for k, v in build_args.items():
+            args += ["--build-arg", f"{k}={v}"]
+        for k, v in labels.items():
+            args += ["--label", f"{k}={v}"]
+        result = self.run(*args, str(context), check=False)
+        image = self.image_id(tag) if result.returncode == 0 else None
+        if image is None:
+            raise ImageError(f"building image {tag} from {dockerfile.name} failed (see the output above)")
+        return image
+
+    def pull(self, ref: str) -> str:
+        if (image := self.image_id(ref)) is not None:
+            return image
+        result = self.run("pull", ref, check=False)
+        if result.returncode != 0 or (image := self.image_id(ref)) is None:
+            raise ImageError(f"could not pull {ref}")
+        return image
+
+
+class Container:
+    """A started container of `image`, removed on exit (kept when
+    ACTIVEKV_KEEP_CONTAINER is set). `call` runs a command in it."""
+
+    def __init__(self, *, engine: ContainerEngine, image: str,
+                 volumes: Sequence[tuple[Path, str]] = (), env: Mapping[str, str] = {}) -> None:
+        self.engine = engine
+        self.image = image
+        self.volumes = volumes
+        self.env = dict(env)
+        self.name = f"activekv-{uuid.uuid4().hex[:12]}"
+
+    def __enter__(self) -> Container:
+        args = ["create", "--name", self.name, f"--network={self.engine.network}", "--init"]
+        for host, inside in self.volumes:
+            args += ["--volume", f"{host}:{inside}"]
+        for k, v in self.env.items():
+            args += ["--env", f"{k}={v}"]
+        self.engine.run(*args, self.image, "sleep", "infinity")
+        self.engine.run("start", self.name)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None and os.environ.get(KEEP_ENV):
+            print(f"{KEEP_ENV} is set: keeping container {self.name}", flush=True)
+            return
+        self.engine.run("rm", "--force", self.name, capture=True, check=False)
+
+    def call(self, args: Sequence[str | PurePosixPath], *, env: Mapping[str, str] = {},
+             capture: bool = False, check: bool = True, cwd: str | None = None
+             ) -> subprocess.CompletedProcess[str]:
+        cmd = ["exec"]
+        for k, v in env.items():
+            cmd += ["--env", f"{k}={v}"]
+        if cwd:
+            cmd += ["--workdir", cwd]
+        return self.engine.run(*cmd, self.name, *map(str, args), capture=capture, check=check)
+
+    def copy_into(self, local: Path, inside: PurePosixPath) -> None:
+        self.call(["mkdir", "-p", str(inside.parent)])
+        self.engine.run("cp", str(local), f"{self.name}:{inside}")
+
+    def copy_out(self, inside: PurePosixPath, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.engine.run("cp", f"{self.name}:{inside}", str(local))
+
+    def glob(self, directory: PurePosixPath, pattern: str) -> list[PurePosixPath]:
+        out = self.call(["find", str(directory), "-maxdepth", "1", "-name", pattern],
+                        capture=True).stdout.split()
+        return sorted(PurePosixPath(p) for p in out)
