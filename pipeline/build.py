@@ -64,7 +64,8 @@ def repair_command(target: Target) -> str:
             f"--wheel-dir {{dest_dir}} {{wheel}}")
 
 
-def cibuildwheel_env(target: Target, image: str, epoch: str) -> dict[str, str]:
+def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool = True
+                     ) -> dict[str, str]:
     build_env = {
         "SOURCE_DATE_EPOCH": epoch,
         "ACTIVEKV_WERROR": "ON",
@@ -77,6 +78,8 @@ def cibuildwheel_env(target: Target, image: str, epoch: str) -> dict[str, str]:
         "PIP_NO_INDEX": "1",
         "MAKEFLAGS": f"-j{os.cpu_count() or 1}",
     }
+    if not use_cache:
+        build_env["CCACHE_DISABLE"] = "1"
     return {
         "CIBW_PLATFORM": "linux",
         "CIBW_ARCHS": "x86_64",
@@ -97,9 +100,12 @@ def cibuildwheel_env(target: Target, image: str, epoch: str) -> dict[str, str]:
     }
 
 
-def build(engine: ContainerEngine, target: Target, *, out: Path | None = None) -> dict:
-    """Build and repair the target's wheels; returns the stage record."""
-    out = out or target_dir(target)
+def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
+          use_cache: bool = True) -> dict:
+    """Build and repair the target's wheels into `out` (default
+    build/release/<target>); returns the stage record. use_cache=False
+    compiles everything (the reproducibility test's second build)."""
+    out = (out or target_dir(target)).resolve()  # cibuildwheel runs in the source folder
     image_ref, image_id = builder_image(engine, target)
     source = out / "source"
     files = snapshot_source(source)
@@ -108,7 +114,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None) -
     shutil.rmtree(staging, ignore_errors=True)
     CCACHE_DIR.mkdir(parents=True, exist_ok=True)
     epoch = source_date_epoch()
-    env = dict(os.environ, **cibuildwheel_env(target, image_ref, epoch))
+    env = dict(os.environ, **cibuildwheel_env(target, image_ref, epoch, use_cache=use_cache))
     if engine.name == "podman":
         env["CIBW_CONTAINER_ENGINE"] = env["CIBW_CONTAINER_ENGINE"].replace("docker;", "podman;", 1)
     started = time.monotonic()

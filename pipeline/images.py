@@ -40,12 +40,13 @@ def base_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
             return base.image, engine.pull(base.image)
         except ImageError:
             raise ImageError(
-                f"target {target.name}: could not get the builder base image {base.image}. "
-                f"This host cannot reach its registry. Provide it by loading it here "
-                f"({engine.name} load -i <file>, made on a host that can pull it with "
-                f"{engine.name} pull {base.image} && {engine.name} save -o <file> {base.image}) "
-                f"or by pointing builder_base in release.toml [targets.{target.name}] at a "
-                f"registry this host reaches"
+                f"target {target.name}: could not get the builder base image {base.image} "
+                f"(the pull failed: see above). Provide it by loading it here "
+                f"({engine.name} load -i <file>, the file made where it can be pulled: "
+                f"{engine.name} pull {base.image} && {engine.name} save -o <file> {base.image}), "
+                f"or point builder_base in release.toml [targets.{target.name}] at a registry "
+                f"this host reaches. Building the {target.name} builder also needs the "
+                f"package indexes its Dockerfile ({target.builder_dockerfile.name}) names."
             ) from None
     return debootstrap_base(engine, base)
 
