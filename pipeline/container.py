@@ -38,8 +38,8 @@ class ContainerEngine:
 
     def image_id(self, ref: str) -> str | None:
         """The image's id (sha256:...), or None when it is not here."""
-        probe = subprocess.run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],
-                               capture_output=True, text=True)
+        probe = echo_run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],
+                         capture=True, check=False)
         return probe.stdout.strip() if probe.returncode == 0 else None
 
     def build_image(self, *, tag: str, context: Path, dockerfile: Path,

@@ -47,7 +47,9 @@ def ensure_debian_packages(packages: Sequence[str]) -> None:
         subprocess.run(cmd, check=True, env=env)
 
 
-def _engine_answers(engine: str) -> bool:
+def _engine_answers(engine: str, *, quiet: bool = False) -> bool:
+    if not quiet:
+        print("+", engine, "info", flush=True)
     probe = subprocess.run([engine, "info"], capture_output=True, text=True)
     return probe.returncode == 0
 
@@ -83,7 +85,7 @@ def ensure_container_engine(engine: str, *, log_dir: Path, wait_s: float = 60.0)
         subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if _engine_answers(engine):
+        if _engine_answers(engine, quiet=True):
             return
         time.sleep(0.5)
     raise HostPreparationError(
