@@ -247,16 +247,18 @@ print("torch", torch.__version__, "activekv", importlib.metadata.version("active
 """
 
 
-def load_check(engine: ContainerEngine, target: Target, wheels: list[Path]) -> list[Finding]:
-    """Install the wheels (without dependencies: torch is the image's) in a
-    clean container of the target's runtime base and import them after torch."""
-    image, _ = runtime_base_image(engine, target)
+def load_check(engine: ContainerEngine, target: Target, wheels: list[Path]
+               ) -> tuple[dict[str, str], list[Finding]]:
+    """Install each wheel offline in a clean container of the target's runtime
+    base (its torch must satisfy the wheel's torch pin) and import it after
+    torch. Returns the image ({ref, id}) and the findings."""
+    image, image_id = runtime_base_image(engine, target)
     findings = []
     for wheel in wheels:
         with Container(engine=engine, image=image) as c:
             inside = PurePosixPath("/tmp/wheels") / wheel.name
             c.copy_into(wheel, inside)
-            install = c.call(["python", "-m", "pip", "install", "--no-index", "--no-deps", str(inside)],
+            install = c.call(["python", "-m", "pip", "install", "--no-index", str(inside)],
                              capture=True, check=False)
             result = install if install.returncode != 0 else c.call(
                 ["python", "-c", LOAD_CHECK], capture=True, check=False, cwd="/")
@@ -265,7 +267,7 @@ def load_check(engine: ContainerEngine, target: Target, wheels: list[Path]) -> l
                 findings.append(Finding(wheel=wheel.name, file=wheel.name, rule="loads",
                                         message=f"does not install and import in {image} "
                                                 f"after torch: {result.stderr.strip()[-800:]}"))
-    return findings
+    return {"ref": image, "id": image_id}, findings
 
 
 def audit(engine: ContainerEngine | None, target: Target, wheels_dir: Path, report: Path) -> dict:
@@ -279,13 +281,16 @@ def audit(engine: ContainerEngine | None, target: Target, wheels_dir: Path, repo
                                 message="no wheel to audit: run the build stage first"))
     for wheel in wheels:
         findings += WheelAudit(wheel, target, policy).run()
+    runtime_image = None
     if engine is not None and wheels and not findings:
-        findings += load_check(engine, target, wheels)
+        runtime_image, loaded = load_check(engine, target, wheels)
+        findings += loaded
     record = {
         "stage": "audit",
         "target": target.name,
         "passed": not findings,
-        "load_checked": engine is not None,
+        "load_checked": runtime_image is not None,
+        "runtime_image": runtime_image,
         "wheels": [{"file": w.name, "sha256": hashlib.sha256(w.read_bytes()).hexdigest(),
                     "size": w.stat().st_size} for w in wheels],
         "findings": [dataclasses.asdict(f) for f in findings],
