@@ -5,6 +5,7 @@
     nox -s tests -- -m "not vllm"   only pytest, with these arguments
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
+    nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
 """
 
 from __future__ import annotations
@@ -111,3 +112,12 @@ def build(session: nox.Session) -> None:
 def audit(session: nox.Session) -> None:
     """The payload audit of each target's wheels (build/release/<target>/audit.json)."""
     run_pipeline(session, "audit")
+
+
+@nox.session(name="patch-vllm", python=PYTHON, default=False, requires=["build"])
+def patch_vllm(session: nox.Session) -> None:
+    """The patch series applied to the target's vLLM (version from release.toml,
+    or -- --vllm X.Y.Z): patched wheel, combined patch and patch.json in
+    build/vllm/, verified by a short ActiveKV generation in a clean venv.
+    -- --rebase tries the nearest series on another version and reports each hunk."""
+    run_pipeline(session, "patch-vllm")

@@ -1,7 +1,9 @@
 """The release pipeline's stages, one command each (nox sessions call these).
 
+    python -m pipeline images --target cpu
     python -m pipeline build --target cpu [--python 3.11]
     python -m pipeline audit --target cpu [--static-only]
+    python -m pipeline patch-vllm --target cpu [--vllm X.Y.Z] [--rebase] [--no-verify]
 
 Targets default to those of release.toml's default profile (--profile picks
 another). A fatal error prints its message and exits with its own code.
@@ -23,12 +25,17 @@ from pipeline.host import ensure_container_engine
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["images", "build", "audit"])
+    parser.add_argument("stage", choices=["images", "build", "audit", "patch-vllm"])
     parser.add_argument("--target", action="append", help="a target of release.toml (repeatable)")
     parser.add_argument("--profile", help="a profile of release.toml: build its targets")
     parser.add_argument("--python", action="append", help="only these Python versions (X.Y)")
     parser.add_argument("--static-only", action="store_true",
                         help="audit: skip the load check in a runtime container")
+    parser.add_argument("--vllm", help="patch-vllm: this vLLM version instead of release.toml's")
+    parser.add_argument("--rebase", action="store_true",
+                        help="patch-vllm: try the nearest series on --vllm and report each hunk")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="patch-vllm: skip the clean-venv generation check")
     return parser.parse_args(argv)
 
 
@@ -52,6 +59,10 @@ def main(argv: list[str]) -> int:
     try:
         cfg = config.load()
         targets = select_targets(cfg, args)
+        if args.stage == "patch-vllm":
+            for target in targets:
+                patch_stage(args, cfg, target)
+            return 0
         ensure_container_engine(cfg.container_engine, log_dir=ROOT / "build" / "logs")
         engine = ContainerEngine(name=cfg.container_engine)
         for target in targets:
@@ -77,6 +88,42 @@ def run(args: argparse.Namespace, engine: ContainerEngine, target: Target) -> No
         audit.audit(None if args.static_only else engine, target, out / "wheels",
                     out / "audit.json")
         print(f"{target.name}: payload audit passed ({out / 'audit.json'})", flush=True)
+
+
+def patch_stage(args: argparse.Namespace, cfg: config.ReleaseConfig, target: Target) -> None:
+    import json
+
+    from pipeline import build, patch_vllm
+
+    version = args.vllm or cfg.vllm_version
+    dist = target.vllm_distribution
+    if args.rebase:
+        report = patch_vllm.rebase(dist, version)
+        for h in report:
+            where = f"{h.file}:{h.line}" if h.line else h.file
+            print(f"{'ok    ' if h.ok else 'FAILED'} {h.patch} hunk {h.hunk} {where}: {h.detail}")
+        failed = [h for h in report if not h.ok]
+        if failed:
+            raise patch_vllm.PatchError(f"{len(failed)} hunk(s) of the nearest series do not apply "
+                                        f"to {dist} {version} (listed above)")
+        print(f"every patch applies exactly to {dist} {version}: copy the series to "
+              f"patches/vllm/{version}/ and re-pin", flush=True)
+        return
+    record = patch_vllm.patch_vllm(dist, version, epoch=int(build.source_date_epoch()))
+    out = patch_vllm.OUT_DIR / f"{dist}-{version}"
+    print(f"{target.name}: {record['patched']['file']} ({out})", flush=True)
+    if args.no_verify:
+        return
+    if target.name != "cpu":
+        print(f"{target.name}: not verified here: running vLLM for this target needs its "
+              f"accelerator; verify with --target cpu on this host", flush=True)
+        return
+    wheels = sorted((build.target_dir(target) / "wheels").glob("*.whl"))
+    outcome = patch_vllm.verify(record, out, wheels, ROOT / "packaging" / "cpu" / "constraints.txt")
+    record["verified"] = outcome
+    (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"{target.name}: verified: {outcome['vllm']} generated with ActiveKV, "
+          f"{outcome['cached_tokens']} tokens from the host store", flush=True)
 
 
 if __name__ == "__main__":

