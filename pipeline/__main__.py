@@ -4,6 +4,11 @@
     python -m pipeline build --target cpu [--python 3.11]
     python -m pipeline audit --target cpu [--static-only]
     python -m pipeline patch-vllm --target cpu [--vllm X.Y.Z] [--rebase] [--no-verify]
+    python -m pipeline check-tree [--allow-dirty]
+    python -m pipeline runtime-image --target cpu
+    python -m pipeline manifest [--profile P] [--key ed25519.pem]
+    python -m pipeline publish [--profile P]
+    python -m pipeline verify MANIFEST --public-key PEM --artifacts DIR [--artifacts DIR ...]
 
 Targets default to those of release.toml's default profile (--profile picks
 another). A fatal error prints its message and exits with its own code.
@@ -14,8 +19,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
-from pipeline import config
+from pipeline import config, manifest, publish, release
 from pipeline.config import ROOT, Target
 from pipeline.container import ContainerEngine
 from pipeline.errors import ConfigError, PipelineError
@@ -25,7 +31,9 @@ from pipeline.host import ensure_container_engine
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["images", "build", "audit", "patch-vllm"])
+    parser.add_argument("stage", choices=["images", "build", "audit", "patch-vllm", "check-tree",
+                                          "runtime-image", "manifest", "publish", "verify"])
+    parser.add_argument("manifest", nargs="?", type=Path, help="verify: the manifest to check")
     parser.add_argument("--target", action="append", help="a target of release.toml (repeatable)")
     parser.add_argument("--profile", help="a profile of release.toml: build its targets")
     parser.add_argument("--python", action="append", help="only these Python versions (X.Y)")
@@ -36,6 +44,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="patch-vllm: try the nearest series on --vllm and report each hunk")
     parser.add_argument("--no-verify", action="store_true",
                         help="patch-vllm: skip the clean-venv generation check")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="check-tree: release from uncommitted changes (recorded in the manifest)")
+    parser.add_argument("--key", help="manifest: the Ed25519 signing key (PEM; or ACTIVEKV_SIGNING_KEY)")
+    parser.add_argument("--public-key", type=Path, help="verify: the release's public key (PEM)")
+    parser.add_argument("--artifacts", type=Path, action="append", default=[],
+                        help="verify: a folder holding the release's files (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -57,6 +71,20 @@ def select_targets(cfg: config.ReleaseConfig, args: argparse.Namespace) -> list[
 def main(argv: list[str]) -> int:
     args = parse(argv)
     try:
+        if args.stage == "check-tree":
+            release.check_tree(allow_dirty=args.allow_dirty)
+            print("the working tree is clean" if not args.allow_dirty else "dirty tree allowed", flush=True)
+            return 0
+        if args.stage == "verify":
+            if args.manifest is None or args.public_key is None:
+                raise ConfigError("verify needs MANIFEST and --public-key")
+            engine = ContainerEngine(name=config.load().container_engine)
+            m = manifest.verify(args.manifest, public_key=args.public_key,
+                                artifacts=args.artifacts or [args.manifest.parent],
+                                image_inspect=release.docker_inspector(engine))
+            print(f"verified: ActiveKV {m['version']} ({m['commit'][:12]}), signature and "
+                  f"{len(m['artifacts'])} artifacts", flush=True)
+            return 0
         cfg = config.load()
         targets = select_targets(cfg, args)
         if args.stage == "patch-vllm":
@@ -65,8 +93,24 @@ def main(argv: list[str]) -> int:
             return 0
         ensure_container_engine(cfg.container_engine, log_dir=ROOT / "build" / "logs")
         engine = ContainerEngine(name=cfg.container_engine)
+        profile = cfg.profiles[args.profile or cfg.default_profile]
+        if args.stage == "manifest":
+            path = release.make_manifest(engine, profile, cfg, args.key)
+            print(f"signed manifest: {path.relative_to(ROOT)}", flush=True)
+            return 0
+        if args.stage == "publish":
+            record = publish.publish(release.latest_manifest(), artifact_dirs=release.artifact_dirs(),
+                                     dest=release.destinations(profile, engine))
+            print(f"published {record['version']}: {len(record['wheels'])} wheel(s), "
+                  f"{len(record['images'])} image(s), {record['skipped']} already there; "
+                  f"manifest {record['manifest']}", flush=True)
+            return 0
         for target in targets:
-            run(args, engine, target)
+            if args.stage == "runtime-image":
+                r = release.make_runtime_image(engine, target, cfg)
+                print(f"{target.name}: {r['ref']} ({r['id']})", flush=True)
+            else:
+                run(args, engine, target)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -129,6 +129,8 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
                          f"(python {', '.join(target.python)}), got {[w.name for w in built]}")
     shutil.rmtree(wheels, ignore_errors=True)
     staging.rename(wheels)
+    compiler = engine.run("run", "--rm", "--network=host", image_ref, "c++", "--version",
+                          capture=True).stdout.splitlines()[0]
     record = {
         "stage": "build",
         "target": target.name,
@@ -136,6 +138,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
         "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "source_date_epoch": int(epoch),
         "builder_image": {"ref": image_ref, "id": image_id},
+        "compiler": compiler,
         "torch": target.torch,
         "platform_tag": target.platform_tag,
         "source_files": len(files),

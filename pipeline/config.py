@@ -71,6 +71,10 @@ class Profile:
     name: str
     description: str
     targets: tuple[TargetName, ...]
+    # Where a release of this profile is published (see pipeline/publish.py).
+    index: str = "build/publish/simple"
+    registry: str = "local"
+    manifests: str = "build/publish/manifests"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -167,12 +171,15 @@ class _Reader:
         out = {}
         for name in raw:
             where = f"profiles.{name}"
-            t = self.table(raw, where, {"description", "targets"}, {"targets"})
+            t = self.table(raw, where, {"description", "targets", "index", "registry", "manifests"},
+                           {"targets"})
             names = self.strings(t, where, "targets")
             for n in names:
                 if n not in targets:
                     raise self.fail(where, f"target {n!r} is not configured; targets: {', '.join(targets)}")
-            out[name] = Profile(name=name, description=t.get("description", ""), targets=names)  # type: ignore[arg-type]
+            dests = {k: self.typed(t, where, k, str) for k in ("index", "registry", "manifests") if k in t}
+            out[name] = Profile(name=name, description=t.get("description", ""), targets=names,  # type: ignore[arg-type]
+                                **dests)
         return out
 
     def targets(self, data: Mapping[str, Any]) -> dict[str, Target]:

@@ -1,0 +1,249 @@
+"""Stage: manifest. The signed record of a release, assembled from the stage
+records (build.json, audit.json, patch.json, runtime.json, parity.json).
+
+It refuses to assemble unless every target's audit passed and every gating
+parity cell passed: a manifest exists only for a releasable build. The
+manifest is checked against release_manifest/schema.json, an SBOM (CycloneDX
+JSON) of the wheels and images is written beside it, and the manifest is
+signed with an Ed25519 key (detached signature, base64, in <manifest>.sig).
+
+`verify` checks the signature and the schema, then every artifact's sha256
+and size (and an image's id and label, where the image is at hand).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import jsonschema
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from pipeline.config import ROOT
+from pipeline.errors import PipelineError
+
+SCHEMA = ROOT / "release_manifest" / "schema.json"
+SBOM_FORMAT = "CycloneDX 1.5 JSON"
+
+
+class ManifestError(PipelineError):
+    """A release cannot be recorded, or a manifest does not verify."""
+
+    exit_code = 8
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ManifestError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
+                            f"missing; run the {what} stage first")
+    return json.loads(path.read_text())
+
+
+def _wheel_tags(name: str) -> tuple[str, str]:
+    py, _abi, plat = name.removesuffix(".whl").split("-")[-3:]
+    return py, plat
+
+
+def _file_artifact(kind: str, target: str, path: Path) -> dict:
+    entry = {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path),
+             "size": path.stat().st_size}
+    if path.suffix == ".whl":
+        entry["python_tag"], entry["platform_tag"] = _wheel_tags(path.name)
+    return entry
+
+
+def assemble(*, version: str, profile: str, targets: list[str], release_dir: Path,
+             vllm_dir: Path, parity_file: Path, out: Path, image_packages: Mapping[str, list] = {}) -> dict:
+    """The manifest dict (and the SBOM file in `out`); raises ManifestError
+    when a stage record is missing or says the release must not be made."""
+    artifacts, audits, torch, vllm, compilers, bases = [], {}, {}, {}, {}, []
+    series_sha = None
+    commit = dirty = None
+    for target in targets:
+        tdir = release_dir / target
+        build = _read(tdir / "build.json", f"build (--target {target})")
+        audit = _read(tdir / "audit.json", f"audit (--target {target})")
+        runtime = _read(tdir / "runtime.json", f"runtime-image (--target {target})")
+        if not audit["passed"]:
+            raise ManifestError(f"target {target}: the payload audit did not pass; no manifest")
+        if commit not in (None, build["commit"]):
+            raise ManifestError(f"target {target} was built from {build['commit']}, another from {commit}")
+        commit, dirty = build["commit"], bool(dirty) or build["tree_dirty"]
+        audits[target] = {"passed": True, "findings": 0, "load_checked": audit["load_checked"]}
+        torch[target] = build["torch"]
+        compilers[target] = build["compiler"]
+        bases += [build["builder_image"], runtime["base"]]
+        for w in audit["wheels"]:
+            path = tdir / "wheels" / w["file"]
+            if not path.is_file() or sha256_of(path) != w["sha256"]:
+                raise ManifestError(f"{path}: not the wheel the audit passed (missing or changed since)")
+            artifacts.append(_file_artifact("engine-wheel", target, path))
+        patch_records = [json.loads(p.read_text()) for p in sorted(vllm_dir.glob("*/patch.json"))]
+        patch = next((r for r in patch_records if r["patched"]["file"] in runtime["wheels"]), None)
+        if patch is None:
+            raise ManifestError(f"target {target}: no patch.json for the vLLM wheel in its runtime "
+                                f"image; run the patch-vllm stage first")
+        pdir = vllm_dir / f"{patch['distribution']}-{patch['version']}"
+        artifacts.append(_file_artifact("vllm-wheel", target, pdir / patch["patched"]["file"]))
+        artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
+        vllm[target] = f"{patch['distribution']}=={patch['local_version']}"
+        series_sha = patch["series"]["sha256"]
+        artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
+                          "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
+    parity = _read(parity_file, "parity")
+    failed = [c for c in parity["cells"] if c["gating"] and c["result"] != "pass"]
+    if failed:
+        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed)
+        raise ManifestError(f"the parity gate failed ({names}); nothing is released")
+    sbom = write_sbom(out / f"activekv-{version}.cdx.json", version, artifacts, image_packages)
+    artifacts.append(_file_artifact("sbom", "all", sbom))
+    manifest = {
+        "schema": "activekv-release-manifest/1",
+        "version": version,
+        "commit": commit,
+        "tree_dirty": bool(dirty),
+        "build_time": datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat(),
+        "profile": profile,
+        "artifacts": artifacts,
+        "versions": {"engine": version, "torch": torch, "vllm": vllm,
+                     "patch_series_sha256": series_sha,
+                     "base_images": [dict(b) for b in {json.dumps(b, sort_keys=True): b for b in bases}.values()],
+                     "compilers": compilers},
+        "audit": audits,
+        "parity": {"passed": True, "cells": [{k: c[k] for k in ("mode", "scenario", "gating", "result")}
+                                              for c in parity["cells"]]},
+        "sbom": {"file": sbom.name, "sha256": sha256_of(sbom), "format": SBOM_FORMAT},
+    }
+    check_schema(manifest)
+    return manifest
+
+
+def write_sbom(path: Path, version: str, artifacts: list[dict],
+               image_packages: Mapping[str, list]) -> Path:
+    """A CycloneDX 1.5 SBOM: each wheel, each image and the Python packages
+    installed in it (pip's list, read from the image)."""
+    components = []
+    for a in artifacts:
+        if a["kind"] in ("engine-wheel", "vllm-wheel"):
+            name, ver = a["file"].split("-")[:2]
+            components.append({"type": "library", "name": name.replace("_", "-"), "version": ver,
+                               "purl": f"pkg:pypi/{name.replace('_', '-').lower()}@{ver}",
+                               "hashes": [{"alg": "SHA-256", "content": a["sha256"]}],
+                               "bom-ref": a["file"]})
+        elif a["kind"] == "image":
+            inside = [{"type": "library", "name": p["name"], "version": p["version"],
+                       "purl": f"pkg:pypi/{p['name'].lower()}@{p['version']}"}
+                      for p in image_packages.get(a["target"], [])]
+            components.append({"type": "container", "name": a["ref"], "version": version,
+                               "hashes": [{"alg": "SHA-256", "content": a["digest"].removeprefix("sha256:")}],
+                               "bom-ref": a["ref"], "components": inside})
+    bom = {"bomFormat": "CycloneDX", "specVersion": "1.5",
+           "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, 'activekv/' + version)}",
+           "version": 1, "metadata": {"component": {"type": "application", "name": "activekv",
+                                                    "version": version}},
+           "components": components}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(bom, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def check_schema(manifest: dict) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(manifest), key=lambda e: e.path)
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
+        raise ManifestError(f"manifest does not match release_manifest/schema.json at {where}: {e.message}")
+
+
+# --- signing ---------------------------------------------------------------------
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"{path}: not a readable PEM private key ({e})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ManifestError(f"{path}: not an Ed25519 key; make one with: openssl genpkey -algorithm ed25519")
+    return key
+
+
+def generate_key(path: Path) -> Ed25519PrivateKey:
+    key = Ed25519PrivateKey.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    return key
+
+
+def public_pem(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def write_signed(manifest: dict, out: Path, key: Ed25519PrivateKey) -> tuple[Path, Path, Path]:
+    """manifest JSON, its detached signature and the public key, in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"activekv-{manifest['version']}.manifest.json"
+    data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    path.write_bytes(data)
+    sig = path.with_name(path.name + ".sig")
+    sig.write_text(base64.b64encode(key.sign(data)).decode() + "\n")
+    pub = out / "activekv-release-key.pub.pem"
+    pub.write_bytes(public_pem(key))
+    return path, sig, pub
+
+
+def verify(manifest_path: Path, *, public_key: Path, artifacts: list[Path],
+           image_inspect=None) -> dict:
+    """Check the signature, the schema and every artifact found under the
+    `artifacts` folders (by file name); every file artifact must be found.
+    image_inspect(ref) -> (id, labels) or None checks images at hand."""
+    data = manifest_path.read_bytes()
+    sig_path = manifest_path.with_name(manifest_path.name + ".sig")
+    if not sig_path.is_file():
+        raise ManifestError(f"{sig_path.name}: missing; an unsigned manifest is not trusted")
+    try:
+        pub = serialization.load_pem_public_key(public_key.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"{public_key}: not a readable PEM public key ({e})") from None
+    if not isinstance(pub, Ed25519PublicKey):
+        raise ManifestError(f"{public_key}: not an Ed25519 public key")
+    try:
+        pub.verify(base64.b64decode(sig_path.read_text()), data)
+    except (InvalidSignature, ValueError):
+        raise ManifestError(f"{manifest_path.name}: the signature does not match "
+                            f"(the manifest was changed or signed with another key)") from None
+    manifest = json.loads(data)
+    check_schema(manifest)
+    found = {p.name: p for folder in artifacts for p in folder.rglob("*") if p.is_file()}
+    for a in manifest["artifacts"]:
+        if a["kind"] == "image":
+            if image_inspect is not None and (seen := image_inspect(a["ref"])) is not None:
+                image_id, labels = seen
+                if image_id != a["digest"] or labels.get("org.activekv.manifest-inputs") != a["inputs_digest"]:
+                    raise ManifestError(f"image {a['ref']}: id or label does not match the manifest")
+            continue
+        path = found.get(a["file"])
+        if path is None:
+            raise ManifestError(f"{a['file']}: listed in the manifest but not found")
+        if path.stat().st_size != a["size"] or sha256_of(path) != a["sha256"]:
+            raise ManifestError(f"{path.name}: sha256 or size differs from the manifest: "
+                                f"tampered or not this release's file; do not install it")
+    return manifest

@@ -1,0 +1,119 @@
+"""The release-level stages: the tree check, the runtime image, the manifest,
+publishing and verification. Each reads the records earlier stages wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+from pipeline import build, manifest, publish, runtime_image
+from pipeline.config import ROOT, Profile, ReleaseConfig, Target
+from pipeline.container import ContainerEngine
+from pipeline.errors import PipelineError
+from pipeline.patch_vllm import OUT_DIR as VLLM_DIR
+
+RELEASE_DIR = build.RELEASE_DIR
+PARITY_FILE = RELEASE_DIR / "parity" / "parity.json"
+MANIFEST_DIR = RELEASE_DIR / "manifest"
+DEFAULT_KEY = ROOT / ".cache" / "signing" / "activekv-release-key.pem"
+
+
+class DirtyTreeError(PipelineError):
+    exit_code = 11
+
+
+def engine_version() -> str:
+    return tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"]["version"]
+
+
+def check_tree(*, allow_dirty: bool) -> None:
+    status = build.git("status", "--porcelain", "--untracked-files=normal")
+    if status and not allow_dirty:
+        lines = status.splitlines()
+        raise DirtyTreeError(
+            f"the working tree has {len(lines)} uncommitted change(s) (first: {lines[0].strip()}); "
+            f"a release is made from a commit. Commit or stash them, or pass --allow-dirty "
+            f"(the manifest then records tree_dirty: true)")
+
+
+def vllm_wheel_for(target: Target, cfg: ReleaseConfig) -> Path:
+    folder = VLLM_DIR / f"{target.vllm_distribution}-{cfg.vllm_version}"
+    record = folder / "patch.json"
+    if not record.is_file():
+        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
+                            f"patch-vllm stage first")
+    return folder / json.loads(record.read_text())["patched"]["file"]
+
+
+def make_runtime_image(engine: ContainerEngine, target: Target, cfg: ReleaseConfig) -> dict:
+    out = build.target_dir(target)
+    return runtime_image.build_runtime_image(
+        engine, target, version=engine_version(), commit=build.git("rev-parse", "HEAD"),
+        engine_wheels=sorted((out / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel_for(target, cfg),
+        out=out)
+
+
+def signing_key(path: str | None):
+    """The user's Ed25519 key (--key or ACTIVEKV_SIGNING_KEY), else a local
+    key made once for this checkout (fine for local destinations only)."""
+    given = path or os.environ.get("ACTIVEKV_SIGNING_KEY")
+    if given:
+        return manifest.load_private_key(Path(given))
+    if DEFAULT_KEY.is_file():
+        return manifest.load_private_key(DEFAULT_KEY)
+    print(f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
+          f"{DEFAULT_KEY.relative_to(ROOT)}. Use your own key for any shared destination.", flush=True)
+    return manifest.generate_key(DEFAULT_KEY)
+
+
+def image_packages(engine: ContainerEngine, ref: str) -> list[dict]:
+    out = engine.run("run", "--rm", "--network=host", "--entrypoint", "python", ref,
+                     "-m", "pip", "list", "--format", "json", capture=True)
+    return json.loads(out.stdout)
+
+
+def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig, key_path: str | None
+                  ) -> Path:
+    version = engine_version()
+    packages = {}
+    for name in profile.targets:
+        runtime = json.loads((RELEASE_DIR / name / "runtime.json").read_text()) \
+            if (RELEASE_DIR / name / "runtime.json").is_file() else None
+        if runtime:
+            packages[name] = image_packages(engine, runtime["ref"])
+    data = manifest.assemble(version=version, profile=profile.name, targets=list(profile.targets),
+                             release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR, parity_file=PARITY_FILE,
+                             out=MANIFEST_DIR, image_packages=packages)
+    path, _, _ = manifest.write_signed(data, MANIFEST_DIR, signing_key(key_path))
+    return path
+
+
+def destinations(profile: Profile, engine: ContainerEngine) -> publish.Destinations:
+    registry = publish.ensure_local_registry() if profile.registry == "local" else profile.registry
+    return publish.Destinations(index=publish.make_index(profile.index),
+                                registry=publish.Registry(registry, engine),
+                                manifests=ROOT / profile.manifests)
+
+
+def artifact_dirs() -> list[Path]:
+    return [RELEASE_DIR, VLLM_DIR, MANIFEST_DIR]
+
+
+def latest_manifest() -> Path:
+    path = MANIFEST_DIR / f"activekv-{engine_version()}.manifest.json"
+    if not path.is_file():
+        raise PipelineError(f"{path.relative_to(ROOT)}: missing; run the manifest stage first")
+    return path
+
+
+def docker_inspector(engine: ContainerEngine):
+    def inspect(ref: str):
+        result = subprocess.run([engine.name, "image", "inspect", ref], capture_output=True, text=True)
+        if result.returncode != 0:
+            return None
+        info = json.loads(result.stdout)[0]
+        return info["Id"], info["Config"].get("Labels") or {}
+    return inspect

@@ -1,0 +1,71 @@
+"""Stage: runtime-image. The image operators pull: the target's runtime base,
+the patched vLLM wheel and the engine wheels; serves vLLM with ActiveKV on.
+
+Labelled with the release version and the manifest's inputs digest (the hash
+of every wheel it holds and the commit, which the manifest records too), so an
+image and a manifest can be matched without trusting either's name.
+Writes build/release/<target>/runtime.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.config import ROOT, Target
+from pipeline.container import ContainerEngine
+from pipeline.errors import ImageError
+from pipeline.images import IMAGES_DIR, runtime_base_image
+
+DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
+CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
+
+
+def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
+    """sha256 over the version, the commit and each wheel's name and sha256."""
+    h = hashlib.sha256(f"{version}\n{commit}\n".encode())
+    for w in sorted(wheels, key=lambda p: p.name):
+        h.update(f"{w.name} {hashlib.sha256(w.read_bytes()).hexdigest()}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def image_name(target: Target) -> str:
+    return f"activekv-runtime-{target.name}"
+
+
+def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str, commit: str,
+                        engine_wheels: list[Path], vllm_wheel: Path, out: Path) -> dict:
+    if target.name not in DOCKERFILES:
+        raise ImageError(f"target {target.name}: no runtime image recipe (docker/runtime-"
+                         f"{target.name}.Dockerfile) and no pinned runtime environment yet")
+    if not engine_wheels:
+        raise ImageError(f"target {target.name}: no engine wheel: run the build stage first")
+    base_ref, base_id = runtime_base_image(engine, target)
+    wheels = [*engine_wheels, vllm_wheel]
+    digest = inputs_digest(version, commit, wheels)
+    ctx = IMAGES_DIR / f"context-runtime-{target.name}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "wheels").mkdir(parents=True)
+    for w in wheels:
+        shutil.copy2(w, ctx / "wheels" / w.name)
+    shutil.copy2(CONSTRAINTS[target.name], ctx / "constraints.txt")
+    ref = f"activekv/{image_name(target)}:{version}"
+    image_id = engine.build_image(
+        tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
+        build_args={"RUNTIME_BASE": base_ref, "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
+    shutil.rmtree(ctx)
+    record = {
+        "stage": "runtime-image",
+        "target": target.name,
+        "ref": ref,
+        "id": image_id,
+        "version": version,
+        "inputs_digest": digest,
+        "base": {"ref": base_ref, "id": base_id},
+        "wheels": sorted(w.name for w in wheels),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
