@@ -151,7 +151,8 @@ def release(session: nox.Session) -> None:
     # The parity gate runs on what ships: the built engine wheel and the patched vLLM.
     shipped = [str(p) for p in sorted(Path("build/release/cpu/wheels").glob("*.whl"))]
     shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm-cpu-*/*.whl"))]
-    session.install("--no-deps", "--force-reinstall", *shipped)
+    # A pipeline step, not environment set-up: it runs even with nox's --no-install.
+    session.run("python", "-m", "pip", "install", "--no-deps", "--force-reinstall", *shipped)
     session.run("python", "-m", "pipeline.parity", "--out", "build/release/parity",
                 env={"PYTHONPATH": "engine/reference"})
     stage("runtime-image", *profile)

@@ -7,8 +7,6 @@
 ARG RUNTIME_BASE
 FROM ${RUNTIME_BASE}
 
-ARG RELEASE_VERSION
-ARG MANIFEST_INPUTS
 COPY wheels/ /tmp/activekv-wheels/
 COPY constraints.txt /tmp/activekv-constraints.txt
 RUN set -eux; \
@@ -17,6 +15,9 @@ RUN set -eux; \
     python -c "import torch, vllm, activekv; activekv.ActiveKVConnector"; \
     rm -rf /tmp/activekv-wheels /tmp/activekv-constraints.txt /root/.cache/pip
 
+# Declared here, after the install, so a new commit reuses the install layer.
+ARG RELEASE_VERSION
+ARG MANIFEST_INPUTS
 ENV ACTIVEKV_KV_TRANSFER_CONFIG='{"kv_connector":"ActiveKVConnector","kv_role":"kv_both"}' \
     VLLM_CPU_KVCACHE_SPACE=1
 LABEL org.opencontainers.image.title="activekv-runtime-cpu" \

@@ -228,7 +228,6 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     """Publish the artifacts of a signed manifest, then the manifest."""
     manifest = json.loads(manifest_path.read_text())
     version = manifest["version"]
-    dest.manifests.mkdir(parents=True, exist_ok=True)
     found = {p.name: p for d in artifact_dirs for p in d.rglob("*") if p.is_file()}
     wheels = [a for a in manifest["artifacts"] if a.get("file", "").endswith(".whl")]
     files = [a for a in manifest["artifacts"] if "file" in a and not a["file"].endswith(".whl")]
@@ -274,6 +273,7 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     # Last: the signature and public key, then the manifest, which makes the
     # release visible. A manifest already there (a finished release) is kept.
     if not published.is_file():
+        dest.manifests.mkdir(parents=True, exist_ok=True)
         for src in (manifest_path.with_name(manifest_path.name + ".sig"),
                     manifest_path.with_name("activekv-release-key.pub.pem")):
             shutil.copyfile(src, dest.manifests / src.name)

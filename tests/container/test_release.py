@@ -81,11 +81,11 @@ class Destinations:
         self.procs: list[subprocess.Popen] = []
         (root / "packages").mkdir(parents=True)
         self.index_port, self.registry_addr = free_port(), f"127.0.0.1:{free_port()}"
-        log = (root / "pypiserver.log").open("wb")
-        self.procs.append(subprocess.Popen(
-            [Path(sys.executable).parent / "pypi-server", "run", "-i", "127.0.0.1", "-p",
-             str(self.index_port), "-a", ".", "-P", ".", str(root / "packages")],
-            stdout=log, stderr=subprocess.STDOUT))
+        with (root / "pypiserver.log").open("wb") as log:
+            self.procs.append(subprocess.Popen(
+                [Path(sys.executable).parent / "pypi-server", "run", "-i", "127.0.0.1", "-p",
+                 str(self.index_port), "-a", ".", "-P", ".", str(root / "packages")],
+                stdout=log, stderr=subprocess.STDOUT))
         self.registry = publish.start_registry(root / "registry", self.registry_addr)
         self.wait(f"http://127.0.0.1:{self.index_port}/simple/")
 
