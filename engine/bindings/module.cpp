@@ -198,7 +198,10 @@ class SchedulerEngine {
 
   bool request_finished(const py::handle& request) {
     const auto id = py::cast<std::string>(request.attr("request_id"));
-    requests_.attr("pop")(py::str(id), py::none());
+    const py::str key(id);
+    if (requests_.contains(key) && PyDict_DelItem(requests_.ptr(), key.ptr()) != 0) {
+      throw py::error_already_set();
+    }
     py::gil_scoped_release nogil;
     return side_->request_finished(id);
   }

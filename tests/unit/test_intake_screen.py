@@ -1,0 +1,88 @@
+"""The intake screen passes this repository and rejects each rule's fixture,
+naming the rule, the file and the line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ROOT
+
+spec = importlib.util.spec_from_file_location("intake_screen", ROOT / "ci" / "intake_screen.py")
+intake = importlib.util.module_from_spec(spec)
+sys.modules["intake_screen"] = intake  # dataclasses look their module up there
+spec.loader.exec_module(intake)
+
+BINDING = '''
+py::object helper(const py::handle& h) {
+  return h.attr("compute")(1);
+}
+py::dict connector_namespace() {
+  py::dict ns;
+  ns["wait_for_save"] = named("wait_for_save", [](py::object self) {
+    WorkerSide& w = worker_of(self);
+    w.wait_for_save();
+  });
+  ns["get_finished"] = named("get_finished", [](py::object self, py::object finished) -> py::tuple {
+    return helper(finished);
+  });
+  ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv) {
+    self.attr("setup")(kv);
+  });
+  return ns;
+}
+'''
+
+
+def tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_this_repository_passes():
+    assert intake.screen(ROOT) == []
+
+
+def test_rule1_rejects_a_python_module_in_the_engine(tmp_path):
+    root = tree(tmp_path, {"engine/src/helpers.py": "x = 1\n", "engine/reference/ok.py": "y = 2\n",
+                           "engine/src/core.cpp": "int f() { return 1; }\n"})
+    findings = intake.screen(root)
+    assert [(f.rule, f.file) for f in findings] == [(1, "engine/src/helpers.py")]
+
+
+def test_rule2_rejects_a_python_import_from_cpp(tmp_path):
+    root = tree(tmp_path, {"engine/src/core.cpp": 'void f() {\n  auto os = py::module_::import("os");\n'
+                                                 '  PyImport_ImportModule("json");\n}\n'})
+    findings = intake.screen(root)
+    assert [(f.rule, f.file, f.line) for f in findings] == [
+        (2, "engine/src/core.cpp", 2), (2, "engine/src/core.cpp", 3)]
+    assert "(os)" in findings[0].message and "PyImport_ImportModule" in findings[1].message
+
+
+def test_rule3_rejects_a_python_call_reached_from_a_per_step_method(tmp_path):
+    root = tree(tmp_path, {"engine/bindings/module.cpp": BINDING})
+    findings = intake.screen(root)
+    # get_finished reaches helper's call; register_kv_caches is not per step.
+    assert [(f.rule, f.file, f.line) for f in findings] == [(3, "engine/bindings/module.cpp", 3)]
+    assert "get_finished" in findings[0].message and "compute" in findings[0].message
+
+
+def test_an_allowlist_entry_needs_a_reason(tmp_path):
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[[cpp_imports]]\nfile = "engine/src/core.cpp"\nmodule = "os"\nreason = ""\n')
+    with pytest.raises(SystemExit, match="has no reason"):
+        intake.screen(tmp_path, allow)
+
+
+def test_an_allowlisted_import_passes_with_its_reason(tmp_path):
+    root = tree(tmp_path, {"engine/src/core.cpp": 'void f() { py::module_::import("os"); }\n'})
+    allow = tmp_path / "allow.toml"
+    allow.write_text('[[cpp_imports]]\nfile = "engine/src/core.cpp"\nmodule = "os"\nreason = "needed"\n')
+    assert intake.screen(root, allow) == []
