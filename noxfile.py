@@ -7,6 +7,7 @@
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
     nox -s release [-- --profile P --allow-dirty --key K]   every stage, then publish
+    nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
 """
 
 from __future__ import annotations
@@ -158,3 +159,14 @@ def release(session: nox.Session) -> None:
     stage("runtime-image", *profile)
     stage("manifest", *profile, *(["--key", args.key] if args.key else []))
     stage("publish", *profile)
+
+
+@nox.session(name="audit-boundary", python=PYTHON, default=False)
+def audit_boundary(session: nox.Session) -> None:
+    """The intake screen, the retention audit (every line of Python a release
+    puts into the user's process, labelled) and the census of every place vLLM
+    calls into ActiveKV; fails on a violation."""
+    session.run("python", "ci/intake_screen.py")
+    install_cpu_test_env(session)
+    install_engine(session)
+    session.run("python", "-m", "pipeline.boundary", "--json", "build/boundary/boundary.json")

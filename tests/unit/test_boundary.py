@@ -1,0 +1,67 @@
+"""The retention audit labels every hunk of the vLLM series as a contract; an
+unlabelled or non-contract hunk is a violation. The census finds every method
+vLLM calls native, and would flag a Python one."""
+
+from __future__ import annotations
+
+import shutil
+
+from pipeline import boundary
+from pipeline.patch_vllm import PATCHES_DIR
+
+
+def test_every_hunk_of_the_series_is_a_cited_contract():
+    rows, violations = boundary.retention("0.32.0")
+    assert violations == []
+    assert rows and all(r["label"] == "contract" and r["cite"] for r in rows)
+    assert sum(r["python_lines"] for r in rows) > 0
+
+
+def labels_copy(tmp_path, edit):
+    path = tmp_path / "retention.toml"
+    path.write_text(edit(boundary.LABELS.read_text()))
+    return path
+
+
+def test_an_unlabelled_hunk_is_a_violation(tmp_path):
+    text = boundary.LABELS.read_text()
+    first, _, rest = text.partition("[[hunk]]")
+    kept = "[[hunk]]".join(["", *rest.split("[[hunk]]")[1:]])  # drop the first entry
+    path = tmp_path / "retention.toml"
+    path.write_text(first + kept)
+    _, violations = boundary.retention("0.32.0", path)
+    assert len(violations) == 1 and "no label" in violations[0] and "base.py hunk 1" in violations[0]
+
+
+def test_a_convenience_hunk_is_a_violation(tmp_path):
+    path = labels_copy(tmp_path, lambda t: t.replace('label = "contract"', 'label = "convenience"', 1))
+    _, violations = boundary.retention("0.32.0", path)
+    assert violations == [
+        "0001-connector-has-layer-work.patch vllm/distributed/kv_transfer/kv_connector/v1/base.py "
+        "hunk 1: labelled convenience; port it"]
+
+
+def test_hunks_are_read_per_file(tmp_path):
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR / "0.32.0", patches / "0.32.0")
+    rows, _ = boundary.retention("0.32.0", patches_dir=patches)
+    assert [(r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
+        ("base.py", 1), ("kv_transfer_utils.py", 1)]
+
+
+def test_census_finds_every_vllm_facing_method_native():
+    rows, violations = boundary.census()
+    assert violations == []
+    names = {r["where"] for r in rows}
+    for method in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                   "get_finished", "build_connector_meta", "has_layer_work"):
+        assert f"ActiveKVConnector.{method}" in names
+    assert any(n.startswith("entry point activekv:register") for n in names)
+
+
+def test_census_would_flag_a_python_method():
+    def in_python(self):
+        return None
+    assert not boundary._native(in_python)
+    assert not boundary._native(property(in_python))
+    assert boundary._native(len)
