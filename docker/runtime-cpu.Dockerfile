@@ -1,14 +1,15 @@
 # The runtime image of the cpu target: the runtime base (Python, torch +cpu),
-# the patched vLLM wheel and the engine wheel, and nothing else of ours. It
-# serves vLLM's OpenAI-compatible API with ActiveKV on by default:
+# the patched vLLM wheel, the engine wheel and the native launcher, nothing
+# else of ours. It serves vLLM's OpenAI-compatible API with ActiveKV on:
 #   docker run --network host IMAGE --model /models/m --host 127.0.0.1 --port 8000
-# Extra vLLM flags follow the image name; ACTIVEKV_KV_TRANSFER_CONFIG replaces
-# the default connector settings (JSON, as vLLM's --kv-transfer-config).
+# vLLM's flags follow the image name, with activekv-serve's own
+# (--activekv-mode, --activekv-capacity, --activekv-config FILE.json).
 ARG RUNTIME_BASE
 FROM ${RUNTIME_BASE}
 
 COPY wheels/ /tmp/activekv-wheels/
 COPY constraints.txt /tmp/activekv-constraints.txt
+COPY launcher/activekv-serve /opt/venv/bin/activekv-serve
 RUN set -eux; \
     pip install /tmp/activekv-wheels/*.whl -c /tmp/activekv-constraints.txt; \
     pip uninstall --yes torchvision torchaudio torchcodec || true; \
@@ -18,11 +19,8 @@ RUN set -eux; \
 # Declared here, after the install, so a new commit reuses the install layer.
 ARG RELEASE_VERSION
 ARG MANIFEST_INPUTS
-ENV ACTIVEKV_KV_TRANSFER_CONFIG='{"kv_connector":"ActiveKVConnector","kv_role":"kv_both"}' \
-    VLLM_CPU_KVCACHE_SPACE=1
+ENV VLLM_CPU_KVCACHE_SPACE=1
 LABEL org.opencontainers.image.title="activekv-runtime-cpu" \
       org.opencontainers.image.version="${RELEASE_VERSION}" \
       org.activekv.manifest-inputs="${MANIFEST_INPUTS}"
-# vllm-cpu 0.32.0's `vllm` command asks for the metadata of a distribution
-# named "vllm" and fails; its OpenAI server module takes the same flags.
-ENTRYPOINT ["sh", "-c", "exec python -m vllm.entrypoints.openai.api_server \"$@\" --kv-transfer-config \"$ACTIVEKV_KV_TRANSFER_CONFIG\"", "activekv-serve"]
+ENTRYPOINT ["/opt/venv/bin/activekv-serve"]

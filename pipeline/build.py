@@ -147,3 +147,39 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
     }
     (out / "build.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def build_launcher(engine: ContainerEngine, target: Target, *, out: Path | None = None) -> Path:
+    """activekv-serve, compiled in the target's builder container against the
+    CPython of its first Python version; returns the binary's path
+    (build/release/<target>/launcher/activekv-serve)."""
+    from pathlib import PurePosixPath
+
+    from pipeline.container import Container
+
+    out = (out or target_dir(target)).resolve()
+    image_ref, _ = builder_image(engine, target)
+    source = out / "launcher-source"
+    snapshot_source(source)
+    CCACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tag = target.cpython_tags[0]
+    py_bin = f"/opt/python/{tag}-{tag}/bin"
+    env = {"PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "CCACHE_DIR": "/ccache", "CCACHE_BASEDIR": "/project", "SOURCE_DATE_EPOCH": source_date_epoch()}
+    binary = out / "launcher" / "activekv-serve"
+    with Container(engine=engine, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
+                   env=env) as c:
+        configure = c.call(["cmake", "-S", "/project", "-B", "/tmp/launcher", "-G", "Ninja",
+                            "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
+                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON",
+                            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
+                           check=False)
+        built = configure.returncode == 0 and c.call(
+            ["cmake", "--build", "/tmp/launcher", "--target", "activekv-serve"], check=False).returncode == 0
+        if not built:
+            raise BuildError(f"target {target.name}: building activekv-serve failed (output above)")
+        if binary.exists():
+            binary.unlink()
+        c.copy_out(PurePosixPath("/tmp/launcher/activekv-serve"), binary)
+    shutil.rmtree(source)
+    return binary

@@ -103,6 +103,10 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
         vllm[target] = f"{patch['distribution']}=={patch['local_version']}"
         series_sha = patch["series"]["sha256"]
+        launcher = tdir / "launcher" / runtime["launcher"]["file"]
+        if not launcher.is_file() or sha256_of(launcher) != runtime["launcher"]["sha256"]:
+            raise ManifestError(f"{launcher}: not the launcher in the runtime image (missing or changed)")
+        artifacts.append(_file_artifact("launcher", target, launcher))
         artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
                           "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
     parity = _read(parity_file, "parity")

