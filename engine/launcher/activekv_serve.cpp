@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
 
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
+  config.parse_argv = 0;  // the arguments are vLLM's (sys.argv), not the interpreter's options
   const std::string python = own_dir() + "/python";
   // The environment's interpreter: sys.prefix and site-packages come from its
   // pyvenv.cfg, and vLLM's spawned workers start it, not this launcher.
