@@ -246,8 +246,9 @@ def completion(port: int, prompt: list[int]) -> dict:
 def metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         text = r.read().decode()
+    # A counter's samples are NAME_total{...}; NAME_created holds a timestamp.
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name) and not line.startswith("#")]
+              if line.startswith((f"{name}_total{{", f"{name}_total "))]
     return sum(values)
 
 
