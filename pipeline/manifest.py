@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import hashlib
 import json
 import uuid
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from pipeline.config import ROOT
+from pipeline.digest import sha256_of
 from pipeline.errors import PipelineError
 
 SCHEMA = ROOT / "release_manifest" / "schema.json"
@@ -37,14 +37,6 @@ class ManifestError(PipelineError):
     """A release cannot be recorded, or a manifest does not verify."""
 
     exit_code = 8
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read(path: Path, what: str) -> dict:

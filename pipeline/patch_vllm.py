@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ROOT
 from pipeline.container import echo_run
+from pipeline.digest import sha256_of
 from pipeline.errors import PipelineError
 from pipeline.host import ensure_debian_packages
 
@@ -208,14 +209,6 @@ def load_pin(name: str, version: str, pins_file: Path = PINS_FILE) -> Pin:
                      f"packaging/{pins_file.name}")
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def obtain(pin: Pin, downloads: Path = DOWNLOADS) -> Path:
     """The pinned wheel, downloaded once (pip --require-hashes) and checked."""
     wheel = downloads / pin.file
@@ -229,7 +222,7 @@ def obtain(pin: Pin, downloads: Path = DOWNLOADS) -> Path:
         if result.returncode != 0 or not wheel.is_file():
             raise PatchError(f"could not download {pin.name}=={pin.version} ({pin.file}) with its "
                              f"pinned hash; pip's output is above")
-    actual = sha256_file(wheel)
+    actual = sha256_of(wheel)
     if actual != pin.sha256:
         raise PatchError(f"{wheel.name}: sha256 {actual} is not the pinned {pin.sha256} "
                          f"(packaging/vllm-distributions.toml); refused. Delete the file if it is a "
@@ -313,7 +306,7 @@ def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int 
         "version": version,
         "local_version": f"{version}+{series.local_version}",
         "original": {"file": original.name, "sha256": pin.sha256},
-        "patched": {"file": wheel.name, "sha256": sha256_file(wheel), "size": wheel.stat().st_size},
+        "patched": {"file": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size},
         "combined_patch": {"file": combined.name, "sha256": hashlib.sha256(combined.read_bytes()).hexdigest()},
         "series": {"patches": [p.name for p in series.patches], "sha256": series.sha256()},
         "files_patched": sorted(changed),

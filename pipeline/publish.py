@@ -29,10 +29,10 @@ import uuid
 from pathlib import Path
 
 from pipeline.config import ROOT
-from pipeline.container import ContainerEngine, echo_run
+from pipeline.container import ContainerEngine
 from pipeline.errors import PipelineError
 from pipeline.host import ensure_debian_packages
-from pipeline.manifest import sha256_of
+from pipeline.digest import sha256_of
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
 LOCAL_REGISTRY_DIR = ROOT / "build" / "publish" / "registry"

@@ -308,7 +308,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
               (cache_dir, "/cache")]
     mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
     find_links = " ".join(f"--find-links /wheelhouse{i}" for i in range(len(target.find_links)))
-    ca = f"--cert /ca.pem" if target.ca_bundle else ""
+    ca = "--cert /ca.pem" if target.ca_bundle else ""
     if target.ca_bundle:
         mounts.append((target.ca_bundle, "/ca.pem:ro"))
     script = f"""set -eux

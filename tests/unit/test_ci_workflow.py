@@ -4,7 +4,6 @@ structure Actions requires, and runs only nox sessions and targets that exist.""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 
