@@ -2,7 +2,7 @@
 
     nox -s tests               C++ tests, unit tests, the real-vLLM tests, parity
     nox -s parity              the parity gate alone
-    nox -s tests -- -m "not vllm"   only pytest, with these arguments
+    nox -s tests -- -m "not vllm and not container"   only pytest, with these arguments
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
