@@ -28,6 +28,9 @@ from pipeline.images import builder_image
 RELEASE_DIR = ROOT / "build" / "release"
 CCACHE_DIR = ROOT / ".cache" / "ccache"
 ENGINE = "engine"
+# What building the engine reads: its project, and the build-time metadata
+# hook its pyproject names (kept outside engine/, which holds no Python).
+SOURCE_PATHS = (ENGINE, "packaging/build_support")
 # Never part of a wheel's build: the reference is Python, for parity only.
 SOURCE_EXCLUDES = ("engine/reference/",)
 
@@ -46,13 +49,15 @@ def source_date_epoch() -> str:
 
 
 def snapshot_source(dest: Path) -> list[str]:
-    """Copy engine/'s tracked and not-ignored files to dest; returns them."""
-    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard", ENGINE).splitlines()
+    """Copy the tracked and not-ignored files of SOURCE_PATHS to dest, keeping
+    their paths (the project is dest/engine); returns them."""
+    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard",
+                            *SOURCE_PATHS).splitlines()
              if not f.startswith(SOURCE_EXCLUDES) and (ROOT / f).is_file()]
     if dest.exists():
         shutil.rmtree(dest)
     for f in files:
-        out = dest / Path(f).relative_to(ENGINE)
+        out = dest / f
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, out)
     return files
@@ -118,7 +123,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
     if engine.name == "podman":
         env["CIBW_CONTAINER_ENGINE"] = env["CIBW_CONTAINER_ENGINE"].replace("docker;", "podman;", 1)
     started = time.monotonic()
-    result = echo_run([sys.executable, "-m", "cibuildwheel", "--output-dir", staging, "."],
+    result = echo_run([sys.executable, "-m", "cibuildwheel", "--output-dir", staging, ENGINE],
                       env=env, cwd=source, check=False)
     if result.returncode != 0:
         raise BuildError(f"target {target.name}: cibuildwheel failed (exit {result.returncode}); "
@@ -169,7 +174,7 @@ def build_launcher(engine: ContainerEngine, target: Target, *, out: Path | None 
     binary = out / "launcher" / "activekv-serve"
     with Container(engine=engine, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
                    env=env) as c:
-        configure = c.call(["cmake", "-S", "/project", "-B", "/tmp/launcher", "-G", "Ninja",
+        configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
                             "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
                             "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON",
                             "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
