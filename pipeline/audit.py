@@ -17,11 +17,9 @@ Writes build/release/<target>/audit.json, the record the manifest uses.
 
 from __future__ import annotations
 
-import base64
 import csv
 import dataclasses
 import fnmatch
-import hashlib
 import io
 import json
 import posixpath
@@ -35,6 +33,7 @@ from elftools.elf.elffile import ELFFile
 
 from pipeline.config import ROOT, Target
 from pipeline.container import Container, ContainerEngine
+from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import AuditError, ConfigError
 from pipeline.images import runtime_base_image
 
@@ -198,7 +197,7 @@ class WheelAudit:
                 continue
             _, digest, size = listed[name]
             data = zf.read(name)
-            actual = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            actual = record_hash(data)
             if digest != actual or size != str(len(data)):
                 self.fail(name, "record", f"RECORD says {digest},{size}; the file is {actual},{len(data)}")
         for name in sorted(set(listed) - set(names)):
@@ -291,7 +290,7 @@ def audit(engine: ContainerEngine | None, target: Target, wheels_dir: Path, repo
         "passed": not findings,
         "load_checked": runtime_image is not None,
         "runtime_image": runtime_image,
-        "wheels": [{"file": w.name, "sha256": hashlib.sha256(w.read_bytes()).hexdigest(),
+        "wheels": [{"file": w.name, "sha256": sha256_of(w),
                     "size": w.stat().st_size} for w in wheels],
         "findings": [dataclasses.asdict(f) for f in findings],
     }

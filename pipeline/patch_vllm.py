@@ -14,7 +14,6 @@ and reports each hunk that fails, with file and line.
 
 from __future__ import annotations
 
-import base64
 import csv
 import dataclasses
 import hashlib
@@ -34,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ROOT
 from pipeline.container import echo_run
-from pipeline.digest import sha256_of
+from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import PipelineError
 from pipeline.host import ensure_debian_packages
 
@@ -232,10 +231,6 @@ def obtain(pin: Pin, downloads: Path = DOWNLOADS) -> Path:
 
 # --- the patched wheel ---------------------------------------------------------
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_version: str,
                         out_dir: Path, epoch: int) -> Path:
     """A copy of `original` with `patched_files` replaced, its version given
@@ -261,7 +256,7 @@ def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_v
             info.external_attr = item.external_attr
             info.compress_type = zipfile.ZIP_DEFLATED
             zout.writestr(info, data)
-            records.append((arcname, _record_hash(data), str(len(data))))
+            records.append((arcname, record_hash(data), str(len(data))))
         records.append((f"{new_info}/RECORD", "", ""))
         text = io.StringIO()
         csv.writer(text, lineterminator="\n").writerows(records)  # some vLLM file names hold commas
@@ -307,7 +302,7 @@ def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int 
         "local_version": f"{version}+{series.local_version}",
         "original": {"file": original.name, "sha256": pin.sha256},
         "patched": {"file": wheel.name, "sha256": sha256_of(wheel), "size": wheel.stat().st_size},
-        "combined_patch": {"file": combined.name, "sha256": hashlib.sha256(combined.read_bytes()).hexdigest()},
+        "combined_patch": {"file": combined.name, "sha256": sha256_of(combined)},
         "series": {"patches": [p.name for p in series.patches], "sha256": series.sha256()},
         "files_patched": sorted(changed),
     }

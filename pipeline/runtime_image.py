@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.config import ROOT, Target
 from pipeline.container import ContainerEngine
+from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
 from pipeline.images import IMAGES_DIR, runtime_base_image
 
@@ -29,7 +30,7 @@ def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
     (the wheels and the launcher)."""
     h = hashlib.sha256(f"{version}\n{commit}\n".encode())
     for w in sorted(wheels, key=lambda p: p.name):
-        h.update(f"{w.name} {hashlib.sha256(w.read_bytes()).hexdigest()}\n".encode())
+        h.update(f"{w.name} {sha256_of(w)}\n".encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -69,7 +70,7 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
         "inputs_digest": digest,
         "base": {"ref": base_ref, "id": base_id},
         "wheels": sorted(w.name for w in wheels),
-        "launcher": {"file": launcher.name, "sha256": hashlib.sha256(launcher.read_bytes()).hexdigest()},
+        "launcher": {"file": launcher.name, "sha256": sha256_of(launcher)},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")

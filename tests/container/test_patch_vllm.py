@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import build, patch_vllm
+from pipeline.digest import record_hash
 from pipeline.config import ROOT
 from pipeline.patch_vllm import PatchError
 
@@ -44,7 +45,7 @@ def test_patched_wheel_is_labelled_with_a_valid_record(patched):
         assert set(rows) == {n for n in zf.namelist() if not n.endswith("/")}
         for name in [*record["files_patched"], "vllm/__init__.py"]:
             data = zf.read(name)
-            assert rows[name] == [patch_vllm._record_hash(data), str(len(data))]
+            assert rows[name] == [record_hash(data), str(len(data))]
         base = zf.read("vllm/distributed/kv_transfer/kv_connector/v1/base.py").decode()
         assert "def has_layer_work(self) -> bool:" in base
 
