@@ -97,23 +97,17 @@ class HttpIndex:
         return f"package index {self.url}"
 
     def existing(self, wheel: str) -> str | None:
-        try:
-            with urllib.request.urlopen(f"{self.url}/simple/{project_of(wheel)}/", timeout=30) as r:
-                page = r.read().decode()
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise PublishError(f"{self}: listing {project_of(wheel)} failed: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise PublishError(f"{self} is not reachable: {e}") from None
-        for href in re.findall(r'href="([^"]+)"', page):
+        page_url = f"{self.url}/simple/{project_of(wheel)}/"
+        page = _fetch(page_url, self, f"listing {project_of(wheel)}")
+        if page is None:
+            return None
+        for href in re.findall(r'href="([^"]+)"', page.decode()):
             name, _, frag = href.rpartition("/")[2].partition("#")
             if urllib.request.url2pathname(name) == wheel:
                 if frag.startswith("sha256="):
                     return frag.removeprefix("sha256=")
-                page_url = f"{self.url}/simple/{project_of(wheel)}/"
-                with urllib.request.urlopen(urllib.parse.urljoin(page_url, href), timeout=60) as r:
-                    return hashlib.sha256(r.read()).hexdigest()
+                data = _fetch(urllib.parse.urljoin(page_url, href), self, f"reading {wheel}", timeout=60)
+                return hashlib.sha256(data).hexdigest() if data is not None else None
         return None
 
     def upload(self, path: Path) -> None:
@@ -133,6 +127,21 @@ class HttpIndex:
             urllib.request.urlopen(request, timeout=300).close()
         except (urllib.error.URLError, OSError) as e:
             raise PublishError(f"uploading {path.name} to {self} failed: {e}") from None
+
+
+def _fetch(url: str | urllib.request.Request, where: object, what: str, *, timeout: float = 30
+           ) -> bytes | None:
+    """The body at a destination's URL, or None where it answers 404; any
+    other failure is a PublishError naming the destination (`where`)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise PublishError(f"{where}: {what} failed: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise PublishError(f"{where} is not reachable: {e}") from None
 
 
 def make_index(spec: str):
@@ -158,15 +167,8 @@ class Registry:
             f"http://{self.address}/v2/{name}/manifests/{tag}",
             headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
                                "application/vnd.oci.image.manifest.v1+json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                return json.loads(r.read())["config"]["digest"]
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise PublishError(f"{self}: reading {name}:{tag} failed: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise PublishError(f"{self} is not reachable: {e}") from None
+        body = _fetch(request, self, f"reading {name}:{tag}")
+        return json.loads(body)["config"]["digest"] if body is not None else None
 
     def push(self, local_ref: str, name: str, tag: str) -> None:
         remote = f"{self.address}/{name}:{tag}"
