@@ -47,6 +47,32 @@ def ensure_debian_packages(packages: Sequence[str]) -> None:
         subprocess.run(cmd, check=True, env=env)
 
 
+def start_daemon(cmd: Sequence[str], log: Path) -> int:
+    """Start a service that outlives this process and return its pid.
+
+    The shell that starts it exits at once, so the service is not our child:
+    nothing is left for us to reap, and no Popen object is dropped while the
+    service still runs (pytest turns that ResourceWarning into an error).
+    """
+    print("+", " ".join(cmd), f">> {log} 2>&1 &", flush=True)
+    started = subprocess.run(
+        ["sh", "-c", '"$@" >>"$0" 2>&1 </dev/null & echo $!', str(log), *cmd],
+        capture_output=True, text=True, start_new_session=True,
+    )
+    if started.returncode != 0 or not started.stdout.strip().isdigit():
+        raise HostPreparationError(f"could not start {cmd[0]}: {started.stderr.strip()}")
+    return int(started.stdout)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def _engine_answers(engine: str, *, quiet: bool = False) -> bool:
     if not quiet:
         print("+", engine, "info", flush=True)
@@ -80,9 +106,7 @@ def ensure_container_engine(engine: str, *, log_dir: Path, wait_s: float = 60.0)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "dockerd.log"
     cmd = ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false"]
-    print("+", " ".join(cmd), f"> {log} 2>&1 &", flush=True)
-    with log.open("ab") as out:
-        subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    start_daemon(cmd, log)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if _engine_answers(engine, quiet=True):

@@ -18,8 +18,10 @@ import dataclasses
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -31,7 +33,7 @@ from pathlib import Path
 from pipeline.config import ROOT
 from pipeline.container import ContainerEngine
 from pipeline.errors import PipelineError
-from pipeline.host import ensure_debian_packages
+from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.digest import sha256_of
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
@@ -180,32 +182,52 @@ class Registry:
 
 def ensure_local_registry(root: Path = LOCAL_REGISTRY_DIR, address: str = LOCAL_REGISTRY_ADDR) -> str:
     """The pipeline's own registry: Debian's docker-registry on loopback,
-    storing under `root`, started unless one answers there already."""
+    storing under `root`, started unless one answers there already. It keeps
+    running after the release (the next release and consumers pull from it)."""
     if not _registry_answers(address):
-        start_registry(root, address)
+        cmd, log = _registry_command(root, address)
+        pid = start_daemon(cmd, log)
+        try:
+            _wait_for_registry(address, log, lambda: running(pid))
+        except PublishError:
+            if running(pid):
+                os.kill(pid, signal.SIGTERM)
+            raise
     return address
 
 
 def start_registry(root: Path, address: str) -> subprocess.Popen:
-    """Start docker-registry on `address` (loopback) storing under `root`;
-    returns its process once it answers."""
+    """Start docker-registry on `address` (loopback) storing under `root` as a
+    child the caller stops; returns it once it answers."""
+    cmd, log = _registry_command(root, address)
+    print("+", " ".join(cmd), f">> {log} 2>&1 &", flush=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_registry(address, log, lambda: proc.poll() is None)
+    except PublishError:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
+def _registry_command(root: Path, address: str) -> tuple[list[str], Path]:
     ensure_debian_packages(["docker-registry"])
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yml"
     config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
                       f"http:\n  addr: {address}\n")
-    log = root / "registry.log"
-    print(f"+ docker-registry serve {config} > {log} 2>&1 &", flush=True)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    return ["docker-registry", "serve", str(config)], root / "registry.log"
+
+
+def _wait_for_registry(address: str, log: Path, alive) -> None:
     for _ in range(60):
         if _registry_answers(address):
-            return proc
-        if proc.poll() is not None:
+            return
+        if not alive():
             break
         time.sleep(0.5)
-    proc.kill()
     raise PublishError(f"the registry did not start on {address}; its log is {log}")
 
 
