@@ -79,33 +79,44 @@ def debootstrap_base(engine: ContainerEngine, base: DebootstrapBase) -> tuple[st
     return ref, image
 
 
-def _context(target: Target, name: str, files: dict[str, Path]) -> Path:
-    """A fresh build context: the CA bundle, the target's local wheelhouse and `files`."""
+def _inputs(target: Target, files: dict[str, Path]) -> dict[str, Path | None]:
+    """What goes into a build context, by its path there: the target's local
+    wheelhouse, the CA bundle (None: an empty file) and `files`."""
+    inputs: dict[str, Path | None] = {}
+    for links in target.find_links:
+        for wheel in sorted(links.glob("*.whl")):
+            inputs[f"wheelhouse/{wheel.name}"] = wheel
+    inputs["ca-bundle.crt"] = target.ca_bundle
+    inputs.update(files)
+    return inputs
+
+
+def _context(name: str, target: Target, inputs: dict[str, Path | None]) -> Path:
+    """A fresh build context holding `inputs`."""
     ctx = IMAGES_DIR / f"context-{name}-{target.name}"
     if ctx.exists():
         shutil.rmtree(ctx)
     (ctx / "wheelhouse").mkdir(parents=True)
-    for links in target.find_links:
-        for wheel in sorted(links.glob("*.whl")):
-            shutil.copy2(wheel, ctx / "wheelhouse" / wheel.name)
-    ca = ctx / "ca-bundle.crt"
-    if target.ca_bundle is not None:
-        shutil.copy2(target.ca_bundle, ca)
-    else:
-        ca.write_text("")
-    for dest, src in files.items():
-        shutil.copy2(src, ctx / dest)
+    for dest, src in inputs.items():
+        if src is None:
+            (ctx / dest).write_text("")
+        else:
+            shutil.copy2(src, ctx / dest)
     return ctx
 
 
-def _fingerprint(ctx: Path, dockerfile: Path, args: dict[str, str]) -> str:
+def _fingerprint(inputs: dict[str, Path | None], dockerfile: Path, args: dict[str, str]) -> str:
+    """Hash of what decides an image: taken from the inputs where they lie, so
+    an image that exists costs no copy of the wheelhouse."""
     parts: list[bytes | str] = [dockerfile.read_bytes(), json.dumps(args, sort_keys=True)]
-    for f in sorted(ctx.rglob("*")):
-        if f.is_file():
+    for dest, src in sorted(inputs.items()):
+        if src is None:
+            parts += [f"{dest}:0", b""]
+        elif src.suffix == ".whl":
             # Wheels by name and size: hashing a GB of torch on every run is slow.
-            parts.append(f"{f.relative_to(ctx)}:{f.stat().st_size}")
-            if f.suffix != ".whl":
-                parts.append(f.read_bytes())
+            parts.append(f"{dest}:{src.stat().st_size}")
+        else:
+            parts += [f"{dest}:{src.stat().st_size}", src.read_bytes()]
     return _digest(*parts)
 
 
@@ -120,12 +131,15 @@ def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
         "TORCH_INDEX_URL": target.torch_index_url,
         **extra_args,
     }
-    ctx = _context(target, name, files)
-    ref = f"activekv/{name}-{target.name}:{_fingerprint(ctx, dockerfile, args | {'base': base_id})}"
+    inputs = _inputs(target, files)
+    ref = f"activekv/{name}-{target.name}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
     if (image := engine.image_id(ref)) is None:
-        image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, build_args=args,
-                                   labels={"org.activekv.base": f"{base_ref}@{base_id}"})
-    shutil.rmtree(ctx)
+        ctx = _context(name, target, inputs)
+        try:
+            image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, build_args=args,
+                                       labels={"org.activekv.base": f"{base_ref}@{base_id}"})
+        finally:
+            shutil.rmtree(ctx)
     return ref, image
 
 
