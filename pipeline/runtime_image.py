@@ -20,6 +20,7 @@ from pipeline.container import ContainerEngine
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
 from pipeline.images import IMAGES_DIR, runtime_base_image
+from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
@@ -59,7 +60,8 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     ref = f"activekv/{image_name(target)}:{version}"
     image_id = engine.build_image(
         tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
-        build_args={"RUNTIME_BASE": base_ref, "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
+        build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
+                    "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     shutil.rmtree(ctx)
     record = {
         "stage": "runtime-image",
