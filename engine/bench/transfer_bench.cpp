@@ -11,13 +11,16 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 
+#include "activekv/host_arena.h"
 #include "activekv/worker_side.h"
 
 using namespace activekv;
@@ -33,7 +36,7 @@ struct Options {
 
 c10::Device g_device{c10::DeviceType::CUDA, 0};
 
-void sync() {
+void device_sync() {
   c10::impl::VirtualGuardImpl impl(g_device.type());
   c10::Event e(g_device.type());
   e.record(impl.getStream(g_device));
@@ -43,10 +46,10 @@ void sync() {
 // Mean seconds of `fn` over `iters` runs after one warm-up.
 double timed(std::int64_t iters, const std::function<void()>& fn) {
   fn();
-  sync();
+  device_sync();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < iters; ++i) fn();
-  sync();
+  device_sync();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
          static_cast<double>(iters);
 }
@@ -145,6 +148,13 @@ int main(int argc, char** argv) {
     });
     std::printf("raw: both ways in %3lld MiB pieces (sum)            %9.1f GB/s\n",
                 static_cast<long long>(piece >> 20), 2.0 * big / t / 1e9);
+    const double t_d2h = timed(o.iters, [&] {
+      for (std::int64_t off = 0; off < big; off += piece) {
+        h_big.narrow(0, off, piece).copy_(d_big.narrow(0, off, piece), true);
+      }
+    });
+    std::printf("raw: device->host in %3lld MiB pieces                %9.1f GB/s\n",
+                static_cast<long long>(piece >> 20), big / t_d2h / 1e9);
   }
   std::printf("%-44s %9.1f GB/s\n", "peak: pinned host->device, 1 GiB", h2d_peak);
   std::printf("%-44s %9.1f GB/s\n", "peak: pinned device->host, 1 GiB", d2h_peak);
@@ -171,6 +181,40 @@ int main(int argc, char** argv) {
     }
   });
   row("naive: one device->host copy per block", batch_bytes, naive, d2h_peak);
+  // What the engine's save path can reach at best: per layer one gather and
+  // one copy of the batch into pinned memory, no bookkeeping, no fences.
+  const at::Tensor save_index = at::tensor(save_ids, at::kLong).to(g_device);
+  const double ideal = timed(o.iters, [&] {
+    std::int64_t l = 0;
+    for (const auto& n : layout.layer_names) {
+      host.narrow(0, o.blocks * l++, o.blocks)
+          .copy_(kv[n].index_select(0, save_index).view({o.blocks, -1}).view(at::kByte), true);
+    }
+  });
+  row("bound: gather + one copy per layer, no engine", batch_bytes, ideal, d2h_peak);
+  // The same into a host arena: one copy per run of consecutive slots, so
+  // the chunk size sets the copy size (chunk / layers per layer and run).
+  for (const std::int64_t chunk_mib : {64, 256, 1024}) {
+    HostArena arena(o.blocks, o.layers, static_cast<std::int64_t>(block_bytes), /*pin=*/true,
+                    chunk_mib << 20);
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(o.blocks));
+    for (std::size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<std::int64_t>(i);
+    const auto runs = arena.runs(slots);
+    const double t = timed(o.iters, [&] {
+      std::int64_t l = 0;
+      for (const auto& n : layout.layer_names) {
+        const at::Tensor gathered = kv[n].index_select(0, save_index).view({o.blocks, -1}).view(at::kByte);
+        for (const auto& run : runs) {
+          arena.run_view(l, run).value().copy_(gathered.narrow(0, run.offset, run.count), true);
+        }
+        ++l;
+      }
+    });
+    char what[96];
+    std::snprintf(what, sizeof what, "arena: %lld MiB chunks, %zu copies per layer",
+                  static_cast<long long>(chunk_mib), runs.size());
+    row(what, batch_bytes, t, d2h_peak);
+  }
 
   Config config;
   config.capacity_bytes = static_cast<std::int64_t>(batch_bytes) * 2;
@@ -196,8 +240,15 @@ int main(int argc, char** argv) {
     loads.loads.push_back(LoadOp{o.blocks + i, load_ids[static_cast<std::size_t>(i)], key(o.blocks + i)});
     both.loads.push_back(LoadOp{o.blocks + i, load_ids[static_cast<std::size_t>(i)], key(o.blocks + i)});
   }
-  auto run_step = [&](const StepPlan& plan) {
-    worker.bind_plan(plan);
+  // Plans are moved into the worker, as the bindings do with vLLM's; their
+  // copies are made before the clock starts.
+  auto moved = [&](const StepPlan& plan) {
+    return [copies = std::make_shared<std::vector<StepPlan>>(o.iters + 1, plan), i = 0]() mutable {
+      return std::move((*copies)[static_cast<std::size_t>(i++)]);
+    };
+  };
+  auto run_step = [&](StepPlan plan) {
+    worker.bind_plan(std::move(plan));
     worker.start_load();
     for (const auto& n : layout.layer_names) {
       worker.wait_for_layer_load(n);
@@ -208,13 +259,45 @@ int main(int argc, char** argv) {
     worker.take_report();
   };
   run_step(seed);
-  row("engine: save batch (gather, one copy, seal)", batch_bytes, timed(o.iters, [&] { run_step(saves); }), d2h_peak);
-  row("engine: load batch (one copy, scatter)", batch_bytes, timed(o.iters, [&] { run_step(loads); }), h2d_peak);
-  row("engine: loads and saves overlapped (sum)", 2 * batch_bytes, timed(o.iters, [&] { run_step(both); }), both_peak);
+  row("engine: save batch (gather, one copy, seal)", batch_bytes,
+      timed(o.iters, [&, next = moved(saves)]() mutable { run_step(next()); }), d2h_peak);
+  {  // Where a save step's host time goes: planning, issuing the layers, waiting.
+    using clock = std::chrono::steady_clock;
+    double bind_s = 0, issue_s = 0, wait_s = 0, layer_max_s = 0;
+    auto next = moved(saves);
+    for (std::int64_t i = 0; i < o.iters; ++i) {
+      StepPlan plan = next();
+      device_sync();
+      const auto t0 = clock::now();
+      worker.bind_plan(std::move(plan));
+      const auto t1 = clock::now();
+      for (const auto& n : layout.layer_names) {
+        const auto l0 = clock::now();
+        worker.save_layer(n, kv[n]);
+        layer_max_s = std::max(layer_max_s, std::chrono::duration<double>(clock::now() - l0).count());
+      }
+      const auto t2 = clock::now();
+      worker.wait_for_save();
+      const auto t3 = clock::now();
+      worker.clear_plan();
+      worker.take_report();
+      bind_s += std::chrono::duration<double>(t1 - t0).count();
+      issue_s += std::chrono::duration<double>(t2 - t1).count();
+      wait_s += std::chrono::duration<double>(t3 - t2).count();
+    }
+    const double k = 1e3 / static_cast<double>(o.iters);
+    std::printf("save step, host time: bind %.3f ms, issue %lld layers %.3f ms (slowest layer %.3f ms), "
+                "wait %.3f ms\n", bind_s * k, static_cast<long long>(o.layers), issue_s * k,
+                layer_max_s * 1e3, wait_s * k);
+  }
+  row("engine: load batch (one copy, scatter)", batch_bytes,
+      timed(o.iters, [&, next = moved(loads)]() mutable { run_step(next()); }), h2d_peak);
+  row("engine: loads and saves overlapped (sum)", 2 * batch_bytes,
+      timed(o.iters, [&, next = moved(both)]() mutable { run_step(next()); }), both_peak);
   // The same work, with no save waiting for a load of its layer (in vLLM a
   // layer's save follows its attention, which follows its load).
-  auto run_independent = [&](const StepPlan& plan) {
-    worker.bind_plan(plan);
+  auto run_independent = [&](StepPlan plan) {
+    worker.bind_plan(std::move(plan));
     worker.start_load();
     for (const auto& n : layout.layer_names) worker.save_layer(n, kv[n]);
     for (const auto& n : layout.layer_names) worker.wait_for_layer_load(n);
@@ -223,7 +306,7 @@ int main(int argc, char** argv) {
     worker.take_report();
   };
   row("engine: loads and saves, saves not gated (sum)", 2 * batch_bytes,
-      timed(o.iters, [&] { run_independent(both); }), both_peak);
+      timed(o.iters, [&, next = moved(both)]() mutable { run_independent(next()); }), both_peak);
   const Telemetry t = worker.take_telemetry();
   std::printf("quarantined fences: %lld\n", static_cast<long long>(t.get(Counter::kQuarantinedFences)));
   return 0;

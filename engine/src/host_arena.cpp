@@ -15,16 +15,19 @@ HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64
       pin_(pin),
       slots_per_chunk_(std::max<std::int64_t>(1, chunk_bytes / (num_layers * layer_bytes))),
       chunks_(static_cast<std::size_t>((num_slots + slots_per_chunk_ - 1) / slots_per_chunk_)),
-      generations_(static_cast<std::size_t>(num_slots), 0) {}
+      tags_(static_cast<std::size_t>(num_slots)),
+      generations_(static_cast<std::size_t>(num_slots), 0),
+      quarantined_(static_cast<std::size_t>(num_slots), 0) {}
 
 SlotLease HostArena::lease(const std::vector<std::int64_t>& slots) {
   SlotLease out;
   out.slots = slots;
+  out.generations.reserve(slots.size());
   for (const auto slot : slots) {
     if (quarantined(slot)) {
       throw std::logic_error("slot " + std::to_string(slot) + " is quarantined and cannot be leased");
     }
-    tags_.erase(slot);
+    tags_[static_cast<std::size_t>(slot)].clear();  // keeps its buffer for the next seal
     out.generations.push_back(++generations_[static_cast<std::size_t>(slot)]);
   }
   return out;
@@ -36,6 +39,7 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
                                 std::to_string(lease.slots.size()) + " slots");
   }
   for (std::size_t i = 0; i < lease.slots.size(); ++i) {
+    if (tags[i].empty()) throw std::invalid_argument("seal: an empty tag (slot " + std::to_string(lease.slots[i]) + ")");
     const auto slot = lease.slots[i];
     if (generations_[static_cast<std::size_t>(slot)] != lease.generations[i]) {
       return {ErrorCode::kStale, "slot " + std::to_string(slot) + " was leased at generation " +
@@ -43,15 +47,17 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
                                      std::to_string(generations_[static_cast<std::size_t>(slot)])};
     }
   }
-  for (std::size_t i = 0; i < lease.slots.size(); ++i) tags_[lease.slots[i]] = tags[i];
+  for (std::size_t i = 0; i < lease.slots.size(); ++i) tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
   return Status::Ok();
 }
 
 void HostArena::quarantine(const SlotLease& lease) {
   for (const auto slot : lease.slots) {
-    tags_.erase(slot);
-    ++generations_[static_cast<std::size_t>(slot)];
-    quarantined_.insert(slot);
+    const auto i = static_cast<std::size_t>(slot);
+    tags_[i].clear();
+    ++generations_[i];
+    if (!quarantined_[i]) ++quarantined_count_;
+    quarantined_[i] = 1;
   }
 }
 
@@ -105,15 +111,19 @@ Result<at::Tensor> HostArena::run_view(std::int64_t layer, const SlotRun& run) {
 }
 
 std::optional<std::string> HostArena::tag(std::int64_t slot) const {
-  const auto it = tags_.find(slot);
-  if (it == tags_.end()) return std::nullopt;
-  return it->second;
+  if (slot < 0 || slot >= num_slots_ || tags_[static_cast<std::size_t>(slot)].empty()) return std::nullopt;
+  return tags_[static_cast<std::size_t>(slot)];
+}
+
+bool HostArena::holds(std::int64_t slot, const std::string& tag) const {
+  return slot >= 0 && slot < num_slots_ && !tag.empty() && tags_[static_cast<std::size_t>(slot)] == tag;
 }
 
 std::vector<std::int64_t> HostArena::sealed_slots() const {
   std::vector<std::int64_t> out;
-  for (const auto& [slot, tag] : tags_) out.push_back(slot);
-  std::sort(out.begin(), out.end());
+  for (std::size_t i = 0; i < tags_.size(); ++i) {
+    if (!tags_[i].empty()) out.push_back(static_cast<std::int64_t>(i));
+  }
   return out;
 }
 

@@ -143,7 +143,13 @@ std::string WorkerSide::tag(const BlockKey& key) const {
 }
 
 at::Tensor WorkerSide::block_ids_tensor(const std::vector<std::int64_t>& ids) const {
-  return at::tensor(ids, at::kLong).to(device_);
+  if (!has_streams()) return at::tensor(ids, at::kLong);
+  // From pinned memory and asynchronous, on the compute stream: a pageable
+  // upload would hold the host until it is done, and the copy engine idles.
+  at::Tensor host = at::empty({static_cast<std::int64_t>(ids.size())},
+                              at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::copy(ids.begin(), ids.end(), host.data_ptr<std::int64_t>());
+  return host.to(device_, /*non_blocking=*/true);
 }
 
 void WorkerSide::start_load() {
@@ -153,7 +159,7 @@ void WorkerSide::start_load() {
   const Stopwatch t;
   for (const auto& op : plan_->loads) {
     report_.loaded.push_back(op.slot);
-    if (arena_->tag(op.slot) == tag(op.key)) {
+    if (arena_->holds(op.slot, tag(op.key))) {
       load_ops_.push_back(op);
     } else {  // never serve bytes that are not the block asked for
       report_.failed_loads.push_back(op.slot);

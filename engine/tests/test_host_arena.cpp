@@ -75,6 +75,22 @@ TEST(HostArena, QuarantinedLeaseNeverSealsAndItsSlotsAreNeverLeased) {
   EXPECT_EQ(arena.seal(lease, {"x", "y"}).error_code(), ErrorCode::kStale);
   EXPECT_FALSE(arena.tag(5));  // neither the old bytes nor the new are served
   EXPECT_THROW(arena.lease({6}), std::logic_error);
+  arena.quarantine(lease);  // a slot is counted once
+  EXPECT_EQ(arena.quarantined_count(), 2);
+}
+
+TEST(HostArena, HoldsAndSealedSlotsFollowSealsAndLeases) {
+  HostArena arena(10, 2, 50, false, 300);
+  ASSERT_TRUE(arena.seal(arena.lease({7, 2}), {"x", "y"}).ok());
+  EXPECT_TRUE(arena.holds(7, "x"));
+  EXPECT_FALSE(arena.holds(7, "y"));
+  EXPECT_FALSE(arena.holds(3, ""));  // an unsealed slot holds nothing, not even ""
+  EXPECT_FALSE(arena.holds(10, "x"));  // out of range
+  EXPECT_EQ(arena.sealed_slots(), (std::vector<std::int64_t>{2, 7}));
+  arena.lease({7});
+  EXPECT_FALSE(arena.holds(7, "x"));
+  EXPECT_EQ(arena.sealed_slots(), (std::vector<std::int64_t>{2}));
+  EXPECT_THROW(arena.seal(arena.lease({4}), {""}), std::invalid_argument);
 }
 
 }  // namespace

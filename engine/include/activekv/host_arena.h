@@ -14,8 +14,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "activekv/status.h"
@@ -73,13 +71,15 @@ class HostArena {
   // For a lease whose copies have an unknown outcome (fence error or
   // timeout): its slots stay unsealed and are never leased again.
   void quarantine(const SlotLease& lease);
-  bool quarantined(std::int64_t slot) const { return quarantined_.count(slot) != 0; }
-  std::int64_t quarantined_count() const { return static_cast<std::int64_t>(quarantined_.size()); }
+  bool quarantined(std::int64_t slot) const { return quarantined_[static_cast<std::size_t>(slot)] != 0; }
+  std::int64_t quarantined_count() const { return quarantined_count_; }
   std::uint32_t generation(std::int64_t slot) const {
     return generations_[static_cast<std::size_t>(slot)];
   }
   // The sealed tag, or nullopt (unsealed or out of range).
   std::optional<std::string> tag(std::int64_t slot) const;
+  // Whether the slot is sealed with `tag` (what a load checks; no copy).
+  bool holds(std::int64_t slot, const std::string& tag) const;
   std::vector<std::int64_t> sealed_slots() const;
   // All layers of a slot, layer after layer (the reference's slot layout).
   Result<std::string> slot_data(std::int64_t slot);
@@ -93,9 +93,12 @@ class HostArena {
   bool pin_;
   std::int64_t slots_per_chunk_;
   std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory
-  std::unordered_map<std::int64_t, std::string> tags_;  // sparse: slots can be many
-  std::vector<std::uint32_t> generations_;               // one per slot
-  std::unordered_set<std::int64_t> quarantined_;
+  // Per slot, indexed by slot (dense: a few dozen bytes per slot of a
+  // megabyte or so, and no hashing or allocation on a step's path).
+  std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty)
+  std::vector<std::uint32_t> generations_;
+  std::vector<char> quarantined_;
+  std::int64_t quarantined_count_ = 0;
 };
 
 }  // namespace activekv
