@@ -39,7 +39,9 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
                                 std::to_string(lease.slots.size()) + " slots");
   }
   for (std::size_t i = 0; i < lease.slots.size(); ++i) {
-    if (tags[i].empty()) throw std::invalid_argument("seal: an empty tag (slot " + std::to_string(lease.slots[i]) + ")");
+    if (tags[i].empty()) {
+      throw std::invalid_argument("seal: an empty tag for slot " + std::to_string(lease.slots[i]));
+    }
     const auto slot = lease.slots[i];
     if (generations_[static_cast<std::size_t>(slot)] != lease.generations[i]) {
       return {ErrorCode::kStale, "slot " + std::to_string(slot) + " was leased at generation " +
@@ -47,7 +49,9 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
                                      std::to_string(generations_[static_cast<std::size_t>(slot)])};
     }
   }
-  for (std::size_t i = 0; i < lease.slots.size(); ++i) tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
+  for (std::size_t i = 0; i < lease.slots.size(); ++i) {
+    tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
+  }
   return Status::Ok();
 }
 
@@ -111,8 +115,9 @@ Result<at::Tensor> HostArena::run_view(std::int64_t layer, const SlotRun& run) {
 }
 
 std::optional<std::string> HostArena::tag(std::int64_t slot) const {
-  if (slot < 0 || slot >= num_slots_ || tags_[static_cast<std::size_t>(slot)].empty()) return std::nullopt;
-  return tags_[static_cast<std::size_t>(slot)];
+  if (slot < 0 || slot >= num_slots_) return std::nullopt;
+  const std::string& t = tags_[static_cast<std::size_t>(slot)];
+  return t.empty() ? std::nullopt : std::optional<std::string>(t);
 }
 
 bool HostArena::holds(std::int64_t slot, const std::string& tag) const {

@@ -93,8 +93,8 @@ class HostArena {
   bool pin_;
   std::int64_t slots_per_chunk_;
   std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory
-  // Per slot, indexed by slot (dense: a few dozen bytes per slot of a
-  // megabyte or so, and no hashing or allocation on a step's path).
+  // Per slot, indexed by slot: dense (under 100 bytes a slot, against the
+  // slot's own bytes), and no hashing or allocation on a step's path.
   std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty)
   std::vector<std::uint32_t> generations_;
   std::vector<char> quarantined_;
