@@ -13,6 +13,8 @@ namespace activekv {
 namespace {
 
 constexpr std::size_t kRecentFinished = 4096;
+// Steps whose copies to the host may still run when a step ends.
+constexpr std::size_t kMaxPendingSaves = 2;
 
 class Stopwatch {
  public:
@@ -35,17 +37,15 @@ at::Tensor ok_or_throw(Result<at::Tensor> r) {
   return r.value();
 }
 
-// Whether the fence completed before the deadline. An error or a timeout is
-// an unknown outcome: the copies behind it may still be running.
-bool fence_completed(const c10::Event& fence, std::chrono::steady_clock::time_point deadline) {
+enum class FenceState { kDone, kRunning, kUnknown };
+
+// kUnknown: the fence reported an error, so the copies behind it may or may
+// not have landed.
+FenceState fence_state(const c10::Event& fence) {
   try {
-    while (!fence.query()) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::yield();
-    }
-    return true;
+    return fence.query() ? FenceState::kDone : FenceState::kRunning;
   } catch (const c10::Error&) {
-    return false;
+    return FenceState::kUnknown;
   }
 }
 
@@ -61,9 +61,16 @@ WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_s
   for (std::size_t i = 0; i < layout_.layer_names.size(); ++i) {
     layer_index_[layout_.layer_names[i]] = static_cast<std::int64_t>(i);
   }
+  in_flight_.assign(static_cast<std::size_t>(num_slots_), 0);
 }
 
-WorkerSide::~WorkerSide() = default;
+WorkerSide::~WorkerSide() {
+  // Copies still landing in the arena must finish before it is freed.
+  try {
+    drain_saves();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+  }
+}
 
 Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches) {
   std::vector<std::int64_t> block_shape;
@@ -101,6 +108,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
 }
 
 void WorkerSide::bind_plan(StepPlan plan) {
+  settle_saves(/*wait=*/false);  // frees the slots of saves that landed meanwhile
   auto check = [this](std::int64_t slot, std::int64_t block_id) {
     if (block_id < 0 || block_id >= num_device_blocks_) {
       throw std::out_of_range("block id " + std::to_string(block_id) +
@@ -119,6 +127,11 @@ void WorkerSide::bind_plan(StepPlan plan) {
       throw std::invalid_argument("slot " + std::to_string(op.slot) +
                                   " is quarantined (a fence with an unknown outcome) and is "
                                   "never written again");
+    }
+    if (in_flight_[static_cast<std::size_t>(op.slot)]) {
+      throw std::invalid_argument("slot " + std::to_string(op.slot) +
+                                  " still has a save in flight (the scheduler reserves such "
+                                  "slots until their save is reported)");
     }
   }
   std::vector<std::int64_t> slots, ids;
@@ -261,37 +274,82 @@ void WorkerSide::wait_for_save() {
   if (!plan_) return;
   awaiting_free_.insert(plan_->awaiting_free.begin(), plan_->awaiting_free.end());
   const auto& ops = plan_->saves;
-  if (ops.empty()) return;
+  if (ops.empty()) return settle_saves(/*wait=*/false);
   const Stopwatch t;
-  const auto deadline =
+  PendingSave pending;
+  pending.lease = std::move(save_lease_);
+  pending.fences = std::move(save_fences_);
+  pending.whole = saved_layers_.size() == layout_.layer_names.size();
+  pending.deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.fence_timeout_ms);
-  bool fences_ok = true;
-  for (auto& fence : save_fences_) fences_ok = fences_ok && fence_completed(fence, deadline);
-  save_fences_.clear();
-  std::vector<std::string> tags;
-  for (const auto& op : ops) tags.push_back(tag(op.key));
-  if (!fences_ok) {  // a copy may still land in these slots: never use them again
-    arena_->quarantine(save_lease_);
-    for (const auto& op : ops) report_.quarantined.push_back(op.slot);
-    stats_.add(Counter::kQuarantinedFences, 1);
-  } else if (saved_layers_.size() != layout_.layer_names.size() ||
-             !arena_->seal(save_lease_, tags).ok()) {
-    // A layer never reached save_layer (no slot of this step is whole), or
-    // the lease went stale: nothing of this step becomes visible.
-    for (const auto& op : ops) report_.failed_saves.push_back(op.slot);
-  } else {
-    report_.saved.insert(report_.saved.end(), save_lease_.slots.begin(), save_lease_.slots.end());
-    stats_.add(Counter::kSavedBlocks, static_cast<std::int64_t>(ops.size()));
-    stats_.add(Counter::kBytesToHost, static_cast<std::int64_t>(ops.size()) * arena_->slot_bytes());
+  for (const auto& op : ops) pending.tags.push_back(tag(op.key));
+  if (has_streams()) {
+    // What vLLM needs of this call: nothing after the forward may overwrite a
+    // block before its gather read it. The compute stream waits for the
+    // gathers (device to device, microseconds); the copies to the host run on
+    // and are settled by a later call.
+    c10::Event gathered(device_.type());
+    gathered.record(*gather_stream_);
+    gathered.block(current_stream(device_));
   }
+  for (const auto slot : pending.lease.slots) in_flight_[static_cast<std::size_t>(slot)] = 1;
+  pending_saves_.push_back(std::move(pending));
   save_lease_ = SlotLease{};
+  save_fences_.clear();
   saved_layers_.clear();
+  settle_saves(/*wait=*/false);
+  // Each pending save holds its step's gathered blocks on the device: when the
+  // copies fall behind, wait here rather than let that memory grow.
+  while (pending_saves_.size() > kMaxPendingSaves) settle_oldest();
   stats_.add(Counter::kSaveUs, t.us());
 }
 
+void WorkerSide::settle_saves(bool wait) {
+  // Saves settle in order (one save stream): a later one cannot be done
+  // before an earlier one, so stop at the first still running.
+  while (!pending_saves_.empty() && (wait || !front_running())) settle_oldest();
+}
+
+bool WorkerSide::front_running() const {
+  const PendingSave& p = pending_saves_.front();
+  if (std::chrono::steady_clock::now() >= p.deadline) return false;  // settles as unknown
+  return std::any_of(p.fences.begin(), p.fences.end(),
+                     [](const c10::Event& f) { return fence_state(f) == FenceState::kRunning; });
+}
+
+void WorkerSide::settle_oldest() {
+  PendingSave p = std::move(pending_saves_.front());
+  pending_saves_.pop_front();
+  FenceState state = FenceState::kDone;
+  for (const auto& fence : p.fences) {
+    state = fence_state(fence);
+    while (state == FenceState::kRunning && std::chrono::steady_clock::now() < p.deadline) {
+      std::this_thread::yield();
+      state = fence_state(fence);
+    }
+    if (state != FenceState::kDone) break;
+  }
+  for (const auto slot : p.lease.slots) in_flight_[static_cast<std::size_t>(slot)] = 0;
+  if (state != FenceState::kDone) {  // a copy may still land in these slots: never use them again
+    arena_->quarantine(p.lease);
+    report_.quarantined.insert(report_.quarantined.end(), p.lease.slots.begin(), p.lease.slots.end());
+    stats_.add(Counter::kQuarantinedFences, 1);
+  } else if (!p.whole || !arena_->seal(p.lease, p.tags).ok()) {
+    // A layer never reached save_layer (no slot of this step is whole), or
+    // the lease went stale: nothing of this step becomes visible.
+    report_.failed_saves.insert(report_.failed_saves.end(), p.lease.slots.begin(), p.lease.slots.end());
+  } else {
+    const auto n = static_cast<std::int64_t>(p.lease.slots.size());
+    report_.saved.insert(report_.saved.end(), p.lease.slots.begin(), p.lease.slots.end());
+    stats_.add(Counter::kSavedBlocks, n);
+    stats_.add(Counter::kBytesToHost, n * arena_->slot_bytes());
+  }
+}
+
 std::vector<std::string> WorkerSide::get_finished(const std::vector<std::string>& finished_req_ids) {
-  // Saves complete inside wait_for_save, so a request kept for its saves is
-  // released as soon as both the scheduler's notice and its finish arrived.
+  // The scheduler's notice comes only once every save of the request was
+  // reported settled, so a request kept for its saves is released as soon as
+  // both the notice and its finish arrived.
   for (const auto& r : finished_req_ids) {
     recent_finished_.push_back(r);
     if (recent_finished_.size() > kRecentFinished) recent_finished_.pop_front();
@@ -315,6 +373,7 @@ std::vector<std::int64_t> WorkerSide::take_load_errors() {
 }
 
 WorkerReport WorkerSide::take_report() {
+  settle_saves(/*wait=*/false);
   WorkerReport out = std::move(report_);
   report_ = WorkerReport{};
   return out;

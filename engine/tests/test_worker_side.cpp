@@ -1,7 +1,8 @@
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "activekv/worker_side.h"
 
@@ -118,6 +119,7 @@ TEST(WorkerSideOnAccelerator, SavedBlocksLoadBackBitwise) {
     // Slots 10..12 form one run, 40 another: both copy paths.
     step(w, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}});
+    w.drain_saves();  // on a device the copies settle after their step
     EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{10, 11, 12, 40}));
     std::unordered_map<std::string, at::Tensor> host;
     for (const auto& [name, t] : kv) host[name] = t.cpu();
@@ -161,6 +163,7 @@ TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
   for (const auto& n : big.layer_names) w.save_layer(n, kv.at(n));
   w.wait_for_save();
   w.clear_plan();
+  w.drain_saves();  // waits at most until the deadline, then quarantines
   const auto report = w.take_report();
   EXPECT_TRUE(report.saved.empty());
   EXPECT_EQ(report.quarantined.size(), static_cast<std::size_t>(kBlocks));
@@ -172,7 +175,52 @@ TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
   // A quarantined slot is never written again; a fresh one still is.
   EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}}), std::invalid_argument);
   step(w, kv, StepPlan{{}, {SaveOp{kBlocks, 0, key(1), "r"}}, {}});
+  w.drain_saves();
   EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{kBlocks}));
+}
+
+TEST(WorkerSideOnAccelerator, SaveSettlesAfterItsStepAndOnlyThenIsVisible) {
+  const auto device = accelerator();
+  if (!device) GTEST_SKIP() << "no accelerator in this torch build or machine";
+  KVLayout big = layout();
+  big.num_kv_heads = 8;
+  big.head_size = 128;
+  constexpr std::int64_t kBlocks = 4096;  // 1.5 GiB: milliseconds of copying at any PCIe speed
+  std::unordered_map<std::string, at::Tensor> kv;
+  for (const auto& n : big.layer_names) {
+    kv[n] = at::ones({kBlocks, 2, 32, 8 * 128}, at::TensorOptions().dtype(at::kBFloat16).device(*device));
+  }
+  WorkerSide w(Config{}, big, kBlocks, 0);
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  StepPlan plan;
+  for (std::int64_t b = 0; b < kBlocks; ++b) {
+    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
+  }
+  w.bind_plan(plan);
+  for (const auto& n : big.layer_names) w.save_layer(n, kv.at(n));
+  w.wait_for_save();  // returns with the copies to the host still running
+  w.clear_plan();
+  EXPECT_TRUE(w.has_pending_saves());
+  EXPECT_FALSE(w.arena()->tag(kBlocks - 1));  // not visible before its copy completed
+  // Its slots are not written again while the copy runs.
+  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}}), std::invalid_argument);
+  // The next step runs meanwhile, and its writes to the KV cache come after the gathers.
+  for (auto& [n, t] : kv) t.fill_(2);
+  w.drain_saves();
+  EXPECT_FALSE(w.has_pending_saves());
+  const auto report = w.take_report();
+  EXPECT_EQ(report.saved.size(), static_cast<std::size_t>(kBlocks));
+  EXPECT_TRUE(report.quarantined.empty());
+  EXPECT_TRUE(w.arena()->tag(kBlocks - 1));
+  // The host holds what the blocks held at the save (ones), not the later twos.
+  const std::string bytes = w.arena()->slot_data(kBlocks - 1).value();
+  const at::Tensor one = at::ones({1}, at::kBFloat16);
+  const auto one_bits = *reinterpret_cast<const std::uint16_t*>(one.data_ptr());
+  for (std::size_t i = 0; i < bytes.size(); i += 2) {
+    std::uint16_t v;
+    std::memcpy(&v, bytes.data() + i, 2);
+    ASSERT_EQ(v, one_bits) << "byte " << i;
+  }
 }
 
 }  // namespace

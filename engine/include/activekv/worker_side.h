@@ -12,13 +12,21 @@
 //                       slots, one copy per run (on a save stream that waits
 //                       for the gather); the slots are leased, so nothing
 //                       reads them;
-//   wait_for_save       wait for the copies' fences (at most fence_timeout_ms)
-//                       and seal the slots through the step's lease. A fence
-//                       with an unknown outcome (error, timeout) quarantines
-//                       the lease: its slots are reported, never reused, never
-//                       sealed.
+//   wait_for_save       make the compute stream wait for the step's gathers
+//                       (so vLLM may overwrite the blocks), and leave the
+//                       copies to the host running: the step's save is
+//                       pending. Pending saves settle in take_report (or
+//                       drain_saves): once their fences completed the slots
+//                       are sealed through the step's lease and reported
+//                       saved; a fence with an unknown outcome (error, or not
+//                       done within fence_timeout_ms of wait_for_save)
+//                       quarantines the lease: its slots are reported, never
+//                       reused, never sealed.
 // The save slots are taken as one lease in bind_plan: unsealed at once (so no
-// load reads them), sealed only by that lease after its fence completed.
+// load reads them), sealed only by that lease after its fence completed, so a
+// block is visible only after its save completed. Copies of one step thus
+// overlap the next step's loads. On CPU everything is immediate: a save
+// settles inside wait_for_save.
 // Device-generic: c10 streams and events only; on CPU everything is immediate.
 #pragma once
 
@@ -26,6 +34,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -74,6 +83,9 @@ class WorkerSide {
   void wait_for_layer_load(const std::string& layer_name);
   void save_layer(const std::string& layer_name, const at::Tensor& kv_layer);
   void wait_for_save();
+  // Waits for every pending save to settle (each at most until its deadline).
+  void drain_saves() { settle_saves(/*wait=*/true); }
+  bool has_pending_saves() const { return !pending_saves_.empty(); }
 
   // Requests the scheduler kept for their saves that can now be released.
   std::vector<std::string> get_finished(const std::vector<std::string>& finished_req_ids);
@@ -86,6 +98,18 @@ class WorkerSide {
   HostArena* arena() { return arena_.get(); }
 
  private:
+  // A step's save after wait_for_save, until its fences settle it.
+  struct PendingSave {
+    SlotLease lease;
+    std::vector<std::string> tags;  // one per leased slot
+    std::vector<c10::Event> fences;
+    bool whole = false;  // every layer reached save_layer
+    std::chrono::steady_clock::time_point deadline;
+  };
+  void settle_saves(bool wait);
+  bool front_running() const;
+  void settle_oldest();  // waits for it at most until its deadline
+
   struct LayerLoad {
     at::Tensor rows;  // on the device
     std::optional<c10::Event> ready;
@@ -118,6 +142,8 @@ class WorkerSide {
   at::Tensor save_block_ids_;  // on the device, made once per step
   std::set<std::string> saved_layers_;
   std::vector<c10::Event> save_fences_;
+  std::deque<PendingSave> pending_saves_;  // in the order of their steps
+  std::vector<char> in_flight_;            // per slot: in a pending save
   WorkerReport report_;
   std::vector<std::int64_t> load_error_blocks_;
   std::set<std::string> awaiting_free_;
