@@ -96,8 +96,9 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
-  arena_ = std::make_unique<HostArena>(num_slots_, static_cast<std::int64_t>(layout_.layer_names.size()),
-                                       layer_bytes_, /*pin=*/has_streams());
+  const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
+  arena_ = std::make_unique<HostArena>(num_slots_, num_layers, layer_bytes_, /*pin=*/has_streams(),
+                                       chunk_bytes_for(num_layers));
   if (has_streams()) {
     c10::impl::VirtualGuardImpl impl(device_.type());
     load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);

@@ -79,6 +79,13 @@ TEST(HostArena, QuarantinedLeaseNeverSealsAndItsSlotsAreNeverLeased) {
   EXPECT_EQ(arena.quarantined_count(), 2);
 }
 
+TEST(HostArena, ChunksGrowWithTheLayerCountUpToTheirBound) {
+  EXPECT_EQ(chunk_bytes_for(4), kDefaultChunkBytes);
+  EXPECT_EQ(chunk_bytes_for(16), std::int64_t{128} << 20);  // 8 MiB a layer
+  EXPECT_EQ(chunk_bytes_for(32), kMaxChunkBytes);
+  EXPECT_EQ(chunk_bytes_for(80), kMaxChunkBytes);
+}
+
 TEST(HostArena, HoldsAndSealedSlotsFollowSealsAndLeases) {
   HostArena arena(10, 2, 50, false, 300);
   ASSERT_TRUE(arena.seal(arena.lease({7, 2}), {"x", "y"}).ok());
