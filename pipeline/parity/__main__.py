@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             overhead.append((f"{mode}-{session.name}", runs[1], runs[2]))
         cells.append(e2e.run(model, mode))
     print(table(cells))
-    print("\nper-step connector time on the same recordings (inside connector calls only):")
+    print("\nper-step connector time on the same recordings (inside connector calls only; "
+          "per-layer calls as vLLM with the patch series makes them):")
     print(f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
           f"  {'steps moving no block: reference / native':>44}")
     for name, ref, nat in overhead:

@@ -226,12 +226,25 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
     finished_sending = None
     output = KVConnectorOutput()
     load_ids = _block_ids(meta.loads)
+    # As vLLM with the patch series does: the attention wrapper asks
+    # has_layer_work once per layer and, when it is False, makes neither
+    # per-layer call. A connector without it (the reference) gets both calls,
+    # as the patch's default does.
+    ask = getattr(worker, "has_layer_work", None)
+    layer_work: dict[str, bool] = {}
+
+    def works(layer: str) -> bool:
+        if layer not in layer_work:
+            layer_work[layer] = ask is None or bool(clock(ask))
+        return layer_work[layer]
+
     for ev in events:
         kind = ev["kind"]
         if kind == "start_load":
             clock(worker.start_load_kv, None)
         elif kind == "wfl":
-            clock(worker.wait_for_layer_load, ev["layer"])
+            if works(ev["layer"]):
+                clock(worker.wait_for_layer_load, ev["layer"])
             if load_ids:
                 out.append(("loaded", (ev["layer"], _digest(kv[ev["layer"]][load_ids]))))
         elif kind == "save":
@@ -243,7 +256,8 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
                 out.append(("save plan differs from the recording", (ids, ev["block_ids"])))
             for i, b in enumerate(ev["block_ids"]):
                 layer[b] = ev["blocks"][i]
-            clock(worker.save_kv_layer, ev["layer"], layer, None)
+            if works(ev["layer"]):
+                clock(worker.save_kv_layer, ev["layer"], layer, None)
         elif kind == "wfs":
             clock(worker.wait_for_save)
         elif kind == "gf":
