@@ -140,29 +140,48 @@ TEST(WorkerSideOnAccelerator, SavedBlocksLoadBackBitwise) {
   }
 }
 
+// A save of 1.5 GiB: 4096 blocks of 128 KiB per layer over 3 layers, far
+// more than a millisecond of copying at any PCIe speed.
+constexpr std::int64_t kBigBlocks = 4096;
+
+KVLayout big_layout() {
+  KVLayout big = layout();
+  big.num_kv_heads = 8;
+  big.head_size = 128;
+  return big;
+}
+
+std::unordered_map<std::string, at::Tensor> big_caches(c10::Device device) {
+  std::unordered_map<std::string, at::Tensor> kv;
+  for (const auto& n : big_layout().layer_names) {
+    kv[n] = at::ones({kBigBlocks, 2, 32, 8 * 128}, at::TensorOptions().dtype(at::kBFloat16).device(device));
+  }
+  return kv;
+}
+
+// One step saving every block into the slot of its number; returns once
+// wait_for_save did, with the copies possibly still running.
+void issue_big_save(WorkerSide& w, const std::unordered_map<std::string, at::Tensor>& kv) {
+  StepPlan plan;
+  for (std::int64_t b = 0; b < kBigBlocks; ++b) {
+    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
+  }
+  w.bind_plan(std::move(plan));
+  for (const auto& n : big_layout().layer_names) w.save_layer(n, kv.at(n));
+  w.wait_for_save();
+  w.clear_plan();
+}
+
 TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
   const auto device = accelerator();
   if (!device) GTEST_SKIP() << "no accelerator in this torch build or machine";
-  KVLayout big = layout();
-  big.num_kv_heads = 8;
-  big.head_size = 128;  // 128 KiB per layer block
-  constexpr std::int64_t kBlocks = 4096;  // 1.5 GiB over 3 layers: far more than 1 ms of copying
-  std::unordered_map<std::string, at::Tensor> kv;
-  for (const auto& n : big.layer_names) {
-    kv[n] = at::ones({kBlocks, 2, 32, 8 * 128}, at::TensorOptions().dtype(at::kBFloat16).device(*device));
-  }
+  constexpr std::int64_t kBlocks = kBigBlocks;
+  auto kv = big_caches(*device);
   Config config;
   config.fence_timeout_ms = 1;
-  WorkerSide w(config, big, kBlocks + 1, 0);
+  WorkerSide w(config, big_layout(), kBlocks + 1, 0);
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  StepPlan plan;
-  for (std::int64_t b = 0; b < kBlocks; ++b) {
-    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
-  }
-  w.bind_plan(plan);
-  for (const auto& n : big.layer_names) w.save_layer(n, kv.at(n));
-  w.wait_for_save();
-  w.clear_plan();
+  issue_big_save(w, kv);
   w.drain_saves();  // waits at most until the deadline, then quarantines
   const auto report = w.take_report();
   EXPECT_TRUE(report.saved.empty());
@@ -182,24 +201,11 @@ TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
 TEST(WorkerSideOnAccelerator, SaveSettlesAfterItsStepAndOnlyThenIsVisible) {
   const auto device = accelerator();
   if (!device) GTEST_SKIP() << "no accelerator in this torch build or machine";
-  KVLayout big = layout();
-  big.num_kv_heads = 8;
-  big.head_size = 128;
-  constexpr std::int64_t kBlocks = 4096;  // 1.5 GiB: milliseconds of copying at any PCIe speed
-  std::unordered_map<std::string, at::Tensor> kv;
-  for (const auto& n : big.layer_names) {
-    kv[n] = at::ones({kBlocks, 2, 32, 8 * 128}, at::TensorOptions().dtype(at::kBFloat16).device(*device));
-  }
-  WorkerSide w(Config{}, big, kBlocks, 0);
+  constexpr std::int64_t kBlocks = kBigBlocks;
+  auto kv = big_caches(*device);
+  WorkerSide w(Config{}, big_layout(), kBlocks, 0);
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  StepPlan plan;
-  for (std::int64_t b = 0; b < kBlocks; ++b) {
-    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
-  }
-  w.bind_plan(plan);
-  for (const auto& n : big.layer_names) w.save_layer(n, kv.at(n));
-  w.wait_for_save();  // returns with the copies to the host still running
-  w.clear_plan();
+  issue_big_save(w, kv);  // returns with the copies to the host still running
   EXPECT_TRUE(w.has_pending_saves());
   EXPECT_FALSE(w.arena()->tag(kBlocks - 1));  // not visible before its copy completed
   // Its slots are not written again while the copy runs.
