@@ -37,7 +37,7 @@ at::Tensor ok_or_throw(Result<at::Tensor> r) {
   return r.value();
 }
 
-enum class FenceState { kDone, kRunning, kUnknown };
+using FenceState = WorkerSide::FenceState;
 
 // kUnknown: the fence reported an error, so the copies behind it may or may
 // not have landed.
@@ -301,35 +301,41 @@ void WorkerSide::wait_for_save() {
   settle_saves(/*wait=*/false);
   // Each pending save holds its step's gathered blocks on the device: when the
   // copies fall behind, wait here rather than let that memory grow.
-  while (pending_saves_.size() > kMaxPendingSaves) settle_oldest();
+  while (pending_saves_.size() > kMaxPendingSaves) {
+    settle_oldest(outcome(pending_saves_.front(), /*wait=*/true));
+  }
   stats_.add(Counter::kSaveUs, t.us());
 }
 
 void WorkerSide::settle_saves(bool wait) {
   // Saves settle in order (one save stream): a later one cannot be done
   // before an earlier one, so stop at the first still running.
-  while (!pending_saves_.empty() && (wait || !front_running())) settle_oldest();
+  while (!pending_saves_.empty()) {
+    const FenceState state = outcome(pending_saves_.front(), wait);
+    if (state == FenceState::kRunning) return;
+    settle_oldest(state);
+  }
 }
 
-bool WorkerSide::front_running() const {
-  const PendingSave& p = pending_saves_.front();
-  if (std::chrono::steady_clock::now() >= p.deadline) return false;  // settles as unknown
-  return std::any_of(p.fences.begin(), p.fences.end(),
-                     [](const c10::Event& f) { return fence_state(f) == FenceState::kRunning; });
-}
-
-void WorkerSide::settle_oldest() {
-  PendingSave p = std::move(pending_saves_.front());
-  pending_saves_.pop_front();
+WorkerSide::FenceState WorkerSide::outcome(const PendingSave& p, bool wait) {
   FenceState state = FenceState::kDone;
   for (const auto& fence : p.fences) {
     state = fence_state(fence);
-    while (state == FenceState::kRunning && std::chrono::steady_clock::now() < p.deadline) {
+    while (wait && state == FenceState::kRunning && std::chrono::steady_clock::now() < p.deadline) {
       std::this_thread::yield();
       state = fence_state(fence);
     }
     if (state != FenceState::kDone) break;
   }
+  if (state == FenceState::kRunning && std::chrono::steady_clock::now() >= p.deadline) {
+    return FenceState::kUnknown;
+  }
+  return state;
+}
+
+void WorkerSide::settle_oldest(FenceState state) {
+  PendingSave p = std::move(pending_saves_.front());
+  pending_saves_.pop_front();
   for (const auto slot : p.lease.slots) in_flight_[static_cast<std::size_t>(slot)] = 0;
   if (state != FenceState::kDone) {  // a copy may still land in these slots: never use them again
     arena_->quarantine(p.lease);

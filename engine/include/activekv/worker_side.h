@@ -55,6 +55,9 @@ namespace activekv {
 
 class WorkerSide {
  public:
+  // What a save's fences say (kUnknown: an error, or not done by the deadline).
+  enum class FenceState { kDone, kRunning, kUnknown };
+
   WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank);
   ~WorkerSide();
   WorkerSide(const WorkerSide&) = delete;
@@ -107,8 +110,9 @@ class WorkerSide {
     std::chrono::steady_clock::time_point deadline;
   };
   void settle_saves(bool wait);
-  bool front_running() const;
-  void settle_oldest();  // waits for it at most until its deadline
+  // kRunning only when not `wait` and before the save's deadline.
+  static FenceState outcome(const PendingSave& p, bool wait);
+  void settle_oldest(FenceState state);  // seals, fails or quarantines it
 
   struct LayerLoad {
     at::Tensor rows;  // on the device
