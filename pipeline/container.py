@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import subprocess
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -25,6 +27,22 @@ def echo_run(cmd: Sequence[str | os.PathLike[str]], *, capture: bool = False,
     args = [str(c) for c in cmd]
     print("+", shlex.join(args), flush=True)
     return subprocess.run(args, check=check, text=True, capture_output=capture, env=env, cwd=cwd)
+
+
+def echo_run_keeping_tail(cmd: Sequence[str | os.PathLike[str]], *, lines: int = 40) -> tuple[int, str]:
+    """Run `cmd` with its output (stdout and stderr together) streamed as it
+    comes; returns the exit status and the last `lines` lines, so an error can
+    carry them (a CI log's tail may not reach the streamed output)."""
+    args = [str(c) for c in cmd]
+    print("+", shlex.join(args), flush=True)
+    tail: deque[str] = deque(maxlen=lines)
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            tail.append(line)
+    return proc.returncode, "".join(tail)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,16 +62,47 @@ class ContainerEngine:
 
     def build_image(self, *, tag: str, context: Path, dockerfile: Path,
                     build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:
-        args = ["build", f"--network={self.network}", "--tag", tag, "--file", str(dockerfile)]
+        # --force-rm: a failed step's container goes too (it can hold GBs).
+        args = ["build", f"--network={self.network}", "--force-rm", "--tag", tag, "--file", str(dockerfile)]
         for k, v in build_args.items():
             args += ["--build-arg", f"{k}={v}"]
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
-        result = self.run(*args, str(context), check=False)
-        image = self.image_id(tag) if result.returncode == 0 else None
+        status, tail = echo_run_keeping_tail([self.name, *args, str(context)])
+        image = self.image_id(tag) if status == 0 else None
         if image is None:
-            raise ImageError(f"building image {tag} from {dockerfile.name} failed (see the output above)")
+            raise ImageError(f"building image {tag} from {dockerfile.name} failed (exit {status}); "
+                             f"the build's last lines:\n{tail}")
         return image
+
+    def references(self, repository: str) -> list[str]:
+        """The REPOSITORY:TAG references of `repository` here."""
+        listed = echo_run([self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repository],
+                          capture=True, check=False)
+        return sorted({line for line in listed.stdout.split() if not line.endswith(":<none>")})
+
+    def remove_image(self, ref: str) -> bool:
+        """Remove the tag or image `ref` (never forced: an image a container
+        still uses stays). Says why where the engine refuses."""
+        removed = echo_run([self.name, "image", "rm", ref], capture=True, check=False)
+        if removed.returncode != 0:
+            print(f"  kept {ref}: {removed.stderr.strip()}", flush=True)
+        return removed.returncode == 0
+
+    def free_bytes(self) -> int:
+        """Free space where the engine keeps its images and build layers."""
+        template = "{{.Store.GraphRoot}}" if self.name == "podman" else "{{.DockerRootDir}}"
+        root = echo_run([self.name, "info", "--format", template], capture=True).stdout.strip()
+        return shutil.disk_usage(root).free
+
+    def require_free_space(self, needed: int, *, purpose: str) -> None:
+        """Raise ImageError before a build that would fill the disk half-way."""
+        free = self.free_bytes()
+        if free < needed:
+            raise ImageError(
+                f"{purpose} needs about {needed / 2**30:.0f} GiB free where {self.name} keeps its "
+                f"images; {free / 2**30:.1f} GiB are free. Free space there ({self.name} image ls; "
+                f"{self.name} image rm what is not needed; {self.name} image prune) and run again")
 
     def pull(self, ref: str) -> str:
         if (image := self.image_id(ref)) is not None:

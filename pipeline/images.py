@@ -120,6 +120,20 @@ def _fingerprint(inputs: dict[str, Path | None], dockerfile: Path, args: dict[st
     return _digest(*parts)
 
 
+# Free space an image build needs where the engine keeps its layers: a
+# builder or runtime base is ~2 GB and a build step's layer is held twice
+# (its container and the committed layer) while it is committed.
+BUILD_SPACE = 6 * 2**30
+
+
+def drop_superseded(engine: ContainerEngine, repository: str, *, keep: str) -> None:
+    """Remove this repository's other tags: each is an image of inputs that
+    changed since (a few GB each, and CI hosts keep them between runs)."""
+    for ref in engine.references(repository):
+        if ref != keep:
+            engine.remove_image(ref)
+
+
 def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
            files: dict[str, Path], extra_args: dict[str, str]) -> tuple[str, str]:
     base_ref, base_id = base_image(engine, target)
@@ -132,8 +146,11 @@ def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
         **extra_args,
     }
     inputs = _inputs(target, files)
-    ref = f"activekv/{name}-{target.name}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
+    repository = f"activekv/{name}-{target.name}"
+    ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
+    drop_superseded(engine, repository, keep=ref)
     if (image := engine.image_id(ref)) is None:
+        engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
         ctx = _context(name, target, inputs)
         try:
             image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, build_args=args,

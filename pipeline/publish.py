@@ -175,9 +175,12 @@ class Registry:
     def push(self, local_ref: str, name: str, tag: str) -> None:
         remote = f"{self.address}/{name}:{tag}"
         self.engine.run("tag", local_ref, remote)
-        if self.engine.run("push", remote, check=False).returncode != 0:
-            raise PublishError(f"pushing {remote} failed (output above): is {self} up? "
-                               f"Re-run the release once it is: what was published is kept")
+        try:
+            if self.engine.run("push", remote, check=False).returncode != 0:
+                raise PublishError(f"pushing {remote} failed (output above): is {self} up? "
+                                   f"Re-run the release once it is: what was published is kept")
+        finally:
+            self.engine.remove_image(remote)  # only the push's tag: the image keeps local_ref
 
 
 def ensure_local_registry(root: Path = LOCAL_REGISTRY_DIR, address: str = LOCAL_REGISTRY_ADDR) -> str:

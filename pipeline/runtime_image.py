@@ -24,6 +24,9 @@ from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
+# Free space the build needs where the engine keeps its layers: the install
+# layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
+BUILD_SPACE = 8 * 2**30
 
 
 def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
@@ -58,11 +61,15 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     (ctx / "launcher").mkdir()
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     ref = f"activekv/{image_name(target)}:{version}"
+    previous = engine.image_id(ref)
+    engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
     image_id = engine.build_image(
         tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
         build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
                     "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     shutil.rmtree(ctx)
+    if previous is not None and previous != image_id:
+        engine.remove_image(previous)  # the same version's last build: now untagged, GBs
     record = {
         "stage": "runtime-image",
         "target": target.name,

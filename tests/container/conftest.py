@@ -5,6 +5,7 @@ target's wheels are built once per test run and shared."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,19 @@ class BuiltTarget:
 def engine() -> ContainerEngine:
     cfg = config.load()
     ensure_container_engine(cfg.container_engine, log_dir=ROOT / "build" / "logs")
-    return ContainerEngine(name=cfg.container_engine)
+    engine = ContainerEngine(name=cfg.container_engine)
+    drop_loopback_registry_tags(engine)
+    return engine
+
+
+def drop_loopback_registry_tags(engine: ContainerEngine) -> None:
+    """Tags of earlier runs' loopback registries (an interrupted run's
+    pushes and pulls): each keeps a runtime image of GBs alive on a CI host
+    that keeps its images between runs."""
+    listed = engine.run("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", capture=True)
+    for ref in listed.stdout.split():
+        if re.match(r"127\.0\.0\.1:\d+/activekv-", ref):
+            engine.remove_image(ref)
 
 
 @pytest.fixture(scope="session")

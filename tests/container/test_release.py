@@ -257,8 +257,11 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, en
     destinations, _ = published
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
     remote = f"{destinations.registry_addr}/activekv-runtime-cpu:{VERSION}"
-    engine.run("rmi", remote, image["ref"])  # no copy left here: the pull is real
+    # Publishing left no tag of the registry here; with the local one gone, no
+    # copy is left and the pull is real.
     assert engine.image_id(remote) is None
+    engine.run("rmi", image["ref"])
+    assert engine.image_id(image["digest"]) is None
     engine.run("pull", remote)
     assert engine.image_id(remote) == image["digest"]
     model = tiny_llama(cache_dir)
@@ -290,6 +293,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, en
         assert first["choices"][0].get("token_ids")
     finally:
         engine.run("rm", "--force", name, check=False)
+        engine.remove_image(remote)
 
 
 def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, engine,
