@@ -89,6 +89,11 @@ class ContainerEngine:
             print(f"  kept {ref}: {removed.stderr.strip()}", flush=True)
         return removed.returncode == 0
 
+    def prune_untagged(self, label: str) -> None:
+        """Remove untagged images carrying `label` (KEY=VALUE): earlier builds of
+        ours whose tag moved on. Images without it are not ours to remove."""
+        self.run("image", "prune", "--force", "--filter", f"label={label}", check=False)
+
     def free_bytes(self) -> int:
         """Free space where the engine keeps its images and build layers."""
         template = "{{.Store.GraphRoot}}" if self.name == "podman" else "{{.DockerRootDir}}"

@@ -124,6 +124,9 @@ def _fingerprint(inputs: dict[str, Path | None], dockerfile: Path, args: dict[st
 # builder or runtime base is ~2 GB and a build step's layer is held twice
 # (its container and the committed layer) while it is committed.
 BUILD_SPACE = 6 * 2**30
+# Our builder and runtime-base images carry it (naming their base), and the
+# runtime images inherit it.
+BASE_LABEL = "org.activekv.base"
 
 
 def drop_superseded(engine: ContainerEngine, repository: str, *, keep: str) -> None:
@@ -150,11 +153,12 @@ def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
     ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
     drop_superseded(engine, repository, keep=ref)
     if (image := engine.image_id(ref)) is None:
+        engine.prune_untagged(BASE_LABEL)
         engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
         ctx = _context(name, target, inputs)
         try:
             image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, build_args=args,
-                                       labels={"org.activekv.base": f"{base_ref}@{base_id}"})
+                                       labels={BASE_LABEL: f"{base_ref}@{base_id}"})
         finally:
             shutil.rmtree(ctx)
     return ref, image

@@ -62,6 +62,8 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     ref = f"activekv/{image_name(target)}:{version}"
     previous = engine.image_id(ref)
+    # Earlier builds left untagged (an interrupted run): their layers are GBs.
+    engine.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
     engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
     image_id = engine.build_image(
         tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],

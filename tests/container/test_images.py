@@ -1,0 +1,56 @@
+"""Images of ours do not pile up on a host that keeps them between runs (a CI
+host): superseded tags and untagged earlier builds carrying our label are
+removed; images without it are left alone. A build checks free space first."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import config, images
+from pipeline.errors import ImageError
+
+pytestmark = pytest.mark.container
+
+REPO = "activekv/test-superseded"
+STRANGER = "activekv-test-stranger:x"
+
+
+@pytest.fixture
+def build(engine, tmp_path):
+    base_ref, _ = images.base_image(engine, config.load().target("cpu"))
+    made: list[str] = []
+
+    def build(tag: str, label: str) -> str:
+        (tmp_path / "Dockerfile").write_text(f"FROM {base_ref}\nLABEL {label}\n")
+        image = engine.build_image(tag=tag, context=tmp_path, dockerfile=tmp_path / "Dockerfile")
+        made.append(image)
+        return image
+
+    yield build
+    for ref in [*engine.references(REPO), STRANGER, *made]:
+        if engine.image_id(ref) is not None:
+            engine.run("image", "rm", "--force", ref, check=False)
+
+
+def test_superseded_tags_and_our_untagged_builds_are_removed(engine, build):
+    old = build(f"{REPO}:old", f"{images.BASE_LABEL}=old")
+    new = build(f"{REPO}:new", f"{images.BASE_LABEL}=new")
+    images.drop_superseded(engine, REPO, keep=f"{REPO}:new")
+    assert engine.references(REPO) == [f"{REPO}:new"]
+    assert engine.image_id(old) is None and engine.image_id(new) == new
+
+    # A rebuild moves the tag and leaves the last build untagged; the same for
+    # an image that is not ours.
+    newer = build(f"{REPO}:new", f"{images.BASE_LABEL}=newer")
+    strangers = [build(STRANGER, "org.example.other=1"), build(STRANGER, "org.example.other=2")]
+    assert engine.image_id(new) == new  # untagged, still here
+    engine.prune_untagged(images.BASE_LABEL)
+    assert engine.image_id(new) is None
+    assert engine.image_id(newer) == newer
+    assert engine.image_id(strangers[0]) == strangers[0]  # untagged, not ours: kept
+
+
+def test_a_build_without_the_space_it_needs_stops_before_it_starts(engine):
+    needed = engine.free_bytes() + 2**40
+    with pytest.raises(ImageError, match=r"building activekv/x needs about \d+ GiB free .* GiB are free"):
+        engine.require_free_space(needed, purpose="building activekv/x")
