@@ -52,6 +52,11 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     base_ref, base_id = runtime_base_image(engine, target)
     wheels = [*engine_wheels, vllm_wheel]
     digest = inputs_digest(version, commit, [*wheels, launcher])
+    ref = f"activekv/{image_name(target)}:{version}"
+    previous = engine.image_id(ref)
+    # Earlier builds left untagged (an interrupted run): their layers are GBs.
+    engine.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
+    engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
     ctx = IMAGES_DIR / f"context-runtime-{target.name}"
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "wheels").mkdir(parents=True)
@@ -60,16 +65,13 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     shutil.copy2(CONSTRAINTS[target.name], ctx / "constraints.txt")
     (ctx / "launcher").mkdir()
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
-    ref = f"activekv/{image_name(target)}:{version}"
-    previous = engine.image_id(ref)
-    # Earlier builds left untagged (an interrupted run): their layers are GBs.
-    engine.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
-    engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
-    image_id = engine.build_image(
-        tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
-        build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
-                    "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
-    shutil.rmtree(ctx)
+    try:
+        image_id = engine.build_image(
+            tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
+            build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
+                        "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
+    finally:
+        shutil.rmtree(ctx)
     if previous is not None and previous != image_id:
         engine.remove_image(previous)  # the same version's last build: now untagged, GBs
     record = {
