@@ -175,17 +175,33 @@ class SchedulerEngine {
     const py::list new_block_ids = cached.attr("new_block_ids");
     const py::list computed = cached.attr("num_computed_tokens");
     std::vector<SchedulerSide::CachedRequest> running;
+    running.reserve(ids.size());
+    // Every running request, every step: CPython's calls directly, each value
+    // read once (py::object::contains and operator[] go through attribute
+    // lookups and new objects).
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto id = py::cast<std::string>(ids[i]);
-      const auto upto = py::cast<std::int64_t>(computed[i]) + py::cast<std::int64_t>(scheduled[ids[i]]);
-      if (side_->wants_tokens(id, upto) && requests_.contains(py::str(id))) sync(requests_[py::str(id)]);
-      std::optional<std::vector<std::int64_t>> blocks;
-      if (!new_block_ids[i].is_none()) {
-        blocks = py::cast<std::vector<std::int64_t>>(new_block_ids[i][py::int_(0)]);
+      const py::handle key = PyList_GET_ITEM(ids.ptr(), static_cast<py::ssize_t>(i));
+      const auto id = py::cast<std::string>(key);
+      PyObject* n = PyDict_GetItemWithError(scheduled.ptr(), key.ptr());
+      if (n == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        throw py::key_error("ActiveKV: running request " + id + " has no num_scheduled_tokens entry");
       }
-      running.push_back({id, resumed.contains(ids[i]), std::move(blocks),
-                         py::cast<std::int64_t>(computed[i]),
-                         py::cast<std::int64_t>(scheduled[ids[i]])});
+      const auto num_scheduled = py::cast<std::int64_t>(py::handle(n));
+      const auto num_computed = py::cast<std::int64_t>(computed[i]);
+      if (side_->wants_tokens(id, num_computed + num_scheduled)) {
+        if (PyObject* request = PyDict_GetItemWithError(requests_.ptr(), key.ptr())) {
+          sync(request);
+        } else if (PyErr_Occurred()) {
+          throw py::error_already_set();
+        }
+      }
+      std::optional<std::vector<std::int64_t>> blocks;
+      const py::handle added = PyList_GET_ITEM(new_block_ids.ptr(), static_cast<py::ssize_t>(i));
+      if (!added.is_none()) blocks = py::cast<std::vector<std::int64_t>>(added[py::int_(0)]);
+      const int is_resumed = PySequence_Contains(resumed.ptr(), key.ptr());
+      if (is_resumed < 0) throw py::error_already_set();
+      running.push_back({id, is_resumed == 1, std::move(blocks), num_computed, num_scheduled});
     }
     py::gil_scoped_release nogil;
     return side_->build_step(fresh, running);
@@ -303,11 +319,52 @@ py::cpp_function named(const char* name, F&& f, const Extra&... extra) {
   return method(std::forward<F>(f), py::name(name), extra...);
 }
 
+// Attribute names used on every step, made once: pybind11's attr("...") makes
+// a new str on every call, and hasattr raises and clears an exception for a
+// missing name. Never freed: they live as long as the interpreter.
+PyObject* interned(const char* name) {
+  PyObject* key = PyUnicode_InternFromString(name);
+  if (key == nullptr) throw py::error_already_set();
+  return key;
+}
+struct Keys {
+  PyObject* scheduler = interned("_activekv_scheduler");
+  PyObject* worker = interned("_activekv_worker");
+  PyObject* metadata = interned("_connector_metadata");
+};
+const Keys& keys() {
+  static const Keys k;  // first used with the GIL held
+  return k;
+}
+
+// The engine object a connector instance holds in its __dict__, or null (a
+// connector of the other role). Borrowed: the instance keeps it alive.
+template <class Engine>
+Engine* engine_in(const py::handle& self, PyObject* key) {
+  PyObject* dict = PyObject_GenericGetDict(self.ptr(), nullptr);
+  if (dict == nullptr) throw py::error_already_set();
+  PyObject* value = PyDict_GetItemWithError(dict, key);
+  Py_DECREF(dict);
+  if (value == nullptr) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return nullptr;
+  }
+  return &py::cast<Engine&>(py::handle(value));
+}
+WorkerSide* find_worker(const py::handle& self) { return engine_in<WorkerSide>(self, keys().worker); }
+
 SchedulerEngine& scheduler_of(const py::handle& self) {
-  return py::cast<SchedulerEngine&>(self.attr("_activekv_scheduler"));
+  auto* engine = engine_in<SchedulerEngine>(self, keys().scheduler);
+  if (engine == nullptr) throw py::attribute_error("ActiveKV: a scheduler-side call on a worker-side connector");
+  return *engine;
 }
 WorkerSide& worker_of(const py::handle& self) {
-  return py::cast<WorkerSide&>(self.attr("_activekv_worker"));
+  WorkerSide* engine = find_worker(self);
+  if (engine == nullptr) throw py::attribute_error("ActiveKV: a worker-side call on a scheduler-side connector");
+  return *engine;
+}
+void set_metadata(const py::handle& self, const py::handle& meta) {
+  if (PyObject_SetAttr(self.ptr(), keys().metadata, meta.ptr()) != 0) throw py::error_already_set();
 }
 
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
@@ -375,12 +432,12 @@ py::dict connector_namespace() {
     if (!s.ok()) throw py::value_error(s.error());
   });
   ns["bind_connector_metadata"] = named("bind_connector_metadata", [](py::object self, py::object meta) {
-    self.attr("_connector_metadata") = meta;
-    if (py::hasattr(self, "_activekv_worker")) worker_of(self).bind_plan(plan_from_python(meta));
+    set_metadata(self, meta);
+    if (WorkerSide* w = find_worker(self)) w->bind_plan(plan_from_python(meta));
   });
   ns["clear_connector_metadata"] = named("clear_connector_metadata", [](py::object self) {
-    self.attr("_connector_metadata") = py::none();
-    if (py::hasattr(self, "_activekv_worker")) worker_of(self).clear_plan();
+    set_metadata(self, py::none());
+    if (WorkerSide* w = find_worker(self)) w->clear_plan();
   });
   ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object, py::kwargs) {
     WorkerSide& w = worker_of(self);
@@ -392,9 +449,8 @@ py::dict connector_namespace() {
   // by an unpatched one): false on a step that moves no block, so vLLM skips
   // wait_for_layer_load and save_kv_layer for every layer of that step.
   ns["has_layer_work"] = named("has_layer_work", [](py::object self) {
-    if (!py::hasattr(self, "_activekv_worker")) return false;
-    const WorkerSide& w = worker_of(self);
-    return w.has_loads() || w.has_saves();
+    const WorkerSide* w = find_worker(self);
+    return w != nullptr && (w->has_loads() || w->has_saves());
   });
   ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
     WorkerSide& w = worker_of(self);
@@ -437,7 +493,7 @@ py::dict connector_namespace() {
     return r.empty() ? py::none() : report_to_python(r);
   });
   ns["get_kv_connector_stats"] = named("get_kv_connector_stats", [](py::object self) -> py::object {
-    if (py::hasattr(self, "_activekv_worker")) return stats_or_none(worker_of(self).take_telemetry());
+    if (WorkerSide* w = find_worker(self)) return stats_or_none(w->take_telemetry());
     return stats_or_none(scheduler_of(self).take_telemetry());
   });
 
@@ -459,7 +515,8 @@ py::dict connector_namespace() {
     return py::make_tuple(scheduler_of(self).request_finished(request), py::none());
   });
   ns["has_pending_push_work"] = named("has_pending_push_work", [](py::object self) {
-    return py::hasattr(self, "_activekv_scheduler") && scheduler_of(self).has_pending_work();
+    const auto* s = engine_in<SchedulerEngine>(self, keys().scheduler);
+    return s != nullptr && s->has_pending_work();
   });
 
   // -- telemetry --
