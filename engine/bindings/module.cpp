@@ -163,11 +163,12 @@ class SchedulerEngine {
     const py::dict scheduled = so.attr("num_scheduled_tokens");
     std::vector<SchedulerSide::NewRequest> fresh;
     for (const auto& r : so.attr("scheduled_new_reqs")) {
-      const auto id = py::cast<std::string>(r.attr("req_id"));
-      if (requests_.contains(py::str(id))) sync(requests_[py::str(id)]);  // new: read once
+      const py::object key = r.attr("req_id");
+      const auto id = py::cast<std::string>(key);
+      if (py::handle request = known_request(key)) sync(request);  // new: read once
       fresh.push_back({id, py::cast<std::vector<std::int64_t>>(r.attr("block_ids")[py::int_(0)]),
                        py::cast<std::int64_t>(r.attr("num_computed_tokens")),
-                       py::cast<std::int64_t>(scheduled[py::str(id)])});
+                       py::cast<std::int64_t>(scheduled[key])});
     }
     const py::object cached = so.attr("scheduled_cached_reqs");
     const py::list ids = cached.attr("req_ids");
@@ -190,11 +191,7 @@ class SchedulerEngine {
       const auto num_scheduled = py::cast<std::int64_t>(py::handle(n));
       const auto num_computed = py::cast<std::int64_t>(computed[i]);
       if (side_->wants_tokens(id, num_computed + num_scheduled)) {
-        if (PyObject* request = PyDict_GetItemWithError(requests_.ptr(), key.ptr())) {
-          sync(request);
-        } else if (PyErr_Occurred()) {
-          throw py::error_already_set();
-        }
+        if (py::handle request = known_request(key)) sync(request);
       }
       std::optional<std::vector<std::int64_t>> blocks;
       const py::handle added = PyList_GET_ITEM(new_block_ids.ptr(), static_cast<py::ssize_t>(i));
@@ -215,9 +212,7 @@ class SchedulerEngine {
   bool request_finished(const py::handle& request) {
     const auto id = py::cast<std::string>(request.attr("request_id"));
     const py::str key(id);
-    if (requests_.contains(key) && PyDict_DelItem(requests_.ptr(), key.ptr()) != 0) {
-      throw py::error_already_set();
-    }
+    if (known_request(key) && PyDict_DelItem(requests_.ptr(), key.ptr()) != 0) throw py::error_already_set();
     py::gil_scoped_release nogil;
     return side_->request_finished(id);
   }
@@ -226,6 +221,13 @@ class SchedulerEngine {
   Telemetry take_telemetry() { return side_->take_telemetry(); }
 
  private:
+  // The vLLM request of this id, or a null handle (borrowed from requests_).
+  py::handle known_request(const py::handle& id) const {
+    PyObject* request = PyDict_GetItemWithError(requests_.ptr(), id.ptr());
+    if (request == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    return request;
+  }
+
   std::unique_ptr<SchedulerSide> side_;
   py::dict requests_;  // request id -> vllm Request, for its growing token ids
 };
