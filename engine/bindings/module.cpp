@@ -488,7 +488,9 @@ py::dict connector_namespace() {
     return py::make_tuple(sending, py::none());
   });
   ns["get_block_ids_with_load_errors"] = named("get_block_ids_with_load_errors", [](py::object self) {
-    return py::set(py::cast(worker_of(self).take_load_errors()));
+    py::set errors;  // empty on nearly every step: no list made on the way
+    for (const std::int64_t block : worker_of(self).take_load_errors()) errors.add(block);
+    return errors;
   });
   ns["build_connector_worker_meta"] = named("build_connector_worker_meta", [](py::object self) -> py::object {
     const WorkerReport r = worker_of(self).take_report();
