@@ -110,3 +110,31 @@ def standalone_store(worker):
     from pipeline.parity.replay import store_bytes
 
     return store_bytes(worker)
+
+
+def _step(worker, kv, meta):
+    """One model step as vLLM drives it, with the step's report taken."""
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    for name, layer in kv.items():
+        worker.wait_for_layer_load(name)
+        worker.save_kv_layer(name, layer, None)
+    worker.wait_for_save()
+    report = worker.build_connector_worker_meta()
+    worker.clear_connector_metadata()
+    return report
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_refused_load_is_reported_once_by_its_device_block(impl):
+    cfg = standalone.kv_cache_config(num_blocks=8)
+    _, worker = standalone.make_pair(impl, {}, cfg)
+    kv = standalone.kv_caches(cfg)
+    worker.register_kv_caches(kv)
+    _step(worker, kv, _metadata(impl, saves=[(2, 4, b"a" * 32, "r")]))
+    assert worker.get_block_ids_with_load_errors() == set()
+    # Slot 2 holds block "a": a load that expects "b" there is refused.
+    report = _step(worker, kv, _metadata(impl, loads=[(2, 6, b"b" * 32)]))
+    assert report.failed_loads == [2]
+    assert worker.get_block_ids_with_load_errors() == {6}
+    assert worker.get_block_ids_with_load_errors() == set()  # taken: reported once
