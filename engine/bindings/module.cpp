@@ -120,6 +120,39 @@ py::dict telemetry_dict(const Telemetry& t) {
   return d;
 }
 
+// Attribute names used on every step, made once: pybind11's attr("...") makes
+// a new str on every call, and hasattr raises and clears an exception for a
+// missing name. Never freed: they live as long as the interpreter.
+PyObject* interned(const char* name) {
+  PyObject* key = PyUnicode_InternFromString(name);
+  if (key == nullptr) throw py::error_already_set();
+  return key;
+}
+struct Keys {
+  PyObject* scheduler = interned("_activekv_scheduler");
+  PyObject* worker = interned("_activekv_worker");
+  PyObject* metadata = interned("_connector_metadata");
+  // vLLM's SchedulerOutput, read on every step.
+  PyObject* num_scheduled_tokens = interned("num_scheduled_tokens");
+  PyObject* scheduled_new_reqs = interned("scheduled_new_reqs");
+  PyObject* scheduled_cached_reqs = interned("scheduled_cached_reqs");
+  PyObject* req_ids = interned("req_ids");
+  PyObject* resumed_req_ids = interned("resumed_req_ids");
+  PyObject* new_block_ids = interned("new_block_ids");
+  PyObject* num_computed_tokens = interned("num_computed_tokens");
+};
+const Keys& keys() {
+  static const Keys k;  // first used with the GIL held
+  return k;
+}
+
+// obj.<key>, a key of keys().
+py::object get(const py::handle& obj, PyObject* key) {
+  PyObject* value = PyObject_GetAttr(obj.ptr(), key);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+
 // ---- the two sides, as held by a connector instance ---------------------------
 
 class SchedulerEngine {
@@ -160,9 +193,10 @@ class SchedulerEngine {
   }
 
   StepPlan build(const py::handle& so) {
-    const py::dict scheduled = so.attr("num_scheduled_tokens");
+    const Keys& k = keys();
+    const py::dict scheduled = get(so, k.num_scheduled_tokens);
     std::vector<SchedulerSide::NewRequest> fresh;
-    for (const auto& r : so.attr("scheduled_new_reqs")) {
+    for (const auto& r : get(so, k.scheduled_new_reqs)) {
       const py::object key = r.attr("req_id");
       const auto id = py::cast<std::string>(key);
       if (py::handle request = known_request(key)) sync(request);  // new: read once
@@ -170,11 +204,11 @@ class SchedulerEngine {
                        py::cast<std::int64_t>(r.attr("num_computed_tokens")),
                        py::cast<std::int64_t>(scheduled[key])});
     }
-    const py::object cached = so.attr("scheduled_cached_reqs");
-    const py::list ids = cached.attr("req_ids");
-    const py::object resumed = cached.attr("resumed_req_ids");
-    const py::list new_block_ids = cached.attr("new_block_ids");
-    const py::list computed = cached.attr("num_computed_tokens");
+    const py::object cached = get(so, k.scheduled_cached_reqs);
+    const py::list ids = get(cached, k.req_ids);
+    const py::object resumed = get(cached, k.resumed_req_ids);
+    const py::list new_block_ids = get(cached, k.new_block_ids);
+    const py::list computed = get(cached, k.num_computed_tokens);
     std::vector<SchedulerSide::CachedRequest> running;
     running.reserve(ids.size());
     // Every running request, every step: CPython's calls directly, each value
@@ -319,24 +353,6 @@ py::cpp_function method(F&& f, const Extra&... extra) {
 template <class F, class... Extra>
 py::cpp_function named(const char* name, F&& f, const Extra&... extra) {
   return method(std::forward<F>(f), py::name(name), extra...);
-}
-
-// Attribute names used on every step, made once: pybind11's attr("...") makes
-// a new str on every call, and hasattr raises and clears an exception for a
-// missing name. Never freed: they live as long as the interpreter.
-PyObject* interned(const char* name) {
-  PyObject* key = PyUnicode_InternFromString(name);
-  if (key == nullptr) throw py::error_already_set();
-  return key;
-}
-struct Keys {
-  PyObject* scheduler = interned("_activekv_scheduler");
-  PyObject* worker = interned("_activekv_worker");
-  PyObject* metadata = interned("_connector_metadata");
-};
-const Keys& keys() {
-  static const Keys k;  // first used with the GIL held
-  return k;
 }
 
 // The engine object a connector instance holds in its __dict__, or null (a
