@@ -79,7 +79,9 @@ class ContainerEngine:
         """The REPOSITORY:TAG references of `repository` here."""
         listed = echo_run([self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repository],
                           capture=True, check=False)
-        return sorted({line for line in listed.stdout.split() if not line.endswith(":<none>")})
+        # podman names local images localhost/REPO: give them as they were tagged.
+        return sorted({line.removeprefix("localhost/") for line in listed.stdout.split()
+                       if not line.endswith(":<none>")})
 
     def remove_image(self, ref: str) -> bool:
         """Remove the tag or image `ref` (never forced: an image a container
