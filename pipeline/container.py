@@ -21,11 +21,16 @@ from pipeline.errors import ImageError
 KEEP_ENV = "ACTIVEKV_KEEP_CONTAINER"
 
 
+def _echoed(cmd: Sequence[str | os.PathLike[str]]) -> list[str]:
+    args = [str(c) for c in cmd]
+    print("+", shlex.join(args), flush=True)
+    return args
+
+
 def echo_run(cmd: Sequence[str | os.PathLike[str]], *, capture: bool = False,
              check: bool = True, env: Mapping[str, str] | None = None,
              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    args = [str(c) for c in cmd]
-    print("+", shlex.join(args), flush=True)
+    args = _echoed(cmd)
     return subprocess.run(args, check=check, text=True, capture_output=capture, env=env, cwd=cwd)
 
 
@@ -33,8 +38,7 @@ def echo_run_keeping_tail(cmd: Sequence[str | os.PathLike[str]], *, lines: int =
     """Run `cmd` with its output (stdout and stderr together) streamed as it
     comes; returns the exit status and the last `lines` lines, so an error can
     carry them (a CI log's tail may not reach the streamed output)."""
-    args = [str(c) for c in cmd]
-    print("+", shlex.join(args), flush=True)
+    args = _echoed(cmd)
     tail: deque[str] = deque(maxlen=lines)
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace") as proc:
@@ -60,8 +64,12 @@ class ContainerEngine:
                          capture=True, check=False)
         return probe.stdout.strip() if probe.returncode == 0 else None
 
-    def build_image(self, *, tag: str, context: Path, dockerfile: Path,
+    def build_image(self, *, tag: str, context: Path, dockerfile: Path, needs_free: int,
                     build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:
+        """Build `tag`; first check that `needs_free` bytes are free where the
+        engine keeps its layers (a build that fills the disk half-way fails late
+        and unclearly)."""
+        self.require_free_space(needs_free, purpose=f"building {tag}")
         # --force-rm: a failed step's container goes too (it can hold GBs).
         args = ["build", f"--network={self.network}", "--force-rm", "--tag", tag, "--file", str(dockerfile)]
         for k, v in build_args.items():
@@ -75,10 +83,11 @@ class ContainerEngine:
                              f"the build's last lines:\n{tail}")
         return image
 
-    def references(self, repository: str) -> list[str]:
-        """The REPOSITORY:TAG references of `repository` here."""
-        listed = echo_run([self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repository],
-                          capture=True, check=False)
+    def references(self, repository: str | None = None) -> list[str]:
+        """The REPOSITORY:TAG references of `repository` here (of every
+        repository when None)."""
+        listed = echo_run([self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
+                           *([repository] if repository else [])], capture=True, check=False)
         # podman names local images localhost/REPO: give them as they were tagged.
         return sorted({line.removeprefix("localhost/") for line in listed.stdout.split()
                        if not line.endswith(":<none>")})

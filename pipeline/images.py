@@ -154,11 +154,10 @@ def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
     drop_superseded(engine, repository, keep=ref)
     if (image := engine.image_id(ref)) is None:
         engine.prune_untagged(BASE_LABEL)
-        engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
         ctx = _context(name, target, inputs)
         try:
-            image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, build_args=args,
-                                       labels={BASE_LABEL: f"{base_ref}@{base_id}"})
+            image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
+                                       build_args=args, labels={BASE_LABEL: f"{base_ref}@{base_id}"})
         finally:
             shutil.rmtree(ctx)
     return ref, image

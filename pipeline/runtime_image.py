@@ -56,7 +56,6 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     previous = engine.image_id(ref)
     # Earlier builds left untagged (an interrupted run): their layers are GBs.
     engine.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
-    engine.require_free_space(BUILD_SPACE, purpose=f"building {ref}")
     ctx = IMAGES_DIR / f"context-runtime-{target.name}"
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "wheels").mkdir(parents=True)
@@ -67,7 +66,7 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     try:
         image_id = engine.build_image(
-            tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name],
+            tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
             build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
                         "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     finally:

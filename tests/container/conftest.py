@@ -42,8 +42,7 @@ def drop_loopback_registry_tags(engine: ContainerEngine) -> None:
     """Tags of earlier runs' loopback registries (an interrupted run's
     pushes and pulls): each keeps a runtime image of GBs alive on a CI host
     that keeps its images between runs."""
-    listed = engine.run("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", capture=True)
-    for ref in listed.stdout.split():
+    for ref in engine.references():
         if re.match(r"127\.0\.0\.1:\d+/activekv-", ref):
             engine.remove_image(ref)
 
