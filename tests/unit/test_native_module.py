@@ -81,16 +81,22 @@ def test_bad_config_same_message_in_both_engines(extra):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_block_id_out_of_range_is_a_clear_error_and_changes_nothing(impl):
-    cfg = standalone.kv_cache_config(num_blocks=8)
-    _, worker = standalone.make_pair(impl, {}, cfg)
-    kv = standalone.kv_caches(cfg)
-    worker.register_kv_caches(kv)
+    worker, kv = _registered_worker(impl)
     before = {n: t.clone() for n, t in kv.items()}
     meta = _metadata(impl, saves=[(0, 99, b"k" * 32, "r")])
     with pytest.raises(IndexError, match="block id 99 out of range"):
         worker.bind_connector_metadata(meta)
     assert all(torch.equal(kv[n], before[n]) for n in kv)
     assert standalone_store(worker) == {}
+
+
+def _registered_worker(impl):
+    """A worker-side connector of `impl` with its 8-block KV caches registered."""
+    cfg = standalone.kv_cache_config(num_blocks=8)
+    _, worker = standalone.make_pair(impl, {}, cfg)
+    kv = standalone.kv_caches(cfg)
+    worker.register_kv_caches(kv)
+    return worker, kv
 
 
 def _metadata(impl, loads=(), saves=(), awaiting=()):
@@ -127,10 +133,7 @@ def _step(worker, kv, meta):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_refused_load_is_reported_once_by_its_device_block(impl):
-    cfg = standalone.kv_cache_config(num_blocks=8)
-    _, worker = standalone.make_pair(impl, {}, cfg)
-    kv = standalone.kv_caches(cfg)
-    worker.register_kv_caches(kv)
+    worker, kv = _registered_worker(impl)
     _step(worker, kv, _metadata(impl, saves=[(2, 4, b"a" * 32, "r")]))
     assert worker.get_block_ids_with_load_errors() == set()
     # Slot 2 holds block "a": a load that expects "b" there is refused.
