@@ -21,11 +21,21 @@ class HostPreparationError(HostError):
     pass
 
 
+def dpkg_says_installed(status: str) -> bool:
+    """Whether dpkg-query's `${Status}` output (one line per architecture)
+    says the package is installed. A status is three words: wanted, error
+    flag, state; only the state `installed` is usable. `unknown ok
+    not-installed`, `deinstall ok config-files`, `install reinstreq
+    half-installed`, `install ok unpacked`... are not."""
+    return any(len(words := line.split()) == 3 and words[1] == "ok" and words[2] == "installed"
+               for line in status.splitlines())
+
+
 def _installed(package: str) -> bool:
     probe = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True
+        ["dpkg-query", "-W", "-f=${Status}\\n", package], capture_output=True, text=True
     )
-    return probe.returncode == 0 and probe.stdout.strip().endswith("installed")
+    return probe.returncode == 0 and dpkg_says_installed(probe.stdout)
 
 
 def ensure_debian_packages(packages: Sequence[str]) -> None:
