@@ -8,7 +8,7 @@
     python -m pipeline runtime-image --target cpu
     python -m pipeline manifest [--profile P] [--key ed25519.pem]
     python -m pipeline publish [--profile P]
-    python -m pipeline verify MANIFEST --public-key PEM --artifacts DIR [--artifacts DIR ...]
+    python -m pipeline verify MANIFEST --fingerprint SHA256:... --wheels DIR [--files DIR] [--image REF]
 
 Targets default to those of release.toml's default profile (--profile picks
 another). A fatal error prints its message and exits with its own code.
@@ -21,7 +21,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from pipeline import config, manifest, publish, release
+from pipeline import config, publish, release, verify
 from pipeline.config import ROOT, Target
 from pipeline.container import ContainerEngine
 from pipeline.errors import ConfigError, PipelineError
@@ -46,10 +46,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="patch-vllm: skip the clean-venv generation check")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="check-tree: release from uncommitted changes (recorded in the manifest)")
-    parser.add_argument("--key", help="manifest: the Ed25519 signing key (PEM; or ACTIVEKV_SIGNING_KEY)")
-    parser.add_argument("--public-key", type=Path, help="verify: the release's public key (PEM)")
-    parser.add_argument("--artifacts", type=Path, action="append", default=[],
-                        help="verify: a folder holding the release's files (repeatable)")
+    parser.add_argument("--key", help="manifest: the Ed25519 signing key (PEM, mode 0600; or "
+                        "ACTIVEKV_SIGNING_KEY; passphrase: ACTIVEKV_SIGNING_KEY_PASSPHRASE or asked)")
+    verify.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -76,15 +75,7 @@ def main(argv: list[str]) -> int:
             print("the working tree is clean" if not args.allow_dirty else "dirty tree allowed", flush=True)
             return 0
         if args.stage == "verify":
-            if args.manifest is None or args.public_key is None:
-                raise ConfigError("verify needs MANIFEST and --public-key")
-            engine = ContainerEngine(name=config.load().container_engine)
-            m = manifest.verify(args.manifest, public_key=args.public_key,
-                                artifacts=args.artifacts or [args.manifest.parent],
-                                image_inspect=release.docker_inspector(engine))
-            print(f"verified: ActiveKV {m['version']} ({m['commit'][:12]}), signature and "
-                  f"{len(m['artifacts'])} artifacts", flush=True)
-            return 0
+            return verify.command(args)
         cfg = config.load()
         targets = select_targets(cfg, args)
         if args.stage == "patch-vllm":

@@ -5,6 +5,7 @@ use the host's network (the daemon runs without a bridge)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -63,6 +64,16 @@ class ContainerEngine:
         probe = echo_run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],
                          capture=True, check=False)
         return probe.stdout.strip() if probe.returncode == 0 else None
+
+    def inspect_image(self, ref: str) -> tuple[str, dict[str, str]] | None:
+        """The image's id (its config digest, sha256:...) and labels, or None
+        when no image `ref` is here. FileNotFoundError: the engine's command
+        is not installed."""
+        probe = echo_run([self.name, "image", "inspect", ref], capture=True, check=False)
+        if probe.returncode != 0:
+            return None
+        info = json.loads(probe.stdout)[0]
+        return info["Id"], (info.get("Config") or {}).get("Labels") or {}
 
     def build_image(self, *, tag: str, context: Path, dockerfile: Path, needs_free: int,
                     build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:

@@ -5,10 +5,9 @@ It refuses to assemble unless every target's audit passed and every gating
 parity cell passed: a manifest exists only for a releasable build. The
 manifest is checked against release_manifest/schema.json, an SBOM (CycloneDX
 JSON) of the wheels and images is written beside it, and the manifest is
-signed with an Ed25519 key (detached signature, base64, in <manifest>.sig).
-
-`verify` checks the signature and the schema, then every artifact's sha256
-and size (and an image's id and label, where the image is at hand).
+signed with an Ed25519 key (detached signature, base64, in <manifest>.sig;
+the key's handling is pipeline/signing.py). pipeline/verify.py checks a
+published release against a pinned key.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jsonschema
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from pipeline import signing
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
 from pipeline.errors import PipelineError
@@ -169,77 +167,26 @@ def check_schema(manifest: dict) -> None:
 
 # --- signing ---------------------------------------------------------------------
 
-def load_private_key(path: Path) -> Ed25519PrivateKey:
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError) as e:
-        raise ManifestError(f"{path}: not a readable PEM private key ({e})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ManifestError(f"{path}: not an Ed25519 key; make one with: openssl genpkey -algorithm ed25519")
-    return key
-
-
-def generate_key(path: Path) -> Ed25519PrivateKey:
-    key = Ed25519PrivateKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    path.chmod(0o600)
-    return key
-
-
-def public_pem(key: Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+# The key functions live in pipeline/signing.py; these names stay for callers.
+generate_key = signing.generate_key
+load_private_key = signing.load_private_key
+public_pem = signing.public_pem
+PUBLIC_KEY_FILE = "activekv-release-key.pub.pem"
+FINGERPRINT_FILE = "activekv-release-key.fingerprint"
 
 
 def write_signed(manifest: dict, out: Path, key: Ed25519PrivateKey) -> tuple[Path, Path, Path]:
-    """manifest JSON, its detached signature and the public key, in `out`."""
+    """manifest JSON, its detached signature and the public key, in `out`;
+    the key's fingerprint (what operators pin) goes beside them as a record
+    of the stage: it is printed by the release and never published as a
+    trust root."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"activekv-{manifest['version']}.manifest.json"
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     path.write_bytes(data)
     sig = path.with_name(path.name + ".sig")
     sig.write_text(base64.b64encode(key.sign(data)).decode() + "\n")
-    pub = out / "activekv-release-key.pub.pem"
+    pub = out / PUBLIC_KEY_FILE
     pub.write_bytes(public_pem(key))
+    (out / FINGERPRINT_FILE).write_text(signing.fingerprint(key) + "\n")
     return path, sig, pub
-
-
-def verify(manifest_path: Path, *, public_key: Path, artifacts: list[Path],
-           image_inspect=None) -> dict:
-    """Check the signature, the schema and every artifact found under the
-    `artifacts` folders (by file name); every file artifact must be found.
-    image_inspect(ref) -> (id, labels) or None checks images at hand."""
-    data = manifest_path.read_bytes()
-    sig_path = manifest_path.with_name(manifest_path.name + ".sig")
-    if not sig_path.is_file():
-        raise ManifestError(f"{sig_path.name}: missing; an unsigned manifest is not trusted")
-    try:
-        pub = serialization.load_pem_public_key(public_key.read_bytes())
-    except (OSError, ValueError) as e:
-        raise ManifestError(f"{public_key}: not a readable PEM public key ({e})") from None
-    if not isinstance(pub, Ed25519PublicKey):
-        raise ManifestError(f"{public_key}: not an Ed25519 public key")
-    try:
-        pub.verify(base64.b64decode(sig_path.read_text()), data)
-    except (InvalidSignature, ValueError):
-        raise ManifestError(f"{manifest_path.name}: the signature does not match "
-                            f"(the manifest was changed or signed with another key)") from None
-    manifest = json.loads(data)
-    check_schema(manifest)
-    found = {p.name: p for folder in artifacts for p in folder.rglob("*") if p.is_file()}
-    for a in manifest["artifacts"]:
-        if a["kind"] == "image":
-            if image_inspect is not None and (seen := image_inspect(a["ref"])) is not None:
-                image_id, labels = seen
-                if image_id != a["digest"] or labels.get("org.activekv.manifest-inputs") != a["inputs_digest"]:
-                    raise ManifestError(f"image {a['ref']}: id or label does not match the manifest")
-            continue
-        path = found.get(a["file"])
-        if path is None:
-            raise ManifestError(f"{a['file']}: listed in the manifest but not found")
-        if path.stat().st_size != a["size"] or sha256_of(path) != a["sha256"]:
-            raise ManifestError(f"{path.name}: sha256 or size differs from the manifest: "
-                                f"tampered or not this release's file; do not install it")
-    return manifest

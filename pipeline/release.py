@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tomllib
 from pathlib import Path
 
-from pipeline import build, manifest, publish, runtime_image
+from pipeline import build, manifest, publish, runtime_image, signing
 from pipeline.config import ROOT, Profile, ReleaseConfig, Target
 from pipeline.container import ContainerEngine
 from pipeline.errors import PipelineError
@@ -58,16 +57,17 @@ def make_runtime_image(engine: ContainerEngine, target: Target, cfg: ReleaseConf
 
 
 def signing_key(path: str | None):
-    """The user's Ed25519 key (--key or ACTIVEKV_SIGNING_KEY), else a local
-    key made once for this checkout (fine for local destinations only)."""
+    """The user's Ed25519 key (--key or ACTIVEKV_SIGNING_KEY; its passphrase
+    from ACTIVEKV_SIGNING_KEY_PASSPHRASE or the terminal), else a local key
+    made once for this checkout (fine for local destinations only)."""
     given = path or os.environ.get("ACTIVEKV_SIGNING_KEY")
     if given:
-        return manifest.load_private_key(Path(given))
+        return signing.load_private_key(Path(given))
     if DEFAULT_KEY.is_file():
-        return manifest.load_private_key(DEFAULT_KEY)
+        return signing.load_private_key(DEFAULT_KEY)
     print(f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
           f"{DEFAULT_KEY.relative_to(ROOT)}. Use your own key for any shared destination.", flush=True)
-    return manifest.generate_key(DEFAULT_KEY)
+    return signing.generate_key(DEFAULT_KEY)
 
 
 def image_packages(engine: ContainerEngine, ref: str) -> list[dict]:
@@ -88,7 +88,13 @@ def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig,
     data = manifest.assemble(version=version, profile=profile.name, targets=list(profile.targets),
                              release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR, parity_file=PARITY_FILE,
                              out=MANIFEST_DIR, image_packages=packages)
-    path, _, _ = manifest.write_signed(data, MANIFEST_DIR, signing_key(key_path))
+    key = signing_key(key_path)
+    path, _, _ = manifest.write_signed(data, MANIFEST_DIR, key)
+    fingerprint = signing.fingerprint(key)
+    print(f"pin this fingerprint: {fingerprint} (the release key's; record it where operators read "
+          f"it, not beside the release: they check with python -m pipeline verify MANIFEST "
+          f"--fingerprint {fingerprint} ...; also in "
+          f"{(MANIFEST_DIR / manifest.FINGERPRINT_FILE).relative_to(ROOT)})", flush=True)
     return path
 
 
@@ -108,16 +114,3 @@ def latest_manifest() -> Path:
     if not path.is_file():
         raise PipelineError(f"{path.relative_to(ROOT)}: missing; run the manifest stage first")
     return path
-
-
-def docker_inspector(engine: ContainerEngine):
-    def inspect(ref: str):
-        try:
-            result = subprocess.run([engine.name, "image", "inspect", ref], capture_output=True, text=True)
-        except FileNotFoundError:  # no container engine here: images are checked where they run
-            return None
-        if result.returncode != 0:
-            return None
-        info = json.loads(result.stdout)[0]
-        return info["Id"], info["Config"].get("Labels") or {}
-    return inspect

@@ -1,5 +1,6 @@
 """The manifest's signature, schema and artifact checks, on a small release
-made of real files (no stage is run)."""
+made of real files (no stage is run). The verify command's own cases (trust
+root, paths, images, its error lines) are in test_verify.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest
+from pipeline import manifest, signing, verify
 from pipeline.manifest import ManifestError
 
 
@@ -46,53 +47,59 @@ def signed(tmp_path):
     files = tmp_path / "files"
     files.mkdir()
     data = small_manifest(files)
-    key = manifest.generate_key(tmp_path / "key.pem")
+    key = signing.generate_key(tmp_path / "key.pem")
     path, sig, pub = manifest.write_signed(data, tmp_path / "out", key)
-    return path, pub, files
+    return path, signing.fingerprint(key), files
+
+
+def check(path: Path, pinned: str, files: Path, **kw) -> verify.Verified:
+    return verify.verify(path, fingerprint=pinned, wheels=files, files=files, **kw)
 
 
 def test_signed_manifest_verifies(signed):
-    path, pub, files = signed
-    checked = manifest.verify(path, public_key=pub, artifacts=[files])
-    assert checked["version"] == "0.1.0"
+    path, pinned, files = signed
+    checked = check(path, pinned, files)
+    assert checked.manifest["version"] == "0.1.0" and checked.fingerprint == pinned
+    assert (path.parent / manifest.FINGERPRINT_FILE).read_text() == pinned + "\n"
 
 
 def test_a_tampered_artifact_fails_verification(signed):
-    path, pub, files = signed
+    path, pinned, files = signed
     wheel = next(files.glob("*.whl"))
     wheel.write_bytes(b"wheel bytez")  # same size, other bytes
     with pytest.raises(ManifestError, match=f"{wheel.name}: sha256 or size differs.*do not install"):
-        manifest.verify(path, public_key=pub, artifacts=[files])
+        check(path, pinned, files)
 
 
 def test_a_changed_manifest_fails_its_signature(signed):
-    path, pub, files = signed
+    path, pinned, files = signed
     data = json.loads(path.read_text())
     data["artifacts"][0]["sha256"] = "0" * 64
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     with pytest.raises(ManifestError, match="signature does not match"):
-        manifest.verify(path, public_key=pub, artifacts=[files])
+        check(path, pinned, files)
 
 
 def test_another_key_fails_the_signature(signed, tmp_path):
     path, _, files = signed
-    other = manifest.generate_key(tmp_path / "other.pem")
-    (tmp_path / "other.pub").write_bytes(manifest.public_pem(other))
+    other = signing.generate_key(tmp_path / "other.pem")
+    (tmp_path / "other.pub").write_bytes(signing.public_pem(other))
     with pytest.raises(ManifestError, match="signature does not match"):
-        manifest.verify(path, public_key=tmp_path / "other.pub", artifacts=[files])
+        verify.verify(path, trusted_key=tmp_path / "other.pub", wheels=files, files=files)
 
 
 def test_a_missing_artifact_fails_verification(signed, tmp_path):
-    path, pub, _ = signed
-    with pytest.raises(ManifestError, match="listed in the manifest but not found"):
-        manifest.verify(path, public_key=pub, artifacts=[tmp_path / "empty"])
+    path, pinned, _ = signed
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ManifestError, match="missing; the manifest lists"):
+        check(path, pinned, tmp_path / "empty")
 
 
 def test_an_image_that_does_not_match_fails(signed):
-    path, pub, files = signed
-    with pytest.raises(ManifestError, match="image activekv/activekv-runtime-cpu:0.1.0"):
-        manifest.verify(path, public_key=pub, artifacts=[files],
-                        image_inspect=lambda ref: ("sha256:" + "e" * 64, {}))
+    path, pinned, files = signed
+    with pytest.raises(ManifestError, match="image activekv/activekv-runtime-cpu:0.1.0: its id"):
+        check(path, pinned, files, images=["activekv/activekv-runtime-cpu:0.1.0"],
+              image_inspect=lambda ref: ("sha256:" + "e" * 64, {}))
 
 
 @pytest.mark.parametrize("change, where", [
