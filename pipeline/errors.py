@@ -37,3 +37,16 @@ class AuditError(PipelineError):
     """The payload audit rejected a wheel; the message lists every finding."""
 
     exit_code = 6
+
+
+class ParityError(PipelineError):
+    """The parity gate did not pass on what ships, could not run, or its
+    evidence is for other wheels."""
+
+    exit_code = 13
+
+
+class BusyError(PipelineError):
+    """Another pipeline run holds this checkout's lock."""
+
+    exit_code = 14

@@ -58,10 +58,14 @@ def _file_artifact(kind: str, target: str, path: Path) -> dict:
 
 
 def assemble(*, version: str, profile: str, targets: list[str], release_dir: Path,
-             vllm_dir: Path, parity_file: Path, out: Path, image_packages: Mapping[str, list] = {}) -> dict:
+             vllm_dir: Path, out: Path, parity_records: Mapping[str, Path] = {},
+             image_packages: Mapping[str, list] = {}) -> dict:
     """The manifest dict (and the SBOM file in `out`); raises ManifestError
-    when a stage record is missing or says the release must not be made."""
+    when a stage record is missing or says the release must not be made.
+    Each target's parity record is release_dir/<target>/parity.json unless
+    parity_records names another file."""
     artifacts, audits, torch, vllm, compilers, bases = [], {}, {}, {}, {}, []
+    parity_cells, parity_targets = [], {}
     series_sha = None
     commit = dirty = None
     for target in targets:
@@ -71,6 +75,10 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         runtime = _read(tdir / "runtime.json", f"runtime-image (--target {target})")
         if not audit["passed"]:
             raise ManifestError(f"target {target}: the payload audit did not pass; no manifest")
+        if not audit["load_checked"]:
+            raise ManifestError(f"target {target}: the payload audit skipped the load check "
+                                f"(--static-only); a release needs the full audit: run the audit "
+                                f"stage without --static-only")
         if commit not in (None, build["commit"]):
             raise ManifestError(f"target {target} was built from {build['commit']}, another from {commit}")
         commit, dirty = build["commit"], bool(dirty) or build["tree_dirty"]
@@ -99,11 +107,13 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         artifacts.append(_file_artifact("launcher", target, launcher))
         artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
                           "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
-    parity = _read(parity_file, "parity")
-    failed = [c for c in parity["cells"] if c["gating"] and c["result"] != "pass"]
-    if failed:
-        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed)
-        raise ManifestError(f"the parity gate failed ({names}); nothing is released")
+        shipped = [a for a in artifacts if a["target"] == target and a["kind"] in ("engine-wheel", "vllm-wheel")]
+        parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
+        _check_parity(target, parity, shipped)
+        parity_targets[target] = {"source": parity["source"], "python": parity.get("python"),
+                                  "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]]}
+        parity_cells += [{"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}}
+                         for c in parity["cells"]]
     sbom = write_sbom(out / f"activekv-{version}.cdx.json", version, artifacts, image_packages)
     artifacts.append(_file_artifact("sbom", "all", sbom))
     manifest = {
@@ -119,12 +129,30 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
                      "base_images": [dict(b) for b in {json.dumps(b, sort_keys=True): b for b in bases}.values()],
                      "compilers": compilers},
         "audit": audits,
-        "parity": {"passed": True, "cells": [{k: c[k] for k in ("mode", "scenario", "gating", "result")}
-                                              for c in parity["cells"]]},
+        "parity": {"passed": True, "targets": parity_targets, "cells": parity_cells},
         "sbom": {"file": sbom.name, "sha256": sha256_of(sbom), "format": SBOM_FORMAT},
     }
     check_schema(manifest)
     return manifest
+
+
+def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
+    """The target's parity record passed and ran exactly the wheels that
+    will be published (by sha256): a gate run on other bytes proves nothing."""
+    if parity.get("stage") != "parity" or parity.get("target") != target:
+        raise ManifestError(f"target {target}: its parity record is not the parity stage's record for "
+                            f"{target}; run `python -m pipeline parity --target {target}`")
+    failed = [c for c in parity["cells"] if c["gating"] and c["result"] != "pass"]
+    if failed or not parity["cells"]:
+        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed) or "no cell"
+        raise ManifestError(f"target {target}: the parity gate failed ({names}); nothing is released")
+    ran = {(w["file"], w["sha256"]) for w in parity["wheels"]}
+    ships = {(a["file"], a["sha256"]) for a in shipped}
+    if ran != ships:
+        raise ManifestError(
+            f"target {target}: the parity gate ran other wheels than those to be published (not run: "
+            f"{', '.join(sorted(f for f, _ in ships - ran)) or '-'}; run but not published: "
+            f"{', '.join(sorted(f for f, _ in ran - ships)) or '-'}); run the parity stage again")
 
 
 def write_sbom(path: Path, version: str, artifacts: list[dict],

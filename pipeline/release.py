@@ -15,7 +15,6 @@ from pipeline.errors import PipelineError
 from pipeline.patch_vllm import OUT_DIR as VLLM_DIR
 
 RELEASE_DIR = build.RELEASE_DIR
-PARITY_FILE = RELEASE_DIR / "parity" / "parity.json"
 MANIFEST_DIR = RELEASE_DIR / "manifest"
 DEFAULT_KEY = ROOT / ".cache" / "signing" / "activekv-release-key.pem"
 
@@ -29,11 +28,10 @@ def engine_version() -> str:
 
 
 def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
-    status = build.git("status", "--porcelain", "--untracked-files=normal", cwd=root)
-    if status and not allow_dirty:
-        lines = status.splitlines()
+    changes = build.tree_changes(root)
+    if changes and not allow_dirty:
         raise DirtyTreeError(
-            f"the working tree has {len(lines)} uncommitted change(s) (first: {lines[0].strip()}); "
+            f"the working tree has {len(changes)} uncommitted change(s) (first: {changes[0].strip()}); "
             f"a release is made from a commit. Commit or stash them, or pass --allow-dirty "
             f"(the manifest then records tree_dirty: true)")
 
@@ -86,7 +84,7 @@ def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig,
         if runtime:
             packages[name] = image_packages(engine, runtime["ref"])
     data = manifest.assemble(version=version, profile=profile.name, targets=list(profile.targets),
-                             release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR, parity_file=PARITY_FILE,
+                             release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR,
                              out=MANIFEST_DIR, image_packages=packages)
     key = signing_key(key_path)
     path, _, _ = manifest.write_signed(data, MANIFEST_DIR, key)

