@@ -537,7 +537,7 @@ class WheelAudit:
         # pyelftools reports a damaged file with many exception types (its
         # ELFError and ELFParseError, struct.error, its construct's errors,
         # ValueError, IndexError, ...): any of them is this file's finding.
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.fail(name, "elf", f"not a readable ELF shared object ({type(e).__name__}: {e})")
             return None
 
@@ -545,8 +545,9 @@ class WheelAudit:
         elf = ELFFile(io.BytesIO(data))
         machine = MACHINES.get(self.arch or "")
         problems = []
-        if elf.elfclass != 64 and self.arch != "i686":
-            problems.append(f"ELF class {elf.elfclass}")
+        want_class = 32 if self.arch == "i686" else 64
+        if elf.elfclass != want_class:
+            problems.append(f"ELF class {elf.elfclass} ({self.target.platform_tag} needs {want_class})")
         if elf["e_type"] != "ET_DYN":
             problems.append(f"type {elf['e_type']} (a shared object is ET_DYN)")
         if elf["e_machine"] != machine:
