@@ -1,8 +1,23 @@
 """A tiny random-weight Llama, generated on demand into a cache directory.
 
 Deterministic (fixed seed), bf16, 4 layers, hidden 128, 2 KV heads, vocab 512.
-A larger init range than transformers' default makes the logits peaked, so
-greedy decoding does not hinge on bf16 rounding ties.
+
+Random weights alone put greedy decoding on near-ties: the top two of 512
+random logits are often a bf16 rounding step apart, so the CPU's kernels, the
+batch and the prefill's shape flip tokens (seen on an AMX host). The weights
+are therefore shaped so that every greedy step has a clear margin:
+
+- the lm_head row of token v is the unit embedding of the token whose
+  successor is v (a fixed permutation of the prompt tokens), plus a small
+  random part: the logit of the current token's successor stands well above
+  the rest (SHAPE["head_alignment"]);
+- the layers' output projections (o_proj, down_proj) are scaled down, so the
+  context moves the logits (every logprob depends on the KV cache: that is
+  what the same-shape oracles compare bit for bit) but does not overturn the
+  successor.
+
+The margin is still checked along every oracle's greedy path
+(vllm_harness.require_clear_margins), so a near-tie is reported as one.
 """
 
 from __future__ import annotations
@@ -28,6 +43,12 @@ CONFIG = {
 }
 SEED = 0
 DTYPE = "bfloat16"
+# How the random weights are shaped (see the module's doc); part of the cache key.
+SHAPE = {
+    "head_alignment": 4.0,  # weight of the successor's embedding in each lm_head row
+    "head_noise": 0.2,  # what is kept of the random lm_head
+    "layer_output_scale": 0.01,  # o_proj and down_proj, against the residual stream
+}
 # Token ids the prompts may use (0..2 are pad, bos and eos).
 FIRST_TOKEN, VOCAB = 3, CONFIG["vocab_size"]
 
@@ -36,9 +57,35 @@ def head_size() -> int:
     return CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
 
 
+def successor(seed: int = SEED):
+    """The permutation of prompt tokens that greedy decoding follows (a tensor)."""
+    import torch
+
+    order = torch.randperm(VOCAB - FIRST_TOKEN, generator=torch.Generator().manual_seed(seed + 1))
+    return torch.cat([torch.arange(FIRST_TOKEN), FIRST_TOKEN + order])
+
+
+def _shape(model) -> None:
+    import torch
+
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        unit = emb / emb.norm(dim=1, keepdim=True).clamp_min(1e-3)  # row 0 (pad) is zero
+        nxt = successor()
+        source = torch.empty_like(nxt)
+        source[nxt] = torch.arange(VOCAB)  # source[v]: the token whose successor is v
+        head = SHAPE["head_noise"] * model.lm_head.weight
+        head[FIRST_TOKEN:] += SHAPE["head_alignment"] * unit[source[FIRST_TOKEN:]]
+        model.lm_head.weight.copy_(head)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(SHAPE["layer_output_scale"])
+            layer.mlp.down_proj.weight.mul_(SHAPE["layer_output_scale"])
+
+
 def tiny_llama(cache_root: Path) -> Path:
     """Path of the generated model; made once per configuration."""
-    tag = hashlib.sha256(json.dumps([CONFIG, SEED, DTYPE], sort_keys=True).encode()).hexdigest()
+    key = [CONFIG, SEED, DTYPE, SHAPE]
+    tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     path = cache_root / f"tiny-llama-{tag[:12]}"
     if (path / "config.json").exists():
         return path
@@ -46,7 +93,9 @@ def tiny_llama(cache_root: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(getattr(torch, DTYPE))
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    _shape(model)  # in float32, before the cast
+    model = model.to(getattr(torch, DTYPE))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tmp.rename(path)  # atomic: a half-written model is never picked up

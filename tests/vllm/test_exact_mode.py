@@ -18,24 +18,42 @@ def exact_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
-def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, expected):
+def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, plain, figures):
     rng = random.Random(1)
     prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
     # A request of max_model_len tokens needs every device block: it evicts the prompt.
     filler = h.random_tokens(rng, h.MAX_MODEL_LEN - h.MAX_TOKENS)
+    reusable = h.reusable_tokens(len(prompt))
 
     first = h.generate(exact_llm, [prompt])[0]
+    # The oracle: vLLM's own prefix-cache hit on the KV the cold run computed,
+    # in this engine: the shapes of a reload (reusable cached + the rest), run
+    # twice to see that vLLM agrees with itself on them.
+    own_hits = [h.generate(exact_llm, [prompt])[0] for _ in range(2)]
     h.generate(exact_llm, [filler])
     with h.TelemetryDelta(exact_llm) as delta:
         again = h.generate(exact_llm, [prompt])[0]
 
-    reusable = h.reusable_tokens(len(prompt))
     assert first.num_cached_tokens == 0
+    assert all(r.num_cached_tokens == reusable for r in own_hits)
     assert delta["hit_tokens"] == reusable  # every reusable token came from the host store
     assert again.num_cached_tokens == reusable
     # Exact mode stores the KV bytes and nothing else.
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
-    assert first.tokens == again.tokens == expected([prompt])[0]
+    # Same engine, same shapes, same KV bytes: the same logprobs, bit for bit.
+    note = h.check_against_own_prefix_hits(again, own_hits)
+    if note:
+        figures.append(f"exact reload: {note}")
+    # Plain vLLM (no connector) with its own prefix hit of the same cached-token count.
+    (plain_hit,) = plain([prompt], prefix_hit=True)
+    assert again.tokens == first.tokens == plain_hit.tokens
+    bitwise = h.difference([again], [plain_hit])
+    figures.append(
+        "exact reload vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
+        + ("logprobs bit for bit equal" if not bitwise else
+           f"top logprobs within {h.largest_logprob_gap([again], [plain_hit]):.2e} "
+           f"(first difference: {bitwise[:160]})")
+    )
 
 
 def test_cache_salt_isolates_tenants(exact_llm, expected):

@@ -29,10 +29,12 @@ def tp2_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
-def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm):
+def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     prompt = h.random_tokens(random.Random(11), 9 * h.BLOCK_SIZE + 12)
     with h.TelemetryDelta(tp2_llm) as first:
         cold = h.generate(tp2_llm, [prompt])[0]
+    # vLLM's own prefix hit on the KV the cold run computed: a reload's shapes.
+    own_hits = [h.generate(tp2_llm, [prompt])[0] for _ in range(2)]
     h.flush_device_cache(tp2_llm)
     with h.TelemetryDelta(tp2_llm) as second:
         warm = h.generate(tp2_llm, [prompt])[0]
@@ -43,5 +45,11 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm):
     assert first["bytes_to_host"] == 2 * blocks * h.exact_block_bytes() // 2
     assert second["hit_tokens"] == h.reusable_tokens(len(prompt))
     assert second["loaded_blocks"] == 2 * blocks
-    # Against the same TP=2 engine computing the prefix (TP=1 may round differently).
+    # Against the same TP=2 engine (TP=1 may round differently): the cold run's
+    # tokens, and vLLM's own prefix hit of the same cached-token count bit for bit.
+    h.require_clear_margins([cold], "the TP=2 engine's cold run")
+    assert warm.num_cached_tokens == h.reusable_tokens(len(prompt))
     assert cold.tokens == warm.tokens
+    note = h.check_against_own_prefix_hits(warm, own_hits)
+    if note:
+        figures.append(f"TP=2 reload: {note}")
