@@ -8,7 +8,7 @@ import os
 import tomllib
 from pathlib import Path
 
-from pipeline import build, manifest, publish, runtime_image, signing
+from pipeline import build, manifest, provenance, publish, runtime_image, signing
 from pipeline.config import ROOT, Profile, ReleaseConfig, Target
 from pipeline.container import ContainerEngine
 from pipeline.errors import PipelineError
@@ -87,6 +87,8 @@ def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig,
                              release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR,
                              out=MANIFEST_DIR, image_packages=packages)
     key = signing_key(key_path)
+    # The operator's files (requirements, constraints, signed provenance), listed before signing.
+    provenance.add_operator_files(data, MANIFEST_DIR, key, release_dir=RELEASE_DIR)
     path, _, _ = manifest.write_signed(data, MANIFEST_DIR, key)
     fingerprint = signing.fingerprint(key)
     print(f"pin this fingerprint: {fingerprint} (the release key's; record it where operators read "
