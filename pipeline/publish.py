@@ -10,17 +10,25 @@ already published with different bytes is refused and nothing is published.
 An artifact already there with the same bytes is skipped, so re-running a
 release resumes where a failure stopped it. The manifest goes last: while it
 is missing, the release is not published.
+
+Every file written to a folder destination goes to a hidden temporary name in
+its final folder, is fsynced and renamed into place: no reader ever sees part
+of a file under its final name. A write that fails (out of space, a quota, a
+read-only folder) removes its partial and stops with one error naming the
+path; the re-run resumes. A local artifact given as a symbolic link is
+refused. After the images are pushed, each is recorded by its registry
+digest (REGISTRY/NAME@sha256:...) in activekv-<version>-images.txt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import html
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +43,7 @@ from pipeline.container import ContainerEngine
 from pipeline.errors import PipelineError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.digest import sha256_of
+from pipeline.provenance import images_name
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
 LOCAL_REGISTRY_DIR = ROOT / "build" / "publish" / "registry"
@@ -54,6 +63,72 @@ def project_of(wheel: str) -> str:
     return re.sub(r"[-_.]+", "-", wheel.split("-", 1)[0]).lower()
 
 
+# --- writing files --------------------------------------------------------------
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_failed(path: Path, e: OSError) -> PublishError:
+    if e.errno in _NO_SPACE:
+        todo = (f"free space on the filesystem holding {path.parent} (df -h {path.parent}) and "
+                f"re-run the release: what was published is kept and the rest resumes")
+    else:
+        todo = f"make {path.parent} writable by this user and re-run the release: it resumes"
+    return PublishError(f"{path}: writing failed ({e.strerror or e}); nothing was left under that "
+                        f"name; {todo}")
+
+
+def make_folder(folder: Path) -> None:
+    """`folder` and its parents, or one PublishError naming the folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise PublishError(f"{folder}: a file is in the way of this destination folder; move it "
+                           f"or fix the profile's destination in release.toml") from None
+    except OSError as e:
+        raise PublishError(f"{folder}: cannot create this destination folder ({e.strerror}); create "
+                           f"it writable for this user or fix the profile's destination in "
+                           f"release.toml") from None
+
+
+def write_atomic(dest: Path, source: Path | None = None, *, data: bytes | None = None) -> None:
+    """`source`'s bytes (or `data`) at `dest`, by way of a hidden temporary
+    file in dest's folder that is fsynced and renamed into place. A failed
+    write removes the temporary file and raises PublishError naming `dest`."""
+    make_folder(dest.parent)
+    partial = dest.with_name(f".{dest.name}.partial")  # a stale one from a killed run is replaced
+    fd = None
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            fd = None
+            if data is not None:
+                out.write(data)
+            else:
+                with source.open("rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, dest)
+    except OSError as e:
+        if fd is not None:
+            os.close(fd)
+        partial.unlink(missing_ok=True)
+        if source is not None and e.filename in (str(source), source):
+            raise PublishError(f"{source}: cannot be read ({e.strerror}); run the release again "
+                               f"from the build") from None
+        raise _write_failed(dest, e) from None
+    try:  # the rename itself survives a crash only once the folder is on disk
+        dir_fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a folder; the file itself is complete
+
+
 # --- package indexes -------------------------------------------------------------
 
 class DirectoryIndex:
@@ -70,11 +145,7 @@ class DirectoryIndex:
         return sha256_of(path) if path.is_file() else None
 
     def upload(self, path: Path) -> None:
-        folder = self.root / project_of(path.name)
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / (path.name + ".partial")
-        shutil.copyfile(path, partial)
-        partial.rename(folder / path.name)  # a reader never sees half a wheel
+        write_atomic(self.root / project_of(path.name) / path.name, path)  # never half a wheel
         self._pages()
 
     def _pages(self) -> None:
@@ -83,9 +154,11 @@ class DirectoryIndex:
             links = "".join(
                 f'<a href="{html.escape(f.name)}#sha256={sha256_of(f)}">{html.escape(f.name)}</a><br>\n'
                 for f in sorted(project.glob("*.whl")))
-            (project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+            write_atomic(project / "index.html",
+                         data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
         links = "".join(f'<a href="{p.name}/">{p.name}</a><br>\n' for p in projects)
-        (self.root / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+        write_atomic(self.root / "index.html",
+                     data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
 
 
 class HttpIndex:
@@ -165,12 +238,35 @@ class Registry:
 
     def existing(self, name: str, tag: str) -> str | None:
         """The image id (config digest) the tag holds, or None."""
+        found = self.manifest(name, tag)
+        return found[0] if found is not None else None
+
+    def manifest(self, name: str, tag: str) -> tuple[str, str] | None:
+        """(image id, registry manifest digest) of the tag, or None. The
+        manifest digest is the sha256 of the manifest's bytes as served,
+        which must be the registry's Docker-Content-Digest: what a pull by
+        NAME@sha256:... fetches."""
         request = urllib.request.Request(
             f"http://{self.address}/v2/{name}/manifests/{tag}",
             headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
                                "application/vnd.oci.image.manifest.v1+json"})
-        body = _fetch(request, self, f"reading {name}:{tag}")
-        return json.loads(body)["config"]["digest"] if body is not None else None
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                body, header = r.read(), r.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise PublishError(f"{self}: reading {name}:{tag} failed: HTTP {e.code}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise PublishError(f"{self} is not reachable: {e}") from None
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        if header is not None and header != digest:
+            raise PublishError(f"{self}: {name}:{tag} is served with Docker-Content-Digest {header} "
+                               f"but its bytes hash to {digest}; check the registry")
+        return json.loads(body)["config"]["digest"], digest
+
+    def reference(self, name: str, digest: str) -> str:
+        return f"{self.address}/{name}@{digest}"
 
     def push(self, local_ref: str, name: str, tag: str) -> None:
         remote = f"{self.address}/{name}:{tag}"
@@ -253,9 +349,18 @@ class Destinations:
 
 def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destinations) -> dict:
     """Publish the artifacts of a signed manifest, then the manifest."""
-    manifest = json.loads(manifest_path.read_text())
+    manifest = _read_manifest(manifest_path)
     version = manifest["version"]
-    found = {p.name: p for d in artifact_dirs for p in d.rglob("*") if p.is_file()}
+    found = {}
+    for d in artifact_dirs:
+        if not d.is_dir():
+            raise PublishError(f"{d}: {'no such folder' if not d.exists() else 'not a folder'}; it "
+                               f"holds the release's artifacts: run the stages that make them first")
+        found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
+    beside = [manifest_path.with_name(manifest_path.name + ".sig"),
+              manifest_path.with_name("activekv-release-key.pub.pem")]
+    for src in beside:
+        _plain_file(src, "it is written by the manifest stage beside the manifest: run that stage again")
     wheels = [a for a in manifest["artifacts"] if a.get("file", "").endswith(".whl")]
     files = [a for a in manifest["artifacts"] if "file" in a and not a["file"].endswith(".whl")]
     images = [a for a in manifest["artifacts"] if a["kind"] == "image"]
@@ -270,6 +375,8 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         if have is None:
             todo_wheels.append(a)
     files_dir = dest.manifests / version
+    for a in wheels + files:
+        _local(found, a)  # every local file is there and is the listed one, before anything is written
     for a in files:
         path = files_dir / a["file"]
         if path.is_file() and sha256_of(path) != a["sha256"]:
@@ -289,32 +396,75 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         earlier = json.loads(published.read_text())
         if earlier["artifacts"] != manifest["artifacts"]:
             raise CollisionError(f"{published} records other artifacts for version {version}")
+    # The folders are made (or refused) before any file is written.
+    make_folder(dest.manifests)
+    if files or images:
+        make_folder(files_dir)
+    if isinstance(dest.index, DirectoryIndex):
+        make_folder(dest.index.root)
 
     for a in todo_wheels:
         dest.index.upload(_local(found, a))
     for a in todo_files:
-        files_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_local(found, a), files_dir / a["file"])
+        write_atomic(files_dir / a["file"], _local(found, a))
     for a, name in todo_images:
         dest.registry.push(a["ref"], name, version)
+    refs = []
+    if images:
+        refs = _image_references(images, dest.registry, version)
+        write_atomic(files_dir / images_name(version), data="".join(
+            f"# target {a['target']}: image id {a['digest']} (the signed manifest's digest)\n{ref}\n"
+            for a, ref in refs).encode())
     # Last: the signature and public key, then the manifest, which makes the
     # release visible. A manifest already there (a finished release) is kept.
     if not published.is_file():
-        dest.manifests.mkdir(parents=True, exist_ok=True)
-        for src in (manifest_path.with_name(manifest_path.name + ".sig"),
-                    manifest_path.with_name("activekv-release-key.pub.pem")):
-            shutil.copyfile(src, dest.manifests / src.name)
-        partial = published.with_name(published.name + ".partial")
-        shutil.copyfile(manifest_path, partial)
-        partial.rename(published)
+        for src in beside:
+            write_atomic(dest.manifests / src.name, src)
+        write_atomic(published, manifest_path)
     return {"stage": "publish", "version": version,
             "wheels": [a["file"] for a in todo_wheels], "files": [a["file"] for a in todo_files],
             "images": [n for _, n in todo_images], "manifest": str(published),
+            "image_references": [ref for _, ref in refs],
             "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images)}
+
+
+def _image_references(images: list[dict], registry: Registry, version: str) -> list[tuple[dict, str]]:
+    """Each image as REGISTRY/NAME@sha256:<manifest digest>, read back from the registry."""
+    refs = []
+    for a in images:
+        name = a["ref"].split("/", 1)[1].rsplit(":", 1)[0]
+        found = registry.manifest(name, version)
+        if found is None or found[0] != a["digest"]:
+            raise PublishError(f"{name}:{version} is not in {registry} as {a['digest']} after the push "
+                               f"(it holds {found[0] if found else 'nothing'}); re-run the release")
+        refs.append((a, registry.reference(name, found[1])))
+    return refs
+
+
+def _read_manifest(path: Path) -> dict:
+    _plain_file(path, "run the manifest stage first (python -m pipeline manifest)")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PublishError(f"{path}: not a readable manifest ({e}); run the manifest stage again") from None
+
+
+def _plain_file(path: Path, todo: str) -> None:
+    if path.is_symlink():
+        raise PublishError(f"{path}: a symbolic link (to {os.readlink(path)}), not the file itself; "
+                           f"publish copies files, never links: put the file there")
+    if not path.exists():
+        raise PublishError(f"{path}: missing; {todo}")
+    if not path.is_file():
+        raise PublishError(f"{path}: not a file; {todo}")
 
 
 def _local(found: dict[str, Path], artifact: dict) -> Path:
     path = found.get(artifact["file"])
+    if path is not None and path.is_symlink():
+        raise PublishError(f"{path}: a symbolic link (to {os.readlink(path)}), not the "
+                           f"{artifact['kind']} itself; publish copies files, never links (a link "
+                           f"can be re-pointed after the check): put the file there and re-run")
     if path is None or sha256_of(path) != artifact["sha256"]:
         raise PublishError(f"{artifact['file']}: the local file is missing or not the one the "
                            f"manifest lists; run the release again from the build")
