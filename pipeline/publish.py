@@ -375,8 +375,6 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         if have is None:
             todo_wheels.append(a)
     files_dir = dest.manifests / version
-    for a in wheels + files:
-        _local(found, a)  # every local file is there and is the listed one, before anything is written
     for a in files:
         path = files_dir / a["file"]
         if path.is_file() and sha256_of(path) != a["sha256"]:
@@ -396,6 +394,8 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         earlier = json.loads(published.read_text())
         if earlier["artifacts"] != manifest["artifacts"]:
             raise CollisionError(f"{published} records other artifacts for version {version}")
+    for a in todo_wheels + todo_files:
+        _local(found, a)  # each file to send is here and is the listed one, before anything is written
     # The folders are made (or refused) before any file is written.
     make_folder(dest.manifests)
     if files or images:
