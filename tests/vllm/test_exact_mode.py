@@ -52,7 +52,7 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
         "exact reload vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
         + ("logprobs bit for bit equal" if not bitwise else
            f"top logprobs within {h.largest_logprob_gap([again], [plain_hit]):.2e} "
-           f"(first difference: {bitwise[:160]})")
+           f"(first difference at {bitwise.split(':')[0]})")
     )
 
 
