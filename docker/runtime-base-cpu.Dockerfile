@@ -1,5 +1,7 @@
 # Runtime base for the cpu target: Debian, CPython and torch +cpu in a venv on
-# PATH, no compilers. The payload audit imports the wheels here; the runtime
+# PATH, and what torch's compiler needs to run: vLLM's compiled mode (its
+# default) has inductor generate C++ kernels at start-up and build them with
+# g++ against Python.h. The payload audit imports the wheels here; the runtime
 # image (vLLM and the engine) is built on it.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
@@ -16,11 +18,22 @@ ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
 COPY ca-bundle.crt /usr/local/share/activekv/ca-bundle.crt
 COPY wheelhouse/ /wheelhouse/
 COPY install-torch.sh /usr/local/share/activekv/install-torch.sh
+# g++ (which brings libc6-dev) and libpython3.X-dev (Python.h of the image's
+# Python, where the venv's sysconfig looks) are what inductor's CPU kernels
+# need; without them vLLM's worker dies at start-up (InvalidCxxCompiler, then
+# "Python.h: No such file"). The last step compiles a function with inductor
+# and runs it, so an image that cannot serve in compiled mode fails here.
 RUN set -eux; \
     v="$(echo ${PYTHON_VERSIONS} | cut -d' ' -f1)"; \
     apt-get update; \
-    apt-get install -y --no-install-recommends "python$v" "python$v-venv" "libpython$v" libgomp1 libnuma1; \
+    apt-get install -y --no-install-recommends "python$v" "python$v-venv" "libpython$v" libgomp1 libnuma1 \
+        g++ "libpython$v-dev"; \
     rm -rf /var/lib/apt/lists/*; \
     "python$v" -m venv /opt/venv; \
     sh /usr/local/share/activekv/install-torch.sh /opt/venv/bin/python "${TORCH}" "${INDEX_URL}" "${TORCH_INDEX_URL}"; \
-    rm -rf /wheelhouse /root/.cache/pip
+    rm -rf /wheelhouse /root/.cache/pip; \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-check python -c "import torch; \
+f = torch.compile(lambda x: torch.sin(x) + 2 * x, fullgraph=True, backend='inductor'); \
+x = torch.arange(8.0); torch.testing.assert_close(f(x), torch.sin(x) + 2 * x); \
+print('torch.compile (inductor, cpu) works')"; \
+    rm -rf /tmp/inductor-check

@@ -1,6 +1,7 @@
 """Images of ours do not pile up on a host that keeps them between runs (a CI
 host): superseded tags and untagged earlier builds carrying our label are
-removed; images without it are left alone. A build checks free space first."""
+removed; images without it are left alone. A build checks free space first.
+The cpu runtime base runs torch.compile (vLLM's default compiled mode needs it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ pytestmark = pytest.mark.container
 
 REPO = "activekv/test-superseded"
 STRANGER = "activekv-test-stranger:x"
+# What vLLM's compiled mode asks of the image at start-up, in small: inductor
+# generates a C++ kernel and builds it with g++ against Python.h.
+COMPILE_CHECK = """
+import torch
+f = torch.compile(lambda x: torch.sin(x) + 2 * x, fullgraph=True, backend="inductor")
+x = torch.arange(8.0)
+torch.testing.assert_close(f(x), torch.sin(x) + 2 * x)
+"""
 
 
 @pytest.fixture
@@ -58,3 +67,10 @@ def test_a_build_without_the_space_it_needs_stops_before_it_starts(engine, tmp_p
         engine.build_image(tag="activekv/x:y", context=tmp_path, dockerfile=tmp_path / "Dockerfile",
                            needs_free=needed)
     assert engine.image_id("activekv/x:y") is None
+
+
+def test_the_cpu_runtime_base_compiles_with_inductor(engine):
+    ref, _ = images.runtime_base_image(engine, config.load().target("cpu"))
+    result = engine.run("run", "--rm", "--network=host", ref, "python", "-c", COMPILE_CHECK,
+                        capture=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -309,7 +309,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
                "-v", f"{model}:/model:ro", remote, "--model", "/model", "--host", "127.0.0.1",
                "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
                "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
-               "--enforce-eager", "--gpu-memory-utilization", "0.3")
+               "--gpu-memory-utilization", "0.3")
     try:
         for _ in range(240):
             try:
