@@ -1,8 +1,11 @@
 # The runtime image of the cpu target: the runtime base (Python, torch +cpu),
 # the patched vLLM wheel, the engine wheel and the native launcher, nothing
 # else of ours. It serves vLLM's OpenAI-compatible API with ActiveKV on:
-#   docker run --network host --shm-size 1g IMAGE --model /models/m --host 127.0.0.1 --port 8000
+#   docker run --network host --shm-size 1g -v DIR:/models/m:ro IMAGE --model /models/m --host 127.0.0.1 --port 8000
 # (vLLM's CPU engine needs more shared memory than docker's default 64 MiB).
+# vLLM compiles the model with inductor at start-up (its default mode; the
+# base has the g++ and Python headers this needs), keeping the kernels under
+# /root/.cache/vllm (a volume there shortens restarts); --enforce-eager skips it.
 # vLLM's flags follow the image name, with activekv-serve's own
 # (--activekv-mode, --activekv-capacity, --activekv-config FILE.json).
 ARG RUNTIME_BASE

@@ -172,7 +172,8 @@ def builder_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
 
 
 def runtime_base_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
-    """(reference, image id) of the target's runtime base: Python and torch,
-    no compilers. The payload audit loads the wheels there."""
+    """(reference, image id) of the target's runtime base: Python and torch
+    (on cpu, with what inductor needs: g++ and Python.h). The payload audit
+    loads the wheels there."""
     return _image(engine, target, "runtime-base", target.runtime_dockerfile,
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
