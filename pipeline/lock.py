@@ -22,6 +22,9 @@ from pipeline.config import ROOT
 from pipeline.errors import BusyError
 
 LOCK_FILE = ROOT / "build" / "pipeline.lock"
+# ci/run-nox takes the lock before nox rebuilds a session's venv and hands
+# the open descriptor down under this name.
+INHERITED_FD = "ACTIVEKV_PIPELINE_LOCK_FD"
 
 
 @contextlib.contextmanager
@@ -29,6 +32,9 @@ def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
     """Hold the checkout's pipeline lock for `command` (what the holder runs,
     shown to a second run); raise BusyError while another run holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if _inherited(path):
+        yield  # the run that started us holds it for us
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -37,8 +43,7 @@ def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
             raise BusyError(f"another pipeline run is using this checkout: {_holder(fd)}. Wait for it "
                             f"to finish or stop it; two runs would overwrite each other's build "
                             f"outputs ({_rel(path)})") from None
-        holder = {"pid": os.getpid(), "command": command,
-                  "started": datetime.datetime.now().astimezone().replace(microsecond=0).isoformat()}
+        holder = {"pid": os.getpid(), "command": command, "started": _now()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         try:
@@ -47,6 +52,32 @@ def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _inherited(path: Path) -> bool:
+    """Whether ci/run-nox handed down a descriptor holding this very file's
+    lock (same inode); a stale or foreign value is ignored."""
+    value = os.environ.get(INHERITED_FD, "")
+    if not value.isdigit():
+        return False
+    try:
+        held, here = os.fstat(int(value)), os.stat(path)
+    except OSError:
+        return False
+    if (held.st_dev, held.st_ino) != (here.st_dev, here.st_ino):
+        return False
+    try:  # locking again through the same open file succeeds; if another run holds it, this fails
+        fcntl.flock(int(value), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    holder = {"pid": os.getpid(), "command": command_line(), "started": _now()}
+    os.ftruncate(int(value), 0)
+    os.pwrite(int(value), (json.dumps(holder) + "\n").encode(), 0)
+    return True
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().replace(microsecond=0).isoformat()
 
 
 def _holder(fd: int) -> str:

@@ -23,6 +23,7 @@ import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import signing
+from pipeline.parity_gate import gate_problem
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
 from pipeline.errors import PipelineError
@@ -110,7 +111,7 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         shipped = [a for a in artifacts if a["target"] == target and a["kind"] in ("engine-wheel", "vllm-wheel")]
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
-        parity_targets[target] = {"source": parity["source"], "python": parity.get("python"),
+        parity_targets[target] = {"source": parity.get("source", "unknown"), "python": parity.get("python"),
                                   "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]]}
         parity_cells += [{"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}}
                          for c in parity["cells"]]
@@ -142,11 +143,9 @@ def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
     if parity.get("stage") != "parity" or parity.get("target") != target:
         raise ManifestError(f"target {target}: its parity record is not the parity stage's record for "
                             f"{target}; run `python -m pipeline parity --target {target}`")
-    failed = [c for c in parity["cells"] if c["gating"] and c["result"] != "pass"]
-    if failed or not parity["cells"]:
-        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed) or "no cell"
-        raise ManifestError(f"target {target}: the parity gate failed ({names}); nothing is released")
-    ran = {(w["file"], w["sha256"]) for w in parity["wheels"]}
+    if problem := gate_problem(parity):
+        raise ManifestError(f"target {target}: the parity gate failed ({problem}); nothing is released")
+    ran = {(w.get("file"), w.get("sha256")) for w in parity.get("wheels", []) if isinstance(w, dict)}
     ships = {(a["file"], a["sha256"]) for a in shipped}
     if ran != ships:
         raise ManifestError(

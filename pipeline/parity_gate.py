@@ -76,8 +76,9 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
     """Run (or accept evidence of) the parity gate on the target's shipped
     wheels; write and return its record. Raises ParityError when it cannot
     run, when a gating cell fails, or when the evidence is for other wheels."""
-    wheels = shipped_wheels(target, target_dir, vllm_wheel)
     out = target_dir / RECORD
+    out.unlink(missing_ok=True)  # a failed run must not leave an earlier passing record behind
+    wheels = shipped_wheels(target, target_dir, vllm_wheel)
     if evidence is not None:
         record = accept_evidence(target, wheels, evidence)
     elif target.vllm_distribution not in RUNS_HERE:
@@ -89,11 +90,24 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
     else:
         record = run_here(target, target_dir, wheels, python)
     out.write_text(json.dumps(record, indent=2) + "\n")
-    failed = [c for c in record["cells"] if c["gating"] and c["result"] != "pass"]
-    if failed or not record["cells"]:
-        names = ", ".join(f"{c['mode']}/{c['scenario']}" for c in failed) or "no cell ran"
-        raise ParityError(f"target {target.name}: the parity gate failed ({names}); record: {_rel(out)}")
+    problem = gate_problem(record)
+    if problem:
+        raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {_rel(out)}")
     return record
+
+
+def gate_problem(record: dict) -> str:
+    """Why a parity record does not pass the gate ('' when it does): at least
+    one gating cell, every gating cell passed."""
+    cells = record.get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and {"mode", "scenario", "gating", "result"}
+                                              <= c.keys() for c in cells):
+        return "the record has no readable cells"
+    gating = [c for c in cells if c["gating"]]
+    if not gating:
+        return "no gating cell: nothing was proven"
+    failed = [f"{c['mode']}/{c['scenario']}" for c in gating if c["result"] != "pass"]
+    return ", ".join(failed)
 
 
 def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:
@@ -122,6 +136,7 @@ def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path)
         check_installed(w["path"], site)
     _echo([str(python), "-m", "pipeline.parity", "--out", str(work / "harness")], env=env)
     report = json.loads((work / "harness" / "parity.json").read_text())
+    shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
     return {"stage": "parity", "target": target.name, "source": "ran here",
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
@@ -152,7 +167,9 @@ def accept_evidence(target: Target, wheels: list[dict], evidence: Path) -> dict:
     except (OSError, ValueError) as e:
         raise ParityError(f"--parity-evidence {target.name}={evidence}: not a readable parity record "
                           f"({e.__class__.__name__}: {e})") from None
-    if not isinstance(record, dict) or record.get("stage") != "parity" or record.get("target") != target.name:
+    if not isinstance(record, dict) or record.get("stage") != "parity" or record.get("target") != target.name \
+            or not isinstance(record.get("wheels"), list) \
+            or not all(isinstance(w, dict) for w in record["wheels"]):
         raise ParityError(f"--parity-evidence {target.name}={evidence}: not a parity record of target "
                           f"{target.name} (written by `python -m pipeline parity --target {target.name}`)")
     check_same_wheels(target.name, record, wheels, what=str(evidence))

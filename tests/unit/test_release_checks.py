@@ -4,6 +4,7 @@ anything else; a second pipeline run in one checkout is refused."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -243,3 +244,63 @@ def test_the_pipeline_command_refuses_while_another_run_holds_the_lock():
     assert result.stderr.startswith("error: another pipeline run is using this checkout: "
                                     f"pid {os.getpid()} (the test holding the lock")
     assert "Traceback" not in result.stderr and lock.exists()
+
+
+def test_ci_run_nox_refuses_a_pipeline_session_before_nox_touches_its_environment():
+    with pipeline_lock("the test holding the lock"):
+        result = subprocess.run([sys.executable, "ci/run-nox", "-s", "release"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: another pipeline run is using this checkout: "
+                                    f"pid {os.getpid()} (the test holding the lock")
+    assert "nox >" not in result.stdout + result.stderr  # nox never started
+
+
+def test_a_stage_under_ci_run_nox_uses_the_lock_it_was_handed():
+    lock = ROOT / "build" / "pipeline.lock"
+    lock.parent.mkdir(exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as ci/run-nox does before exec
+        probe = [sys.executable, "-c", "from pipeline.lock import pipeline_lock\n"
+                 "with pipeline_lock('stage'):\n    print('ran')"]
+        handed = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, pass_fds=(fd,),
+                                env={**os.environ, "ACTIVEKV_PIPELINE_LOCK_FD": str(fd)})
+        assert handed.stdout == "ran\n", handed.stderr
+        # The same process without the handed-down descriptor is a second run.
+        env = {k: v for k, v in os.environ.items() if k != "ACTIVEKV_PIPELINE_LOCK_FD"}
+        other = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, env=env)
+        assert "BusyError: another pipeline run is using this checkout" in other.stderr
+    finally:
+        os.close(fd)
+
+
+def test_a_parity_record_with_no_gating_cell_proves_nothing(tree):
+    edit(tree["cpu"] / "parity.json", lambda p: p["cells"][0].update(gating=False, result="reported"))
+    with pytest.raises(ManifestError, match="no gating cell: nothing was proven"):
+        assemble(tree)
+
+
+def test_a_parity_run_that_fails_leaves_no_earlier_record_behind(tree):
+    assert (tree["cpu"] / "parity.json").is_file()
+    with pytest.raises(ParityError):
+        parity_gate.run_parity(config.load().target("xpu"), tree["cpu"], tree["vllm"])
+    assert not (tree["cpu"] / "parity.json").exists()
+
+
+@pytest.mark.parametrize("evidence", [{"stage": "parity", "target": "xpu"},
+                                      {"stage": "parity", "target": "xpu", "wheels": "x"},
+                                      [1, 2]])
+def test_malformed_parity_evidence_is_refused_without_a_traceback(tree, tmp_path, evidence):
+    path = tmp_path / "evidence.json"
+    path.write_text(json.dumps(evidence))
+    with pytest.raises(ParityError, match="not a parity record of target xpu"):
+        parity_gate.run_parity(config.load().target("xpu"), tree["cpu"], tree["vllm"], evidence=path)
+
+
+def test_parity_evidence_without_cells_is_refused(tree, tmp_path):
+    record = json.loads((tree["cpu"] / "parity.json").read_text())
+    path = tmp_path / "evidence.json"
+    write_json(path, {**record, "target": "xpu", "cells": []})
+    with pytest.raises(ParityError, match="no gating cell"):
+        parity_gate.run_parity(config.load().target("xpu"), tree["cpu"], tree["vllm"], evidence=path)
