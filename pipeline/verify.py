@@ -306,10 +306,10 @@ def _check_images(manifest: dict, refs: Sequence[str], inspect: ImageInspect | N
                 seen = inspect(ref) if inspect is not None else None
             except FileNotFoundError:
                 seen = inspect = None
-            if inspect is None:
-                not_checked.append(f"image {ref}: not checked: no container engine here to inspect it; "
-                                   f"verify where the image is pulled")
-                continue
+            if inspect is None:  # asked for, and not done: a script gating on the exit code must see it
+                raise ManifestError(f"image {ref}: could not be checked: no container engine here to "
+                                    f"inspect it; verify where the image is pulled (or leave out --image "
+                                    f"to check the files only)")
             if seen is None:
                 raise ManifestError(f"image {ref}: not here; pull it first (docker pull {ref}) and "
                                     f"verify again")

@@ -294,14 +294,12 @@ def test_an_image_given_but_not_pulled_is_refused(release):
         check(release, [PULLED], lambda ref: None)
 
 
-def test_an_image_that_cannot_be_inspected_is_said_not_checked(release):
+def test_an_image_asked_for_that_cannot_be_inspected_fails(release):
     def no_engine(ref):
         raise FileNotFoundError("docker")
 
-    result = check(release, [PULLED], no_engine)
-    assert result.images == []
-    assert result.not_checked == [f"image {PULLED}: not checked: no container engine here to inspect "
-                                  f"it; verify where the image is pulled"]
+    with pytest.raises(ManifestError, match=f"image {PULLED}: could not be checked: no container engine"):
+        check(release, [PULLED], no_engine)
 
 
 def test_an_image_the_manifest_does_not_list_is_refused(release):
@@ -310,8 +308,12 @@ def test_an_image_the_manifest_does_not_list_is_refused(release):
         check(release, ["registry/other:1"], lambda ref: None)
 
 
-def test_without_a_container_engine_the_cli_says_the_image_was_not_checked(release):
+def test_without_a_container_engine_the_cli_fails_for_the_image_it_was_asked_to_check(release):
     result = cli(*pinned(release), "--image", PULLED, env={"PATH": str(release["tmp"] / "no-bin")})
-    assert result.returncode == 0, result.stderr
-    assert f"image {PULLED}: not checked: no container engine here" in result.stdout
-    assert "0 image(s); 1 image(s) NOT checked" in result.stdout
+    assert result.returncode == ManifestError.exit_code
+    assert result.stderr == (f"error: image {PULLED}: could not be checked: no container engine here to "
+                             f"inspect it; verify where the image is pulled (or leave out --image to "
+                             f"check the files only)\n")
+    assert "Traceback" not in result.stderr
+
+
