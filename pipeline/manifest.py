@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import signing
 from pipeline.parity_gate import gate_problem
+from pipeline.runtime_image import inputs_digest
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
 from pipeline.errors import PipelineError
@@ -106,6 +107,14 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         if not launcher.is_file() or sha256_of(launcher) != runtime["launcher"]["sha256"]:
             raise ManifestError(f"{launcher}: not the launcher in the runtime image (missing or changed)")
         artifacts.append(_file_artifact("launcher", target, launcher))
+        # The image holds exactly the audited wheels, the patched vLLM and this
+        # launcher: its inputs digest (also its label) is recomputed from them.
+        shipped_files = [tdir / "wheels" / w["file"] for w in audit["wheels"]]
+        shipped_files += [pdir / patch["patched"]["file"], launcher]
+        if inputs_digest(runtime.get("version", version), commit, shipped_files) != runtime["inputs_digest"]:
+            raise ManifestError(f"target {target}: the runtime image {runtime['ref']} was built from other "
+                                f"wheels or another launcher than those audited and to be published; run "
+                                f"the runtime-image stage again")
         artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
                           "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
         shipped = [a for a in artifacts if a["target"] == target and a["kind"] in ("engine-wheel", "vllm-wheel")]

