@@ -66,11 +66,12 @@ def debootstrap_base(engine: ContainerEngine, base: DebootstrapBase) -> tuple[st
     except subprocess.CalledProcessError:
         raise ImageError(f"debootstrap of {base.suite} from {base.mirror} failed (output above)") from None
     print(f"+ tar -C {rootfs} -c . | {engine.name} import - {ref}", flush=True)
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."],
-                           stdout=subprocess.PIPE)
-    imported = subprocess.run([engine.name, "import", "-", ref], stdin=tar.stdout,
-                              capture_output=True, text=True)
-    tar.wait()
+    # As a context manager, so the pipe's read end is closed (an unclosed one
+    # is a ResourceWarning: an error under the tests' warning filter).
+    with subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."],
+                          stdout=subprocess.PIPE) as tar:
+        imported = subprocess.run([engine.name, "import", "-", ref], stdin=tar.stdout,
+                                  capture_output=True, text=True)
     shutil.rmtree(rootfs)
     if imported.returncode != 0 or tar.returncode != 0:
         raise ImageError(f"importing the {base.suite} root as {ref} failed: {imported.stderr.strip()}")
