@@ -22,9 +22,10 @@ from pipeline.config import ROOT
 from pipeline.errors import BusyError
 
 LOCK_FILE = ROOT / "build" / "pipeline.lock"
-# ci/run-nox takes the lock before nox rebuilds a session's venv and hands
-# the open descriptor down under this name.
-INHERITED_FD = "ACTIVEKV_PIPELINE_LOCK_FD"
+# ci/run-nox takes the lock before nox re-makes a session's venv and names
+# itself (its pid, which nox keeps: it is exec'd) under this name; nox closes
+# inherited descriptors, so its stages recognise the holder as their ancestor.
+HOLDER_ENV = "ACTIVEKV_PIPELINE_LOCK_HOLDER"
 
 
 @contextlib.contextmanager
@@ -32,14 +33,14 @@ def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
     """Hold the checkout's pipeline lock for `command` (what the holder runs,
     shown to a second run); raise BusyError while another run holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if _inherited(path):
-        yield  # the run that started us holds it for us
-        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if _held_by_our_ancestor(fd):
+                yield  # the run that started us holds it for us
+                return
             raise BusyError(f"another pipeline run is using this checkout: {_holder(fd)}. Wait for it "
                             f"to finish or stop it; two runs would overwrite each other's build "
                             f"outputs ({_rel(path)})") from None
@@ -54,26 +55,26 @@ def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _inherited(path: Path) -> bool:
-    """Whether ci/run-nox handed down a descriptor holding this very file's
-    lock (same inode); a stale or foreign value is ignored."""
-    value = os.environ.get(INHERITED_FD, "")
-    if not value.isdigit():
-        return False
+def _held_by_our_ancestor(fd: int) -> bool:
+    """Whether the lock's holder is the ci/run-nox run that started this
+    process: it named itself in HOLDER_ENV and in the file, and it is one of
+    our ancestors (a stale or copied variable names no ancestor)."""
+    named = os.environ.get(HOLDER_ENV, "")
     try:
-        held, here = os.fstat(int(value)), os.stat(path)
-    except OSError:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
         return False
-    if (held.st_dev, held.st_ino) != (here.st_dev, here.st_ino):
+    if not named.isdigit() or holder.get("pid") != int(named):
         return False
-    try:  # locking again through the same open file succeeds; if another run holds it, this fails
-        fcntl.flock(int(value), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    holder = {"pid": os.getpid(), "command": command_line(), "started": _now()}
-    os.ftruncate(int(value), 0)
-    os.pwrite(int(value), (json.dumps(holder) + "\n").encode(), 0)
-    return True
+    pid = os.getppid()
+    while pid > 1:
+        if pid == int(named):
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def _now() -> str:

@@ -4,7 +4,6 @@ anything else; a second pipeline run in one checkout is refused."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -258,23 +257,25 @@ def test_ci_run_nox_refuses_a_pipeline_session_before_nox_touches_its_environmen
     assert "nox >" not in result.stdout + result.stderr  # nox never started
 
 
-def test_a_stage_under_ci_run_nox_uses_the_lock_it_was_handed():
-    lock = ROOT / "build" / "pipeline.lock"
-    lock.parent.mkdir(exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as ci/run-nox does before exec
-        probe = [sys.executable, "-c", "from pipeline.lock import pipeline_lock\n"
-                 "with pipeline_lock('stage'):\n    print('ran')"]
-        handed = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, pass_fds=(fd,),
-                                env={**os.environ, "ACTIVEKV_PIPELINE_LOCK_FD": str(fd)})
-        assert handed.stdout == "ran\n", handed.stderr
-        # The same process without the handed-down descriptor is a second run.
-        env = {k: v for k, v in os.environ.items() if k != "ACTIVEKV_PIPELINE_LOCK_FD"}
-        other = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, env=env)
-        assert "BusyError: another pipeline run is using this checkout" in other.stderr
-    finally:
-        os.close(fd)
+def test_a_stage_under_ci_run_nox_runs_under_the_lock_its_ancestor_holds():
+    probe = [sys.executable, "-c", "from pipeline.lock import pipeline_lock\n"
+             "with pipeline_lock('stage'):\n    print('ran')"]
+    env = {k: v for k, v in os.environ.items() if k != "ACTIVEKV_PIPELINE_LOCK_HOLDER"}
+    # As ci/run-nox does before it execs nox: this process holds the lock and
+    # names itself; nox's stages are its descendants, and get no descriptor.
+    with pipeline_lock("ci/run-nox -s release"):
+        under = subprocess.run(["sh", "-c", '"$@"', "sh", *probe], cwd=ROOT, capture_output=True,
+                               text=True, env={**env, "ACTIVEKV_PIPELINE_LOCK_HOLDER": str(os.getpid())})
+        assert under.stdout == "ran\n", under.stderr
+        # Without the name, or naming a process that is not its ancestor: a second run.
+        for named in ({}, {"ACTIVEKV_PIPELINE_LOCK_HOLDER": "1"}):
+            other = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, env={**env, **named})
+            assert "BusyError: another pipeline run is using this checkout: " \
+                   f"pid {os.getpid()} (ci/run-nox -s release" in other.stderr
+    # A copied variable naming a process that no longer holds the lock: it is taken afresh.
+    fresh = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True,
+                           env={**env, "ACTIVEKV_PIPELINE_LOCK_HOLDER": str(os.getpid())})
+    assert fresh.stdout == "ran\n", fresh.stderr
 
 
 def test_a_parity_record_with_no_gating_cell_proves_nothing(tree):
