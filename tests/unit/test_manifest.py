@@ -105,6 +105,7 @@ def test_an_image_that_does_not_match_fails(signed):
 @pytest.mark.parametrize("change, where", [
     (lambda m: m.pop("commit"), "(top)"),
     (lambda m: m["parity"].update(passed=False), "parity/passed"),
+    (lambda m: m["audit"]["cpu"].update(load_checked=False), "audit/cpu/load_checked"),
     (lambda m: m["artifacts"][0].pop("sha256"), "artifacts/0"),
     (lambda m: m["audit"]["cpu"].update(passed=False), "audit/cpu/passed"),
 ])
