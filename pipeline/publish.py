@@ -36,6 +36,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from email.message import Message
 from pathlib import Path
 
 from pipeline.config import ROOT
@@ -208,9 +209,16 @@ def _fetch(url: str | urllib.request.Request, where: object, what: str, *, timeo
            ) -> bytes | None:
     """The body at a destination's URL, or None where it answers 404; any
     other failure is a PublishError naming the destination (`where`)."""
+    found = _fetch_with_headers(url, where, what, timeout=timeout)
+    return found[0] if found is not None else None
+
+
+def _fetch_with_headers(url: str | urllib.request.Request, where: object, what: str, *,
+                        timeout: float = 30) -> tuple[bytes, Message] | None:
+    """As _fetch, with the response's headers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.read()
+            return r.read(), r.headers
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return None
@@ -250,15 +258,10 @@ class Registry:
             f"http://{self.address}/v2/{name}/manifests/{tag}",
             headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
                                "application/vnd.oci.image.manifest.v1+json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as r:
-                body, header = r.read(), r.headers.get("Docker-Content-Digest")
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise PublishError(f"{self}: reading {name}:{tag} failed: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise PublishError(f"{self} is not reachable: {e}") from None
+        found = _fetch_with_headers(request, self, f"reading {name}:{tag}")
+        if found is None:
+            return None
+        body, header = found[0], found[1].get("Docker-Content-Digest")
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if header is not None and header != digest:
             raise PublishError(f"{self}: {name}:{tag} is served with Docker-Content-Digest {header} "
