@@ -28,31 +28,39 @@ LOCK_FILE = ROOT / "build" / "pipeline.lock"
 HOLDER_ENV = "ACTIVEKV_PIPELINE_LOCK_HOLDER"
 
 
-@contextlib.contextmanager
-def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
-    """Hold the checkout's pipeline lock for `command` (what the holder runs,
-    shown to a second run); raise BusyError while another run holds it."""
+def acquire(command: str, path: Path = LOCK_FILE) -> int | None:
+    """Take the checkout's pipeline lock for `command` (what the holder runs,
+    shown to a second run) and return its descriptor: closing it releases the
+    lock. None: the ci/run-nox run that started us holds it for us. Raises
+    BusyError while another run holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if _held_by_our_ancestor(fd):
-                yield  # the run that started us holds it for us
-                return
-            raise BusyError(f"another pipeline run is using this checkout: {_holder(fd)}. Wait for it "
-                            f"to finish or stop it; two runs would overwrite each other's build "
-                            f"outputs ({_rel(path)})") from None
-        holder = {"pid": os.getpid(), "command": command, "started": _now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        ours, who = _held_by_our_ancestor(fd), _holder(fd)
+        os.close(fd)
+        if ours:
+            return None
+        raise BusyError(f"another pipeline run is using this checkout: {who}. Wait for it "
+                        f"to finish or stop it; two runs would overwrite each other's build "
+                        f"outputs ({_rel(path)})") from None
+    holder = {"pid": os.getpid(), "command": command, "started": _now()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    return fd
+
+
+@contextlib.contextmanager
+def pipeline_lock(command: str, path: Path = LOCK_FILE) -> Iterator[None]:
+    """Hold the checkout's pipeline lock (see acquire) while inside."""
+    fd = acquire(command, path)
+    try:
+        yield
     finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.close(fd)  # closing the descriptor releases the lock
 
 
 def _held_by_our_ancestor(fd: int) -> bool:

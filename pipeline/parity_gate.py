@@ -24,12 +24,12 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 from pipeline.config import ROOT, Target
+from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
 
@@ -190,12 +190,11 @@ def check_same_wheels(target: str, record: dict, wheels: list[dict], *, what: st
 
 
 def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> str:
-    print("+", " ".join(cmd), flush=True)
-    result = subprocess.run(cmd, cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE if capture else None)
+    result = echo_run(cmd, capture=capture, check=False, env=env, cwd=ROOT)
     if result.returncode != 0:
+        said = f": {result.stderr.strip()[-800:]}" if capture else "; its output is above"
         raise ParityError(f"`{' '.join(Path(c).name if os.sep in c else c for c in cmd[:4])} ...` "
-                          f"failed (exit {result.returncode}; its output is above)")
+                          f"failed (exit {result.returncode}){said}")
     return result.stdout or ""
 
 

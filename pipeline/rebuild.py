@@ -17,13 +17,13 @@ compares against what the manifest records.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from pipeline.config import ROOT
+from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ConfigError, RebuildError
 
@@ -118,6 +118,5 @@ def differing_entries(a: Path, b: Path) -> list[str]:
 
 
 def _run(cmd: list[str], failure: str, *, cwd: Path | None = None) -> None:
-    print("+", " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=cwd).returncode != 0:
+    if echo_run(cmd, check=False, cwd=cwd).returncode != 0:
         raise RebuildError(failure)
