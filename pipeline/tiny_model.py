@@ -82,9 +82,16 @@ def _shape(model) -> None:
             layer.mlp.down_proj.weight.mul_(SHAPE["layer_output_scale"])
 
 
-def tiny_llama(cache_root: Path) -> Path:
-    """Path of the generated model; made once per configuration."""
-    key = [CONFIG, SEED, DTYPE, SHAPE]
+# Layer streaming needs a deeper model: with R resident layers and a ring of
+# K, a budget holds L / (R + K) times more blocks (8x at 16 layers, R=0, K=2).
+STREAMING_LAYERS = 16
+
+
+def tiny_llama(cache_root: Path, num_layers: int | None = None) -> Path:
+    """Path of the generated model (CONFIG's layers, or `num_layers`); made once
+    per configuration."""
+    config = dict(CONFIG, num_hidden_layers=num_layers or CONFIG["num_hidden_layers"])
+    key = [config, SEED, DTYPE, SHAPE]
     tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     path = cache_root / f"tiny-llama-{tag[:12]}"
     if (path / "config.json").exists():
@@ -93,7 +100,7 @@ def tiny_llama(cache_root: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    model = LlamaForCausalLM(LlamaConfig(**config))
     _shape(model)  # in float32, before the cast
     model = model.to(getattr(torch, DTYPE))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

@@ -17,6 +17,22 @@ StoreScope = Literal["prompt", "prompt_and_decode"]
 GIB = 1 << 30
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamingConfig:
+    """Layer streaming (streaming.py): the first ``resident_layers`` layers keep
+    their KV on the device; the others live in host memory and take turns in
+    a ring of ``ring_size`` device buffers, one layer's worth of blocks each."""
+
+    resident_layers: int = 0
+    ring_size: int = 2
+
+
+_STREAMING_RANGES = {
+    "resident_layers": (lambda v: v >= 0, "an integer >= 0 (layers kept on the device)"),
+    "ring_size": (lambda v: v >= 2, "an integer >= 2 (staging buffers on the device)"),
+}
+
+
 class ActiveKVConfigError(ValueError):
     """Raised for a bad ``kv_connector_extra_config``; the message names the key."""
 
@@ -37,6 +53,9 @@ class ActiveKVConfig:
     # How long a worker waits for a save's copies before quarantining their
     # slots (the native engine's fences; the reference's copies are immediate).
     fence_timeout_ms: int = 30_000
+    # Layer streaming: a table {"resident_layers": R, "ring_size": K}; absent
+    # or None: every layer's KV stays on the device (no streaming).
+    streaming: StreamingConfig | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ActiveKVConfig:
@@ -51,7 +70,35 @@ class ActiveKVConfig:
             )
         for name in sorted(extra):  # sorted: the same first error in every engine
             _check_value(name, fields[name].type, extra[name])
+        streaming = extra.pop("streaming", None)
+        if streaming is not None:
+            extra["streaming"] = _streaming(streaming)
         return cls(**extra)
+
+
+def _streaming(table: Any) -> StreamingConfig:
+    where = "kv_connector_extra_config['streaming']"
+    if not isinstance(table, Mapping):
+        raise ActiveKVConfigError(
+            f"{where}: expected a table {{'resident_layers': R, 'ring_size': K}}, "
+            f"got {type(table).__name__} {table!r}"
+        )
+    unknown = sorted(set(table) - set(_STREAMING_RANGES))
+    if unknown:
+        raise ActiveKVConfigError(
+            f"{where}: unknown key {unknown[0]!r}; accepted keys: "
+            f"{', '.join(sorted(_STREAMING_RANGES))}"
+        )
+    for name in sorted(table):
+        value = table[name]
+        check, accepts = _STREAMING_RANGES[name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ActiveKVConfigError(
+                f"{where}[{name!r}]: expected an integer, got {type(value).__name__} {value!r}"
+            )
+        if not check(value):
+            raise ActiveKVConfigError(f"{where}[{name!r}]: {value!r} is out of range; expected {accepts}")
+    return StreamingConfig(**table)
 
 
 # Checks for each key beyond its type: (predicate, what the key accepts).
@@ -66,6 +113,8 @@ _LITERALS = {"Mode": Mode, "StoreScope": StoreScope}
 
 def _check_value(name: str, annotation: str, value: Any) -> None:
     where = f"kv_connector_extra_config[{name!r}]"
+    if annotation == "StreamingConfig | None":
+        return  # a table: checked key by key in _streaming
     if annotation in _LITERALS:
         accepted = get_args(_LITERALS[annotation])
         if value not in accepted:

@@ -3,6 +3,7 @@ scheduler side or the worker side, by role. No logic of its own lives here."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,10 @@ from .layout import KVLayout
 from .metadata import ActiveKVMetadata
 from .scheduler import SchedulerSide
 from .stats import ActiveKVPromMetrics, ActiveKVStats
+from .streaming import StartupReport, StreamingGeometry, check_streamable
 from .worker import WorkerSide
+
+logger = logging.getLogger("activekv_reference")
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -63,6 +67,26 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
                 f"exceeds this host's memory ({host_bytes} bytes); ask for less"
             )
+        geometry = None
+        if self.config.streaming is not None:
+            check_streamable(vllm_config, kv_cache_config.kv_cache_groups)
+            geometry = StreamingGeometry.plan(self.config.streaming, layout.layer_names)
+            report = StartupReport.of(
+                geometry, kv_cache_config.num_blocks, layout.block_size,
+                layout.layer_bytes("exact"), vllm_config.model_config.max_model_len,
+            )
+            # The homes come on top of the host store, in every worker.
+            if self.config.capacity_bytes + report.host_bytes > host_bytes:
+                raise ValueError(
+                    f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
+                    f"plus the streamed layers' homes ({report.host_bytes} bytes for "
+                    f"{kv_cache_config.num_blocks} blocks) exceed this host's memory "
+                    f"({host_bytes} bytes); lower capacity_bytes, raise "
+                    f"kv_connector_extra_config['streaming']['resident_layers'], or give vLLM "
+                    f"fewer KV cache blocks (gpu_memory_utilization, num_gpu_blocks_override)"
+                )
+            if role == KVConnectorRole.SCHEDULER:
+                logger.info("%s", report.line())
         identity = model_identity(vllm_config, layout)
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
@@ -74,17 +98,32 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 slot_bytes,
                 num_slots,
                 identity.tp_size,
+                streaming=geometry is not None,
             )
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             self.worker_side = WorkerSide(
-                self.config, layout, num_slots, get_tensor_model_parallel_rank()
+                self.config, layout, num_slots, get_tensor_model_parallel_rank(), geometry
             )
 
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a dropped save is only a future miss
+
+    @classmethod
+    def get_kv_cache_regions(cls, vllm_config, kv_cache_groups) -> list[list[str]] | None:
+        """Layer streaming: the resident layers' regions, then the ring's."""
+        config = ActiveKVConfig.from_extra_config(
+            vllm_config.kv_transfer_config.kv_connector_extra_config
+        )
+        if config.streaming is None:
+            return None
+        check_streamable(vllm_config, kv_cache_groups)
+        return StreamingGeometry.plan(config.streaming, kv_cache_groups[0].layer_names).regions()
+
+    def loads_before_kv_cache_update(self) -> bool:
+        return self.worker_side is not None and self.worker_side.streaming is not None
 
     # -- worker ---------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

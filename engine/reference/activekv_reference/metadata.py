@@ -34,6 +34,11 @@ class ActiveKVMetadata(KVConnectorMetadata):
     # Finished requests whose device blocks stay allocated until the workers
     # report (get_finished) that none of their saves is still running.
     awaiting_free: list[str] = dataclasses.field(default_factory=list)
+    # Layer streaming (streaming.py), sorted block ids: blocks the step's
+    # attention reads and no load fills (staged from their homes), and blocks
+    # the step writes or loads (copied back to their homes).
+    stage_blocks: list[int] = dataclasses.field(default_factory=list)
+    writeback_blocks: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

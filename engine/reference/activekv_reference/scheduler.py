@@ -10,6 +10,11 @@ Saves: after each step, every full block the step completes (prompt blocks, and
 decode blocks if configured) is offered to the policy; an admitted block gets
 a PENDING slot and a save op. It turns VISIBLE only when every worker reported
 the save sealed (worker metadata), so a lookup never sees a half-written block.
+
+Layer streaming (streaming.py): every step also names the blocks the workers
+stage into the ring (what the step's attention reads and no load fills) and
+write back (what the step writes or loads), from every scheduled request's
+block table.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .index import BlockIndex
 from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
 from .policy import AdmissionPolicy
 from .stats import ActiveKVStats
+from .streaming import cdiv
 
 
 @dataclasses.dataclass
@@ -48,8 +54,12 @@ class SchedulerSide:
         slot_bytes: int,
         num_slots: int,
         tp_size: int,
+        streaming: bool = False,
     ):
         self.config = config
+        self.streaming = streaming
+        # Streaming: the block table of every scheduled request, as vLLM grows it.
+        self._block_tables: dict[str, list[int]] = {}
         self.identity_digest = identity_digest
         self.block_size = block_size
         self.slot_bytes = slot_bytes
@@ -113,6 +123,8 @@ class SchedulerSide:
         meta = ActiveKVMetadata(loads=self._pending_loads, awaiting_free=self._notify_awaiting)
         self._pending_loads, self._notify_awaiting = [], []
         scheduled = scheduler_output.num_scheduled_tokens
+        if self.streaming:
+            self._plan_streaming(scheduler_output, meta)
         for new in scheduler_output.scheduled_new_reqs:
             st = self._requests.get(new.req_id)
             if st is None:  # not seen by get_num_new_matched_tokens: nothing to do
@@ -137,6 +149,36 @@ class SchedulerSide:
                 st.block_ids.extend(new_ids[0])
             self._plan_saves(req_id, st, cached.num_computed_tokens[i] + scheduled[req_id], meta)
         return meta
+
+    def _plan_streaming(self, scheduler_output, meta: ActiveKVMetadata) -> None:
+        """The step's stage and write-back blocks. A request computed c tokens
+        and computes s now: its attention reads the blocks holding tokens
+        below c, and it writes the blocks holding tokens c .. c+s-1."""
+        bs = self.block_size
+        scheduled = scheduler_output.num_scheduled_tokens
+        steps = []
+        for new in scheduler_output.scheduled_new_reqs:
+            self._block_tables[new.req_id] = list(new.block_ids[0])
+            steps.append((new.req_id, new.num_computed_tokens, scheduled[new.req_id]))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids or req_id not in self._block_tables:
+                self._block_tables[req_id] = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                self._block_tables[req_id].extend(new_ids[0])
+            steps.append((req_id, cached.num_computed_tokens[i], scheduled[req_id]))
+        loaded = {op.block_id for op in meta.loads}
+        touched, written = set(), set()
+        for req_id, computed, num_scheduled in steps:
+            table = self._block_tables[req_id]
+            touched.update(table[: cdiv(computed + num_scheduled, bs)])
+            written.update(table[computed // bs : cdiv(computed + num_scheduled, bs)])
+        # Written blocks are staged too: their slots past the new tokens must
+        # hold what a device-resident layer would hold there (vLLM's CPU
+        # attention reads whole blocks, and those bytes change its rounding).
+        meta.stage_blocks = sorted(touched - loaded)
+        meta.writeback_blocks = sorted(written | loaded)
 
     def _plan_saves(self, req_id: str, st: _RequestState, computed: int, meta: ActiveKVMetadata):
         known = min(computed, len(st.request.all_token_ids), len(st.block_ids) * self.block_size)
@@ -211,6 +253,7 @@ class SchedulerSide:
             self._notify_awaiting.append(req_id)
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        self._block_tables.pop(request.request_id, None)
         st = self._requests.pop(request.request_id, None)
         if st is None or st.unconfirmed_saves == 0:
             return False, None

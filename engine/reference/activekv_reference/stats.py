@@ -33,6 +33,9 @@ COUNTERS: dict[str, str] = {
     "save_us": "Microseconds spent saving blocks",
     "load_us": "Microseconds spent loading blocks",
     "quarantined_fences": "Transfer fences with an unknown outcome; their staging is never reused",
+    "streamed_bytes_to_device": "Layer streaming: bytes staged from the homes into the ring",
+    "streamed_bytes_to_host": "Layer streaming: bytes written back from the ring to the homes",
+    "stream_us": "Layer streaming: microseconds spent staging and writing back",
 }
 
 

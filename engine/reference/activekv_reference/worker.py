@@ -26,6 +26,7 @@ from .config import ActiveKVConfig
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp
 from .stats import ActiveKVStats
+from .streaming import LayerStreamer, StreamingGeometry
 
 _RECENT_FINISHED = 4096
 
@@ -35,8 +36,11 @@ def _elapsed_us(t0: float) -> int:
 
 
 class WorkerSide:
-    def __init__(self, config: ActiveKVConfig, layout: KVLayout, num_slots: int, tp_rank: int):
+    def __init__(self, config: ActiveKVConfig, layout: KVLayout, num_slots: int, tp_rank: int,
+                 streaming: StreamingGeometry | None = None):
         self.config = config
+        self.streaming = streaming
+        self.streamer: LayerStreamer | None = None
         self.layout = layout
         self.num_slots = num_slots
         self.tp_rank = tp_rank
@@ -71,6 +75,8 @@ class WorkerSide:
         if first.dtype != self.layout.dtype:
             raise ValueError(f"ActiveKV: KV cache dtype {first.dtype} != spec {self.layout.dtype}")
         self._kv = {n: kv_caches[n] for n in self.layout.layer_names}
+        if self.streaming is not None:
+            self.streamer = LayerStreamer(self.streaming, self._kv)
         self.codec = make_codec(
             self.config.mode, shapes.pop(), self.layout.dtype, self.layout.head_size
         )
@@ -94,8 +100,15 @@ class WorkerSide:
                 )
             if not 0 <= op.slot < self.num_slots:
                 raise IndexError(f"slot {op.slot} out of range (arena has {self.num_slots} slots)")
+        for block in [*meta.stage_blocks, *meta.writeback_blocks]:
+            if not 0 <= block < num_blocks:
+                raise IndexError(
+                    f"block id {block} out of range (the KV cache has {num_blocks} blocks)"
+                )
         for op in meta.saves:  # their bytes are about to be rewritten
             self.arena.unseal(op.slot)
+        if self.streamer is not None:
+            self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks, None)
 
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata) -> None:
@@ -127,6 +140,9 @@ class WorkerSide:
         self.stats.add("load_us", _elapsed_us(t0))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        # Streamed layers: their read blocks first, the step's loads on top.
+        if self.streamer is not None:
+            self.streamer.stage(layer_name, self._kv[layer_name], self.stats)
         staged = self._staged_loads.pop(layer_name, None)
         if staged is None:
             return
@@ -138,6 +154,8 @@ class WorkerSide:
 
     # -- saves ----------------------------------------------------------------
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, meta: ActiveKVMetadata) -> None:
+        if self.streamer is not None:
+            self.streamer.write_back(layer_name, kv_layer, self.stats)
         if not meta.saves or layer_name not in self.layer_offset:
             return
         assert self.codec is not None

@@ -1,0 +1,205 @@
+"""Layer streaming: contexts longer than the device's KV memory.
+
+Geometry. The first R layers of the KV cache group (in vLLM's order) are
+*resident*: their KV stays on the device. The other L - R layers are
+*streamed*: the host holds every block of theirs (the block's *home*, indexed
+by vLLM's block id, always exact bytes), and the device holds a ring of K
+buffers, each one layer's worth of blocks. Streamed layer j (0-based among the
+streamed) uses buffer j % K: vLLM views its KV cache onto that buffer
+(get_kv_cache_regions; patches/vllm/0.32.0/0002), so its block table, its
+attention kernel and its KV cache update work unchanged. A budget that held
+B blocks of L layers now holds B * L / (R + K) blocks.
+
+Per step and streamed layer, in vLLM's order:
+  before the layer's KV cache update (wait_for_layer_load, which vLLM calls
+      there for a connector that asks, loads_before_kv_cache_update): copy the
+      layer's home rows of every block the step's attention reads and the step
+      does not load (stage_blocks) into its buffer; the step's loads from the
+      host store then land on top, as for a resident layer;
+  after the layer's attention (save_kv_layer): copy the blocks the step wrote
+      or loaded (writeback_blocks) from the buffer back to their homes; the
+      buffer then serves the streamed layer K places later.
+The scheduler side decides both lists from the scheduled requests' block
+tables (SchedulerSide.plan_streaming); a block several requests read is
+staged once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from .config import ActiveKVConfigError, StreamingConfig
+
+STREAMING_KEY = "kv_connector_extra_config['streaming']"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingGeometry:
+    layer_names: tuple[str, ...]
+    resident_layers: int
+    ring_size: int
+
+    @classmethod
+    def plan(cls, config: StreamingConfig, layer_names) -> StreamingGeometry:
+        """The geometry for these layers; ActiveKVConfigError (naming the key)
+        when streaming cannot save device memory with them."""
+        names, r, k = tuple(layer_names), config.resident_layers, config.ring_size
+        if r >= len(names):
+            raise ActiveKVConfigError(
+                f"{STREAMING_KEY}['resident_layers']: {r} leaves no layer to stream; "
+                f"this model has {len(names)} KV cache layers, so it accepts 0..{len(names) - 1}"
+            )
+        if r + k >= len(names):
+            raise ActiveKVConfigError(
+                f"{STREAMING_KEY}: resident_layers + ring_size = {r} + {k} must be below the "
+                f"model's {len(names)} KV cache layers, or streaming holds no more blocks "
+                f"than the device does without it; lower resident_layers or ring_size"
+            )
+        return cls(names, r, k)
+
+    @property
+    def resident(self) -> tuple[str, ...]:
+        return self.layer_names[: self.resident_layers]
+
+    @property
+    def streamed(self) -> tuple[str, ...]:
+        return self.layer_names[self.resident_layers :]
+
+    def regions(self) -> list[list[str]]:
+        """The layers sharing each region of the device KV cache: one per
+        resident layer, then one per ring buffer."""
+        rings = [list(self.streamed[i :: self.ring_size]) for i in range(self.ring_size)]
+        return [[name] for name in self.resident] + rings
+
+    def ring_of(self, name: str) -> int:
+        return self.streamed.index(name) % self.ring_size
+
+
+def check_streamable(vllm_config, kv_cache_groups) -> None:
+    """Refuse, naming the setting, a model or vLLM setting streaming cannot serve."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    def refuse(why: str) -> None:
+        raise ActiveKVConfigError(f"{STREAMING_KEY}: layer streaming cannot serve {why}")
+
+    model = vllm_config.model_config
+    if getattr(model, "use_mla", False):
+        refuse("a model with multi-head latent attention (MLA); turn streaming off for it")
+    kinds = [type(g.kv_cache_spec).__name__ for g in kv_cache_groups]
+    if len(kv_cache_groups) != 1 or type(kv_cache_groups[0].kv_cache_spec) is not FullAttentionSpec:
+        refuse(f"KV cache groups {kinds}: it needs one full-attention group (no sliding-window "
+               "or hybrid groups)")
+    if getattr(kv_cache_groups[0].kv_cache_spec, "sliding_window", None) is not None:
+        refuse("sliding-window attention; it needs full attention in every layer")
+    num_layers = model.get_num_layers_by_block_type(vllm_config.parallel_config, "attention")
+    if len(kv_cache_groups[0].layer_names) != num_layers:
+        refuse(f"a model whose layers share KV ({num_layers} attention layers, "
+               f"{len(kv_cache_groups[0].layer_names)} with a KV cache of their own)")
+    if vllm_config.speculative_config is not None:
+        refuse("speculative decoding (speculative_config is set); turn one of them off")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        refuse("pipeline parallelism (pipeline_parallel_size "
+               f"{vllm_config.parallel_config.pipeline_parallel_size}); use tensor parallelism")
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupReport:
+    resident_layers: int
+    streamed_layers: int
+    ring_size: int
+    device_blocks: int  # what vLLM holds with streaming
+    device_blocks_without: int  # the same memory without streaming
+    block_size: int
+    host_bytes: int  # the streamed layers' homes, per worker
+    decode_step_bytes: int  # host->device bytes of a max_model_len decode step, per worker
+
+    @classmethod
+    def of(cls, geometry: StreamingGeometry, num_blocks: int, block_size: int,
+           layer_bytes: int, max_model_len: int) -> StartupReport:
+        regions = geometry.resident_layers + geometry.ring_size
+        streamed = len(geometry.streamed)
+        return cls(
+            resident_layers=geometry.resident_layers,
+            streamed_layers=streamed,
+            ring_size=geometry.ring_size,
+            device_blocks=num_blocks,
+            device_blocks_without=num_blocks * regions // len(geometry.layer_names),
+            block_size=block_size,
+            host_bytes=num_blocks * streamed * layer_bytes,
+            decode_step_bytes=cdiv(max_model_len, block_size) * streamed * layer_bytes,
+        )
+
+    def line(self) -> str:
+        tokens, without = self.device_blocks * self.block_size, self.device_blocks_without * self.block_size
+        return (
+            f"ActiveKV layer streaming: {self.resident_layers} resident + {self.streamed_layers} "
+            f"streamed layers, ring of {self.ring_size}; the device holds {self.device_blocks} "
+            f"blocks ({tokens} tokens), {without // self.block_size} blocks ({without} tokens) "
+            f"without streaming; host memory reserved for the streamed layers "
+            f"{self.host_bytes} bytes per worker; a full-context decode step moves "
+            f"{self.decode_step_bytes} bytes host->device per worker"
+        )
+
+
+class LayerStreamer:
+    """Worker side: the homes of the streamed layers and the copies in and out."""
+
+    def __init__(self, geometry: StreamingGeometry, kv_caches: dict[str, torch.Tensor]):
+        self.geometry = geometry
+        self._check_aliasing(kv_caches)
+        first = kv_caches[geometry.streamed[0]]
+        pin = first.device.type != "cpu"
+        # One home per streamed layer: every block of that layer, by block id.
+        self.homes = {
+            name: torch.zeros(first.shape, dtype=first.dtype, pin_memory=pin)
+            for name in geometry.streamed
+        }
+        self._stage: torch.Tensor | None = None
+        self._writeback: torch.Tensor | None = None
+        self._staged: set[str] = set()
+
+    def _check_aliasing(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        ring_ptr: dict[int, int] = {}
+        for name in self.geometry.streamed:
+            ptr, ring = kv_caches[name].data_ptr(), self.geometry.ring_of(name)
+            if ring_ptr.setdefault(ring, ptr) != ptr:
+                raise ValueError(
+                    f"ActiveKV layer streaming: the KV cache of layer {name!r} is not a view of "
+                    f"ring buffer {ring}; vLLM must carry ActiveKV's patch series "
+                    "(0002, get_kv_cache_regions) for streaming"
+                )
+
+    def begin_step(self, stage_blocks: list[int], writeback_blocks: list[int], device) -> None:
+        self._stage = torch.tensor(stage_blocks, dtype=torch.long) if stage_blocks else None
+        self._writeback = torch.tensor(writeback_blocks, dtype=torch.long) if writeback_blocks else None
+        self._staged = set()
+
+    def stage(self, name: str, kv: torch.Tensor, stats) -> None:
+        """Home -> ring buffer for the step's read blocks; once per layer and step."""
+        if name in self._staged or name not in self.homes:
+            return
+        self._staged.add(name)
+        if self._stage is None:
+            return
+        t0 = time.perf_counter()
+        rows = self.homes[name].index_select(0, self._stage)
+        kv.index_copy_(0, self._stage.to(kv.device), rows.to(kv.device))
+        stats.add("streamed_bytes_to_device", rows.numel() * rows.element_size())
+        stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))
+
+    def write_back(self, name: str, kv: torch.Tensor, stats) -> None:
+        """Ring buffer -> home for the blocks the step wrote or loaded."""
+        if self._writeback is None or name not in self.homes:
+            return
+        t0 = time.perf_counter()
+        rows = kv.index_select(0, self._writeback.to(kv.device)).cpu()
+        self.homes[name].index_copy_(0, self._writeback, rows)
+        stats.add("streamed_bytes_to_host", rows.numel() * rows.element_size())
+        stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))
