@@ -312,6 +312,11 @@ def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int 
     return record
 
 
+def patched_wheel(record: dict, out_root: Path = OUT_DIR) -> Path:
+    """The patched wheel a patch_vllm record describes."""
+    return out_root / f"{record['distribution']}-{record['version']}" / record["patched"]["file"]
+
+
 def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
            downloads: Path = DOWNLOADS, tree: Path | None = None) -> list[HunkResult]:
     """Try the nearest series on `version` (its pinned wheel, or an unpacked

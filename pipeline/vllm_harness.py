@@ -40,6 +40,19 @@ CONNECTORS = {
 # The reference wrapped by the parity recorder (not an implementation under test).
 RECORDER = {"kv_connector": "RecordingReferenceConnector",
             "kv_connector_module_path": "pipeline.parity.recorder"}
+# vLLM's own example connector: an oracle from vLLM's code alone for runs that
+# need a connector (vLLM 0.32 on CPU computes other logprobs, by a uniform
+# shift, whenever any KV connector is configured; tokens are the same).
+EXAMPLE = {"kv_connector": "ExampleConnector"}
+
+# Layer streaming: the tiny model at STREAMING_LAYERS layers in a device KV
+# budget that holds STREAMING_BUDGET_BLOCKS blocks without streaming (one of
+# them vLLM's null block). Streaming with no resident layer and a ring of 2
+# holds L / 2 = 8 times the blocks, so it serves STREAMING_CONTEXT tokens:
+# 8x what the budget holds for plain vLLM.
+STREAMING_BUDGET_BLOCKS = 16
+STREAMING = {"resident_layers": 0, "ring_size": 2}
+STREAMING_CONTEXT = 8 * (STREAMING_BUDGET_BLOCKS - 1) * BLOCK_SIZE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -146,6 +159,8 @@ def make_llm(
     *,
     connector: str | dict | None,
     tensor_parallel_size: int = 1,
+    kv_cache_bytes: int | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -153,6 +168,9 @@ def make_llm(
     stats enabled resets: only the connector LLM made last has readable
     telemetry. The baseline (connector=None) runs with stats off, so it can
     live beside one connector LLM.
+
+    The device KV cache holds NUM_DEVICE_BLOCKS blocks, or what
+    `kv_cache_bytes` (per worker) holds: the budget of the streaming tests.
     """
     from vllm import LLM
     from vllm.config import KVTransferConfig
@@ -169,8 +187,9 @@ def make_llm(
         skip_tokenizer_init=True,
         dtype="bfloat16",
         block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        num_gpu_blocks_override=NUM_DEVICE_BLOCKS,
+        max_model_len=max_model_len,
+        **({"num_gpu_blocks_override": NUM_DEVICE_BLOCKS} if kv_cache_bytes is None
+           else {"kv_cache_memory_bytes": kv_cache_bytes}),
         gpu_memory_utilization=0.3,
         enforce_eager=True,
         disable_log_stats=connector is None,  # ActiveKV telemetry reaches us through the metrics
@@ -249,10 +268,20 @@ def flush_device_cache(llm) -> None:
         raise RuntimeError("vLLM refused to reset its prefix cache")
 
 
+def layer_block_bytes(tp_size: int = 1) -> int:
+    """Bytes of one block of one layer in exact mode (K and V, bf16), per worker."""
+    return 2 * BLOCK_SIZE * CONFIG["num_key_value_heads"] // tp_size * head_size() * 2
+
+
 def exact_block_bytes() -> int:
     """Host bytes of one block in exact mode: K and V of every layer, bf16."""
-    per_layer = 2 * BLOCK_SIZE * CONFIG["num_key_value_heads"] * head_size() * 2
-    return CONFIG["num_hidden_layers"] * per_layer
+    return CONFIG["num_hidden_layers"] * layer_block_bytes()
+
+
+def streaming_budget_bytes(num_layers: int, tp_size: int = 1) -> int:
+    """The device KV budget of the streaming tests, per worker: what holds
+    STREAMING_BUDGET_BLOCKS blocks of every layer without streaming."""
+    return STREAMING_BUDGET_BLOCKS * num_layers * layer_block_bytes(tp_size)
 
 
 def reusable_tokens(prompt_len: int) -> int:

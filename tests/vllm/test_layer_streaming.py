@@ -1,0 +1,96 @@
+"""Layer streaming in real vLLM: a context 8x what the device's KV budget holds.
+
+The 16-layer tiny model in a budget M that holds STREAMING_BUDGET_BLOCKS blocks
+of every layer: plain vLLM refuses a max_model_len of 8x what M holds; ActiveKV
+with streaming serves it in the same M, with the tokens and logprobs of vLLM
+given 8x M."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline import vllm_harness as h
+from pipeline.tiny_model import STREAMING_LAYERS, tiny_llama
+
+pytestmark = pytest.mark.vllm
+
+BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)
+CONTEXT = h.STREAMING_CONTEXT
+# The prompt fills the context with the tokens generated.
+PROMPT = h.random_tokens(random.Random(40), CONTEXT - h.MAX_TOKENS)
+
+
+@pytest.fixture(scope="session")
+def deep_model(cache_dir):
+    return tiny_llama(cache_dir, STREAMING_LAYERS)
+
+
+@pytest.fixture(scope="session")
+def answers_with_8x_memory(deep_model, tmp_path_factory, oracle_margins):
+    """vLLM given 8x M: without a connector (tokens), and with vLLM's own
+    example connector (tokens and logprobs: vLLM on CPU shifts every logprob
+    a little whenever any KV connector is configured)."""
+    answers = {}
+    for name, connector, extra in [
+        ("plain", None, None),
+        ("example", h.EXAMPLE, {"shared_storage_path": str(tmp_path_factory.mktemp("example"))}),
+    ]:
+        llm = h.make_llm(deep_model, extra, connector=connector, kv_cache_bytes=8 * BUDGET,
+                         max_model_len=CONTEXT)
+        try:
+            answers[name] = h.generate(llm, [PROMPT])
+        finally:
+            h.shutdown(llm)
+        oracle_margins.append(h.require_clear_margins(answers[name], f"vLLM with 8x M ({name})"))
+    return answers
+
+
+def test_plain_vllm_refuses_the_context_in_budget_m(deep_model, capfd, figures):
+    with pytest.raises(RuntimeError, match="Engine core initialization failed"):
+        h.make_llm(deep_model, connector=None, kv_cache_bytes=BUDGET, max_model_len=CONTEXT)
+    # The engine core's own message, from its process's log.
+    log = capfd.readouterr().err
+    refusal = next(line for line in log.splitlines()
+                   if f"max seq len ({CONTEXT})" in line and "ValueError" in line)
+    holds = (h.STREAMING_BUDGET_BLOCKS - 1) * h.BLOCK_SIZE
+    assert f"the estimated maximum model length is {holds}" in refusal
+    assert CONTEXT == 8 * holds
+    figures.append("plain vLLM in budget M: " + refusal.split("ValueError: ", 1)[1][:200])
+
+
+@pytest.fixture(scope="module")
+def streaming_llm(deep_model, connector):
+    llm = h.make_llm(deep_model, {"streaming": h.STREAMING}, connector=connector,
+                     kv_cache_bytes=BUDGET, max_model_len=CONTEXT)
+    yield llm
+    h.shutdown(llm)
+
+
+def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answers_with_8x_memory, connector,
+                                                 figures):
+    with h.TelemetryDelta(streaming_llm) as moved:
+        got = h.generate(streaming_llm, [PROMPT])
+    assert got[0].tokens == answers_with_8x_memory["plain"][0].tokens
+    diff = h.difference(got, answers_with_8x_memory["example"])
+    assert not diff, f"streaming in M differs from vLLM given 8x M: {diff}"
+    # Every streamed layer's KV crossed into the ring: at least the prompt's
+    # blocks once per streamed layer for the prefill.
+    streamed = STREAMING_LAYERS - h.STREAMING["resident_layers"]
+    assert moved["streamed_bytes_to_host"] >= (len(PROMPT) // h.BLOCK_SIZE) * streamed * h.layer_block_bytes()
+    assert moved["streamed_bytes_to_device"] > 0
+    figures.append(f"streaming ({connector}): {CONTEXT} tokens in a budget that holds "
+                   f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of vLLM with "
+                   f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged")
+
+
+def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm,
+                                                                   answers_with_8x_memory):
+    # A second request, once vLLM's own cache is flushed: the prompt's blocks
+    # load from the host store into the ring and are written back to their homes.
+    h.flush_device_cache(streaming_llm)
+    with h.TelemetryDelta(streaming_llm) as moved:
+        again = h.generate(streaming_llm, [PROMPT])
+    assert moved["hit_tokens"] == h.reusable_tokens(len(PROMPT))
+    assert again[0].tokens == answers_with_8x_memory["plain"][0].tokens
