@@ -39,16 +39,22 @@ def ensure_distributed() -> None:
         ps.initialize_model_parallel(1, 1)
 
 
-def vllm_config(extra: dict[str, Any], connector_name: str, model: str = "tiny", tp_size: int = 1):
-    """What the connectors read of a VllmConfig."""
+def vllm_config(extra: dict[str, Any], connector_name: str, model: str = "tiny", tp_size: int = 1,
+                num_layers: int = 4, max_model_len: int = 2304):
+    """What the connectors read of a VllmConfig: a plain dense model, no
+    speculative decoding, no pipeline parallelism."""
     from vllm.config import KVTransferConfig
 
     return SimpleNamespace(
         kv_transfer_config=KVTransferConfig(
             kv_connector=connector_name, kv_role="kv_both", kv_connector_extra_config=extra
         ),
-        model_config=SimpleNamespace(model=model),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp_size),
+        model_config=SimpleNamespace(
+            model=model, use_mla=False, max_model_len=max_model_len,
+            get_num_layers_by_block_type=lambda parallel_config, block_type="attention": num_layers,
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp_size, pipeline_parallel_size=1),
+        speculative_config=None,
     )
 
 
@@ -77,11 +83,13 @@ def kv_caches(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
     return {n: torch.randn(shape, generator=g).to(spec.dtype) for n in group.layer_names}
 
 
-def make_pair(impl: str, extra: dict[str, Any], cfg, *, model: str = "tiny", tp_size: int = 1):
+def make_pair(impl: str, extra: dict[str, Any], cfg, *, model: str = "tiny", tp_size: int = 1,
+              max_model_len: int = 2304):
     """(scheduler side, worker side) connectors of `impl`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     ensure_distributed()
     cls = connector_class(impl)
-    config = vllm_config(extra, cls.__name__, model, tp_size)
+    config = vllm_config(extra, cls.__name__, model, tp_size,
+                         len(cfg.kv_cache_groups[0].layer_names), max_model_len)
     return (cls(config, KVConnectorRole.SCHEDULER, cfg), cls(config, KVConnectorRole.WORKER, cfg))

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         for session in sessions(mode):
             directory = args.out / "recordings" / f"{mode}-{session.name}"
             shutil.rmtree(directory, ignore_errors=True)
-            record_session(model, session, directory)
+            record_session(tiny_llama(args.cache, session.num_layers), session, directory)
             sched, worker = _traces(directory)
             runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
             for scenario, _ in session.scenarios:

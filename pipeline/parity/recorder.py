@@ -29,6 +29,7 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
             extra_config=dict(self._kv_transfer_config.kv_connector_extra_config),
             model=str(vllm_config.model_config.model),
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            max_model_len=vllm_config.model_config.max_model_len,
             kv_cache_config=kv_cache_config,
         )
 
@@ -72,8 +73,13 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
     # -- worker -----------------------------------------------------------------
     def register_kv_caches(self, kv_caches):
         super().register_kv_caches(kv_caches)
+        # Layers whose KV caches share bytes (layer streaming's ring buffers).
+        shared: dict[int, list[str]] = {}
+        for n, t in kv_caches.items():
+            shared.setdefault(t.data_ptr(), []).append(n)
         self._trace.add(
-            "register", layers={n: (tuple(t.shape), str(t.dtype)) for n, t in kv_caches.items()}
+            "register", layers={n: (tuple(t.shape), str(t.dtype)) for n, t in kv_caches.items()},
+            regions=list(shared.values()),
         )
 
     def bind_connector_metadata(self, connector_metadata):
@@ -90,9 +96,12 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
         self._trace.add("wfl", layer=layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        ids = [op.block_id for op in self._get_connector_metadata().saves]
-        # What the save reads: the blocks as the forward left them.
-        self._trace.add("save", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].clone())
+        meta = self._get_connector_metadata()
+        ids = [op.block_id for op in meta.saves]
+        back = list(meta.writeback_blocks) if self.worker_side.streamer is not None else []
+        # What the save and the write-back read: the blocks as the forward left them.
+        self._trace.add("save", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].clone(),
+                        writeback_ids=back, writeback=kv_layer[back].clone())
         super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
     def wait_for_save(self):

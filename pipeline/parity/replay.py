@@ -7,6 +7,12 @@ contents written into the blocks each save reads, and the worker's output fed
 back to this implementation's scheduler side. Every return value, every
 metadata object, the loaded block contents and, at the end of each segment,
 the bytes of every block in the host store are collected as observations.
+
+Layer streaming: the KV caches of the layers that shared bytes in the
+recording (the ring buffers) share them here too; the blocks each layer's
+staging put in the ring are observed, the recorded contents of the blocks the
+step wrote are put in the ring before the write-back (what vLLM's forward
+wrote), and the streamed layers' homes are observed at the end of each segment.
 """
 
 from __future__ import annotations
@@ -62,6 +68,17 @@ class _Clock:
             self.seconds += time.perf_counter() - t0
 
 
+def streamed_homes(worker) -> dict[str, str]:
+    """SHA-256 of each streamed layer's home (every block), for either implementation."""
+    if hasattr(worker, "worker_side"):  # reference
+        streamer = worker.worker_side.streamer
+        if streamer is None:
+            return {}
+        return {n: _digest(home) for n, home in streamer.homes.items()}
+    engine = worker._activekv_worker
+    return {n: hashlib.sha256(engine.streamed_home(n)).hexdigest() for n in engine.streamed_layers()}
+
+
 def store_bytes(worker) -> dict[int, str]:
     """SHA-256 of every sealed slot's bytes, by slot, for either implementation."""
     if hasattr(worker, "worker_side"):  # reference
@@ -105,17 +122,22 @@ def replay(
     # connector (one recording read 0.4x for the native engine that way).
     gc.collect()
     sched, _ = make_pair(impl, sched_init["extra_config"], sched_init["kv_cache_config"],
-                         model=sched_init["model"], tp_size=sched_init["tp_size"])
+                         model=sched_init["model"], tp_size=sched_init["tp_size"],
+                         max_model_len=sched_init["max_model_len"])
     _, worker = make_pair(impl, worker_init["extra_config"], worker_init["kv_cache_config"],
-                          model=worker_init["model"], tp_size=worker_init["tp_size"])
+                          model=worker_init["model"], tp_size=worker_init["tp_size"],
+                          max_model_len=worker_init["max_model_len"])
 
     register = [e for e in worker_events if e["kind"] == "register"]
     if len(register) != 1:
         raise TraceMismatchError("worker trace must register its KV caches exactly once")
-    kv = {
-        name: torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
-        for name, (shape, dtype) in register[0]["layers"].items()
-    }
+    layers = register[0]["layers"]
+    kv = {}
+    # One tensor per region: the layers that shared bytes in vLLM share them here.
+    for region in register[0].get("regions", [[n] for n in layers]):
+        shape, dtype = layers[region[0]]
+        tensor = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
+        kv.update((name, tensor) for name in region)
     worker.register_kv_caches(kv)
     steps = _worker_steps(worker_events[1:])
     obs: dict[str, list[Observation]] = defaultdict(list)
@@ -135,6 +157,9 @@ def replay(
     def end_segment(name):
         if name:
             obs[name].append(("host store", store_bytes(worker)))
+            homes = streamed_homes(worker)
+            if homes:
+                obs[name].append(("streamed homes", homes))
 
     for ev in sched_events[1:]:
         if ev["segment"] != segment:
@@ -226,6 +251,8 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
     finished_sending = None
     output = KVConnectorOutput()
     load_ids = _block_ids(meta.loads)
+    stage_ids = list(meta.stage_blocks)
+    staged: set[str] = set()
     # As vLLM with the patch series does: the attention wrapper asks
     # has_layer_work once per layer and, when it is False, makes neither
     # per-layer call. A connector without it (the reference) gets both calls,
@@ -245,6 +272,9 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
         elif kind == "wfl":
             if works(ev["layer"]):
                 clock(worker.wait_for_layer_load, ev["layer"])
+            if stage_ids and ev["layer"] not in staged:  # the first wait stages
+                staged.add(ev["layer"])
+                out.append(("staged", (ev["layer"], _digest(kv[ev["layer"]][stage_ids]))))
             if load_ids:
                 out.append(("loaded", (ev["layer"], _digest(kv[ev["layer"]][load_ids]))))
         elif kind == "save":
@@ -256,6 +286,11 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
                 out.append(("save plan differs from the recording", (ids, ev["block_ids"])))
             for i, b in enumerate(ev["block_ids"]):
                 layer[b] = ev["blocks"][i]
+            back = list(meta.writeback_blocks)
+            if back != ev.get("writeback_ids", []):
+                out.append(("write-back plan differs from the recording", (back, ev.get("writeback_ids"))))
+            for i, b in enumerate(ev.get("writeback_ids", [])):
+                layer[b] = ev["writeback"][i]
             if works(ev["layer"]):
                 clock(worker.save_kv_layer, ev["layer"], layer, None)
         elif kind == "wfs":

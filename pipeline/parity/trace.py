@@ -45,6 +45,8 @@ def plain_metadata(meta) -> dict[str, Any]:
         "loads": [op(o) for o in meta.loads],
         "saves": [op(o) for o in meta.saves],
         "awaiting_free": list(meta.awaiting_free),
+        "stage_blocks": list(meta.stage_blocks),
+        "writeback_blocks": list(meta.writeback_blocks),
     }
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import vllm_harness as h
+from ..tiny_model import STREAMING_LAYERS
 from .trace import SEGMENT_FILE
 
 BS = h.BLOCK_SIZE
@@ -22,6 +23,8 @@ class Session:
     name: str
     extra_config: dict
     scenarios: list[tuple[str, Callable]]
+    num_layers: int | None = None  # the tiny model's (None: its default)
+    llm_options: dict = field(default_factory=dict)  # make_llm's keyword arguments
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -139,6 +142,54 @@ def decode_blocks(llm):
     h.generate(llm, [prompt + list(first.tokens) + _tokens(153, 5)])
 
 
+# -- layer streaming: the deep tiny model in a budget that holds 1/8 of the context --
+def streaming_long_context(llm):
+    h.flush_device_cache(llm)
+    h.generate(llm, [_tokens(160, h.STREAMING_CONTEXT - h.MAX_TOKENS)])
+
+
+def streaming_prefix_hit(llm):
+    # The context's blocks come back from the host store into the ring.
+    h.flush_device_cache(llm)
+    h.generate(llm, [_tokens(160, h.STREAMING_CONTEXT - h.MAX_TOKENS)])
+
+
+def streaming_preemption(llm):
+    # Two requests that together need more blocks than streaming holds: one
+    # is preempted, then resumed (recomputed, or reloaded from the host store).
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    h.flush_device_cache(llm)
+    prompts = [_tokens(161 + i, h.STREAMING_CONTEXT // 2 - 200) for i in range(2)]
+    params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+
+def streaming_many(llm):
+    shared = _tokens(163, BS)
+    prompts = [shared + _tokens(164 + i, 20) if i % 2 else _tokens(164 + i, 40) for i in range(48)]
+    h.flush_device_cache(llm)
+    h.generate(llm, prompts)
+
+
+def streaming_abort(llm):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    h.flush_device_cache(llm)
+    engine = llm.llm_engine
+    engine.add_request("aborted-streaming", TokensPrompt(prompt_token_ids=_tokens(165, 30 * BS + 7)),
+                       SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    engine.add_request("beside-it", TokensPrompt(prompt_token_ids=_tokens(166, 10 * BS)),
+                       SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    for _ in range(3):  # its prefill and a few decode steps, each staging its layers
+        engine.step()
+    engine.abort_request(["aborted-streaming"])
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def sessions(mode: str) -> list[Session]:
     one_block = h.exact_block_bytes()
     return [
@@ -159,6 +210,16 @@ def sessions(mode: str) -> list[Session]:
             ("store threshold", store_threshold), ("per-request cap", per_request_cap),
             ("decode-block saving", decode_blocks),
         ]),
+        Session("streaming", {"mode": mode, "streaming": h.STREAMING}, [
+            ("streaming: context 8x the budget", streaming_long_context),
+            ("streaming: prefix hit from the host store", streaming_prefix_hit),
+            ("streaming: preemption and resume", streaming_preemption),
+            ("streaming: 48 requests", streaming_many),
+            ("streaming: aborted while staging", streaming_abort),
+        ], num_layers=STREAMING_LAYERS, llm_options={
+            "kv_cache_bytes": h.streaming_budget_bytes(STREAMING_LAYERS),
+            "max_model_len": h.STREAMING_CONTEXT,
+        }),
     ]
 
 
@@ -169,7 +230,7 @@ def record_session(model_path: Path, session: Session, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     os.environ["ACTIVEKV_RECORD_DIR"] = str(directory)
     (directory / SEGMENT_FILE).write_text("")
-    llm = h.make_llm(model_path, session.extra_config, connector=h.RECORDER)
+    llm = h.make_llm(model_path, session.extra_config, connector=h.RECORDER, **session.llm_options)
     try:
         for name, run in session.scenarios:
             (directory / SEGMENT_FILE).write_text(name)
