@@ -6,9 +6,10 @@
 namespace activekv {
 namespace {
 
-constexpr std::array<const char*, 6> kKeys = {"capacity_bytes",   "fence_timeout_ms",
-                                              "max_bytes_per_request", "mode",
-                                              "store_blocks",     "store_threshold"};
+constexpr std::array<const char*, 7> kKeys = {
+    "capacity_bytes", "fence_timeout_ms", "max_bytes_per_request", "mode",
+    "store_blocks",   "store_threshold",  "streaming"};
+constexpr const char* kStreamingWhere = "kv_connector_extra_config['streaming']";
 
 std::string where(const std::string& key) {
   return "kv_connector_extra_config['" + key + "']";
@@ -16,16 +17,48 @@ std::string where(const std::string& key) {
 
 Status bad(std::string message) { return {ErrorCode::kInvalidConfig, std::move(message)}; }
 
-Status read_int(const std::string& key, const ConfigValue& v, std::int64_t& out,
-                const std::function<bool(std::int64_t)>& in_range, const char* accepts) {
+// `place` is where the key is, as messages name it.
+Status read_int_at(const std::string& place, const ConfigValue& v, std::int64_t& out,
+                   const std::function<bool(std::int64_t)>& in_range, const char* accepts) {
   if (v.kind != ConfigValue::Kind::kInt) {
-    return bad(where(key) + ": expected an integer, got " + v.type_name + " " + v.repr);
+    return bad(place + ": expected an integer, got " + v.type_name + " " + v.repr);
   }
   if (!in_range(v.int_value)) {
-    return bad(where(key) + ": " + v.repr + " is out of range; expected " + accepts);
+    return bad(place + ": " + v.repr + " is out of range; expected " + accepts);
   }
   out = v.int_value;
   return Status::Ok();
+}
+
+Status read_int(const std::string& key, const ConfigValue& v, std::int64_t& out,
+                const std::function<bool(std::int64_t)>& in_range, const char* accepts) {
+  return read_int_at(where(key), v, out, in_range, accepts);
+}
+
+// The `streaming` table, key by key in sorted order (as config.py's _streaming).
+Result<StreamingConfig> read_streaming(const ConfigValue& v) {
+  const std::string at = kStreamingWhere;
+  if (v.kind != ConfigValue::Kind::kTable) {
+    return bad(at + ": expected a table {'resident_layers': R, 'ring_size': K}, got " +
+               v.type_name + " " + v.repr);
+  }
+  for (const auto& [key, value] : v.table) {
+    if (key != "resident_layers" && key != "ring_size") {
+      return bad(at + ": unknown key '" + key + "'; accepted keys: resident_layers, ring_size");
+    }
+  }
+  StreamingConfig out;
+  for (const auto& [key, value] : v.table) {
+    const std::string place = at + "['" + key + "']";
+    const Status s =
+        key == "resident_layers"
+            ? read_int_at(place, value, out.resident_layers, [](auto x) { return x >= 0; },
+                          "an integer >= 0 (layers kept on the device)")
+            : read_int_at(place, value, out.ring_size, [](auto x) { return x >= 2; },
+                          "an integer >= 2 (staging buffers on the device)");
+    if (!s.ok()) return s;
+  }
+  return out;
 }
 
 template <class E, std::size_t N>
@@ -64,7 +97,9 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
   Config c;
   for (const auto& [key, v] : extra) {
     Status s;
-    if (key == "mode") {
+    if (key == "streaming") {
+      continue;  // a table: read after every other key, as the reference does
+    } else if (key == "mode") {
       constexpr std::array<std::pair<const char*, Mode>, 2> kModes = {
           {{"exact", Mode::kExact}, {"compressed", Mode::kCompressed}}};
       s = read_choice(key, v, kModes, c.mode);
@@ -85,6 +120,12 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
                    "an integer >= 0 (0 = no cap)");
     }
     if (!s.ok()) return s;
+  }
+  if (const auto it = extra.find("streaming");
+      it != extra.end() && it->second.kind != ConfigValue::Kind::kNone) {
+    auto streaming = read_streaming(it->second);
+    if (!streaming.ok()) return streaming.status();
+    c.streaming = streaming.value();
   }
   return c;
 }

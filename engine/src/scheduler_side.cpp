@@ -1,17 +1,20 @@
 #include "activekv/scheduler_side.h"
 
 #include <algorithm>
+#include <iterator>
+#include <set>
 #include <stdexcept>
 
 namespace activekv {
 
 SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest,
                              std::int64_t block_size, std::int64_t slot_bytes,
-                             std::int64_t num_slots, std::int64_t tp_size)
+                             std::int64_t num_slots, std::int64_t tp_size, bool streaming)
     : config_(config),
       identity_digest_(identity_digest),
       block_size_(block_size),
       tp_size_(tp_size),
+      streaming_(streaming),
       index_(num_slots),
       policy_(config, slot_bytes) {}
 
@@ -92,6 +95,7 @@ StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
   plan.awaiting_free = std::move(notify_awaiting_);
   pending_loads_.clear();
   notify_awaiting_.clear();
+  if (streaming_) plan_streaming(new_requests, cached_requests, plan);
   for (const auto& r : new_requests) {
     const auto it = requests_.find(r.req_id);
     if (it == requests_.end()) continue;  // never looked up: nothing to do
@@ -117,6 +121,48 @@ StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
     plan_saves(r.req_id, st, r.num_computed_tokens + r.num_scheduled_tokens, plan);
   }
   return plan;
+}
+
+void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
+                                   const std::vector<CachedRequest>& cached_requests,
+                                   StepPlan& plan) {
+  // A request computed c tokens and computes s now: its attention reads the
+  // blocks holding tokens below c + s, and it writes those holding c .. c+s-1.
+  const auto cdiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  std::set<std::int64_t> touched, written;
+  const auto add = [&](const std::vector<std::int64_t>& table, std::int64_t computed,
+                       std::int64_t scheduled) {
+    const auto end = std::min(static_cast<std::size_t>(cdiv(computed + scheduled, block_size_)),
+                              table.size());
+    const auto begin = std::min(static_cast<std::size_t>(computed / block_size_), end);
+    touched.insert(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(end));
+    written.insert(table.begin() + static_cast<std::ptrdiff_t>(begin),
+                   table.begin() + static_cast<std::ptrdiff_t>(end));
+  };
+  for (const auto& r : new_requests) {
+    auto& table = block_tables_[r.req_id];
+    table = r.block_ids;
+    add(table, r.num_computed_tokens, r.num_scheduled_tokens);
+  }
+  for (const auto& r : cached_requests) {
+    const bool known = block_tables_.contains(r.req_id);
+    auto& table = block_tables_[r.req_id];
+    if (r.resumed || !known) {  // after preemption, or never seen
+      table = r.new_block_ids.value_or(std::vector<std::int64_t>{});
+    } else if (r.new_block_ids) {
+      table.insert(table.end(), r.new_block_ids->begin(), r.new_block_ids->end());
+    }
+    add(table, r.num_computed_tokens, r.num_scheduled_tokens);
+  }
+  std::set<std::int64_t> loaded;
+  for (const auto& op : plan.loads) loaded.insert(op.block_id);
+  // Written blocks are staged too: their slots past the new tokens must hold
+  // what a device-resident layer would hold there (vLLM's CPU attention reads
+  // whole blocks, and those bytes change its rounding).
+  std::set_difference(touched.begin(), touched.end(), loaded.begin(), loaded.end(),
+                      std::back_inserter(plan.stage_blocks));
+  std::set_union(written.begin(), written.end(), loaded.begin(), loaded.end(),
+                 std::back_inserter(plan.writeback_blocks));
 }
 
 void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
@@ -206,6 +252,7 @@ void SchedulerSide::save_settled(std::int64_t slot) {
 }
 
 bool SchedulerSide::request_finished(const std::string& req_id) {
+  block_tables_.erase(req_id);
   const auto it = requests_.find(req_id);
   if (it == requests_.end()) return false;
   RequestState st = std::move(it->second);

@@ -52,12 +52,13 @@ FenceState fence_state(const c10::Event& fence) {
 }  // namespace
 
 WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots,
-                       std::int64_t tp_rank)
+                       std::int64_t tp_rank, std::optional<StreamingGeometry> streaming)
     : config_(config),
       layout_(std::move(layout)),
       num_slots_(num_slots),
       tp_rank_(tp_rank),
-      layer_bytes_(layout_.layer_bytes(config.mode)) {
+      layer_bytes_(layout_.layer_bytes(config.mode)),
+      streaming_(std::move(streaming)) {
   for (std::size_t i = 0; i < layout_.layer_names.size(); ++i) {
     layer_index_[layout_.layer_names[i]] = static_cast<std::int64_t>(i);
   }
@@ -68,6 +69,7 @@ WorkerSide::~WorkerSide() {
   // Copies still landing in the arena must finish before it is freed.
   try {
     drain_saves();
+    if (streamer_) streamer_->synchronize();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
 }
@@ -95,6 +97,11 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   }
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
+  if (streaming_) {
+    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms);
+    if (!streamer.ok()) return streamer.status();
+    streamer_ = std::move(streamer.value());
+  }
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
   const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
   arena_ = std::make_unique<HostArena>(num_slots_, num_layers, layer_bytes_, /*pin=*/has_streams(),
@@ -110,18 +117,24 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
 
 void WorkerSide::bind_plan(StepPlan plan) {
   settle_saves(/*wait=*/false);  // frees the slots of saves that landed meanwhile
-  auto check = [this](std::int64_t slot, std::int64_t block_id) {
+  auto check_block = [this](std::int64_t block_id) {
     if (block_id < 0 || block_id >= num_device_blocks_) {
       throw std::out_of_range("block id " + std::to_string(block_id) +
                               " out of range (the KV cache has " +
                               std::to_string(num_device_blocks_) + " blocks)");
     }
+  };
+  auto check = [this, &check_block](std::int64_t slot, std::int64_t block_id) {
+    check_block(block_id);
     if (slot < 0 || slot >= num_slots_) {
       throw std::out_of_range("slot " + std::to_string(slot) + " out of range (arena has " +
                               std::to_string(num_slots_) + " slots)");
     }
   };
   for (const auto& op : plan.loads) check(op.slot, op.block_id);
+  for (const auto& ids : {&plan.stage_blocks, &plan.writeback_blocks}) {
+    for (const auto block_id : *ids) check_block(block_id);
+  }
   for (const auto& op : plan.saves) {
     check(op.slot, op.block_id);
     if (arena_->quarantined(op.slot)) {
@@ -147,6 +160,7 @@ void WorkerSide::bind_plan(StepPlan plan) {
   save_block_ids_ = ids.empty() ? at::Tensor() : block_ids_tensor(ids);
   saved_layers_.clear();
   save_fences_.clear();
+  if (streamer_) streamer_->begin_step(plan.stage_blocks, plan.writeback_blocks);
   plan_ = std::move(plan);
 }
 
@@ -169,6 +183,7 @@ at::Tensor WorkerSide::block_ids_tensor(const std::vector<std::int64_t>& ids) co
 void WorkerSide::start_load() {
   load_ops_.clear();
   staged_loads_.clear();
+  if (streamer_ && plan_) streamer_->start(stats_);
   if (!plan_ || plan_->loads.empty()) return;
   const Stopwatch t;
   for (const auto& op : plan_->loads) {
@@ -221,6 +236,9 @@ void WorkerSide::start_load() {
 }
 
 void WorkerSide::wait_for_layer_load(const std::string& layer_name) {
+  // Streamed layers: their read blocks first, the step's loads on top. Both
+  // happen once per layer and step, so vLLM's second call is a no-op.
+  if (streamer_ && plan_) streamer_->stage(layer_name, stats_);
   const auto it = staged_loads_.find(layer_name);
   if (it == staged_loads_.end()) return;
   const Stopwatch t;
@@ -232,8 +250,21 @@ void WorkerSide::wait_for_layer_load(const std::string& layer_name) {
 }
 
 void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_layer) {
+  if (!plan_) return;
+  const bool streamed = streamer_ != nullptr;
+  // The write-back first (the reference's order); then the store save; then
+  // the ring buffer is free for the streamed layer K places later, once the
+  // store save's gather read it.
+  if (streamed) streamer_->write_back(layer_name, stats_);
+  std::optional<c10::Event> gathered;
+  store_save_layer(layer_name, kv_layer, gathered);
+  if (streamed) streamer_->stage_ahead(layer_name, gathered ? &*gathered : nullptr, stats_);
+}
+
+void WorkerSide::store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
+                                  std::optional<c10::Event>& gathered) {
   const auto layer = layer_index_.find(layer_name);
-  if (!plan_ || plan_->saves.empty() || layer == layer_index_.end()) return;
+  if (plan_->saves.empty() || layer == layer_index_.end()) return;
   const Stopwatch t;
   at::Tensor encoded;
   std::optional<c10::StreamGuard> on_save_stream;
@@ -248,9 +279,9 @@ void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_
       const c10::StreamGuard on_gather_stream(*gather_stream_);
       encoded = codec_->encode(kv_layer.index_select(0, save_block_ids_));
     }
-    c10::Event gathered(device_.type());
-    gathered.record(*gather_stream_);
-    gathered.block(*save_stream_);
+    gathered.emplace(device_.type());
+    gathered->record(*gather_stream_);
+    gathered->block(*save_stream_);
     // Made on the gather stream, read on the save stream: not reused before
     // the save stream's copies are done.
     c10::impl::VirtualGuardImpl(device_.type())
@@ -376,6 +407,10 @@ std::vector<std::string> WorkerSide::get_finished(const std::vector<std::string>
 std::vector<std::int64_t> WorkerSide::take_load_errors() {
   auto out = std::move(load_error_blocks_);
   load_error_blocks_.clear();
+  if (streamer_) {  // staged from a home whose write-back had an unknown outcome
+    const auto poisoned = streamer_->take_poisoned_stages();
+    out.insert(out.end(), poisoned.begin(), poisoned.end());
+  }
   return out;
 }
 

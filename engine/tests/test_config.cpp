@@ -6,11 +6,15 @@ namespace activekv {
 namespace {
 
 ConfigValue integer(std::int64_t v) {
-  return {ConfigValue::Kind::kInt, v, "", "int", std::to_string(v)};
+  return {ConfigValue::Kind::kInt, v, "", "int", std::to_string(v), {}};
 }
 ConfigValue text(const std::string& s) {
-  return {ConfigValue::Kind::kString, 0, s, "str", "'" + s + "'"};
+  return {ConfigValue::Kind::kString, 0, s, "str", "'" + s + "'", {}};
 }
+ConfigValue table(std::map<std::string, ConfigValue> entries, const std::string& repr) {
+  return {ConfigValue::Kind::kTable, 0, "", "dict", repr, std::move(entries)};
+}
+ConfigValue none() { return {ConfigValue::Kind::kNone, 0, "", "NoneType", "None", {}}; }
 
 TEST(Config, DefaultsWhenEmpty) {
   const auto c = Config::parse({});
@@ -47,8 +51,55 @@ TEST(Config, BadValuesNameTheKey) {
   expect_error({{"capacity_bytes", integer(-1)}}, "expected a positive number of bytes");
   expect_error({{"store_threshold", integer(0)}}, "['store_threshold']");
   expect_error({{"mode", text("lossy")}}, "accepted values: 'exact', 'compressed'");
-  ConfigValue flag{ConfigValue::Kind::kBool, 0, "", "bool", "True"};
+  ConfigValue flag{ConfigValue::Kind::kBool, 0, "", "bool", "True", {}};
   expect_error({{"capacity_bytes", flag}}, "got bool True");
+}
+
+TEST(Config, StreamingIsOffUnlessATableIsGiven) {
+  EXPECT_FALSE(Config::parse({}).value().streaming);
+  const auto off = Config::parse({{"streaming", none()}});
+  ASSERT_TRUE(off.ok()) << off.status().error();
+  EXPECT_FALSE(off.value().streaming);
+  const auto defaults = Config::parse({{"streaming", table({}, "{}")}});
+  ASSERT_TRUE(defaults.ok()) << defaults.status().error();
+  ASSERT_TRUE(defaults.value().streaming);
+  EXPECT_EQ(defaults.value().streaming->resident_layers, 0);
+  EXPECT_EQ(defaults.value().streaming->ring_size, 2);
+  const auto set = Config::parse(
+      {{"streaming", table({{"resident_layers", integer(3)}, {"ring_size", integer(4)}}, "{...}")}});
+  ASSERT_TRUE(set.ok()) << set.status().error();
+  EXPECT_EQ(set.value().streaming->resident_layers, 3);
+  EXPECT_EQ(set.value().streaming->ring_size, 4);
+}
+
+void expect_exact_error(const std::map<std::string, ConfigValue>& extra, const std::string& message) {
+  const auto c = Config::parse(extra);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().error(), message);
+}
+
+TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
+  const std::string at = "kv_connector_extra_config['streaming']";
+  expect_exact_error({{"streaming", integer(2)}},
+                     at + ": expected a table {'resident_layers': R, 'ring_size': K}, got int 2");
+  expect_exact_error({{"streaming", table({{"rings", integer(2)}}, "{'rings': 2}")}},
+                     at + ": unknown key 'rings'; accepted keys: resident_layers, ring_size");
+  expect_exact_error({{"streaming", table({{"ring_size", text("2")}}, "")}},
+                     at + "['ring_size']: expected an integer, got str '2'");
+  expect_exact_error({{"streaming", table({{"ring_size", integer(1)}}, "")}},
+                     at + "['ring_size']: 1 is out of range; expected an integer >= 2 (staging "
+                          "buffers on the device)");
+  expect_exact_error({{"streaming", table({{"resident_layers", integer(-1)}, {"ring_size", integer(1)}}, "")}},
+                     at + "['resident_layers']: -1 is out of range; expected an integer >= 0 "
+                          "(layers kept on the device)");
+  // Every other key is checked before the table, as in the reference.
+  expect_exact_error({{"streaming", integer(2)}, {"store_threshold", integer(0)}},
+                     "kv_connector_extra_config['store_threshold']: 0 is out of range; expected "
+                     "an integer >= 1");
+  expect_exact_error({{"bogus", integer(1)}},
+                     "kv_connector_extra_config: unknown key 'bogus'; accepted keys: "
+                     "capacity_bytes, fence_timeout_ms, max_bytes_per_request, mode, "
+                     "store_blocks, store_threshold, streaming");
 }
 
 }  // namespace

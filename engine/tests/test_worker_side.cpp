@@ -48,10 +48,10 @@ TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
   WorkerSide w(config, layout(), 8, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}});
+  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}, {}, {}});
   auto report = w.take_report();
   EXPECT_EQ(report.saved, (std::vector<std::int64_t>{0, 5}));
-  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}});
+  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}, {}, {}});
   for (const auto& n : layout().layer_names) {
     EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort)));
     EXPECT_TRUE(at::equal(kv[n][2].view(at::kShort), kv[n][3].view(at::kShort)));
@@ -65,10 +65,10 @@ TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}});
+  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}, {}, {}});
   w.take_report();
   const at::Tensor before = kv["l0"][6].clone();
-  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}});
+  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}, {}, {}});
   EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{6}));
   EXPECT_EQ(w.take_report().failed_loads, (std::vector<std::int64_t>{2}));
   EXPECT_TRUE(at::equal(kv["l0"][6], before));
@@ -79,7 +79,7 @@ TEST(WorkerSide, MissingLayerFailsTheStepSaves) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}});
+  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}, {}, {}});
   w.save_layer("l0", kv["l0"]);
   w.wait_for_save();
   const auto report = w.take_report();
@@ -118,13 +118,13 @@ TEST(WorkerSideOnAccelerator, SavedBlocksLoadBackBitwise) {
     ASSERT_TRUE(w.register_kv_caches(kv).ok());
     // Slots 10..12 form one run, 40 another: both copy paths.
     step(w, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
-                              SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}});
+                              SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}});
     w.drain_saves();  // on a device the copies settle after their step
     EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{10, 11, 12, 40}));
     std::unordered_map<std::string, at::Tensor> host;
     for (const auto& [name, t] : kv) host[name] = t.cpu();
     step(w, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
-                         {}, {}});
+                         {}, {}, {}, {}});
     EXPECT_TRUE(w.take_load_errors().empty());
     for (const auto& n : layout().layer_names) {
       const at::Tensor after = kv[n].cpu();
@@ -192,8 +192,8 @@ TEST(WorkerSideOnAccelerator, FenceTimeoutQuarantinesTheLease) {
   at::accelerator::synchronizeDevice(0);  // the late copies land in quarantined slots only
   EXPECT_FALSE(w.arena()->tag(kBlocks - 1));
   // A quarantined slot is never written again; a fresh one still is.
-  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}}), std::invalid_argument);
-  step(w, kv, StepPlan{{}, {SaveOp{kBlocks, 0, key(1), "r"}}, {}});
+  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}}), std::invalid_argument);
+  step(w, kv, StepPlan{{}, {SaveOp{kBlocks, 0, key(1), "r"}}, {}, {}, {}});
   w.drain_saves();
   EXPECT_EQ(w.take_report().saved, (std::vector<std::int64_t>{kBlocks}));
 }
@@ -209,7 +209,7 @@ TEST(WorkerSideOnAccelerator, SaveSettlesAfterItsStepAndOnlyThenIsVisible) {
   EXPECT_TRUE(w.has_pending_saves());
   EXPECT_FALSE(w.arena()->tag(kBlocks - 1));  // not visible before its copy completed
   // Its slots are not written again while the copy runs.
-  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}}), std::invalid_argument);
+  EXPECT_THROW(w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}}), std::invalid_argument);
   // The next step runs meanwhile, and its writes to the KV cache come after the gathers.
   for (auto& [n, t] : kv) t.fill_(2);
   w.drain_saves();

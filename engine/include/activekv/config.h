@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "activekv/status.h"
@@ -15,12 +16,21 @@ enum class StoreScope { kPrompt, kPromptAndDecode };
 
 // One value of the extra config as Python gave it.
 struct ConfigValue {
-  enum class Kind { kInt, kBool, kString, kOther };
+  enum class Kind { kInt, kBool, kString, kOther, kNone, kTable };
   Kind kind = Kind::kOther;
   std::int64_t int_value = 0;
   std::string string_value;
   std::string type_name;  // Python type name, for messages
   std::string repr;       // Python repr(), for messages
+  std::map<std::string, ConfigValue> table;  // kTable: a dict's entries, by key
+};
+
+// Layer streaming (layer_streaming.h): the first `resident_layers` layers keep
+// their KV on the device; the others live in host memory and take turns in a
+// ring of `ring_size` device buffers, one layer's worth of blocks each.
+struct StreamingConfig {
+  std::int64_t resident_layers = 0;
+  std::int64_t ring_size = 2;
 };
 
 struct Config {
@@ -32,6 +42,8 @@ struct Config {
   // How long wait_for_save waits for a save's copies; past it their slots are
   // quarantined (the copies' outcome is unknown).
   std::int64_t fence_timeout_ms = 30000;
+  // Absent (or None in Python): every layer's KV stays on the device.
+  std::optional<StreamingConfig> streaming;
 
   // Validates every key; the error names the key and what it accepts.
   static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);

@@ -21,8 +21,12 @@ namespace activekv {
 
 class SchedulerSide {
  public:
+  // `streaming`: every step also names the blocks the workers stage into the
+  // ring and write back (layer_streaming.h), from every scheduled request's
+  // block table.
   SchedulerSide(const Config& config, const Digest& identity_digest, std::int64_t block_size,
-                std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size);
+                std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size,
+                bool streaming = false);
   SchedulerSide(const SchedulerSide&) = delete;
   SchedulerSide& operator=(const SchedulerSide&) = delete;
 
@@ -56,6 +60,8 @@ class SchedulerSide {
     std::int64_t num_computed_tokens;
     std::int64_t num_scheduled_tokens;
   };
+  // Must be given every request vLLM scheduled this step (streaming plans
+  // from all of them, known or not).
   StepPlan build_step(const std::vector<NewRequest>& new_requests,
                       const std::vector<CachedRequest>& cached_requests);
 
@@ -84,11 +90,17 @@ class SchedulerSide {
   void plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
                   StepPlan& plan);
   void save_settled(std::int64_t slot);
+  // The step's stage and write-back blocks; after plan.loads is set.
+  void plan_streaming(const std::vector<NewRequest>& new_requests,
+                      const std::vector<CachedRequest>& cached_requests, StepPlan& plan);
 
   Config config_;
   Digest identity_digest_;
   std::int64_t block_size_;
   std::int64_t tp_size_;
+  bool streaming_;
+  // Streaming: the block table of every scheduled request, as vLLM grows it.
+  std::unordered_map<std::string, std::vector<std::int64_t>> block_tables_;
   BlockIndex index_;
   AdmissionPolicy policy_;
   Telemetry stats_;

@@ -29,6 +29,17 @@ struct StepPlan {
   // Finished requests whose device blocks stay allocated until the workers
   // report that none of their saves is still running.
   std::vector<std::string> awaiting_free;
+  // Layer streaming (layer_streaming.h), sorted unique block ids: blocks the
+  // step's attention reads and no load fills (staged from their homes), and
+  // blocks the step writes or loads (copied back to their homes).
+  std::vector<std::int64_t> stage_blocks;
+  std::vector<std::int64_t> writeback_blocks;
+
+  // Whether the step plans nothing at all (idle steps share one metadata).
+  bool empty() const {
+    return loads.empty() && saves.empty() && awaiting_free.empty() && stage_blocks.empty() &&
+           writeback_blocks.empty();
+  }
 };
 
 // Workers -> scheduler; reports of all TP ranks are concatenated.

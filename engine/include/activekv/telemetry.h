@@ -24,6 +24,9 @@ enum class Counter : int {
   kSaveUs,
   kLoadUs,
   kQuarantinedFences,
+  kStreamedBytesToDevice,
+  kStreamedBytesToHost,
+  kStreamUs,
   kCount,
 };
 
@@ -31,7 +34,8 @@ inline constexpr std::array<std::string_view, static_cast<int>(Counter::kCount)>
     "lookups",       "hit_blocks",     "hit_tokens",        "stored_blocks",
     "evicted_blocks", "rejected_threshold", "rejected_request_cap", "rejected_full",
     "saved_blocks",  "loaded_blocks",  "failed_loads",      "bytes_to_host",
-    "bytes_to_device", "save_us",      "load_us",           "quarantined_fences"};
+    "bytes_to_device", "save_us",      "load_us",           "quarantined_fences",
+    "streamed_bytes_to_device", "streamed_bytes_to_host", "stream_us"};
 
 class Telemetry {
  public:

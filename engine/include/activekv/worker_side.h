@@ -27,6 +27,10 @@
 // block is visible only after its save completed. Copies of one step thus
 // overlap the next step's loads. On CPU everything is immediate: a save
 // settles inside wait_for_save.
+// Layer streaming (layer_streaming.h), when a geometry is given: bind_plan
+// begins the streamer's step, wait_for_layer_load stages the layer's blocks
+// before the step's loads land on top, save_layer writes the layer's blocks
+// back before the store save gathers its own.
 // Device-generic: c10 streams and events only; on CPU everything is immediate.
 #pragma once
 
@@ -48,6 +52,7 @@
 #include "activekv/host_arena.h"
 #include "activekv/kv_codec.h"
 #include "activekv/kv_layout.h"
+#include "activekv/layer_streaming.h"
 #include "activekv/step_plan.h"
 #include "activekv/telemetry.h"
 
@@ -58,7 +63,8 @@ class WorkerSide {
   // What a save's fences say (kUnknown: an error, or not done by the deadline).
   enum class FenceState { kDone, kRunning, kUnknown };
 
-  WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank);
+  WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank,
+             std::optional<StreamingGeometry> streaming = std::nullopt);
   ~WorkerSide();
   WorkerSide(const WorkerSide&) = delete;
   WorkerSide& operator=(const WorkerSide&) = delete;
@@ -68,7 +74,7 @@ class WorkerSide {
 
   // The step's plan, bound before the forward and cleared after wait_for_save.
   // Throws std::out_of_range (and binds nothing) for a block id or slot
-  // outside the KV cache or the arena.
+  // outside the KV cache or the arena (stage and write-back blocks included).
   void bind_plan(StepPlan plan);
   void clear_plan() {
     plan_.reset();
@@ -80,6 +86,12 @@ class WorkerSide {
   bool has_loads() const { return plan_ && !plan_->loads.empty(); }
   bool has_staged_loads() const { return !staged_loads_.empty(); }
   bool has_saves() const { return plan_ && !plan_->saves.empty(); }
+  // Whether the bound step stages or writes back streamed layers' blocks.
+  bool has_stream_work() const { return plan_ && streamer_ && streamer_->has_work(); }
+  // Whether wait_for_layer_load may have anything to do this step.
+  bool has_layer_loads() const { return has_staged_loads() || has_stream_work(); }
+  bool has_layer_work() const { return has_loads() || has_saves() || has_stream_work(); }
+  bool streaming() const { return streaming_.has_value(); }
   bool nothing_awaiting() const { return awaiting_free_.empty(); }
 
   void start_load();
@@ -99,6 +111,7 @@ class WorkerSide {
   // What a sealed slot records: the block key and this worker's TP rank.
   std::string tag(const BlockKey& key) const;
   HostArena* arena() { return arena_.get(); }
+  LayerStreamer* streamer() { return streamer_.get(); }
 
  private:
   // A step's save after wait_for_save, until its fences settle it.
@@ -110,6 +123,9 @@ class WorkerSide {
     std::chrono::steady_clock::time_point deadline;
   };
   void settle_saves(bool wait);
+  // The store's part of save_layer; `gathered` is set when a device gather ran.
+  void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
+                        std::optional<c10::Event>& gathered);
   // kRunning only when not `wait` and before the save's deadline.
   static FenceState outcome(const PendingSave& p, bool wait);
   void settle_oldest(FenceState state);  // seals, fails or quarantines it
@@ -132,6 +148,8 @@ class WorkerSide {
   std::int64_t num_device_blocks_ = 0;
   std::unique_ptr<KVCodec> codec_;
   std::unique_ptr<HostArena> arena_;
+  std::optional<StreamingGeometry> streaming_;
+  std::unique_ptr<LayerStreamer> streamer_;  // made by register_kv_caches
   std::optional<c10::Stream> load_stream_;
   std::optional<c10::Stream> save_stream_;
   std::optional<c10::Stream> gather_stream_;  // a save's gather and encode

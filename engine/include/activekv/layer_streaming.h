@@ -1,0 +1,206 @@
+// Layer streaming: contexts longer than the device's KV memory. Mirrors the
+// reference (engine/reference/activekv_reference/streaming.py).
+//
+// Geometry. The first R layers of the KV cache group (in vLLM's order) are
+// resident: their KV stays on the device. The other L - R layers are streamed:
+// the host holds every block of theirs (the block's home, indexed by vLLM's
+// block id, always exact bytes) and the device holds a ring of K buffers, each
+// one layer's worth of blocks. Streamed layer j (0-based among the streamed)
+// uses buffer j % K: vLLM views its KV cache onto that buffer
+// (get_kv_cache_regions, patches/vllm/0.32.0/0002), so its block table, its
+// attention kernel and its KV cache update work unchanged.
+//
+// Per step and streamed layer, in vLLM's order:
+//   before the layer's KV cache update (wait_for_layer_load): the layer's home
+//       rows of the step's stage blocks are in its ring buffer; the step's
+//       loads from the host store then land on top;
+//   after the layer's attention (save_kv_layer): the step's write-back blocks
+//       go from the buffer back to their homes; the buffer then serves the
+//       streamed layer K places later.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "activekv/config.h"
+#include "activekv/host_arena.h"
+#include "activekv/status.h"
+#include "activekv/telemetry.h"
+
+namespace activekv {
+
+// Which layers are resident, which are streamed, and which ring buffer each
+// streamed layer uses. Plain data.
+struct StreamingGeometry {
+  std::vector<std::string> layer_names;  // the KV cache group's, in vLLM's order
+  std::int64_t resident_layers = 0;
+  std::int64_t ring_size = 2;
+
+  // The geometry for these layers; kInvalidConfig (naming the key, the
+  // reference's text) when streaming cannot save device memory with them.
+  static Result<StreamingGeometry> plan(const StreamingConfig& config,
+                                        const std::vector<std::string>& layer_names);
+
+  std::vector<std::string> resident() const;
+  std::vector<std::string> streamed() const;
+  std::int64_t num_streamed() const {
+    return static_cast<std::int64_t>(layer_names.size()) - resident_layers;
+  }
+  // The layers sharing each region of the device KV cache: one per resident
+  // layer, then one per ring buffer.
+  std::vector<std::vector<std::string>> regions() const;
+  // The position of a streamed layer among the streamed, or -1 (resident or
+  // unknown).
+  std::int64_t streamed_index(const std::string& name) const;
+  // The ring buffer of a streamed layer. Must be called with a streamed layer.
+  std::int64_t ring_of(const std::string& name) const;
+};
+
+// What check_streamable looks at, read from vLLM's config once at start-up.
+struct StreamableFacts {
+  bool use_mla = false;
+  std::vector<std::string> group_kinds;  // type name of each group's KV cache spec
+  bool one_full_attention_group = false;  // exactly one group, of FullAttentionSpec itself
+  bool sliding_window = false;            // that group's spec has a sliding window
+  std::int64_t attention_layers = 0;      // the model's attention layers
+  std::int64_t kv_cache_layers = 0;       // the group's layers (those with a KV cache)
+  bool speculative = false;
+  std::int64_t pipeline_parallel_size = 1;
+};
+
+// Refuses, naming the setting, a model or vLLM setting streaming cannot serve
+// (kInvalidConfig, the reference's text and order).
+Status check_streamable(const StreamableFacts& facts);
+
+// The start-up numbers of streaming, and the line the scheduler logs once.
+struct StartupReport {
+  std::int64_t resident_layers = 0;
+  std::int64_t streamed_layers = 0;
+  std::int64_t ring_size = 0;
+  std::int64_t device_blocks = 0;          // what vLLM holds with streaming
+  std::int64_t device_blocks_without = 0;  // the same memory without streaming
+  std::int64_t block_size = 0;
+  std::int64_t host_bytes = 0;         // the streamed layers' homes, per worker
+  std::int64_t decode_step_bytes = 0;  // host->device bytes of a max_model_len decode step
+
+  static StartupReport of(const StreamingGeometry& geometry, std::int64_t num_blocks,
+                          std::int64_t block_size, std::int64_t layer_bytes,
+                          std::int64_t max_model_len);
+  std::string line() const;
+};
+
+// Worker side: the homes of the streamed layers and the copies in and out.
+//
+// Homes: a HostArena with one slot per vLLM block (slot index == block id), one
+// "layer" per streamed layer, layer_bytes = exact bytes of one block of one
+// layer; zeroed at creation (the reference's homes start as zeros), pinned
+// where an accelerator exists. Copies go per run of consecutive block ids,
+// straight between the home rows and the ring buffer's blocks.
+//
+// On CPU every copy is synchronous: stage copies in wait_for_layer_load's
+// call, write_back in save_kv_layer's. On a device (CUDA, XPU) one copy stream
+// carries every staging and write-back, so a buffer's write-back of streamed
+// layer j precedes the staging of layer j + K into it:
+//   start          the copy stream waits for the compute stream (the ring's
+//                  previous occupants are done), then stages the first K
+//                  streamed layers;
+//   stage          the compute stream waits for the layer's stage fence;
+//   write_back     the copy stream waits for the compute stream (the layer's
+//                  attention), then copies the write-back rows home;
+//   stage_ahead    after the store save's gather of layer j (the copy stream
+//                  waits for it: the gather reads the buffer), stage layer
+//                  j + K into the buffer.
+// A write-back's fence is settled at the next begin_step (waiting at most
+// fence_timeout_ms past the step); one with an unknown outcome poisons its
+// blocks' homes, and a later step that stages a poisoned block reports it as a
+// load error (vLLM then recomputes the request).
+class LayerStreamer {
+ public:
+  // Checks that the streamed layers' KV caches alias their ring buffers (the
+  // reference's message) and allocates the homes. `kv_caches` must hold every
+  // layer of the geometry, checked by the caller.
+  static Result<std::unique_ptr<LayerStreamer>> create(
+      StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
+      std::int64_t fence_timeout_ms);
+  ~LayerStreamer();
+  LayerStreamer(const LayerStreamer&) = delete;
+  LayerStreamer& operator=(const LayerStreamer&) = delete;
+
+  const StreamingGeometry& geometry() const { return geometry_; }
+  HostArena& homes() { return *homes_; }
+
+  // Must be called once per step, before start; ids sorted, unique and in
+  // range (the caller checks the range). Settles the previous step's
+  // write-backs first.
+  void begin_step(std::vector<std::int64_t> stage_blocks,
+                  std::vector<std::int64_t> writeback_blocks);
+  bool has_work() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
+  // Device: issues the staging of the first K streamed layers. CPU: nothing.
+  void start(Telemetry& stats);
+  // The layer's stage blocks are in its buffer once this returns (CPU) or on
+  // the compute stream (device); once per layer and step, nothing for a
+  // resident layer.
+  void stage(const std::string& name, Telemetry& stats);
+  // The layer's write-back blocks go home (issued, on a device). Must be called
+  // after the layer's attention.
+  void write_back(const std::string& name, Telemetry& stats);
+  // Device only, after write_back and the store save's gather of `name`
+  // (`gathered`, when there was one): stages the streamed layer K places later.
+  void stage_ahead(const std::string& name, const c10::Event* gathered, Telemetry& stats);
+  // Blocks staged from a poisoned home since the last call.
+  std::vector<std::int64_t> take_poisoned_stages();
+  // Waits for every issued copy (a device's copy stream). Must be called
+  // before the homes or the ring buffers go away.
+  void synchronize();
+
+ private:
+  LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
+                std::unique_ptr<HostArena> homes, std::int64_t fence_timeout_ms);
+  bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
+  // The home rows of a run, viewed as the KV cache's dtype and block shape.
+  at::Tensor home_view(std::int64_t streamed, const SlotRun& run);
+  void issue_stage(std::int64_t streamed, Telemetry& stats);
+  void settle_writebacks();
+
+  // A step's write-back of one streamed layer, until its fence settles.
+  struct PendingWriteback {
+    std::vector<std::int64_t> blocks;
+    std::size_t layer;  // among the streamed
+    c10::Event fence;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  StreamingGeometry geometry_;
+  std::unordered_map<std::string, std::int64_t> streamed_index_;
+  std::vector<at::Tensor> streamed_kv_;  // per streamed layer: its view onto its ring buffer
+  std::unique_ptr<HostArena> homes_;
+  std::int64_t fence_timeout_ms_;
+  c10::Device device_{c10::DeviceType::CPU};
+  std::optional<c10::Stream> copy_stream_;
+
+  // Per step.
+  std::vector<std::int64_t> stage_blocks_;
+  std::vector<std::int64_t> writeback_blocks_;
+  std::vector<SlotRun> stage_runs_;
+  std::vector<SlotRun> writeback_runs_;
+  std::vector<char> stage_issued_;  // per streamed layer (device)
+  std::vector<char> staged_;        // per streamed layer: stage() done this step
+  std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
+
+  std::vector<PendingWriteback> pending_writebacks_;
+  // Per streamed layer and block ([layer * num_blocks + block]): the home's
+  // bytes are unknown (a write-back fence with an unknown outcome).
+  std::vector<char> poisoned_;
+  std::vector<std::int64_t> poisoned_stages_;
+};
+
+}  // namespace activekv

@@ -1,0 +1,267 @@
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "activekv/layer_streaming.h"
+#include "activekv/worker_side.h"
+
+namespace activekv {
+namespace {
+
+using Ids = std::vector<std::int64_t>;
+using Names = std::vector<std::string>;
+
+const Names kLayers = {"l0", "l1", "l2", "l3", "l4"};
+
+StreamingGeometry geometry(std::int64_t resident = 1, std::int64_t ring = 2) {
+  auto g = StreamingGeometry::plan(StreamingConfig{resident, ring}, kLayers);
+  EXPECT_TRUE(g.ok()) << g.status().error();
+  return g.value();
+}
+
+TEST(StreamingGeometry, RegionsAreTheResidentLayersThenTheRing) {
+  const auto g = geometry();
+  EXPECT_EQ(g.resident(), (Names{"l0"}));
+  EXPECT_EQ(g.streamed(), (Names{"l1", "l2", "l3", "l4"}));
+  EXPECT_EQ(g.regions(), (std::vector<Names>{{"l0"}, {"l1", "l3"}, {"l2", "l4"}}));
+  EXPECT_EQ(g.ring_of("l3"), 0);
+  EXPECT_EQ(g.ring_of("l4"), 1);
+  EXPECT_EQ(g.streamed_index("l0"), -1);
+  EXPECT_EQ(g.streamed_index("l4"), 3);
+}
+
+TEST(StreamingGeometry, RefusesAGeometryThatSavesNoMemoryNamingTheKey) {
+  auto g = StreamingGeometry::plan(StreamingConfig{5, 2}, kLayers);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().error(),
+            "kv_connector_extra_config['streaming']['resident_layers']: 5 leaves no layer to "
+            "stream; this model has 5 KV cache layers, so it accepts 0..4");
+  g = StreamingGeometry::plan(StreamingConfig{2, 3}, kLayers);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().error(),
+            "kv_connector_extra_config['streaming']: resident_layers + ring_size = 2 + 3 must be "
+            "below the model's 5 KV cache layers, or streaming holds no more blocks than the "
+            "device does without it; lower resident_layers or ring_size");
+  EXPECT_TRUE(StreamingGeometry::plan(StreamingConfig{2, 2}, kLayers).ok());
+}
+
+TEST(CheckStreamable, RefusesEachSettingInTheReferenceOrder) {
+  StreamableFacts ok;
+  ok.group_kinds = {"FullAttentionSpec"};
+  ok.one_full_attention_group = true;
+  ok.attention_layers = ok.kv_cache_layers = 4;
+  EXPECT_TRUE(check_streamable(ok).ok());
+  const std::string at = "kv_connector_extra_config['streaming']: layer streaming cannot serve ";
+  auto f = ok;
+  f.use_mla = true;
+  f.speculative = true;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "a model with multi-head latent attention (MLA); turn streaming off for it");
+  f = ok;
+  f.group_kinds = {"FullAttentionSpec", "SlidingWindowSpec"};
+  f.one_full_attention_group = false;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "KV cache groups ['FullAttentionSpec', 'SlidingWindowSpec']: it needs one "
+                 "full-attention group (no sliding-window or hybrid groups)");
+  f = ok;
+  f.sliding_window = true;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "sliding-window attention; it needs full attention in every layer");
+  f = ok;
+  f.attention_layers = 6;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "a model whose layers share KV (6 attention layers, 4 with a KV cache of their own)");
+  f = ok;
+  f.speculative = true;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "speculative decoding (speculative_config is set); turn one of them off");
+  f = ok;
+  f.pipeline_parallel_size = 2;
+  EXPECT_EQ(check_streamable(f).error(),
+            at + "pipeline parallelism (pipeline_parallel_size 2); use tensor parallelism");
+}
+
+TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
+  const auto r = StartupReport::of(geometry(), /*num_blocks=*/100, /*block_size=*/32,
+                                   /*layer_bytes=*/8192, /*max_model_len=*/1000);
+  EXPECT_EQ(r.device_blocks_without, 60);  // 100 * (1 + 2) / 5
+  EXPECT_EQ(r.host_bytes, 100 * 4 * 8192);
+  EXPECT_EQ(r.decode_step_bytes, 32 * 4 * 8192);  // ceil(1000 / 32) blocks
+  EXPECT_EQ(r.line(),
+            "ActiveKV layer streaming: 1 resident + 4 streamed layers, ring of 2; the device "
+            "holds 100 blocks (3200 tokens), 60 blocks (1920 tokens) without streaming; host "
+            "memory reserved for the streamed layers 3276800 bytes per worker; a full-context "
+            "decode step moves 1048576 bytes host->device per worker");
+}
+
+// ---- the worker side, on CPU tensors whose streamed layers alias two rings ----
+
+constexpr std::int64_t kBlocks = 12;
+
+KVLayout layout() {
+  KVLayout l;
+  l.layer_names = kLayers;
+  l.block_size = 32;
+  l.num_kv_heads = 2;
+  l.head_size = 32;
+  l.dtype = at::kBFloat16;
+  return l;
+}
+
+at::Tensor blocks() { return at::zeros({kBlocks, 2, 32, 64}, at::kBFloat16); }
+
+// l0 resident; l1 and l3 view ring 0, l2 and l4 ring 1.
+std::unordered_map<std::string, at::Tensor> ring_caches() {
+  const at::Tensor ring0 = blocks(), ring1 = blocks();
+  return {{"l0", blocks()}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0}, {"l4", ring1}};
+}
+
+// What the step's "attention" writes into a block of a layer: distinct per
+// layer, block and step.
+at::Tensor content(std::int64_t layer, std::int64_t block, std::int64_t step) {
+  at::manual_seed(static_cast<std::uint64_t>(1000 * step + 10 * layer + block));
+  return at::randn({2, 32, 64}).to(at::kBFloat16);
+}
+
+bool bitwise(const at::Tensor& a, const at::Tensor& b) {
+  return at::equal(a.view(at::kShort), b.view(at::kShort));
+}
+
+BlockKey key(std::uint8_t i) {
+  BlockKey k{};
+  k.fill(i);
+  return k;
+}
+
+struct Streaming {
+  WorkerSide worker;
+  std::unordered_map<std::string, at::Tensor> kv;
+  Streaming() : worker(Config{}, layout(), 8, 0, geometry()), kv(ring_caches()) {
+    const Status s = worker.register_kv_caches(kv);
+    EXPECT_TRUE(s.ok()) << s.error();
+  }
+};
+
+StepPlan streaming_plan(Ids stage, Ids writeback) {
+  StepPlan plan;
+  plan.stage_blocks = std::move(stage);
+  plan.writeback_blocks = std::move(writeback);
+  return plan;
+}
+
+TEST(LayerStreamer, RefusesCachesThatDoNotAliasTheirRing) {
+  WorkerSide w(Config{}, layout(), 8, 0, geometry());
+  auto kv = ring_caches();
+  kv["l3"] = blocks();
+  const Status s = w.register_kv_caches(kv);
+  EXPECT_EQ(s.error(),
+            "ActiveKV layer streaming: the KV cache of layer 'l3' is not a view of ring buffer 0; "
+            "vLLM must carry ActiveKV's patch series (0002, get_kv_cache_regions) for streaming");
+}
+
+TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
+  Streaming s;
+  // Step 1: every layer writes blocks 2 and 5, which go home.
+  s.worker.bind_plan(streaming_plan({2, 5}, {2, 5}));
+  s.worker.start_load();
+  for (std::int64_t l = 0; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : {2, 5}) s.kv[name][b].copy_(content(l, b, 1));
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+  // Step 2: each streamed layer finds its own bytes in the ring, though the
+  // layer sharing its buffer overwrote it in between.
+  s.worker.bind_plan(streaming_plan({2, 5}, {}));
+  s.worker.start_load();
+  for (std::int64_t l = 1; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : {2, 5}) {
+      EXPECT_TRUE(bitwise(s.kv[name][b], content(l, b, 1))) << name << " block " << b;
+    }
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+  const Telemetry t = s.worker.take_telemetry();
+  const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
+  EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);
+  EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), 2 * 4 * 2 * layer_bytes);
+}
+
+TEST(LayerStreamer, LoadsLandOnTopOfStagingAndTheSecondWaitDoesNothing) {
+  Streaming s;
+  // Step 1: blocks 2 and 3 written, block 3 also saved to the store (slot 0).
+  StepPlan first = streaming_plan({2, 3}, {2, 3});
+  first.saves = {SaveOp{0, 3, key(1), "r"}};
+  s.worker.bind_plan(std::move(first));
+  s.worker.start_load();
+  for (std::int64_t l = 0; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : {2, 3}) s.kv[name][b].copy_(content(l, b, 1));
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+  ASSERT_EQ(s.worker.take_report().saved, (Ids{0}));
+  // Step 2: block 6 loads slot 0 (block 3's bytes) and is staged from its
+  // (zero) home as well; block 2 is staged from its home.
+  StepPlan second = streaming_plan({2, 6}, {2, 6});
+  second.loads = {LoadOp{0, 6, key(1)}};
+  s.worker.bind_plan(std::move(second));
+  s.worker.start_load();
+  for (std::int64_t l = 1; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);  // before the KV cache update
+    EXPECT_TRUE(bitwise(s.kv[name][6], content(l, 3, 1))) << name;
+    EXPECT_TRUE(bitwise(s.kv[name][2], content(l, 2, 1))) << name;
+    s.kv[name][2].copy_(content(l, 2, 2));  // the update writes the step's new token
+    s.worker.wait_for_layer_load(name);     // before attention: must change nothing
+    EXPECT_TRUE(bitwise(s.kv[name][2], content(l, 2, 2))) << name;
+    EXPECT_TRUE(bitwise(s.kv[name][6], content(l, 3, 1))) << name;
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+  EXPECT_TRUE(s.worker.take_load_errors().empty());
+  // The loaded block went home too.
+  s.worker.bind_plan(streaming_plan({6}, {}));
+  s.worker.start_load();
+  s.worker.wait_for_layer_load("l4");
+  EXPECT_TRUE(bitwise(s.kv["l4"][6], content(4, 3, 1)));
+  s.worker.clear_plan();
+}
+
+TEST(LayerStreamer, ResidentLayersAreNeverStaged) {
+  Streaming s;
+  s.kv["l0"][4].fill_(3);
+  s.worker.bind_plan(streaming_plan({4}, {4}));
+  s.worker.start_load();
+  s.worker.wait_for_layer_load("l0");
+  s.worker.save_layer("l0", s.kv["l0"]);
+  EXPECT_TRUE(at::equal(s.kv["l0"][4], at::full({2, 32, 64}, 3, at::kBFloat16)));
+  EXPECT_EQ(s.worker.take_telemetry().get(Counter::kStreamedBytesToDevice), 0);
+}
+
+TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
+  Streaming s;
+  try {
+    s.worker.bind_plan(streaming_plan({2}, {99}));
+    FAIL() << "bound a plan with block 99";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "block id 99 out of range (the KV cache has 12 blocks)");
+  }
+  EXPECT_THROW(s.worker.bind_plan(streaming_plan({-1}, {})), std::out_of_range);
+  EXPECT_FALSE(s.worker.has_stream_work());
+  EXPECT_FALSE(s.worker.has_layer_work());
+  s.worker.bind_plan(streaming_plan({}, {1}));
+  EXPECT_TRUE(s.worker.has_stream_work());
+  EXPECT_TRUE(s.worker.has_layer_work());
+  EXPECT_TRUE(s.worker.has_layer_loads());
+}
+
+}  // namespace
+}  // namespace activekv
