@@ -23,6 +23,7 @@
 
 #include "activekv/config.h"
 #include "activekv/kv_layout.h"
+#include "activekv/layer_streaming.h"
 #include "activekv/scheduler_side.h"
 #include "activekv/telemetry.h"
 #include "activekv/worker_side.h"
@@ -50,25 +51,84 @@ BlockKey to_key(const py::handle& b) {
   return k;
 }
 
+std::map<std::string, ConfigValue> to_config_values(const py::handle& extra);
+
+ConfigValue to_config_value(const py::handle& v) {
+  ConfigValue cv;
+  cv.type_name = py::cast<std::string>(py::type::handle_of(v).attr("__name__"));
+  cv.repr = py::cast<std::string>(py::repr(v));
+  if (v.is_none()) {
+    cv.kind = ConfigValue::Kind::kNone;
+  } else if (py::isinstance<py::bool_>(v)) {
+    cv.kind = ConfigValue::Kind::kBool;
+  } else if (py::isinstance<py::int_>(v)) {
+    cv.kind = ConfigValue::Kind::kInt;
+    cv.int_value = py::cast<std::int64_t>(v);
+  } else if (py::isinstance<py::str>(v)) {
+    cv.kind = ConfigValue::Kind::kString;
+    cv.string_value = py::cast<std::string>(v);
+  } else if (py::isinstance<py::dict>(v)) {  // a table (streaming)
+    cv.kind = ConfigValue::Kind::kTable;
+    cv.table = to_config_values(v);
+  }
+  return cv;
+}
+
 std::map<std::string, ConfigValue> to_config_values(const py::handle& extra) {
   std::map<std::string, ConfigValue> out;
   if (extra.is_none()) return out;
   for (const auto& [k, v] : py::cast<py::dict>(extra)) {
-    ConfigValue cv;
-    cv.type_name = py::cast<std::string>(py::type::handle_of(v).attr("__name__"));
-    cv.repr = py::cast<std::string>(py::repr(v));
-    if (py::isinstance<py::bool_>(v)) {
-      cv.kind = ConfigValue::Kind::kBool;
-    } else if (py::isinstance<py::int_>(v)) {
-      cv.kind = ConfigValue::Kind::kInt;
-      cv.int_value = py::cast<std::int64_t>(v);
-    } else if (py::isinstance<py::str>(v)) {
-      cv.kind = ConfigValue::Kind::kString;
-      cv.string_value = py::cast<std::string>(v);
-    }
-    out.emplace(py::cast<std::string>(py::str(k)), std::move(cv));
+    out.emplace(py::cast<std::string>(py::str(k)), to_config_value(v));
   }
   return out;
+}
+
+Config parse_config(const py::handle& extra) {
+  auto parsed = Config::parse(to_config_values(extra));
+  if (!parsed.ok()) throw py::value_error(parsed.status().error());
+  return parsed.value();
+}
+
+// What check_streamable needs of vLLM's config, read once at start-up, in the
+// reference's order and no further than its first refusal (so a config
+// lacking a later field fails in both engines alike).
+StreamableFacts streamable_facts(const py::handle& vllm_config, const py::handle& kv_cache_groups) {
+  StreamableFacts f;
+  const py::object model = vllm_config.attr("model_config");
+  f.use_mla = py::cast<bool>(py::bool_(py::getattr(model, "use_mla", py::bool_(false))));
+  if (f.use_mla) return f;
+  const py::list groups(py::reinterpret_borrow<py::object>(kv_cache_groups));
+  const py::object full = py::module_::import("vllm.v1.kv_cache_interface").attr("FullAttentionSpec");
+  for (const auto& g : groups) {
+    f.group_kinds.push_back(py::cast<std::string>(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__")));
+  }
+  f.one_full_attention_group =
+      groups.size() == 1 && py::type::handle_of(groups[0].attr("kv_cache_spec")).is(full);
+  if (!f.one_full_attention_group) return f;
+  f.sliding_window = !py::getattr(groups[0].attr("kv_cache_spec"), "sliding_window", py::none()).is_none();
+  if (f.sliding_window) return f;
+  const py::object parallel = vllm_config.attr("parallel_config");
+  f.attention_layers = py::cast<std::int64_t>(
+      model.attr("get_num_layers_by_block_type")(parallel, "attention"));
+  f.kv_cache_layers = static_cast<std::int64_t>(py::len(groups[0].attr("layer_names")));
+  if (f.attention_layers != f.kv_cache_layers) return f;
+  f.speculative = !vllm_config.attr("speculative_config").is_none();
+  if (f.speculative) return f;
+  f.pipeline_parallel_size = py::cast<std::int64_t>(parallel.attr("pipeline_parallel_size"));
+  return f;
+}
+
+// The geometry for a streaming config, after vLLM's settings were checked;
+// ValueError with the reference's message otherwise.
+StreamingGeometry streaming_geometry(const StreamingConfig& streaming, const py::handle& vllm_config,
+                                     const py::handle& kv_cache_groups,
+                                     const std::vector<std::string>& layer_names) {
+  if (const Status s = check_streamable(streamable_facts(vllm_config, kv_cache_groups)); !s.ok()) {
+    throw py::value_error(s.error());
+  }
+  auto geometry = StreamingGeometry::plan(streaming, layer_names);
+  if (!geometry.ok()) throw py::value_error(geometry.status().error());
+  return geometry.value();
 }
 
 c10::ScalarType dtype_from_python(const py::handle& dtype) {
@@ -284,9 +344,7 @@ constexpr std::array<const char*, 5> kVllmFacing = {"ActiveKVConnector", "Active
 py::object new_instance(const py::object& cls) { return cls.attr("__new__")(cls); }
 
 py::object plan_to_python(const StepPlan& plan) {
-  if (plan.loads.empty() && plan.saves.empty() && plan.awaiting_free.empty()) {
-    return g_classes->empty_metadata;
-  }
+  if (plan.empty()) return g_classes->empty_metadata;
   py::object meta = new_instance(g_classes->metadata);
   py::list loads, saves;
   for (const auto& op : plan.loads) loads.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key)));
@@ -296,6 +354,8 @@ py::object plan_to_python(const StepPlan& plan) {
   meta.attr("loads") = loads;
   meta.attr("saves") = saves;
   meta.attr("awaiting_free") = py::cast(plan.awaiting_free);
+  meta.attr("stage_blocks") = py::cast(plan.stage_blocks);
+  meta.attr("writeback_blocks") = py::cast(plan.writeback_blocks);
   return meta;
 }
 
@@ -315,6 +375,12 @@ StepPlan plan_from_python(const py::handle& meta) {
                           to_key(t[py::int_(2)]), py::cast<std::string>(t[py::int_(3)])});
   }
   plan.awaiting_free = py::cast<std::vector<std::string>>(meta.attr("awaiting_free"));
+  // Absent on metadata made without streaming in mind: nothing to stage.
+  for (auto [name, ids] : {std::pair{"stage_blocks", &plan.stage_blocks},
+                           std::pair{"writeback_blocks", &plan.writeback_blocks}}) {
+    const py::object list = py::getattr(meta, name, py::none());
+    if (!list.is_none()) *ids = py::cast<std::vector<std::int64_t>>(list);
+  }
   return plan;
 }
 
@@ -388,9 +454,7 @@ void set_metadata(const py::handle& self, const py::handle& meta) {
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
-  auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
-  if (!parsed.ok()) throw py::value_error(parsed.status().error());
-  const Config config = parsed.value();
+  const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
   const std::int64_t num_slots = config.capacity_bytes / slot_bytes;
@@ -407,7 +471,23 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
                           std::to_string(host_bytes) + " bytes); ask for less");
   }
   const py::module_ base_mod = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
-  if (role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"))) {
+  const bool scheduler = role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"));
+  std::optional<StreamingGeometry> geometry;
+  if (config.streaming) {
+    geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"),
+                                  layout.layer_names);
+    const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
+    const StartupReport report = StartupReport::of(
+        *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
+        py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
+    if (const Status s = report.check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
+      throw py::value_error(s.error());
+    }
+    if (scheduler) {
+      py::module_::import("logging").attr("getLogger")(kModule).attr("info")("%s", report.line());
+    }
+  }
+  if (scheduler) {
     ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
                      dtype_name(layout.dtype),
                      static_cast<std::int64_t>(layout.layer_names.size()),
@@ -417,12 +497,12 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
                      py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
     self.attr("_activekv_scheduler") = py::cast(
         SchedulerEngine(std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
-                                                        num_slots, id.tp_size)));
+                                                        num_slots, id.tp_size, geometry.has_value())));
   } else {
     const auto rank = py::cast<std::int64_t>(
         py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());
     self.attr("_activekv_worker") =
-        py::cast(std::make_unique<WorkerSide>(config, layout, num_slots, rank));
+        py::cast(std::make_unique<WorkerSide>(config, layout, num_slots, rank, std::move(geometry)));
   }
 }
 
@@ -459,7 +539,7 @@ py::dict connector_namespace() {
   });
   ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object, py::kwargs) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_loads()) return;
+    if (!w.has_loads() && !w.has_stream_work()) return;
     py::gil_scoped_release nogil;
     w.start_load();
   });
@@ -468,18 +548,24 @@ py::dict connector_namespace() {
   // wait_for_layer_load and save_kv_layer for every layer of that step.
   ns["has_layer_work"] = named("has_layer_work", [](py::object self) {
     const WorkerSide* w = find_worker(self);
-    return w != nullptr && (w->has_loads() || w->has_saves());
+    return w != nullptr && w->has_layer_work();
+  });
+  // Layer streaming stages whole blocks: vLLM (patch 0002) then calls
+  // wait_for_layer_load before each layer's KV cache update as well.
+  ns["loads_before_kv_cache_update"] = named("loads_before_kv_cache_update", [](py::object self) {
+    const WorkerSide* w = find_worker(self);
+    return w != nullptr && w->streaming();
   });
   ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_staged_loads()) return;
+    if (!w.has_layer_loads()) return;
     const auto name = py::cast<std::string>(layer);
     py::gil_scoped_release nogil;
     w.wait_for_layer_load(name);
   });
   ns["save_kv_layer"] = named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_saves()) return;
+    if (!w.has_saves() && !w.has_stream_work()) return;
     const auto name = py::cast<std::string>(layer);
     const auto tensor = py::cast<at::Tensor>(kv);
     py::gil_scoped_release nogil;
@@ -544,6 +630,17 @@ py::dict connector_namespace() {
   ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
     return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
   }));
+  // Called by vLLM's engine core at start-up (patch 0002), before any
+  // connector instance exists: the regions of the device KV cache, or None.
+  ns["get_kv_cache_regions"] = classmethod(named("get_kv_cache_regions",
+      [](py::object, py::object vllm_config, py::object kv_cache_groups) -> py::object {
+        const Config config = parse_config(
+            vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config"));
+        if (!config.streaming) return py::none();
+        const auto names = py::cast<std::vector<std::string>>(
+            py::list(py::reinterpret_borrow<py::object>(kv_cache_groups))[0].attr("layer_names"));
+        return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups, names).regions());
+      }));
   ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
       [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
         return g_classes->prom(vllm_config, types, labels, per_engine);
@@ -648,6 +745,8 @@ void make_vllm_classes(py::module_ m) {
   g_classes->empty_metadata.attr("loads") = py::list();
   g_classes->empty_metadata.attr("saves") = py::list();
   g_classes->empty_metadata.attr("awaiting_free") = py::list();
+  g_classes->empty_metadata.attr("stage_blocks") = py::list();
+  g_classes->empty_metadata.attr("writeback_blocks") = py::list();
   g_classes->worker_meta =
       make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
   g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());
@@ -679,6 +778,13 @@ PYBIND11_MODULE(activekv, m) {
         auto data = w.arena()->slot_data(slot);
         if (!data.ok()) throw py::index_error(data.status().error());
         return py::bytes(data.value());
+      })
+      .def("streamed_layers", [](WorkerSide& w) {
+        return w.streamer() != nullptr ? w.streamer()->geometry().streamed() : std::vector<std::string>{};
+      })
+      .def("streamed_home", [](WorkerSide& w, const std::string& name) {
+        if (w.streamer() == nullptr) throw py::value_error("no streamed layers (streaming off or not registered)");
+        return py::bytes(w.streamer()->home_bytes(name));
       });
 
   // The vLLM-facing classes are made on first use, not at import: importing the

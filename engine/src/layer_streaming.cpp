@@ -164,6 +164,18 @@ std::string StartupReport::line() const {
          std::to_string(decode_step_bytes) + " bytes host->device per worker";
 }
 
+Status StartupReport::check_host_memory(std::int64_t capacity_bytes,
+                                        std::int64_t host_memory_bytes) const {
+  if (capacity_bytes + host_bytes <= host_memory_bytes) return Status::Ok();
+  return bad("kv_connector_extra_config['capacity_bytes']=" + std::to_string(capacity_bytes) +
+             " plus the streamed layers' homes (" + std::to_string(host_bytes) + " bytes for " +
+             std::to_string(device_blocks) + " blocks) exceed this host's memory (" +
+             std::to_string(host_memory_bytes) +
+             " bytes); lower capacity_bytes, raise "
+             "kv_connector_extra_config['streaming']['resident_layers'], or give vLLM fewer KV "
+             "cache blocks (gpu_memory_utilization, num_gpu_blocks_override)");
+}
+
 // ---- worker-side streamer ---------------------------------------------------------
 
 Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
@@ -396,6 +408,22 @@ void LayerStreamer::stage_ahead(const std::string& name, const c10::Event* gathe
   if (next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)]) {
     issue_stage(next, stats);
   }
+}
+
+std::string LayerStreamer::home_bytes(const std::string& name) {
+  const auto it = streamed_index_.find(name);
+  if (it == streamed_index_.end()) throw std::invalid_argument("layer '" + name + "' is not streamed");
+  synchronize();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(homes_->num_slots()));
+  for (std::size_t b = 0; b < all.size(); ++b) all[b] = static_cast<std::int64_t>(b);
+  std::string out;
+  for (const auto& run : homes_->runs(all)) {
+    auto view = homes_->run_view(it->second, run);
+    if (!view.ok()) throw std::runtime_error(view.status().error());
+    const at::Tensor bytes = view.value().contiguous();
+    out.append(reinterpret_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel()));
+  }
+  return out;
 }
 
 std::vector<std::int64_t> LayerStreamer::take_poisoned_stages() {

@@ -45,3 +45,37 @@ def test_bad_config_names_the_key_and_what_it_accepts(extra, fragments):
         ActiveKVConfig.from_extra_config(extra)
     for fragment in fragments:
         assert fragment in str(err.value)
+
+
+def test_streaming_is_a_table_with_defaults():
+    assert ActiveKVConfig.from_extra_config({"streaming": None}).streaming is None
+    cfg = ActiveKVConfig.from_extra_config({"streaming": {}})
+    assert (cfg.streaming.resident_layers, cfg.streaming.ring_size) == (0, 2)
+    cfg = ActiveKVConfig.from_extra_config({"streaming": {"resident_layers": 3, "ring_size": 4}})
+    assert (cfg.streaming.resident_layers, cfg.streaming.ring_size) == (3, 4)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"streaming": 2}, "kv_connector_extra_config['streaming']: expected a table "
+                           "{'resident_layers': R, 'ring_size': K}, got int 2"),
+        ({"streaming": {"rings": 2}}, "kv_connector_extra_config['streaming']: unknown key "
+                                      "'rings'; accepted keys: resident_layers, ring_size"),
+        ({"streaming": {"ring_size": 2.0}}, "kv_connector_extra_config['streaming']['ring_size']: "
+                                            "expected an integer, got float 2.0"),
+        ({"streaming": {"ring_size": 1}}, "kv_connector_extra_config['streaming']['ring_size']: 1 "
+                                          "is out of range; expected an integer >= 2 (staging "
+                                          "buffers on the device)"),
+        ({"streaming": {"resident_layers": -1}},
+         "kv_connector_extra_config['streaming']['resident_layers']: -1 is out of range; "
+         "expected an integer >= 0 (layers kept on the device)"),
+        ({"streaming": 2, "mode": "fast"}, "kv_connector_extra_config['mode']: 'fast' is not "
+                                            "accepted; accepted values: 'exact', 'compressed'"),
+    ],
+    ids=["not-a-table", "unknown-key", "wrong-type", "ring-too-small", "negative", "others-first"],
+)
+def test_bad_streaming_table_names_the_key(extra, message):
+    with pytest.raises(ActiveKVConfigError) as err:
+        ActiveKVConfig.from_extra_config(extra)
+    assert str(err.value) == message

@@ -99,16 +99,18 @@ def _registered_worker(impl):
     return worker, kv
 
 
-def _metadata(impl, loads=(), saves=(), awaiting=()):
+def _metadata(impl, loads=(), saves=(), awaiting=(), stage=(), writeback=()):
     if impl == "native":
         meta = activekv.ActiveKVMetadata.__new__(activekv.ActiveKVMetadata)
         meta.loads, meta.saves, meta.awaiting_free = list(loads), list(saves), list(awaiting)
+        if stage or writeback:
+            meta.stage_blocks, meta.writeback_blocks = list(stage), list(writeback)
         return meta
     from activekv_reference.metadata import ActiveKVMetadata, LoadOp, SaveOp
 
     return ActiveKVMetadata(
         loads=[LoadOp(*op) for op in loads], saves=[SaveOp(*op) for op in saves],
-        awaiting_free=list(awaiting),
+        awaiting_free=list(awaiting), stage_blocks=list(stage), writeback_blocks=list(writeback),
     )
 
 
@@ -141,3 +143,177 @@ def test_a_refused_load_is_reported_once_by_its_device_block(impl):
     assert report.failed_loads == [2]
     assert worker.get_block_ids_with_load_errors() == {6}
     assert worker.get_block_ids_with_load_errors() == set()  # taken: reported once
+
+
+# ---- layer streaming ------------------------------------------------------------
+
+STREAMING = {"streaming": {"resident_layers": 1, "ring_size": 2}}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"streaming": 2}, {"streaming": [1, 2]}, {"streaming": {"rings": 2}},
+     {"streaming": {"ring_size": "2"}}, {"streaming": {"ring_size": True}},
+     {"streaming": {"ring_size": 1}}, {"streaming": {"resident_layers": -1, "ring_size": 1}},
+     {"streaming": {"x": 1}, "store_threshold": 0}, {"streaming": {"resident_layers": 5}},
+     {"streaming": {"resident_layers": 3}}],
+    ids=["not-a-table", "a-list", "unknown-key", "wrong-type", "bool", "ring-too-small",
+         "first-key-first", "other-keys-first", "no-layer-left", "saves-nothing"],
+)
+def test_bad_streaming_config_same_message_in_both_engines(extra):
+    cfg = standalone.kv_cache_config(num_layers=5)
+    messages = []
+    for impl in IMPLS:
+        with pytest.raises(ValueError) as err:
+            standalone.make_pair(impl, extra, cfg)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "kv_connector_extra_config" in messages[0]
+
+
+def test_streaming_none_is_off_in_both_engines():
+    cfg = standalone.kv_cache_config()
+    for impl in IMPLS:
+        _, worker = standalone.make_pair(impl, {"streaming": None}, cfg)
+        assert worker.loads_before_kv_cache_update() is False
+
+
+def _vllm_config(impl, extra, num_layers=5, **changes):
+    config = standalone.vllm_config(extra, standalone.connector_class(impl).__name__,
+                                    num_layers=num_layers)
+    for path, value in changes.items():
+        owner, name = path.split("__") if "__" in path else (None, path)
+        setattr(getattr(config, owner) if owner else config, name, value)
+    return config
+
+
+def test_kv_cache_regions_are_the_same_in_both_engines():
+    groups = standalone.kv_cache_config(num_layers=5).kv_cache_groups
+    regions = [standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING), groups)
+               for impl in IMPLS]
+    assert regions[0] == regions[1]
+    names = groups[0].layer_names
+    assert regions[1] == [[names[0]], [names[1], names[3]], [names[2], names[4]]]
+    for impl in IMPLS:
+        assert standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, {}), groups) is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"model_config__use_mla": True}, {"speculative_config": object()},
+     {"parallel_config__pipeline_parallel_size": 2},
+     {"model_config__get_num_layers_by_block_type": lambda p, t="attention": 7}],
+    ids=["mla", "speculative", "pipeline-parallel", "shared-kv"],
+)
+def test_unservable_settings_same_refusal_in_both_engines(changes):
+    groups = standalone.kv_cache_config(num_layers=5).kv_cache_groups
+    messages = []
+    for impl in IMPLS:
+        with pytest.raises(ValueError) as err:
+            standalone.connector_class(impl).get_kv_cache_regions(
+                _vllm_config(impl, STREAMING, **changes), groups)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "layer streaming cannot serve" in messages[0]
+
+
+def test_startup_report_is_logged_once_by_the_scheduler_with_the_reference_line(caplog):
+    cfg = standalone.kv_cache_config(num_layers=5)
+    lines = {}
+    with caplog.at_level("INFO"):
+        for impl, logger in [("reference", "activekv_reference"), ("native", "activekv")]:
+            caplog.clear()
+            scheduler, worker = standalone.make_pair(impl, STREAMING, cfg)
+            lines[impl] = [r.getMessage() for r in caplog.records if r.name == logger]
+            assert worker.loads_before_kv_cache_update() is True
+            assert scheduler.loads_before_kv_cache_update() is False
+    assert len(lines["native"]) == 1 and lines["native"] == lines["reference"]
+    assert lines["native"][0].startswith("ActiveKV layer streaming: 1 resident + 4 streamed layers")
+
+
+def test_streaming_metadata_is_plain_picklable_data():
+    meta = _metadata("native", stage=[1, 4], writeback=[4])
+    back = pickle.loads(pickle.dumps(meta))
+    assert (back.stage_blocks, back.writeback_blocks) == ([1, 4], [4])
+
+
+def _ring_caches(cfg, seed=3):
+    """KV caches whose streamed layers view two ring buffers, as vLLM makes them
+    with the connector's regions (1 resident layer, a ring of 2)."""
+    plain = standalone.kv_caches(cfg, seed)
+    names = list(plain)
+    rings = [plain[names[1]], plain[names[2]]]
+    return {n: plain[n] if i == 0 else rings[(i - 1) % 2] for i, n in enumerate(names)}
+
+
+def _streaming_worker(impl, cfg):
+    _, worker = standalone.make_pair(impl, STREAMING, cfg)
+    kv = _ring_caches(cfg)
+    worker.register_kv_caches(kv)
+    return worker, kv
+
+
+def _streaming_step(worker, kv, meta, written, step):
+    """One step as vLLM drives it with patch 0002: per layer, wait before the KV
+    cache update, the update writes the step's blocks, wait again before
+    attention, then save. Returns what each layer held after its first wait."""
+    seen = {}
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    for i, (name, layer) in enumerate(kv.items()):
+        worker.wait_for_layer_load(name)
+        seen[name] = layer.clone()
+        g = torch.Generator().manual_seed(100 * step + i)
+        for b in written:
+            layer[b] = torch.randn(layer[b].shape, generator=g).to(layer.dtype)
+        worker.wait_for_layer_load(name)
+        worker.save_kv_layer(name, layer, None)
+    worker.wait_for_save()
+    report = worker.build_connector_worker_meta()
+    worker.clear_connector_metadata()
+    return seen, report
+
+
+def test_streaming_steps_are_bitwise_the_reference():
+    from pipeline.parity.replay import streamed_homes
+
+    cfg = standalone.kv_cache_config(num_layers=5, num_blocks=8)
+    runs = {}
+    for impl in IMPLS:
+        worker, kv = _streaming_worker(impl, cfg)
+        steps = [
+            # prefill: writes blocks 1, 2 and 5; block 2 also saved to slot 3
+            (dict(stage=[1, 2, 5], writeback=[1, 2, 5], saves=[(3, 2, b"a" * 32, "r")]), [1, 2, 5]),
+            # decode: reads every block, writes block 5
+            (dict(stage=[1, 2, 5], writeback=[5]), [5]),
+            # a prefix hit: slot 3 loads into block 6 on top of its staged home
+            (dict(stage=[1, 6, 7], writeback=[6, 7], loads=[(3, 6, b"a" * 32)]), [7]),
+            # read back what went home
+            (dict(stage=[1, 2, 5, 6, 7], writeback=[]), []),
+        ]
+        seen = []
+        for step, (plan, written) in enumerate(steps):
+            held, _ = _streaming_step(worker, kv, _metadata(impl, **plan), written, step)
+            seen.append(held)
+        stats = worker.get_kv_connector_stats().reduce()
+        runs[impl] = (seen, streamed_homes(worker), standalone_store(worker), stats,
+                      worker.get_block_ids_with_load_errors())
+    ref, nat = runs["reference"], runs["native"]
+    for step, (a, b) in enumerate(zip(ref[0], nat[0])):
+        for name in a:
+            assert torch.equal(a[name].view(torch.int16), b[name].view(torch.int16)), (step, name)
+    assert nat[1] == ref[1] and len(nat[1]) == 4
+    assert nat[2] == ref[2] and nat[2]
+    for counter in ("streamed_bytes_to_device", "streamed_bytes_to_host", "loaded_blocks"):
+        assert nat[3][counter] == ref[3][counter] and nat[3][counter] > 0, counter
+    assert nat[4] == ref[4] == set()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_stage_block_out_of_range_is_refused_and_binds_nothing(impl):
+    cfg = standalone.kv_cache_config(num_layers=5, num_blocks=8)
+    worker, kv = _streaming_worker(impl, cfg)
+    before = {n: t.clone() for n, t in kv.items()}
+    with pytest.raises(IndexError, match=r"block id 8 out of range \(the KV cache has 8 blocks\)"):
+        worker.bind_connector_metadata(_metadata(impl, stage=[1], writeback=[8]))
+    assert all(torch.equal(kv[n], before[n]) for n in kv)

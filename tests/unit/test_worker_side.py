@@ -97,3 +97,42 @@ def test_registering_caches_that_do_not_match_the_spec_fails():
     kv = {n: t[:, :, :16] for n, t in kv_caches(seed=0).items()}
     with pytest.raises(ValueError, match="do not match"):
         worker.register_kv_caches(kv)
+
+
+def test_streamed_layers_find_their_own_bytes_in_the_shared_ring():
+    from activekv_reference.config import StreamingConfig
+    from activekv_reference.streaming import StreamingGeometry
+
+    layout = KVLayout(layer_names=("l0", "l1", "l2", "l3"), block_size=32, num_kv_heads=2,
+                      head_size=32, dtype=torch.bfloat16)
+    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=1, ring_size=2),
+                                      layout.layer_names)
+    worker = WorkerSide(ActiveKVConfig(), layout, 8, tp_rank=0, streaming=geometry)
+    ring0 = torch.zeros(NUM_DEVICE_BLOCKS, 2, 32, 64, dtype=torch.bfloat16)
+    kv = {"l0": torch.zeros_like(ring0), "l1": ring0, "l2": torch.zeros_like(ring0), "l3": ring0}
+    worker.register_kv_caches(kv)
+    written = {n: torch.randn(2, 2, 32, 64).to(torch.bfloat16) for n in kv}
+    for step in range(2):
+        meta = ActiveKVMetadata(stage_blocks=[3, 4], writeback_blocks=[3, 4] if step == 0 else [])
+        worker.check_plan(meta)
+        worker.start_load_kv(meta)
+        for name in layout.layer_names:
+            worker.wait_for_layer_load(name)
+            if step == 0:
+                kv[name][3:5] = written[name]
+            elif name != "l0":  # l3 shares l1's buffer, yet reads its own home
+                assert torch.equal(kv[name][3:5].view(torch.int16), written[name].view(torch.int16))
+            worker.wait_for_layer_load(name)  # the second call (before attention) does nothing
+            worker.save_kv_layer(name, kv[name], meta)
+        worker.wait_for_save(meta)
+
+
+def test_streaming_needs_the_rings_to_alias():
+    from activekv_reference.config import StreamingConfig
+    from activekv_reference.streaming import StreamingGeometry
+
+    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=0, ring_size=2),
+                                      LAYOUT.layer_names[:2] + ("l2",))
+    worker = WorkerSide(ActiveKVConfig(), LAYOUT, 8, tp_rank=0, streaming=geometry)
+    with pytest.raises(ValueError, match="'l2' is not a view of ring buffer 0"):
+        worker.register_kv_caches(kv_caches(seed=1))

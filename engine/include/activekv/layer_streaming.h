@@ -96,6 +96,9 @@ struct StartupReport {
                           std::int64_t block_size, std::int64_t layer_bytes,
                           std::int64_t max_model_len);
   std::string line() const;
+  // The homes come on top of the host store, in every worker: refuses
+  // (naming what to lower) a store plus homes beyond the host's memory.
+  Status check_host_memory(std::int64_t capacity_bytes, std::int64_t host_memory_bytes) const;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -156,6 +159,10 @@ class LayerStreamer {
   // Device only, after write_back and the store save's gather of `name`
   // (`gathered`, when there was one): stages the streamed layer K places later.
   void stage_ahead(const std::string& name, const c10::Event* gathered, Telemetry& stats);
+  // The bytes of a streamed layer's home, every block in block order (the
+  // reference's home tensor); waits for the copies in flight. For parity
+  // checks and tests. Must be called with a streamed layer.
+  std::string home_bytes(const std::string& name);
   // Blocks staged from a poisoned home since the last call.
   std::vector<std::int64_t> take_poisoned_stages();
   // Waits for every issued copy (a device's copy stream). Must be called
