@@ -5,6 +5,7 @@
 // server module with the user's remaining arguments:
 //
 //   activekv-serve [--activekv-mode exact|compressed] [--activekv-capacity BYTES]
+//                  [--activekv-streaming RESIDENT[,RING]]
 //                  [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...
 //
 // The ActiveKV connector registers itself through its vllm.general_plugins
@@ -27,9 +28,14 @@ int usage(const char* program, const std::string& problem) {
   std::fprintf(stderr,
                "%s: %s\n"
                "usage: %s [--activekv-mode exact|compressed] [--activekv-capacity BYTES]\n"
+               "          [--activekv-streaming RESIDENT[,RING]]\n"
                "          [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...\n"
+               "  --activekv-streaming  layer streaming: RESIDENT layers keep their KV on the\n"
+               "                     device, the others pass through a ring of RING buffers\n"
+               "                     (default 2); needs vLLM with ActiveKV's patch series\n"
                "  --activekv-config  a JSON object of kv_connector_extra_config keys\n"
-               "                     (mode, capacity_bytes, store_threshold, ...); flags win\n",
+               "                     (mode, capacity_bytes, store_threshold, streaming, ...);\n"
+               "                     flags win\n",
                program, problem.c_str(), program);
   return 2;
 }
@@ -60,7 +66,7 @@ std::string own_dir() {
 
 int main(int argc, char** argv) {
   const char* program = "activekv-serve";
-  std::string mode, capacity, config_json = "{}";
+  std::string mode, capacity, streaming, config_json = "{}";
   std::vector<std::string> vllm_args;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -86,6 +92,22 @@ int main(int argc, char** argv) {
       if (!all_digits(capacity) || capacity == "0") {
         return usage(program, "--activekv-capacity: '" + capacity + "' is not a positive number of bytes");
       }
+    } else if (arg == "--activekv-streaming") {
+      const char* v = value("--activekv-streaming");
+      if (v == nullptr) return 2;
+      const std::string s = v;
+      const auto comma = s.find(',');
+      const std::string resident = s.substr(0, comma);
+      const std::string ring = comma == std::string::npos ? "2" : s.substr(comma + 1);
+      if (!all_digits(resident) || !all_digits(ring) || resident.size() > 6 || ring.size() > 6) {
+        return usage(program, "--activekv-streaming: '" + s +
+                                  "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)");
+      }
+      // The range checks (ring >= 2, fewer resident layers than the model has)
+      // are the engine's, with the key named, when vLLM starts. Reprinted: JSON
+      // numbers have no leading zeros.
+      streaming = "{\"resident_layers\": " + std::to_string(std::stoi(resident)) +
+                  ", \"ring_size\": " + std::to_string(std::stoi(ring)) + "}";
     } else if (arg == "--activekv-config") {
       const char* v = value("--activekv-config");
       if (v == nullptr) return 2;
@@ -118,6 +140,7 @@ int main(int argc, char** argv) {
   };
   if (!mode.empty()) add("mode", json_string(mode));
   if (!capacity.empty()) add("capacity_bytes", capacity);
+  if (!streaming.empty()) add("streaming", streaming);
   extra += "}";
   const std::string transfer = "{\"kv_connector\": \"ActiveKVConnector\", \"kv_role\": \"kv_both\", "
                                "\"kv_connector_extra_config\": " + extra + "}";

@@ -53,3 +53,4 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     note = h.check_against_own_prefix_hits(warm, own_hits)
     if note:
         figures.append(f"TP=2 reload: {note}")
+

