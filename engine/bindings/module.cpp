@@ -119,13 +119,15 @@ StreamableFacts streamable_facts(const py::handle& vllm_config, const py::handle
 }
 
 // The geometry for a streaming config, after vLLM's settings were checked;
-// ValueError with the reference's message otherwise.
+// ValueError with the reference's message otherwise. The layer names are the
+// one group's, read only once the check passed (as the reference does).
 StreamingGeometry streaming_geometry(const StreamingConfig& streaming, const py::handle& vllm_config,
-                                     const py::handle& kv_cache_groups,
-                                     const std::vector<std::string>& layer_names) {
+                                     const py::handle& kv_cache_groups) {
   if (const Status s = check_streamable(streamable_facts(vllm_config, kv_cache_groups)); !s.ok()) {
     throw py::value_error(s.error());
   }
+  const auto layer_names = py::cast<std::vector<std::string>>(
+      py::list(py::reinterpret_borrow<py::object>(kv_cache_groups))[0].attr("layer_names"));
   auto geometry = StreamingGeometry::plan(streaming, layer_names);
   if (!geometry.ok()) throw py::value_error(geometry.status().error());
   return geometry.value();
@@ -474,8 +476,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const bool scheduler = role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"));
   std::optional<StreamingGeometry> geometry;
   if (config.streaming) {
-    geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"),
-                                  layout.layer_names);
+    geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
     const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
     const StartupReport report = StartupReport::of(
         *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
@@ -637,9 +638,7 @@ py::dict connector_namespace() {
         const Config config = parse_config(
             vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config"));
         if (!config.streaming) return py::none();
-        const auto names = py::cast<std::vector<std::string>>(
-            py::list(py::reinterpret_borrow<py::object>(kv_cache_groups))[0].attr("layer_names"));
-        return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups, names).regions());
+        return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups).regions());
       }));
   ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
       [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {

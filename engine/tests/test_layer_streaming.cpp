@@ -93,6 +93,16 @@ TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
             "decode step moves 1048576 bytes host->device per worker");
 }
 
+TEST(StartupReport, RefusesHomesBeyondTheHostsMemory) {
+  const auto r = StartupReport::of(geometry(), 100, 32, 8192, 1000);  // 3276800 bytes of homes
+  EXPECT_TRUE(r.check_host_memory(1000, 1000 + 3276800).ok());
+  EXPECT_EQ(r.check_host_memory(1001, 1000 + 3276800).error(),
+            "kv_connector_extra_config['capacity_bytes']=1001 plus the streamed layers' homes "
+            "(3276800 bytes for 100 blocks) exceed this host's memory (3277800 bytes); lower "
+            "capacity_bytes, raise kv_connector_extra_config['streaming']['resident_layers'], or "
+            "give vLLM fewer KV cache blocks (gpu_memory_utilization, num_gpu_blocks_override)");
+}
+
 // ---- the worker side, on CPU tensors whose streamed layers alias two rings ----
 
 constexpr std::int64_t kBlocks = 12;
@@ -185,6 +195,14 @@ TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   }
   s.worker.wait_for_save();
   s.worker.clear_plan();
+  // The homes hold the written bytes, block after block, zeros elsewhere.
+  const std::string home = s.worker.streamer()->home_bytes("l3");
+  const at::Tensor written = content(3, 5, 1).contiguous();
+  const auto block_bytes = static_cast<std::size_t>(written.numel()) * 2;
+  ASSERT_EQ(home.size(), block_bytes * static_cast<std::size_t>(kBlocks));
+  EXPECT_EQ(home.substr(5 * block_bytes, block_bytes),
+            std::string(reinterpret_cast<const char*>(written.data_ptr()), block_bytes));
+  EXPECT_EQ(home.substr(0, block_bytes), std::string(block_bytes, '\0'));
   const Telemetry t = s.worker.take_telemetry();
   const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
   EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);

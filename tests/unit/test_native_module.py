@@ -317,3 +317,13 @@ def test_stage_block_out_of_range_is_refused_and_binds_nothing(impl):
     with pytest.raises(IndexError, match=r"block id 8 out of range \(the KV cache has 8 blocks\)"):
         worker.bind_connector_metadata(_metadata(impl, stage=[1], writeback=[8]))
     assert all(torch.equal(kv[n], before[n]) for n in kv)
+
+
+def test_no_kv_cache_group_is_the_same_refusal_in_both_engines():
+    messages = []
+    for impl in IMPLS:
+        with pytest.raises(ValueError) as err:
+            standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING), [])
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "KV cache groups []" in messages[0]
