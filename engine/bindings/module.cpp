@@ -485,7 +485,8 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
       throw py::value_error(s.error());
     }
     if (scheduler) {
-      py::module_::import("logging").attr("getLogger")(kModule).attr("info")("%s", report.line());
+      // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report.line());
     }
   }
   if (scheduler) {

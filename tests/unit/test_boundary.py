@@ -45,8 +45,12 @@ def test_hunks_are_read_per_file(tmp_path):
     patches = tmp_path / "patches"
     shutil.copytree(PATCHES_DIR / "0.32.0", patches / "0.32.0")
     rows, _ = boundary.retention("0.32.0", patches_dir=patches)
-    assert [(r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
-        ("base.py", 1), ("kv_transfer_utils.py", 1)]
+    assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
+        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
+        ("0002", "kv_cache_utils.py", 3)]
 
 
 def test_census_finds_every_vllm_facing_method_native():

@@ -221,7 +221,7 @@ def test_startup_report_is_logged_once_by_the_scheduler_with_the_reference_line(
     cfg = standalone.kv_cache_config(num_layers=5)
     lines = {}
     with caplog.at_level("INFO"):
-        for impl, logger in [("reference", "activekv_reference"), ("native", "activekv")]:
+        for impl, logger in [("reference", "vllm.activekv_reference"), ("native", "vllm.activekv")]:
             caplog.clear()
             scheduler, worker = standalone.make_pair(impl, STREAMING, cfg)
             lines[impl] = [r.getMessage() for r in caplog.records if r.name == logger]

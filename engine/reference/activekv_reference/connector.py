@@ -23,7 +23,8 @@ from .stats import ActiveKVPromMetrics, ActiveKVStats
 from .streaming import StartupReport, StreamingGeometry, check_streamable
 from .worker import WorkerSide
 
-logger = logging.getLogger("activekv_reference")
+# Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
+logger = logging.getLogger("vllm.activekv_reference")
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
