@@ -232,6 +232,7 @@ def test_a_failed_parity_gate_makes_no_manifest(release_tree, tmp_path):
     (["--activekv-frobnicate"], "unknown flag --activekv-frobnicate"),
     (["--kv-transfer-config", "{}"], "--kv-transfer-config is set by activekv-serve"),
     (["--activekv-config", "/nowhere.json"], "--activekv-config: cannot read /nowhere.json"),
+    (["--activekv-streaming", "two"], "--activekv-streaming: 'two' is not RESIDENT[,RING]"),
 ])
 def test_launcher_rejects_bad_flags_with_usage(release_tree, engine, flags, message):
     result = engine.run("run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags,
@@ -332,6 +333,49 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     finally:
         engine.run("rm", "--force", name, check=False)
         engine.remove_image(remote)
+
+
+def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engine, cache_dir):
+    """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
+    server (compiled mode) serves a context 8x what its KV budget holds without
+    streaming, with the tokens of vLLM given 8x the budget (computed here)."""
+    from pipeline import vllm_harness as h
+    from pipeline.tiny_model import STREAMING_LAYERS
+
+    model = tiny_llama(cache_dir, STREAMING_LAYERS)
+    budget = h.streaming_budget_bytes(STREAMING_LAYERS)
+    prompt = h.random_tokens(__import__("random").Random(41), h.STREAMING_CONTEXT - h.MAX_TOKENS)
+    plain = h.make_llm(model, connector=None, kv_cache_bytes=8 * budget,
+                       max_model_len=h.STREAMING_CONTEXT)
+    try:
+        (want,) = h.generate(plain, [prompt], logprobs=None)
+    finally:
+        h.shutdown(plain)
+    port = free_port()
+    name = f"activekv-streaming-{port}"
+    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
+               "-v", f"{model}:/model:ro", release_tree["runtime"]["id"],
+               "--activekv-streaming", "0,2", "--model", "/model", "--host", "127.0.0.1",
+               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
+               "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
+               "--kv-cache-memory-bytes", str(budget))
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            logs = engine.run("logs", name, capture=True, check=False)
+            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        got = completion(port, prompt)["choices"][0]["token_ids"]
+        assert got == list(want.tokens[: len(got)]) and len(got) == 8
+        assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
+        logs = engine.run("logs", name, capture=True, check=False)
+        assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs.stdout + logs.stderr
+    finally:
+        engine.run("rm", "--force", name, check=False)
 
 
 def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, engine,
