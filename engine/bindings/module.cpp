@@ -475,18 +475,19 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const py::module_ base_mod = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
   const bool scheduler = role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"));
   std::optional<StreamingGeometry> geometry;
+  std::optional<StartupReport> report;
   if (config.streaming) {
     geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
     const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
-    const StartupReport report = StartupReport::of(
+    report = StartupReport::of(
         *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
         py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
-    if (const Status s = report.check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
+    if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
       throw py::value_error(s.error());
     }
     if (scheduler) {
       // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
-      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report.line());
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());
     }
   }
   if (scheduler) {
@@ -497,9 +498,10 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
                      layout.head_size,
                      layout.block_size,
                      py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
-    self.attr("_activekv_scheduler") = py::cast(
-        SchedulerEngine(std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
-                                                        num_slots, id.tp_size, geometry.has_value())));
+    auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
+                                                num_slots, id.tp_size, geometry.has_value());
+    if (report) side->report_streaming(*report);
+    self.attr("_activekv_scheduler") = py::cast(SchedulerEngine(std::move(side)));
   } else {
     const auto rank = py::cast<std::int64_t>(
         py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());

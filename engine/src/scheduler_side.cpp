@@ -1,5 +1,7 @@
 #include "activekv/scheduler_side.h"
 
+#include "activekv/layer_streaming.h"
+
 #include <algorithm>
 #include <iterator>
 #include <set>
@@ -261,6 +263,20 @@ bool SchedulerSide::request_finished(const std::string& req_id) {
   // Keep the device blocks until the saves reading them are done.
   finished_awaiting_.emplace(req_id, std::move(st));
   return true;
+}
+
+}  // namespace activekv
+
+namespace activekv {
+
+void SchedulerSide::report_streaming(const StartupReport& report) {
+  stats_.add(Counter::kStreamingResidentLayers, report.resident_layers);
+  stats_.add(Counter::kStreamingStreamedLayers, report.streamed_layers);
+  stats_.add(Counter::kStreamingRingSize, report.ring_size);
+  stats_.add(Counter::kStreamingDeviceBlocks, report.device_blocks);
+  stats_.add(Counter::kStreamingDeviceBlocksWithout, report.device_blocks_without);
+  stats_.add(Counter::kStreamingHostBytes, report.host_bytes);
+  stats_.add(Counter::kStreamingDecodeStepBytes, report.decode_step_bytes);
 }
 
 }  // namespace activekv

@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "activekv/layer_streaming.h"
 #include "activekv/scheduler_side.h"
 
 namespace activekv {
@@ -108,6 +109,28 @@ TEST(SchedulerSideStreaming, FinishedRequestsDropTheirTable) {
   // Seen again as running (no table): its new ids are its table.
   const StepPlan plan = s.build_step({}, {Cached{"a", false, Ids{3}, 8, 1}});
   EXPECT_EQ(plan.stage_blocks, (Ids{3}));
+}
+
+TEST(SchedulerSideStreaming, TheGeometryIsReportedOnceInTheStats) {
+  auto s = streaming_scheduler();
+  StartupReport report;
+  report.resident_layers = 1;
+  report.streamed_layers = 15;
+  report.ring_size = 2;
+  report.device_blocks = 128;
+  report.device_blocks_without = 24;
+  report.host_bytes = 1 << 20;
+  report.decode_step_bytes = 4096;
+  s.report_streaming(report);
+  const Telemetry first = s.take_telemetry();
+  EXPECT_EQ(first.get(Counter::kStreamingResidentLayers), 1);
+  EXPECT_EQ(first.get(Counter::kStreamingStreamedLayers), 15);
+  EXPECT_EQ(first.get(Counter::kStreamingRingSize), 2);
+  EXPECT_EQ(first.get(Counter::kStreamingDeviceBlocks), 128);
+  EXPECT_EQ(first.get(Counter::kStreamingDeviceBlocksWithout), 24);
+  EXPECT_EQ(first.get(Counter::kStreamingHostBytes), 1 << 20);
+  EXPECT_EQ(first.get(Counter::kStreamingDecodeStepBytes), 4096);
+  EXPECT_TRUE(s.take_telemetry().empty());  // counted once: a counter reads as the value
 }
 
 TEST(SchedulerSideStreaming, NothingPlannedWithoutStreaming) {

@@ -80,6 +80,12 @@ def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answers_with_8x_
     streamed = STREAMING_LAYERS - h.STREAMING["resident_layers"]
     assert moved["streamed_bytes_to_host"] >= (len(PROMPT) // h.BLOCK_SIZE) * streamed * h.layer_block_bytes()
     assert moved["streamed_bytes_to_device"] > 0
+    # The start-up report, in the stats: 8x the blocks the budget holds without streaming.
+    report = h.telemetry(streaming_llm)
+    assert report["streaming_device_blocks_without"] == h.STREAMING_BUDGET_BLOCKS
+    assert report["streaming_device_blocks"] == 8 * h.STREAMING_BUDGET_BLOCKS
+    assert report["streaming_streamed_layers"] == streamed
+    assert report["streaming_host_bytes"] == 8 * h.STREAMING_BUDGET_BLOCKS * streamed * h.layer_block_bytes()
     figures.append(f"streaming ({connector}): {CONTEXT} tokens in a budget that holds "
                    f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of vLLM with "
                    f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged")

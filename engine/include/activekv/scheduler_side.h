@@ -19,6 +19,8 @@
 
 namespace activekv {
 
+struct StartupReport;  // layer_streaming.h
+
 class SchedulerSide {
  public:
   // `streaming`: every step also names the blocks the workers stage into the
@@ -71,6 +73,8 @@ class SchedulerSide {
   bool has_pending_work() const { return !finished_awaiting_.empty() || !notify_awaiting_.empty(); }
 
   Telemetry take_telemetry() { return stats_.take(); }
+  // The streaming geometry, reported once in the stats (see Telemetry).
+  void report_streaming(const StartupReport& report);
   const BlockIndex& index() const { return index_; }
 
  private:

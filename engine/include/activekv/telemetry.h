@@ -27,6 +27,15 @@ enum class Counter : int {
   kStreamedBytesToDevice,
   kStreamedBytesToHost,
   kStreamUs,
+  // The streaming geometry (StartupReport), counted once by the scheduler at
+  // start-up, so each reads as its value in the stats and in Prometheus.
+  kStreamingResidentLayers,
+  kStreamingStreamedLayers,
+  kStreamingRingSize,
+  kStreamingDeviceBlocks,
+  kStreamingDeviceBlocksWithout,
+  kStreamingHostBytes,
+  kStreamingDecodeStepBytes,
   kCount,
 };
 
@@ -35,7 +44,10 @@ inline constexpr std::array<std::string_view, static_cast<int>(Counter::kCount)>
     "evicted_blocks", "rejected_threshold", "rejected_request_cap", "rejected_full",
     "saved_blocks",  "loaded_blocks",  "failed_loads",      "bytes_to_host",
     "bytes_to_device", "save_us",      "load_us",           "quarantined_fences",
-    "streamed_bytes_to_device", "streamed_bytes_to_host", "stream_us"};
+    "streamed_bytes_to_device", "streamed_bytes_to_host", "stream_us",
+    "streaming_resident_layers", "streaming_streamed_layers", "streaming_ring_size",
+    "streaming_device_blocks", "streaming_device_blocks_without", "streaming_host_bytes",
+    "streaming_decode_step_bytes"};
 
 class Telemetry {
  public:

@@ -101,6 +101,8 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 identity.tp_size,
                 streaming=geometry is not None,
             )
+            if geometry is not None:
+                self.scheduler_side.report_streaming(report)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 

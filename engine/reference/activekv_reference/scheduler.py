@@ -261,6 +261,12 @@ class SchedulerSide:
         self._finished_awaiting[request.request_id] = st
         return True, None
 
+    def report_streaming(self, report) -> None:
+        """The streaming geometry, counted once: each counter reads as its value."""
+        for name in ("resident_layers", "streamed_layers", "ring_size", "device_blocks",
+                     "device_blocks_without", "host_bytes", "decode_step_bytes"):
+            self.stats.add(f"streaming_{name}", getattr(report, name))
+
     def has_pending_work(self) -> bool:
         return bool(self._finished_awaiting or self._notify_awaiting)
 

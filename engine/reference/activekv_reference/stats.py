@@ -36,6 +36,15 @@ COUNTERS: dict[str, str] = {
     "streamed_bytes_to_device": "Layer streaming: bytes staged from the homes into the ring",
     "streamed_bytes_to_host": "Layer streaming: bytes written back from the ring to the homes",
     "stream_us": "Layer streaming: microseconds spent staging and writing back",
+    # The streaming geometry (StartupReport), counted once by the scheduler at
+    # start-up, so each reads as its value in the stats and in Prometheus.
+    "streaming_resident_layers": "Layer streaming: layers whose KV stays on the device",
+    "streaming_streamed_layers": "Layer streaming: layers whose KV lives in host memory",
+    "streaming_ring_size": "Layer streaming: staging buffers on the device",
+    "streaming_device_blocks": "Layer streaming: KV cache blocks the device holds",
+    "streaming_device_blocks_without": "Layer streaming: blocks the same memory holds without streaming",
+    "streaming_host_bytes": "Layer streaming: host bytes reserved for the streamed layers, per worker",
+    "streaming_decode_step_bytes": "Layer streaming: host-to-device bytes of a full-context decode step, per worker",
 }
 
 
