@@ -152,8 +152,9 @@ class SchedulerSide:
 
     def _plan_streaming(self, scheduler_output, meta: ActiveKVMetadata) -> None:
         """The step's stage and write-back blocks. A request computed c tokens
-        and computes s now: its attention reads the blocks holding tokens
-        below c, and it writes the blocks holding tokens c .. c+s-1."""
+        and computes s now: it touches the blocks holding tokens below c + s
+        (all staged, unless a load fills them), and it writes the blocks
+        holding tokens c .. c+s-1 (written back, with the loaded ones)."""
         bs = self.block_size
         scheduled = scheduler_output.num_scheduled_tokens
         steps = []
@@ -174,9 +175,9 @@ class SchedulerSide:
             table = self._block_tables[req_id]
             touched.update(table[: cdiv(computed + num_scheduled, bs)])
             written.update(table[computed // bs : cdiv(computed + num_scheduled, bs)])
-        # Written blocks are staged too: their slots past the new tokens must
-        # hold what a device-resident layer would hold there (vLLM's CPU
-        # attention reads whole blocks, and those bytes change its rounding).
+        # Written blocks are staged too: their slots past the new tokens then
+        # hold what a device-resident layer would hold there, so a kernel
+        # that reads whole blocks sees the bytes of the full cache.
         meta.stage_blocks = sorted(touched - loaded)
         meta.writeback_blocks = sorted(written | loaded)
 

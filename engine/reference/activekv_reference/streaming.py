@@ -13,9 +13,13 @@ B blocks of L layers now holds B * L / (R + K) blocks.
 Per step and streamed layer, in vLLM's order:
   before the layer's KV cache update (wait_for_layer_load, which vLLM calls
       there for a connector that asks, loads_before_kv_cache_update): copy the
-      layer's home rows of every block the step's attention reads and the step
-      does not load (stage_blocks) into its buffer; the step's loads from the
-      host store then land on top, as for a resident layer;
+      layer's home rows of every block the step touches and does not load
+      (stage_blocks) into its buffer -- the blocks it writes too, so their
+      slots past the new tokens hold what a resident layer's would: for every
+      block the step touches, the buffer is byte for byte the full cache
+      (an attention kernel that reads whole blocks sees the same bytes);
+      the step's loads from the host store then land on top, as for a
+      resident layer;
   after the layer's attention (save_kv_layer): copy the blocks the step wrote
       or loaded (writeback_blocks) from the buffer back to their homes; the
       buffer then serves the streamed layer K places later.
@@ -176,7 +180,7 @@ class LayerStreamer:
                     "(0002, get_kv_cache_regions) for streaming"
                 )
 
-    def begin_step(self, stage_blocks: list[int], writeback_blocks: list[int], device) -> None:
+    def begin_step(self, stage_blocks: list[int], writeback_blocks: list[int]) -> None:
         self._stage = torch.tensor(stage_blocks, dtype=torch.long) if stage_blocks else None
         self._writeback = torch.tensor(writeback_blocks, dtype=torch.long) if writeback_blocks else None
         self._staged = set()

@@ -108,7 +108,7 @@ class WorkerSide:
         for op in meta.saves:  # their bytes are about to be rewritten
             self.arena.unseal(op.slot)
         if self.streamer is not None:
-            self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks, None)
+            self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks)
 
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata) -> None:
