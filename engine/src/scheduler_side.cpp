@@ -158,9 +158,9 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   }
   std::set<std::int64_t> loaded;
   for (const auto& op : plan.loads) loaded.insert(op.block_id);
-  // Written blocks are staged too: their slots past the new tokens must hold
-  // what a device-resident layer would hold there (vLLM's CPU attention reads
-  // whole blocks, and those bytes change its rounding).
+  // Written blocks are staged too: their slots past the new tokens then hold
+  // what a device-resident layer would hold there, so a kernel that reads
+  // whole blocks sees the bytes of the full cache.
   std::set_difference(touched.begin(), touched.end(), loaded.begin(), loaded.end(),
                       std::back_inserter(plan.stage_blocks));
   std::set_union(written.begin(), written.end(), loaded.begin(), loaded.end(),
