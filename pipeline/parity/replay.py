@@ -188,7 +188,7 @@ def replay(
                 raise TraceMismatchError(f"worker trace ends before step {step}")
             pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock)
             step += 1
-            if not meta.loads and not meta.saves:
+            if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
                 control_steps += 1
                 control_seconds += clock.seconds - step_start
         elif kind == "uco":
