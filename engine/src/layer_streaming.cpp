@@ -1,5 +1,7 @@
 #include "activekv/layer_streaming.h"
 
+#include "step_timing.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -10,6 +12,9 @@
 
 namespace activekv {
 namespace {
+
+using detail::current_stream;
+using detail::Stopwatch;
 
 constexpr const char* kStreamingKey = "kv_connector_extra_config['streaming']";
 
@@ -23,22 +28,6 @@ std::string python_list(const std::vector<std::string>& names) {
   for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", '" : "'") + names[i] + "'";
   return out + "]";
 }
-
-c10::Stream current_stream(c10::Device device) {
-  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-}
-
-class Stopwatch {
- public:
-  std::int64_t us() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now() - start_)
-        .count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
 
 std::int64_t run_bytes(const std::vector<SlotRun>& runs, std::int64_t layer_bytes) {
   std::int64_t n = 0;

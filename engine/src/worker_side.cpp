@@ -1,5 +1,7 @@
 #include "activekv/worker_side.h"
 
+#include "step_timing.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -12,25 +14,12 @@
 namespace activekv {
 namespace {
 
+using detail::current_stream;
+using detail::Stopwatch;
+
 constexpr std::size_t kRecentFinished = 4096;
 // Steps whose copies to the host may still run when a step ends.
 constexpr std::size_t kMaxPendingSaves = 2;
-
-class Stopwatch {
- public:
-  std::int64_t us() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now() - start_)
-        .count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
-
-c10::Stream current_stream(c10::Device device) {
-  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-}
 
 at::Tensor ok_or_throw(Result<at::Tensor> r) {
   if (!r.ok()) throw std::runtime_error(r.status().error());

@@ -7,6 +7,7 @@ the machine was doing while it was taken, so each run records it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -89,3 +90,16 @@ def write(path: Path | None, record: dict[str, Any], text: str) -> None:
     path.write_text(json.dumps(record, indent=1) + "\n")
     path.with_suffix(".txt").write_text(text)
     print(f"raw output written to {path} and {path.with_suffix('.txt')}")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark run shares: waiting for an idle machine,
+    the core reservation, the model cache and the raw output."""
+    parser.add_argument("--wait-load", type=float, default=0.5,
+                        help="wait for a 1-minute load average at most this before measuring")
+    parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
+    parser.add_argument("--reserved-cpus", default="1",
+                        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
+                             "see runs.reserve_cpus)")
+    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
+    parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")

@@ -207,14 +207,7 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--budgets", default="1,0.5",
                         help="budgets of the longest-context figures, in units of M ('' for none)")
-    parser.add_argument("--wait-load", type=float, default=0.5,
-                        help="wait for a 1-minute load average at most this before measuring")
-    parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
-    parser.add_argument("--reserved-cpus", default="1",
-                        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
-                             "see runs.reserve_cpus)")
-    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
-    parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")
+    runs.add_run_arguments(parser)
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     engines = [e for e in args.engines.split(",") if e]

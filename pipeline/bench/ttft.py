@@ -19,7 +19,6 @@ import contextlib
 import random
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from .. import vllm_harness as h
@@ -81,14 +80,7 @@ def report(record: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.ttft")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--wait-load", type=float, default=0.5,
-                        help="wait for a 1-minute load average at most this before measuring")
-    parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
-    parser.add_argument("--reserved-cpus", default="1",
-                        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
-                             "see runs.reserve_cpus)")
-    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
-    parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")
+    runs.add_run_arguments(parser)
     args = parser.parse_args()
     h.reference_on_path()
     model = tiny_llama(args.cache)

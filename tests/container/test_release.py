@@ -250,6 +250,18 @@ def completion(port: int, prompt: list[int]) -> dict:
         return json.loads(r.read())
 
 
+def wait_for_health(engine, name: str, port: int, seconds: int = 300) -> None:
+    """Until the server in container `name` answers /health; fails with its log."""
+    for _ in range(seconds):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+            return
+        except OSError:
+            time.sleep(1)
+    logs = engine.run("logs", name, capture=True, check=False)
+    pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+
+
 def metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         text = r.read().decode()
@@ -284,15 +296,7 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engi
                "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
                "--kv-cache-memory-bytes", str(budget))
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            logs = engine.run("logs", name, capture=True, check=False)
-            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        wait_for_health(engine, name, port)
         got = completion(port, prompt)["choices"][0]["token_ids"]
         assert got == list(want.tokens[: len(got)]) and len(got) == 8
         assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
@@ -355,15 +359,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
                "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
                "--gpu-memory-utilization", "0.3")
     try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            logs = engine.run("logs", name, capture=True, check=False)
-            pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        wait_for_health(engine, name, port)
         prompt = list(range(10, 10 + 8 * 32 + 5))
         first = completion(port, prompt)
         hits_before = metric(port, "vllm:activekv_hit_blocks")
