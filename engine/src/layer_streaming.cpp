@@ -276,17 +276,7 @@ void LayerStreamer::settle_writebacks() {
   // before it is planned. Simple and correct; overlap is later work.
   const auto num_blocks = static_cast<std::size_t>(homes_->num_slots());
   for (auto& p : pending_writebacks_) {
-    bool known = false;
-    bool done = false;
-    while (!known) {
-      try {
-        done = p.fence.query();
-        known = done || std::chrono::steady_clock::now() >= p.deadline;
-      } catch (const c10::Error&) {
-        known = true;  // the fence reported an error: the copies may or may not have landed
-      }
-      if (!known) std::this_thread::yield();
-    }
+    const bool done = detail::fence_done_by(p.fence, p.deadline);
     for (const auto block : p.blocks) {
       // A write-back that completed rewrote the whole home row, which clears
       // an earlier write-back's poison; one with an unknown outcome poisons it.

@@ -2,11 +2,14 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace activekv::detail {
 
@@ -26,6 +29,20 @@ class Stopwatch {
 // The stream vLLM's kernels run on (the current one of the device).
 inline c10::Stream current_stream(c10::Device device) {
   return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+}
+
+// Waits until `fence` completed (true), or `deadline` passed or the fence
+// reported an error (false: the copies behind it may or may not have landed).
+inline bool fence_done_by(const c10::Event& fence, std::chrono::steady_clock::time_point deadline) {
+  while (true) {
+    try {
+      if (fence.query()) return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::yield();
+  }
 }
 
 }  // namespace activekv::detail

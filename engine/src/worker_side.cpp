@@ -338,19 +338,18 @@ void WorkerSide::settle_saves(bool wait) {
 }
 
 WorkerSide::FenceState WorkerSide::outcome(const PendingSave& p, bool wait) {
-  FenceState state = FenceState::kDone;
   for (const auto& fence : p.fences) {
-    state = fence_state(fence);
-    while (wait && state == FenceState::kRunning && std::chrono::steady_clock::now() < p.deadline) {
-      std::this_thread::yield();
-      state = fence_state(fence);
+    if (wait) {
+      if (!detail::fence_done_by(fence, p.deadline)) return FenceState::kUnknown;
+      continue;
     }
-    if (state != FenceState::kDone) break;
+    const FenceState state = fence_state(fence);
+    if (state == FenceState::kRunning && std::chrono::steady_clock::now() >= p.deadline) {
+      return FenceState::kUnknown;
+    }
+    if (state != FenceState::kDone) return state;
   }
-  if (state == FenceState::kRunning && std::chrono::steady_clock::now() >= p.deadline) {
-    return FenceState::kUnknown;
-  }
-  return state;
+  return FenceState::kDone;
 }
 
 void WorkerSide::settle_oldest(FenceState state) {
