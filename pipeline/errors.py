@@ -1,6 +1,24 @@
 """The pipeline's fatal errors: each its own exit code and a message that says
 what was wrong, where, and what to do. Sessions catch PipelineError, print the
-message and exit with its code; nothing is half-written behind one."""
+message and exit with its code; nothing is half-written behind one.
+
+Every exit code is here, and nowhere else (tests and CI scripts rely on them):
+
+    1  PipelineError     anything without its own code
+    2  ConfigError       release.toml or a flag
+    3  HostError         the build host lacks something
+    4  ImageError        a base, builder or runtime image
+    5  BuildError        building or repairing a wheel
+    6  AuditError        the payload audit
+    7  PatchError        the vLLM patch series or distribution
+    8  ManifestError     recording or verifying a release
+    9  PublishError      publishing (10: CollisionError, other bytes already there)
+   11  DirtyTreeError    uncommitted changes without --allow-dirty
+   12  SigningKeyError   a signing or trusted key, or a fingerprint
+   13  ParityError       the parity gate
+   14  BusyError         another run holds the pipeline lock
+   15  RebuildError      an independent rebuild
+"""
 
 from __future__ import annotations
 
@@ -21,6 +39,10 @@ class HostError(PipelineError):
     exit_code = 3
 
 
+class HostPreparationError(HostError):
+    """Preparing the host (installing a package, starting a daemon) failed."""
+
+
 class ImageError(PipelineError):
     """A base or builder image could not be made or obtained."""
 
@@ -37,6 +59,43 @@ class AuditError(PipelineError):
     """The payload audit rejected a wheel; the message lists every finding."""
 
     exit_code = 6
+
+
+class PatchError(PipelineError):
+    """A vLLM distribution or patch series cannot be used."""
+
+    exit_code = 7
+
+
+class ManifestError(PipelineError):
+    """A release cannot be recorded, or a manifest does not verify."""
+
+    exit_code = 8
+
+
+class PublishError(PipelineError):
+    """Publishing to a destination failed."""
+
+    exit_code = 9
+
+
+class CollisionError(PublishError):
+    """This version is already published with other bytes."""
+
+    exit_code = 10
+
+
+class DirtyTreeError(PipelineError):
+    """The working tree has uncommitted changes and --allow-dirty was not given."""
+
+    exit_code = 11
+
+
+class SigningKeyError(PipelineError):
+    """A signing or trusted key cannot be used (missing, unreadable, too open,
+    locked, not Ed25519) or a fingerprint is malformed."""
+
+    exit_code = 12
 
 
 class ParityError(PipelineError):

@@ -13,12 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-
-from pipeline.errors import HostError
-
-
-class HostPreparationError(HostError):
-    pass
+from pipeline.errors import HostPreparationError
 
 
 def dpkg_says_installed(status: str) -> bool:

@@ -27,16 +27,10 @@ from pipeline.parity_gate import gate_problem
 from pipeline.runtime_image import inputs_digest
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
-from pipeline.errors import PipelineError
+from pipeline.errors import ManifestError
 
 SCHEMA = ROOT / "release_manifest" / "schema.json"
 SBOM_FORMAT = "CycloneDX 1.5 JSON"
-
-
-class ManifestError(PipelineError):
-    """A release cannot be recorded, or a manifest does not verify."""
-
-    exit_code = 8
 
 
 def _read(path: Path, what: str) -> dict:

@@ -34,19 +34,13 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ROOT
 from pipeline.container import echo_run
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import PipelineError
+from pipeline.errors import PatchError
 from pipeline.host import ensure_debian_packages
 
 PATCHES_DIR = ROOT / "patches" / "vllm"
 PINS_FILE = ROOT / "packaging" / "vllm-distributions.toml"
 OUT_DIR = ROOT / "build" / "vllm"
 DOWNLOADS = ROOT / ".cache" / "vllm-downloads"
-
-
-class PatchError(PipelineError):
-    """A vLLM distribution or patch series cannot be used."""
-
-    exit_code = 7
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -41,23 +41,13 @@ from pathlib import Path
 
 from pipeline.config import ROOT
 from pipeline.container import ContainerEngine
-from pipeline.errors import PipelineError
+from pipeline.errors import CollisionError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.digest import sha256_of
 from pipeline.provenance import images_name
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
 LOCAL_REGISTRY_DIR = ROOT / "build" / "publish" / "registry"
-
-
-class PublishError(PipelineError):
-    exit_code = 9
-
-
-class CollisionError(PublishError):
-    """This version is already published with other bytes."""
-
-    exit_code = 10
 
 
 def project_of(wheel: str) -> str:

@@ -11,16 +11,12 @@ from pathlib import Path
 from pipeline import build, manifest, provenance, publish, runtime_image, signing
 from pipeline.config import ROOT, Profile, ReleaseConfig, Target
 from pipeline.container import ContainerEngine
-from pipeline.errors import PipelineError
+from pipeline.errors import DirtyTreeError, PipelineError
 from pipeline.patch_vllm import OUT_DIR as VLLM_DIR
 
 RELEASE_DIR = build.RELEASE_DIR
 MANIFEST_DIR = RELEASE_DIR / "manifest"
 DEFAULT_KEY = ROOT / ".cache" / "signing" / "activekv-release-key.pem"
-
-
-class DirtyTreeError(PipelineError):
-    exit_code = 11
 
 
 def engine_version() -> str:

@@ -32,18 +32,11 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from pipeline.errors import PipelineError
+from pipeline.errors import SigningKeyError
 
 PASSPHRASE_ENV = "ACTIVEKV_SIGNING_KEY_PASSPHRASE"
 MAKE_KEY = "openssl genpkey -algorithm ed25519 -out key.pem && chmod 600 key.pem"
 _FINGERPRINT = re.compile(r"SHA256:([A-Za-z0-9+/]{43})=?")
-
-
-class SigningKeyError(PipelineError):
-    """A signing or trusted key cannot be used (missing, unreadable, too open,
-    locked, not Ed25519) or a fingerprint is malformed."""
-
-    exit_code = 12
 
 
 def fingerprint(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:

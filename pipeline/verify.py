@@ -40,8 +40,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline import signing
-from pipeline.errors import ConfigError
-from pipeline.manifest import PUBLIC_KEY_FILE, ManifestError, check_schema
+from pipeline.errors import ConfigError, ManifestError
+from pipeline.manifest import PUBLIC_KEY_FILE, check_schema
 from pipeline.publish import project_of
 
 FINGERPRINT_ENV = "ACTIVEKV_RELEASE_FINGERPRINT"

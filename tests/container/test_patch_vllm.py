@@ -17,7 +17,7 @@ import pytest
 from pipeline import build, patch_vllm
 from pipeline.digest import record_hash
 from pipeline.config import ROOT
-from pipeline.patch_vllm import PatchError
+from pipeline.errors import PatchError
 
 pytestmark = pytest.mark.container
 VERSION = "0.32.0"

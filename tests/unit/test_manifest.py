@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import manifest, signing, verify
-from pipeline.manifest import ManifestError
+from pipeline.errors import ManifestError
 
 
 def small_manifest(folder: Path) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import patch_vllm
-from pipeline.patch_vllm import PatchError
+from pipeline.errors import PatchError
 
 
 def test_the_0_32_0_series_loads_with_its_headers():

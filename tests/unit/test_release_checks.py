@@ -16,10 +16,8 @@ import pytest
 from pipeline import build, config, manifest, parity_gate, release, runtime_image
 from pipeline.config import ROOT
 from pipeline.digest import sha256_of
-from pipeline.errors import BusyError, ParityError
+from pipeline.errors import BusyError, DirtyTreeError, ManifestError, ParityError
 from pipeline.lock import pipeline_lock
-from pipeline.manifest import ManifestError
-from pipeline.release import DirtyTreeError
 
 
 @pytest.fixture

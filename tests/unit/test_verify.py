@@ -17,9 +17,7 @@ import pytest
 
 from pipeline import manifest, signing, verify
 from pipeline.config import ROOT
-from pipeline.errors import ConfigError
-from pipeline.manifest import ManifestError
-from pipeline.signing import SigningKeyError
+from pipeline.errors import ConfigError, ManifestError, SigningKeyError
 from tests.unit.test_manifest import small_manifest
 
 IMAGE = "activekv-runtime-cpu"
