@@ -20,8 +20,8 @@ import pytest
 from pipeline import (audit, build, manifest, parity_gate, patch_vllm, provenance, publish, runtime_image,
                       signing, verify)
 from pipeline.config import ROOT
-from pipeline.tiny_model import tiny_llama
 from pipeline.errors import CollisionError, ManifestError, PublishError
+from pipeline.tiny_model import tiny_llama
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"

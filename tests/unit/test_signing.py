@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import manifest, release, signing
-from pipeline.signing import PASSPHRASE_ENV
 from pipeline.errors import SigningKeyError
+from pipeline.signing import PASSPHRASE_ENV
 
 
 def mode(path) -> int:
