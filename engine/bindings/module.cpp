@@ -11,8 +11,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <map>
@@ -459,19 +457,10 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
-  const std::int64_t num_slots = config.capacity_bytes / slot_bytes;
-  if (num_slots == 0) {
-    throw py::value_error("kv_connector_extra_config['capacity_bytes']=" +
-                          std::to_string(config.capacity_bytes) + " holds no block; one block takes " +
-                          std::to_string(slot_bytes) + " bytes in " + mode_name(config.mode) + " mode");
-  }
-  const std::int64_t host_bytes =
-      static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
-  if (config.capacity_bytes > host_bytes) {
-    throw py::value_error("kv_connector_extra_config['capacity_bytes']=" +
-                          std::to_string(config.capacity_bytes) + " exceeds this host's memory (" +
-                          std::to_string(host_bytes) + " bytes); ask for less");
-  }
+  const std::int64_t host_bytes = physical_memory_bytes();
+  const auto slots = config.store_slots(slot_bytes, host_bytes);
+  if (!slots.ok()) throw py::value_error(slots.status().error());
+  const std::int64_t num_slots = slots.value();
   const py::module_ base_mod = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.base");
   const bool scheduler = role.is(base_mod.attr("KVConnectorRole").attr("SCHEDULER"));
   std::optional<StreamingGeometry> geometry;
@@ -722,14 +711,9 @@ py::dict worker_meta_namespace() {
                            py::cast<std::string>(py::type::handle_of(other).attr("__name__")) +
                            " into ActiveKV metadata");
     }
-    WorkerReport a = report_from_python(self);
-    const WorkerReport b = report_from_python(other);
-    a.saved.insert(a.saved.end(), b.saved.begin(), b.saved.end());
-    a.failed_saves.insert(a.failed_saves.end(), b.failed_saves.begin(), b.failed_saves.end());
-    a.loaded.insert(a.loaded.end(), b.loaded.begin(), b.loaded.end());
-    a.failed_loads.insert(a.failed_loads.end(), b.failed_loads.begin(), b.failed_loads.end());
-    a.quarantined.insert(a.quarantined.end(), b.quarantined.begin(), b.quarantined.end());
-    return report_to_python(a);
+    WorkerReport merged = report_from_python(self);
+    merged.merge(report_from_python(other));
+    return report_to_python(merged);
   });
   return ns;
 }

@@ -1,5 +1,7 @@
 #include "activekv/config.h"
 
+#include <unistd.h>
+
 #include <array>
 #include <functional>
 
@@ -83,6 +85,33 @@ Status read_choice(const std::string& key, const ConfigValue& v,
 
 const char* mode_name(Mode mode) { return mode == Mode::kExact ? "exact" : "compressed"; }
 
+std::optional<Mode> mode_named(std::string_view name) {
+  for (const auto& [n, mode] : kModes) {
+    if (name == n) return mode;
+  }
+  return std::nullopt;
+}
+
+std::int64_t physical_memory_bytes() {
+  return static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+Result<std::int64_t> Config::store_slots(std::int64_t slot_bytes,
+                                         std::int64_t host_memory_bytes) const {
+  const std::string at = where("capacity_bytes") + "=" + std::to_string(capacity_bytes);
+  const std::int64_t slots = capacity_bytes / slot_bytes;
+  if (slots == 0) {
+    return bad(at + " holds no block; one block takes " + std::to_string(slot_bytes) +
+               " bytes in " + mode_name(mode) + " mode");
+  }
+  if (capacity_bytes > host_memory_bytes) {
+    return bad(at + " exceeds this host's memory (" + std::to_string(host_memory_bytes) +
+               " bytes); ask for less");
+  }
+  return slots;
+}
+
 Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
   for (const auto& [key, value] : extra) {  // std::map: sorted, like the reference
     bool known = false;
@@ -100,16 +129,13 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     if (key == "streaming") {
       continue;  // a table: read after every other key, as the reference does
     } else if (key == "mode") {
-      constexpr std::array<std::pair<const char*, Mode>, 2> kModes = {
-          {{"exact", Mode::kExact}, {"compressed", Mode::kCompressed}}};
       s = read_choice(key, v, kModes, c.mode);
     } else if (key == "store_blocks") {
       constexpr std::array<std::pair<const char*, StoreScope>, 2> kScopes = {
           {{"prompt", StoreScope::kPrompt}, {"prompt_and_decode", StoreScope::kPromptAndDecode}}};
       s = read_choice(key, v, kScopes, c.store_blocks);
     } else if (key == "capacity_bytes") {
-      s = read_int(key, v, c.capacity_bytes, [](auto x) { return x > 0; },
-                   "a positive number of bytes");
+      s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {
       s = read_int(key, v, c.fence_timeout_ms, [](auto x) { return x >= 1; },
                    "a positive number of milliseconds");

@@ -102,5 +102,61 @@ TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
                      "store_blocks, store_threshold, streaming");
 }
 
+TEST(Config, ModesAreFoundByTheirNamesOnly) {
+  EXPECT_EQ(mode_named("exact"), Mode::kExact);
+  EXPECT_EQ(mode_named("compressed"), Mode::kCompressed);
+  EXPECT_FALSE(mode_named("lossy"));
+  EXPECT_FALSE(mode_named("Exact"));
+  EXPECT_FALSE(mode_named(""));
+  for (const auto& [name, mode] : kModes) EXPECT_STREQ(mode_name(mode), name);
+}
+
+TEST(Config, CapacityMustBeAPositiveNumberOfBytes) {
+  EXPECT_TRUE(capacity_in_range(1));
+  EXPECT_FALSE(capacity_in_range(0));
+  EXPECT_FALSE(capacity_in_range(-1));
+  expect_exact_error({{"capacity_bytes", integer(0)}},
+                     "kv_connector_extra_config['capacity_bytes']: 0 is out of range; expected a "
+                     "positive number of bytes");
+}
+
+Config with_capacity(std::int64_t bytes, Mode mode = Mode::kExact) {
+  Config c;
+  c.capacity_bytes = bytes;
+  c.mode = mode;
+  return c;
+}
+
+TEST(Config, TheStoreHoldsAsManyWholeBlocksAsTheCapacityBuys) {
+  constexpr std::int64_t kHost = std::int64_t{1} << 40;
+  EXPECT_EQ(with_capacity(1000).store_slots(100, kHost).value(), 10);
+  EXPECT_EQ(with_capacity(1099).store_slots(100, kHost).value(), 10);  // a part block buys nothing
+  EXPECT_EQ(with_capacity(100).store_slots(100, kHost).value(), 1);
+}
+
+TEST(Config, ACapacityBelowOneBlockIsRefusedNamingTheBlockSizeAndMode) {
+  const auto slots = with_capacity(99, Mode::kCompressed).store_slots(100, std::int64_t{1} << 40);
+  ASSERT_FALSE(slots.ok());
+  EXPECT_EQ(slots.status().error_code(), ErrorCode::kInvalidConfig);
+  EXPECT_EQ(slots.status().error(),
+            "kv_connector_extra_config['capacity_bytes']=99 holds no block; one block takes 100 "
+            "bytes in compressed mode");
+}
+
+TEST(Config, ACapacityBeyondTheHostsMemoryIsRefused) {
+  EXPECT_TRUE(with_capacity(4096).store_slots(100, 4096).ok());  // all of it is allowed
+  const auto slots = with_capacity(4097).store_slots(100, 4096);
+  ASSERT_FALSE(slots.ok());
+  EXPECT_EQ(slots.status().error_code(), ErrorCode::kInvalidConfig);
+  EXPECT_EQ(slots.status().error(),
+            "kv_connector_extra_config['capacity_bytes']=4097 exceeds this host's memory (4096 "
+            "bytes); ask for less");
+  // No block is checked first: a store too small says so, whatever the host.
+  EXPECT_NE(with_capacity(50).store_slots(100, 10).status().error().find("holds no block"),
+            std::string::npos);
+}
+
+TEST(Config, ThisHostHasSomePhysicalMemory) { EXPECT_GT(physical_memory_bytes(), 0); }
+
 }  // namespace
 }  // namespace activekv

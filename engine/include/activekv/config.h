@@ -2,10 +2,13 @@
 // defaults and messages as the Python reference (config.py).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "activekv/status.h"
 
@@ -13,6 +16,18 @@ namespace activekv {
 
 enum class Mode { kExact, kCompressed };
 enum class StoreScope { kPrompt, kPromptAndDecode };
+
+// The rules of the keys a user names most, shared by Config::parse and the
+// launcher (activekv-serve checks its --activekv-* flags by them before vLLM
+// starts). This file and config.cpp use no torch, so the launcher can build
+// them without it.
+inline constexpr std::array<std::pair<const char*, Mode>, 2> kModes = {
+    {{"exact", Mode::kExact}, {"compressed", Mode::kCompressed}}};
+// The mode of this name, or nothing if no mode has it.
+std::optional<Mode> mode_named(std::string_view name);
+// capacity_bytes accepts a positive number of bytes.
+inline constexpr const char* kCapacityAccepts = "a positive number of bytes";
+constexpr bool capacity_in_range(std::int64_t bytes) { return bytes > 0; }
 
 // One value of the extra config as Python gave it.
 struct ConfigValue {
@@ -47,8 +62,17 @@ struct Config {
 
   // Validates every key; the error names the key and what it accepts.
   static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);
+
+  // The host store's size in blocks of `slot_bytes` (one block over all
+  // layers in this config's mode): capacity_bytes / slot_bytes. An error
+  // naming capacity_bytes when that is no block, or when capacity_bytes is
+  // more than `host_memory_bytes` (physical_memory_bytes() on a real host).
+  Result<std::int64_t> store_slots(std::int64_t slot_bytes, std::int64_t host_memory_bytes) const;
 };
 
 const char* mode_name(Mode mode);
+
+// This host's physical memory in bytes.
+std::int64_t physical_memory_bytes();
 
 }  // namespace activekv

@@ -55,6 +55,16 @@ struct WorkerReport {
     return saved.empty() && failed_saves.empty() && loaded.empty() && failed_loads.empty() &&
            quarantined.empty();
   }
+
+  // Appends another rank's report, field by field (vLLM aggregates the
+  // ranks' reports before the scheduler sees them).
+  void merge(const WorkerReport& other) {
+    saved.insert(saved.end(), other.saved.begin(), other.saved.end());
+    failed_saves.insert(failed_saves.end(), other.failed_saves.begin(), other.failed_saves.end());
+    loaded.insert(loaded.end(), other.loaded.begin(), other.loaded.end());
+    failed_loads.insert(failed_loads.end(), other.failed_loads.begin(), other.failed_loads.end());
+    quarantined.insert(quarantined.end(), other.quarantined.begin(), other.quarantined.end());
+  }
 };
 
 }  // namespace activekv
