@@ -114,6 +114,15 @@ Result<at::Tensor> HostArena::run_view(std::int64_t layer, const SlotRun& run) {
                                                                  run.count);
 }
 
+Result<at::Tensor> HostArena::chunk_view(std::int64_t layer, std::int64_t chunk) {
+  if (chunk < 0 || chunk >= num_chunks()) {
+    return Status(ErrorCode::kOutOfRange, "chunk " + std::to_string(chunk) + " out of range (arena has " +
+                                              std::to_string(num_chunks()) + " chunks)");
+  }
+  if (const Status s = ensure_chunk(chunk); !s.ok()) return s;
+  return chunks_[static_cast<std::size_t>(chunk)][layer];
+}
+
 std::optional<std::string> HostArena::tag(std::int64_t slot) const {
   if (slot < 0 || slot >= num_slots_) return std::nullopt;
   const std::string& t = tags_[static_cast<std::size_t>(slot)];

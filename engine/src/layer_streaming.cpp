@@ -29,6 +29,23 @@ std::string python_list(const std::vector<std::string>& names) {
   return out + "]";
 }
 
+// kDeviceGather's staging pieces: each piece is read over the bus, then
+// scattered into the ring while the next one crosses. 32 MiB is ~0.6 ms of a
+// PCIe Gen5 link: long enough that a piece's fixed costs (a few kernel
+// launches, two events) vanish, short enough that four pieces cost little
+// device memory.
+constexpr std::int64_t kPieceBytes = std::int64_t{32} << 20;
+constexpr std::size_t kPieces = 4;
+
+// The widest element a home row divides into: a gather kernel's thread moves
+// one element, and wide elements make each warp read long runs of the row.
+at::ScalarType word_type_for(std::int64_t row_bytes) {
+  if (row_bytes % 16 == 0) return at::kComplexDouble;  // 16 bytes, bit patterns only
+  if (row_bytes % 8 == 0) return at::kLong;
+  if (row_bytes % 4 == 0) return at::kInt;
+  return at::kByte;
+}
+
 std::int64_t run_bytes(const std::vector<SlotRun>& runs, std::int64_t layer_bytes) {
   std::int64_t n = 0;
   for (const auto& run : runs) n += run.count;
@@ -226,6 +243,132 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   if (has_streams()) {
     copy_stream_ = c10::impl::VirtualGuardImpl(device_.type())
                        .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+    device_gather_possible_ = init_device_gather();
+    if (device_gather_possible_) copy_method_ = StreamCopy::kDeviceGather;
+  }
+}
+
+bool LayerStreamer::init_device_gather() {
+  // Pinned host memory is device-addressable on CUDA (unified addressing: the
+  // host pointer is the device pointer) and XPU (USM host allocations).
+  if (device_.type() != c10::DeviceType::CUDA && device_.type() != c10::DeviceType::XPU) return false;
+  // A block must be one contiguous row of the buffer, as it is of its home.
+  for (const auto& kv : streamed_kv_) {
+    if (!kv.is_contiguous()) return false;
+  }
+  const std::int64_t row_bytes = homes_->layer_bytes();
+  word_type_ = word_type_for(row_bytes);
+  const std::int64_t words = row_bytes / static_cast<std::int64_t>(c10::elementSize(word_type_));
+  const auto on_device = at::TensorOptions().dtype(word_type_).device(device_);
+  home_rows_.resize(streamed_kv_.size());
+  for (std::size_t j = 0; j < streamed_kv_.size(); ++j) {
+    for (std::int64_t c = 0; c < homes_->num_chunks(); ++c) {
+      auto bytes = homes_->chunk_view(static_cast<std::int64_t>(j), c);
+      if (!bytes.ok()) throw std::runtime_error(bytes.status().error());
+      // Not owning: the homes outlive every copy (synchronize before they go).
+      home_rows_[j].push_back(at::for_blob(bytes.value().data_ptr(), {bytes.value().size(0), words})
+                                  .options(on_device)
+                                  .target_device(device_)
+                                  .make_tensor());
+    }
+  }
+  const std::int64_t piece_rows =
+      std::clamp<std::int64_t>(kPieceBytes / row_bytes, 1, homes_->num_slots());
+  for (std::size_t k = 0; k < kPieces; ++k) pieces_.push_back(at::empty({piece_rows, words}, on_device));
+  piece_free_.resize(kPieces);
+  gather_stream_ = c10::impl::VirtualGuardImpl(device_.type())
+                       .getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+  return true;
+}
+
+void LayerStreamer::set_copy_method(StreamCopy method) {
+  if (method == StreamCopy::kDeviceGather && !device_gather_possible_) {
+    throw std::invalid_argument(
+        "kDeviceGather needs a CUDA or XPU device and ring buffers whose blocks are whole rows");
+  }
+  copy_method_ = method;
+}
+
+at::Tensor LayerStreamer::as_words(const at::Tensor& blocks) const {
+  return blocks.reshape({blocks.size(0), -1}).view(at::kByte).view(word_type_);
+}
+
+at::Tensor LayerStreamer::as_blocks(const at::Tensor& words, const at::Tensor& like) const {
+  std::vector<std::int64_t> shape = like.sizes().vec();
+  shape[0] = words.size(0);
+  return words.view(at::kByte).view(like.scalar_type()).view(shape);
+}
+
+LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks) const {
+  // Uploaded on the current stream (a device stream of ours).
+  const auto n = static_cast<std::int64_t>(blocks.size());
+  const std::int64_t per_chunk = homes_->slots_per_chunk();
+  DeviceIndex out;
+  at::Tensor host = at::empty({2, n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  auto* ids = host.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t b = blocks[static_cast<std::size_t>(i)];
+    const std::int64_t chunk = b / per_chunk;
+    ids[i] = b;
+    ids[n + i] = b - chunk * per_chunk;
+    if (out.spans.empty() || out.spans.back().chunk != chunk) out.spans.push_back({chunk, i, 0});
+    ++out.spans.back().count;
+  }
+  const at::Tensor on_device = host.to(device_, /*non_blocking=*/true);
+  out.blocks = on_device[0];
+  out.local = on_device[1];
+  return out;
+}
+
+void LayerStreamer::gather_stage(std::int64_t streamed) {
+  const auto j = static_cast<std::size_t>(streamed);
+  at::Tensor& kv = streamed_kv_[j];
+  if (!stage_index_) {
+    const c10::StreamGuard on_gather_stream(*gather_stream_);
+    stage_index_ = device_index(stage_blocks_);
+    // The copy stream scatters by these ids too (after waiting for a piece
+    // read on the gather stream, so after the upload).
+    c10::impl::VirtualGuardImpl(device_.type())
+        .recordDataPtrOnStream(stage_index_->blocks.storage().data_ptr(), *copy_stream_);
+  }
+  const DeviceIndex& index = *stage_index_;
+  const auto n = static_cast<std::int64_t>(stage_blocks_.size());
+  const std::int64_t piece_rows = pieces_.front().size(0);
+  for (std::int64_t first = 0; first < n; first += piece_rows) {
+    const std::int64_t rows = std::min(piece_rows, n - first);
+    const std::size_t k = next_piece_++ % kPieces;
+    const at::Tensor& piece = pieces_[k];
+    c10::Event read(device_.type());
+    {
+      const c10::StreamGuard on_gather_stream(*gather_stream_);
+      if (piece_free_[k]) piece_free_[k]->block(*gather_stream_);  // its last scatter is done
+      for (const auto& span : index.spans) {
+        const std::int64_t lo = std::max(span.offset, first);
+        const std::int64_t hi = std::min(span.offset + span.count, first + rows);
+        if (lo >= hi) continue;
+        at::Tensor out = piece.narrow(0, lo - first, hi - lo);
+        at::index_select_out(out, home_rows_[j][static_cast<std::size_t>(span.chunk)], 0,
+                             index.local.narrow(0, lo, hi - lo));
+      }
+      read.record(*gather_stream_);
+    }
+    const c10::StreamGuard on_copy_stream(*copy_stream_);
+    read.block(*copy_stream_);
+    kv.index_copy_(0, index.blocks.narrow(0, first, rows), as_blocks(piece.narrow(0, 0, rows), kv));
+    piece_free_[k].emplace(device_.type());
+    piece_free_[k]->record(*copy_stream_);
+  }
+}
+
+void LayerStreamer::gather_write_back(std::int64_t streamed) {
+  // On the copy stream (the caller's guard).
+  const auto j = static_cast<std::size_t>(streamed);
+  if (!writeback_index_) writeback_index_ = device_index(writeback_blocks_);
+  const DeviceIndex& index = *writeback_index_;
+  const at::Tensor rows = as_words(streamed_kv_[j].index_select(0, index.blocks));
+  for (const auto& span : index.spans) {
+    home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
+        0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
   }
 }
 
@@ -237,6 +380,7 @@ LayerStreamer::~LayerStreamer() {
 }
 
 void LayerStreamer::synchronize() {
+  if (gather_stream_) gather_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
 }
 
@@ -256,6 +400,8 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   writeback_blocks_ = std::move(writeback_blocks);
   stage_runs_ = homes_->runs(stage_blocks_);
   writeback_runs_ = homes_->runs(writeback_blocks_);
+  stage_index_.reset();
+  writeback_index_.reset();
   std::fill(stage_issued_.begin(), stage_issued_.end(), 0);
   std::fill(staged_.begin(), staged_.end(), 0);
   for (auto& fence : stage_fences_) fence.reset();
@@ -303,10 +449,13 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
   if (stage_blocks_.empty()) return;
   const Stopwatch t;
   at::Tensor& kv = streamed_kv_[j];
+  if (copy_method_ == StreamCopy::kDeviceGather) gather_stage(streamed);
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
-    for (const auto& run : stage_runs_) {
-      kv.narrow(0, run.first, run.count).copy_(home_view(streamed, run), /*non_blocking=*/true);
+    if (copy_method_ == StreamCopy::kRuns) {
+      for (const auto& run : stage_runs_) {
+        kv.narrow(0, run.first, run.count).copy_(home_view(streamed, run), /*non_blocking=*/true);
+      }
     }
     stage_fences_[j].emplace(device_.type());
     stage_fences_[j]->record(*copy_stream_);
@@ -366,8 +515,12 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
                      std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_)};
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
-    for (const auto& run : writeback_runs_) {
-      home_view(j, run).copy_(kv.narrow(0, run.first, run.count), /*non_blocking=*/true);
+    if (copy_method_ == StreamCopy::kDeviceGather) {
+      gather_write_back(j);
+    } else {
+      for (const auto& run : writeback_runs_) {
+        home_view(j, run).copy_(kv.narrow(0, run.first, run.count), /*non_blocking=*/true);
+      }
     }
     p.fence.record(*copy_stream_);
   }

@@ -62,6 +62,7 @@ class HostArena {
   std::int64_t slot_bytes() const { return num_layers_ * layer_bytes_; }
   std::int64_t layer_bytes() const { return layer_bytes_; }
   std::int64_t slots_per_chunk() const { return slots_per_chunk_; }
+  std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
   std::int64_t allocated_chunks() const;
 
   // Splits a batch of slots into runs of consecutive slots within a chunk.
@@ -70,6 +71,9 @@ class HostArena {
   // The [count, layer_bytes] bytes of `layer` for the run's slots, allocating
   // the chunk on first use. Errors: kOutOfRange, kOutOfMemory (refused).
   Result<at::Tensor> run_view(std::int64_t layer, const SlotRun& run);
+  // The [rows, layer_bytes] bytes of `layer` for every slot of a chunk,
+  // allocating it on first use. Errors as run_view.
+  Result<at::Tensor> chunk_view(std::int64_t layer, std::int64_t chunk);
 
   // Takes the slots for writing: unseals them (nothing reads their bytes until
   // seal) and moves their generations on. Must be called with slots in range.

@@ -101,13 +101,30 @@ struct StartupReport {
   Status check_host_memory(std::int64_t capacity_bytes, std::int64_t host_memory_bytes) const;
 };
 
+// How staged and written-back blocks cross between the homes and the ring.
+enum class StreamCopy {
+  // One copy per run of consecutive block ids, straight between the home rows
+  // and the ring buffer's blocks: the CPU's way. On a device the copy engine
+  // pays a few microseconds per copy, so blocks scattered as a long-running
+  // server leaves them (runs of one 64 KiB block) cross at ~5 GB/s.
+  kRuns,
+  // The device reads and writes the home rows itself: pinned host memory is
+  // mapped into CUDA's (unified addressing) and XPU's (USM host memory)
+  // address space, so a gather kernel pulls a layer's scattered rows over the
+  // bus into device staging pieces (one stream of reads, whatever the
+  // scatter), and a second stream scatters each piece into the ring buffer
+  // while the next piece crosses. Write-backs index_copy_ into the home rows.
+  kDeviceGather,
+};
+
 // Worker side: the homes of the streamed layers and the copies in and out.
 //
 // Homes: a HostArena with one slot per vLLM block (slot index == block id), one
 // "layer" per streamed layer, layer_bytes = exact bytes of one block of one
 // layer; zeroed at creation (the reference's homes start as zeros), pinned
-// where an accelerator exists. Copies go per run of consecutive block ids,
-// straight between the home rows and the ring buffer's blocks.
+// where an accelerator exists. Copies go as copy_method() says: kDeviceGather
+// on CUDA and XPU when the ring buffer's blocks are whole rows, kRuns
+// otherwise.
 //
 // On CPU every copy is synchronous: stage copies in wait_for_layer_load's
 // call, write_back in save_kv_layer's. On a device (CUDA, XPU) one copy stream
@@ -116,6 +133,10 @@ struct StartupReport {
 //   start          the copy stream waits for the compute stream (the ring's
 //                  previous occupants are done), then stages the first K
 //                  streamed layers;
+//                  (kDeviceGather: a gather stream reads the homes into
+//                  staging pieces; the copy stream scatters each piece into
+//                  the buffer once it is read and its turn on the copy
+//                  stream came);
 //   stage          the compute stream waits for the layer's stage fence;
 //   write_back     the copy stream waits for the compute stream (the layer's
 //                  attention), then copies the write-back rows home;
@@ -140,6 +161,11 @@ class LayerStreamer {
 
   const StreamingGeometry& geometry() const { return geometry_; }
   HostArena& homes() { return *homes_; }
+  StreamCopy copy_method() const { return copy_method_; }
+  // For benchmarks and tests comparing the methods; kDeviceGather only where
+  // create chose it (a device that maps pinned memory, whole-row blocks).
+  // Must be called between steps.
+  void set_copy_method(StreamCopy method);
 
   // Must be called once per step, before start; ids sorted, unique and in
   // range (the caller checks the range). Settles the previous step's
@@ -178,6 +204,26 @@ class LayerStreamer {
   void issue_stage(std::int64_t streamed, Telemetry& stats);
   void settle_writebacks();
 
+  // kDeviceGather: a step's blocks as the device indexes them. Sorted block
+  // ids group by home chunk; `local` is each block's row inside its chunk.
+  struct ChunkSpan {
+    std::int64_t chunk;
+    std::int64_t offset;  // into the step's blocks
+    std::int64_t count;
+  };
+  struct DeviceIndex {
+    std::vector<ChunkSpan> spans;
+    at::Tensor blocks;  // device int64 [n]
+    at::Tensor local;   // device int64 [n]
+  };
+  bool init_device_gather();
+  DeviceIndex device_index(const std::vector<std::int64_t>& blocks) const;
+  void gather_stage(std::int64_t streamed);
+  void gather_write_back(std::int64_t streamed);
+  // The ring buffer's blocks (or a batch of them) as rows of gather words.
+  at::Tensor as_words(const at::Tensor& blocks) const;
+  at::Tensor as_blocks(const at::Tensor& words, const at::Tensor& like) const;
+
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
     std::vector<std::int64_t> blocks;
@@ -193,6 +239,18 @@ class LayerStreamer {
   std::int64_t fence_timeout_ms_;
   c10::Device device_{c10::DeviceType::CPU};
   std::optional<c10::Stream> copy_stream_;
+  StreamCopy copy_method_ = StreamCopy::kRuns;
+  bool device_gather_possible_ = false;
+
+  // kDeviceGather.
+  std::optional<c10::Stream> gather_stream_;
+  at::ScalarType word_type_ = at::kByte;   // the widest element a row divides into
+  std::vector<std::vector<at::Tensor>> home_rows_;  // [streamed][chunk]: the device's view, in words
+  std::vector<at::Tensor> pieces_;                  // device staging, [piece_rows, words] each
+  std::vector<std::optional<c10::Event>> piece_free_;  // recorded on the copy stream after its scatter
+  std::size_t next_piece_ = 0;
+  std::optional<DeviceIndex> stage_index_;      // per step, made on first use
+  std::optional<DeviceIndex> writeback_index_;
 
   // Per step.
   std::vector<std::int64_t> stage_blocks_;

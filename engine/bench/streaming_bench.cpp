@@ -1,0 +1,582 @@
+// Layer streaming at the bus's bound, on an accelerator.
+//
+// A decode step (or a prefill chunk) of a 32-layer model with Llama-3-8B's
+// attention geometry (8 KV heads x 128, 32 query heads, bf16) through the
+// engine's LayerStreamer: homes in its paged host arena, a ring of K device
+// buffers, blocks scattered as a long-running server leaves them (a random
+// permutation of the block ids). Per layer: the engine stages the layer, the
+// step's new K/V are written into their slots, attention runs over every
+// staged block, the engine writes the step's blocks back home and stages the
+// layer K places later.
+//
+// Attention: the layer's blocks are gathered by the block table
+// (index_select) and fed to at::scaled_dot_product_attention (flash on CUDA),
+// each KV head's 4 query heads as 4x the queries (exact for GQA without a
+// mask). A prefill chunk's queries attend to every key of the context (no
+// causal mask inside the chunk: at most 1/16 more work at 16k).
+//
+// Each step is reported beside its bound, measured in the same run:
+//   bound = max(the same layers' attention with the KV already on the device,
+//               streamed bytes / pinned host->device peak of one 1 GiB copy).
+//
+// Prints one line per point and a machine-readable "RESULT {json}" line.
+//
+//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--only grid,curve,...]
+#include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "activekv/kv_codec.h"
+#include "activekv/layer_streaming.h"
+
+using namespace activekv;
+
+namespace {
+
+constexpr std::int64_t kLayers = 32;
+constexpr std::int64_t kKvHeads = 8;
+constexpr std::int64_t kQueryHeads = 32;
+constexpr std::int64_t kHeadSize = 128;
+constexpr std::int64_t kRing = 2;
+
+struct Options {
+  std::string device = "cuda";
+  std::int64_t iters = 3;
+  std::int64_t block = 16;
+  double host_gib = 72;  // the most pinned homes a point may use
+  std::set<std::string> only;
+  bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
+};
+
+c10::Device g_device{c10::DeviceType::CUDA, 0};
+
+void device_sync() {
+  c10::impl::VirtualGuardImpl impl(g_device.type());
+  c10::Event e(g_device.type());
+  e.record(impl.getStream(g_device));
+  e.synchronize();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+std::string layer_name(std::int64_t l) { return "model.layers." + std::to_string(l) + ".self_attn.attn"; }
+
+// One step's work: which blocks each sequence reads, which slots it writes.
+struct StepShape {
+  std::string kind;          // "decode" or "prefill"
+  std::int64_t context = 0;  // tokens of each sequence after the step
+  std::int64_t batch = 1;
+  std::int64_t new_tokens = 1;  // per sequence
+  std::int64_t shared_prefix = 0;  // tokens every sequence shares (their blocks cross once)
+};
+
+struct Step {
+  StepShape shape;
+  std::vector<std::vector<std::int64_t>> tables;  // per sequence, its blocks in order
+  std::vector<std::int64_t> stage_blocks;         // sorted, unique
+  std::vector<std::int64_t> writeback_blocks;     // sorted, unique
+  double mean_run = 0;                            // consecutive ids per run of stage_blocks
+  // Device tensors for the layer's compute.
+  at::Tensor table;      // [batch * blocks_per_seq]
+  at::Tensor slot_block, slot_offset;  // [batch * new_tokens]
+  at::Tensor q, k_new, v_new;
+};
+
+Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_blocks, std::uint32_t seed) {
+  Step s;
+  s.shape = shape;
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  const std::int64_t per_seq = cdiv(shape.context, block);
+  const std::int64_t shared = shape.shared_prefix / block;
+  std::size_t next = 0;
+  std::vector<std::int64_t> prefix(ids.begin(), ids.begin() + shared);
+  next += static_cast<std::size_t>(shared);
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    std::vector<std::int64_t> t = prefix;
+    while (static_cast<std::int64_t>(t.size()) < per_seq) t.push_back(ids.at(next++));
+    s.tables.push_back(std::move(t));
+  }
+  const std::int64_t first_new = shape.context - shape.new_tokens;
+  std::set<std::int64_t> stage, wb;
+  std::vector<std::int64_t> slot_block, slot_offset;
+  for (const auto& t : s.tables) {
+    stage.insert(t.begin(), t.end());
+    for (std::int64_t pos = first_new; pos < shape.context; ++pos) {
+      const std::int64_t b = t[static_cast<std::size_t>(pos / block)];
+      wb.insert(b);
+      slot_block.push_back(b);
+      slot_offset.push_back(pos % block);
+    }
+  }
+  s.stage_blocks.assign(stage.begin(), stage.end());
+  s.writeback_blocks.assign(wb.begin(), wb.end());
+  std::int64_t runs = 0;
+  for (std::size_t i = 0; i < s.stage_blocks.size(); ++i) {
+    if (i == 0 || s.stage_blocks[i] != s.stage_blocks[i - 1] + 1) ++runs;
+  }
+  s.mean_run = static_cast<double>(s.stage_blocks.size()) / static_cast<double>(runs);
+  std::vector<std::int64_t> flat;
+  for (const auto& t : s.tables) flat.insert(flat.end(), t.begin(), t.end());
+  const auto dev = at::TensorOptions().device(g_device);
+  s.table = at::tensor(flat, at::kLong).to(g_device);
+  s.slot_block = at::tensor(slot_block, at::kLong).to(g_device);
+  s.slot_offset = at::tensor(slot_offset, at::kLong).to(g_device);
+  const std::int64_t n_new = shape.batch * shape.new_tokens;
+  s.q = at::randn({shape.batch, kQueryHeads, shape.new_tokens, kHeadSize}, dev.dtype(at::kBFloat16));
+  s.k_new = at::randn({n_new, kKvHeads, kHeadSize}, dev.dtype(at::kBFloat16));
+  s.v_new = at::randn({n_new, kKvHeads, kHeadSize}, dev.dtype(at::kBFloat16));
+  return s;
+}
+
+// One layer's compute on its KV cache [num_blocks, 2, block, heads, head]:
+// the step's new K/V into their slots, then attention over the context.
+at::Tensor layer_compute(const Step& s, at::Tensor& kv) {
+  const at::Tensor zero = at::zeros_like(s.slot_block), one = at::ones_like(s.slot_block);
+  kv.index_put_({s.slot_block, zero, s.slot_offset}, s.k_new);
+  kv.index_put_({s.slot_block, one, s.slot_offset}, s.v_new);
+  const std::int64_t b = s.shape.batch, ctx = s.shape.context;
+  const std::int64_t per_seq = s.table.size(0) / b;
+  auto side = [&](std::int64_t which) {
+    return kv.select(1, which).index_select(0, s.table).view({b, per_seq * kv.size(2), kKvHeads, kHeadSize})
+        .narrow(1, 0, ctx).transpose(1, 2);
+  };
+  const std::int64_t group = kQueryHeads / kKvHeads;
+  const at::Tensor q = s.q.view({b, kKvHeads, group * s.shape.new_tokens, kHeadSize});
+  return at::scaled_dot_product_attention(q, side(0), side(1));
+}
+
+struct Bench {
+  Options o;
+  double h2d_peak = 0;  // bytes/s
+  double d2h_peak = 0;
+};
+
+double pinned_peak(bool to_device, std::int64_t iters) {
+  const std::int64_t big = std::int64_t{1} << 30;
+  at::Tensor d = at::empty({big}, at::TensorOptions().device(g_device).dtype(at::kByte));
+  at::Tensor h = at::empty({big}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::vector<double> t;
+  for (std::int64_t i = 0; i <= iters; ++i) {
+    device_sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (to_device) d.copy_(h, true); else h.copy_(d, true);
+    device_sync();
+    if (i > 0) t.push_back(seconds_since(t0));
+  }
+  return static_cast<double>(big) / median(t);
+}
+
+// A model's worth of device KV and the engine's streamer over it.
+struct Model {
+  std::int64_t block = 16, num_blocks = 0, resident = 0;
+  std::vector<at::Tensor> kv;  // per layer: its own buffer (resident) or its ring buffer
+  std::unique_ptr<LayerStreamer> streamer;
+  std::int64_t layer_bytes = 0;
+
+  Model(std::int64_t block_size, std::int64_t blocks, std::int64_t resident_layers)
+      : block(block_size), num_blocks(blocks), resident(resident_layers) {
+    const auto dev = at::TensorOptions().device(g_device).dtype(at::kBFloat16);
+    std::vector<at::Tensor> ring;
+    for (std::int64_t r = 0; r < kRing; ++r) ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
+    std::unordered_map<std::string, at::Tensor> by_name;
+    std::vector<std::string> names;
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      names.push_back(layer_name(l));
+      kv.push_back(l < resident ? at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev)
+                                : ring[static_cast<std::size_t>((l - resident) % kRing)]);
+      by_name[names.back()] = kv.back();
+    }
+    layer_bytes = kv.front()[0].numel() * 2;
+    if (resident < kLayers) {
+      auto geometry = StreamingGeometry::plan(StreamingConfig{resident, kRing}, names);
+      if (!geometry.ok()) throw std::runtime_error(geometry.status().error());
+      auto made = LayerStreamer::create(geometry.value(), by_name, /*fence_timeout_ms=*/60000);
+      if (!made.ok()) throw std::runtime_error(made.status().error());
+      streamer = std::move(made.value());
+    }
+  }
+  ~Model() {
+    if (streamer) streamer->synchronize();
+    device_sync();
+  }
+  std::int64_t streamed() const { return kLayers - resident; }
+
+  // One step through every layer; streaming off: the KV is already on the device.
+  double run(const Step& s, bool streaming) {
+    device_sync();
+    Telemetry stats;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (streaming) {
+      streamer->begin_step(s.stage_blocks, s.writeback_blocks);
+      streamer->start(stats);
+    }
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      const std::string name = layer_name(l);
+      const bool streamed_layer = streaming && l >= resident;
+      if (streamed_layer) streamer->stage(name, stats);
+      layer_compute(s, kv[static_cast<std::size_t>(l)]);
+      if (streamed_layer) {
+        streamer->write_back(name, stats);
+        streamer->stage_ahead(name, nullptr, stats);
+      }
+    }
+    if (streaming) streamer->synchronize();
+    device_sync();
+    return seconds_since(t0);
+  }
+  double median_run(const Step& s, bool streaming, std::int64_t iters) {
+    run(s, streaming);  // warm-up
+    std::vector<double> t;
+    for (std::int64_t i = 0; i < iters; ++i) t.push_back(run(s, streaming));
+    return median(t);
+  }
+};
+
+void free_pinned_cache() {
+  device_sync();
+  at::getHostAllocator(g_device.type())->empty_cache();
+}
+
+void report(const Bench& b, const std::string& part, const Model& m, const Step& s, double step_s,
+            double attention_s, const std::string& method) {
+  const double streamed_bytes = static_cast<double>(s.stage_blocks.size()) *
+                                static_cast<double>(m.streamed() * m.layer_bytes);
+  const double writeback_bytes = static_cast<double>(s.writeback_blocks.size()) *
+                                 static_cast<double>(m.streamed() * m.layer_bytes);
+  const double bus_s = streamed_bytes / b.h2d_peak;
+  const double bound_s = std::max(attention_s, bus_s);
+  std::printf("%-8s %-7s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
+              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f\n",
+              part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
+              static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
+              static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
+              attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run);
+  std::printf("RESULT {\"part\": \"%s\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
+              "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
+              "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
+              "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
+              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f}\n",
+              part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
+              static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
+              static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
+              static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
+              step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
+              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run);
+  std::fflush(stdout);
+}
+
+const char* method_name(StreamCopy m) { return m == StreamCopy::kDeviceGather ? "gather" : "runs"; }
+
+// Decode at 16k..256k, batch 1, 4, 16 (distinct contexts); prefill chunks of
+// 2048 at 16k..128k; batch 16 sharing one 16k prefix. One model for all:
+// blocks for the largest point that fits the host budget.
+void grid(Bench& b) {
+  const std::int64_t block = b.o.block;
+  std::vector<StepShape> shapes;
+  for (const std::int64_t ctx : {16384, 65536, 131072, 262144}) {
+    for (const std::int64_t batch : {1, 4, 16}) shapes.push_back({"decode", ctx, batch, 1, 0});
+  }
+  for (const std::int64_t ctx : {16384, 65536, 131072}) shapes.push_back({"prefill", ctx, 1, 2048, 0});
+  shapes.push_back({"decode", 16384 + block, 16, 1, 16384});
+  const double bytes_per_token = static_cast<double>(kLayers * 2 * kKvHeads * kHeadSize * 2);
+  const auto max_tokens = static_cast<std::int64_t>(b.o.host_gib * (1 << 30) / bytes_per_token);
+  std::int64_t tokens = 0;
+  std::vector<StepShape> fit;
+  for (const auto& s : shapes) {
+    const std::int64_t need = s.batch * cdiv(s.context, block) * block;
+    if (need > max_tokens) {
+      std::printf("skipped: %s ctx %lld x%lld needs %.0f GiB of homes, over --host-gib %.0f (the "
+                  "machine has 128 GiB)\n", s.kind.c_str(), static_cast<long long>(s.context),
+                  static_cast<long long>(s.batch), static_cast<double>(need) * bytes_per_token / (1 << 30),
+                  b.o.host_gib);
+      continue;
+    }
+    tokens = std::max(tokens, need);
+    fit.push_back(s);
+  }
+  // Some free blocks too: a server's cache is never exactly full.
+  const std::int64_t num_blocks = cdiv(tokens, block) + cdiv(tokens, block) / 32;
+  const auto t0 = std::chrono::steady_clock::now();
+  Model m(block, num_blocks, 0);
+  std::printf("grid: %lld blocks of %lld tokens, homes %.1f GiB (allocated and zeroed in %.1f s), "
+              "copy method %s\n", static_cast<long long>(num_blocks), static_cast<long long>(block),
+              static_cast<double>(num_blocks * kLayers * m.layer_bytes) / (1 << 30), seconds_since(t0),
+              method_name(m.streamer->copy_method()));
+  std::uint32_t seed = 1;
+  for (const auto& shape : fit) {
+    const Step s = make_step(shape, block, num_blocks, seed++);
+    const double attention = m.median_run(s, false, b.o.iters);
+    const double step = m.median_run(s, true, b.o.iters);
+    report(b, "grid", m, s, step, attention, method_name(m.streamer->copy_method()));
+    // The engine's per-run copies at one point, for comparison.
+    if (shape.kind == "decode" && shape.context == 16384 && shape.batch == 1 && shape.shared_prefix == 0 &&
+        m.streamer->copy_method() == StreamCopy::kDeviceGather) {
+      m.streamer->set_copy_method(StreamCopy::kRuns);
+      report(b, "grid", m, s, m.median_run(s, true, b.o.iters), attention, "runs");
+      m.streamer->set_copy_method(StreamCopy::kDeviceGather);
+    }
+  }
+}
+
+// 128k decode, batch 1: the step as resident layers grow (R = L: no streaming).
+void resident_curve(Bench& b) {
+  const std::int64_t ctx = 131072, block = b.o.block;
+  const std::int64_t num_blocks = cdiv(ctx, block) + cdiv(ctx, block) / 32;
+  const StepShape shape{"decode", ctx, 1, 1, 0};
+  double attention = 0;
+  for (const std::int64_t r : {0, 4, 8, 12, 16, 20, 24, 28, 29, 32}) {
+    free_pinned_cache();
+    Model m(block, num_blocks, r);
+    const Step s = make_step(shape, block, num_blocks, 99);
+    if (attention == 0) attention = m.median_run(s, false, b.o.iters);
+    const double step = r < kLayers ? m.median_run(s, true, b.o.iters) : m.median_run(s, false, b.o.iters);
+    report(b, "curve", m, s, step, attention, r < kLayers ? method_name(m.streamer->copy_method()) : "none");
+    const double device_gib = static_cast<double>((r + std::min<std::int64_t>(kRing, kLayers - r)) *
+                                                  num_blocks * m.layer_bytes) / (1 << 30);
+    std::printf("CURVE {\"resident\": %lld, \"device_kv_gib\": %.3f, \"host_homes_gib\": %.3f}\n",
+                static_cast<long long>(r), device_gib,
+                static_cast<double>((kLayers - r) * num_blocks * m.layer_bytes) / (1 << 30));
+  }
+}
+
+// Compressed streaming: the homes hold the engine's compressed codec (int8 +
+// one fp32 scale per head row); the device gathers the compressed rows over
+// the bus and the codec dequantizes them on the device into the ring. Not a
+// LayerStreamer mode yet: this loop is the streamer's kDeviceGather with a
+// decode between the bus and the ring (one staging buffer, no pieces).
+void compressed(Bench& b) {
+  const std::int64_t block = b.o.block;
+  const std::vector<std::int64_t> shape{2, block, kKvHeads, kHeadSize};
+  const auto codec = make_codec(Mode::kCompressed, shape, at::kBFloat16, kHeadSize);
+  const auto exact_codec = make_codec(Mode::kExact, shape, at::kBFloat16, kHeadSize);
+  // Bitwise: the device's decode against the CPU's (the reference codec's
+  // bytes, checked by the parity gate), on random blocks.
+  {
+    const at::Tensor blocks = at::randn({64, 2, block, kKvHeads, kHeadSize}).to(at::kBFloat16) * 3;
+    const at::Tensor data = codec->encode(blocks);
+    const at::Tensor on_cpu = codec->decode(data);
+    const at::Tensor on_device = codec->decode(data.to(g_device)).cpu();
+    const bool same = at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort));
+    const at::Tensor enc_device = codec->encode(blocks.to(g_device)).cpu();
+    std::printf("compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
+                "%s the CPU's bytes\n", same ? "equals" : "DIFFERS FROM",
+                (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
+                at::equal(enc_device, data) ? "equals" : "DIFFERS FROM");
+    std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
+                same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
+  }
+  const std::int64_t row_bytes = codec->layer_bytes();
+  c10::impl::VirtualGuardImpl impl(g_device.type());
+  const c10::Stream copy = impl.getStreamFromGlobalPool(g_device, false);    // the bus
+  const c10::Stream scatter = impl.getStreamFromGlobalPool(g_device, false); // decode into the ring
+  for (const std::int64_t ctx : {16384, 65536, 131072}) {
+    const std::int64_t num_blocks = cdiv(ctx, block) + cdiv(ctx, block) / 32;
+    Model m(block, num_blocks, kLayers);  // every layer its own buffer: the loop below rings them
+    free_pinned_cache();
+    HostArena homes(num_blocks, kLayers, row_bytes, /*pin=*/true, chunk_bytes_for(kLayers));
+    std::vector<std::vector<at::Tensor>> rows(static_cast<std::size_t>(kLayers));
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      for (std::int64_t c = 0; c < homes.num_chunks(); ++c) {
+        at::Tensor bytes = homes.chunk_view(l, c).value();
+        bytes.zero_();
+        rows[static_cast<std::size_t>(l)].push_back(
+            at::for_blob(bytes.data_ptr(), bytes.sizes()).options(at::TensorOptions().dtype(at::kByte).device(g_device))
+                .target_device(g_device).make_tensor());
+      }
+    }
+    std::vector<at::Tensor> ring;
+    for (std::int64_t r = 0; r < kRing; ++r) ring.push_back(m.kv[static_cast<std::size_t>(r)]);
+    const Step s = make_step({"decode", ctx, 1, 1, 0}, block, num_blocks, 7);
+    const auto n = static_cast<std::int64_t>(s.stage_blocks.size());
+    std::vector<std::int64_t> local, chunk_of;
+    for (const auto blk : s.stage_blocks) {
+      local.push_back(blk % homes.slots_per_chunk());
+      chunk_of.push_back(blk / homes.slots_per_chunk());
+    }
+    const at::Tensor ids = at::tensor(s.stage_blocks, at::kLong).to(g_device);
+    const at::Tensor local_ids = at::tensor(local, at::kLong).to(g_device);
+    auto run = [&] {
+      device_sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<c10::Event> staged;
+      std::vector<c10::Event> attended;
+      auto stage = [&](std::int64_t l) {
+        at::Tensor packed;
+        c10::Event read(g_device.type());
+        {
+        const c10::StreamGuard g(copy);
+        packed = at::empty({n, row_bytes}, at::TensorOptions().dtype(at::kByte).device(g_device));
+        std::int64_t i = 0;
+        while (i < n) {
+          std::int64_t j = i;
+          while (j < n && chunk_of[static_cast<std::size_t>(j)] == chunk_of[static_cast<std::size_t>(i)]) ++j;
+          at::Tensor out = packed.narrow(0, i, j - i);
+          at::index_select_out(out, rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(chunk_of[static_cast<std::size_t>(i)])],
+                               0, local_ids.narrow(0, i, j - i));
+          i = j;
+        }
+        read.record(copy);
+        }
+        impl.recordDataPtrOnStream(packed.storage().data_ptr(), scatter);
+        const c10::StreamGuard g(scatter);
+        read.block(scatter);
+        if (l >= kRing) attended[static_cast<std::size_t>(l - kRing)].block(scatter);
+        ring[static_cast<std::size_t>(l % kRing)].index_copy_(0, ids, codec->decode(packed));
+        staged.emplace_back(g_device.type());
+        staged.back().record(scatter);
+      };
+      for (std::int64_t l = 0; l < kRing; ++l) stage(l);
+      for (std::int64_t l = 0; l < kLayers; ++l) {
+        staged[static_cast<std::size_t>(l)].block(impl.getStream(g_device));
+        layer_compute(s, ring[static_cast<std::size_t>(l % kRing)]);
+        attended.emplace_back(g_device.type());
+        attended.back().record(impl.getStream(g_device));
+        if (l + kRing < kLayers) stage(l + kRing);
+      }
+      copy.synchronize();
+      scatter.synchronize();
+      device_sync();
+      return seconds_since(t0);
+    };
+    run();
+    std::vector<double> t;
+    for (std::int64_t i = 0; i < b.o.iters; ++i) t.push_back(run());
+    const double step = median(t);
+    const double attention = m.median_run(s, false, b.o.iters);
+    const double bytes = static_cast<double>(n * kLayers * row_bytes);
+    const double bus = bytes / b.h2d_peak;
+    const double exact_bus = static_cast<double>(n * kLayers * exact_codec->layer_bytes()) / b.h2d_peak;
+    std::printf("compressed decode ctx %7lld  step %8.2f ms  bound %8.2f ms (attention %7.2f, bus %7.2f; "
+                "exact streaming's bus %7.2f)  %.3fx  %.2f GiB\n", static_cast<long long>(ctx), step * 1e3,
+                std::max(attention, bus) * 1e3, attention * 1e3, bus * 1e3, exact_bus * 1e3,
+                step / std::max(attention, bus), bytes / (1 << 30));
+    std::printf("RESULT {\"part\": \"compressed\", \"kind\": \"decode\", \"context\": %lld, \"batch\": 1, "
+                "\"block\": %lld, \"step_ms\": %.4f, \"attention_ms\": %.4f, \"bus_ms\": %.4f, "
+                "\"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, \"exact_bus_ms\": %.4f, "
+                "\"h2d_peak_gbs\": %.3f}\n", static_cast<long long>(ctx), static_cast<long long>(block),
+                step * 1e3, attention * 1e3, bus * 1e3, std::max(attention, bus) * 1e3,
+                step / std::max(attention, bus), bytes, exact_bus * 1e3, b.h2d_peak / 1e9);
+    std::fflush(stdout);
+  }
+}
+
+// The raw copy paths for one layer of 128k scattered blocks: what a gather
+// kernel reaches per element width, and the copy engine per run.
+void probe(Bench& b) {
+  const std::int64_t block = b.o.block, n = 131072 / block;
+  const std::int64_t row = 2 * block * kKvHeads * kHeadSize * 2;
+  const std::int64_t num_blocks = n + n / 32;
+  HostArena homes(num_blocks, 1, row, /*pin=*/true, std::int64_t{256} << 20);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
+  ids.resize(static_cast<std::size_t>(n));
+  std::sort(ids.begin(), ids.end());
+  at::Tensor device_rows = at::empty({num_blocks, row}, at::TensorOptions().dtype(at::kByte).device(g_device));
+  const double bytes = static_cast<double>(n * row);
+  auto timed = [&](const std::function<void()>& fn) {
+    std::vector<double> t;
+    for (std::int64_t i = 0; i <= b.o.iters; ++i) {
+      device_sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      device_sync();
+      if (i > 0) t.push_back(seconds_since(t0));
+    }
+    return median(t);
+  };
+  const auto runs = homes.runs(ids);
+  const double t_runs = timed([&] {
+    for (const auto& r : runs) device_rows.narrow(0, r.first, r.count).copy_(homes.run_view(0, r).value(), true);
+  });
+  std::printf("probe: copy engine, one copy per run (%zu runs)      %7.1f GB/s\n", runs.size(), bytes / t_runs / 1e9);
+  for (const auto word : {at::kByte, at::kInt, at::kLong, at::kComplexDouble}) {
+    const std::int64_t w = static_cast<std::int64_t>(c10::elementSize(word));
+    std::vector<at::Tensor> alias;
+    for (std::int64_t c = 0; c < homes.num_chunks(); ++c) {
+      at::Tensor bytes_c = homes.chunk_view(0, c).value();
+      alias.push_back(at::for_blob(bytes_c.data_ptr(), {bytes_c.size(0), row / w})
+                          .options(at::TensorOptions().dtype(word).device(g_device)).target_device(g_device)
+                          .make_tensor());
+    }
+    std::vector<at::Tensor> local(static_cast<std::size_t>(homes.num_chunks()));
+    {
+      std::vector<std::vector<std::int64_t>> per(static_cast<std::size_t>(homes.num_chunks()));
+      for (const auto id : ids) per[static_cast<std::size_t>(id / homes.slots_per_chunk())].push_back(id % homes.slots_per_chunk());
+      for (std::size_t c = 0; c < per.size(); ++c) local[c] = at::tensor(per[c], at::kLong).to(g_device);
+    }
+    at::Tensor out = at::empty({n, row / w}, at::TensorOptions().dtype(word).device(g_device));
+    const double t = timed([&] {
+      std::int64_t off = 0;
+      for (std::size_t c = 0; c < local.size(); ++c) {
+        const std::int64_t k = local[c].size(0);
+        if (k == 0) continue;
+        at::Tensor o = out.narrow(0, off, k);
+        at::index_select_out(o, alias[c], 0, local[c]);
+        off += k;
+      }
+    });
+    std::printf("probe: device gather of host rows, %2lld-byte words   %7.1f GB/s\n", static_cast<long long>(w),
+                bytes / t / 1e9);
+    std::printf("RESULT {\"part\": \"probe\", \"word_bytes\": %lld, \"gbs\": %.3f, \"runs_gbs\": %.3f, \"h2d_peak_gbs\": %.3f}\n",
+                static_cast<long long>(w), bytes / t / 1e9, bytes / t_runs / 1e9, b.h2d_peak / 1e9);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Bench b;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--device") b.o.device = v;
+    else if (k == "--iters") b.o.iters = std::stoll(v);
+    else if (k == "--block") b.o.block = std::stoll(v);
+    else if (k == "--host-gib") b.o.host_gib = std::stod(v);
+    else if (k == "--only") {
+      std::stringstream ss(v);
+      for (std::string part; std::getline(ss, part, ',');) b.o.only.insert(part);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  g_device = c10::Device(b.o.device);
+  b.h2d_peak = pinned_peak(true, 5);
+  b.d2h_peak = pinned_peak(false, 5);
+  std::printf("device %s; %lld layers, %lld KV heads x %lld, %lld query heads, bf16, block %lld; pinned "
+              "peak host->device %.1f GB/s, device->host %.1f GB/s\n", b.o.device.c_str(),
+              static_cast<long long>(kLayers), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadSize),
+              static_cast<long long>(kQueryHeads), static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
+  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f}\n", b.h2d_peak / 1e9, b.d2h_peak / 1e9);
+  if (b.o.wants("probe")) probe(b);
+  if (b.o.wants("grid")) grid(b);
+  free_pinned_cache();
+  if (b.o.wants("compressed")) compressed(b);
+  if (b.o.wants("curve")) resident_curve(b);
+  return 0;
+}
