@@ -9,16 +9,22 @@
 //                  [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...
 //
 // The ActiveKV connector registers itself through its vllm.general_plugins
-// entry point; nothing here is Python of ours.
+// entry point; nothing here is Python of ours. The flags are checked by the
+// engine's own rules (activekv/config.h, built here without torch) before
+// vLLM starts; the keys of a config file, by the engine when vLLM starts.
 #include <Python.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "activekv/config.h"
 
 namespace {
 
@@ -82,16 +88,22 @@ int main(int argc, char** argv) {
       const char* v = value("--activekv-mode");
       if (v == nullptr) return 2;
       mode = v;
-      if (mode != "exact" && mode != "compressed") {
-        return usage(program, "--activekv-mode: '" + mode + "' is not accepted; accepted values: exact, compressed");
+      if (!activekv::mode_named(mode)) {
+        std::string accepted;
+        for (const auto& [name, m] : activekv::kModes) accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+        return usage(program, "--activekv-mode: '" + mode + "' is not accepted; accepted values: " + accepted);
       }
     } else if (arg == "--activekv-capacity") {
       const char* v = value("--activekv-capacity");
       if (v == nullptr) return 2;
-      capacity = v;
-      if (!all_digits(capacity) || capacity == "0") {
-        return usage(program, "--activekv-capacity: '" + capacity + "' is not a positive number of bytes");
+      // A whole number in range; reprinted: JSON numbers have no leading zeros.
+      std::int64_t bytes = 0;
+      const char* end = v + std::strlen(v);
+      const auto parsed = std::from_chars(v, end, bytes);
+      if (parsed.ec != std::errc{} || parsed.ptr != end || !activekv::capacity_in_range(bytes)) {
+        return usage(program, std::string("--activekv-capacity: '") + v + "' is not " + activekv::kCapacityAccepts);
       }
+      capacity = std::to_string(bytes);
     } else if (arg == "--activekv-streaming") {
       const char* v = value("--activekv-streaming");
       if (v == nullptr) return 2;
