@@ -67,7 +67,7 @@ from pathlib import Path, PurePosixPath
 from elftools.elf.elffile import ELFFile
 
 from pipeline.config import ROOT, Target
-from pipeline.container import Container, ContainerEngine
+from pipeline.container import Container, ContainerRuntime
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import AuditError, ConfigError
 from pipeline.images import runtime_base_image
@@ -622,15 +622,15 @@ print("torch", torch.__version__, "activekv", importlib.metadata.version("active
 """
 
 
-def load_check(engine: ContainerEngine, target: Target, wheels: list[Path]
+def load_check(runtime: ContainerRuntime, target: Target, wheels: list[Path]
                ) -> tuple[dict[str, str], list[Finding]]:
     """Install each wheel offline in a clean container of the target's runtime
     base (its torch must satisfy the wheel's torch pin) and import it after
     torch. Returns the image ({ref, id}) and the findings."""
-    image, image_id = runtime_base_image(engine, target)
+    image, image_id = runtime_base_image(runtime, target)
     findings = []
     for wheel in wheels:
-        with Container(engine=engine, image=image) as c:
+        with Container(runtime=runtime, image=image) as c:
             inside = PurePosixPath("/tmp/wheels") / wheel.name
             c.copy_into(wheel, inside)
             install = c.call(["python", "-m", "pip", "install", "--no-index", str(inside)],
@@ -645,9 +645,9 @@ def load_check(engine: ContainerEngine, target: Target, wheels: list[Path]
     return {"ref": image, "id": image_id}, findings
 
 
-def audit(engine: ContainerEngine | None, target: Target, wheels_dir: Path, report: Path) -> dict:
+def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, report: Path) -> dict:
     """Audit every wheel in wheels_dir; write the report; raise AuditError on
-    any finding. engine=None skips the load check (static rules only)."""
+    any finding. runtime=None skips the load check (static rules only)."""
     policy = load_policy()
     wheels = sorted(wheels_dir.glob("*.whl"))
     findings: list[Finding] = []
@@ -657,8 +657,8 @@ def audit(engine: ContainerEngine | None, target: Target, wheels_dir: Path, repo
     for wheel in wheels:
         findings += WheelAudit(wheel, target, policy).run()
     runtime_image = None
-    if engine is not None and wheels and not findings:
-        runtime_image, loaded = load_check(engine, target, wheels)
+    if runtime is not None and wheels and not findings:
+        runtime_image, loaded = load_check(runtime, target, wheels)
         findings += loaded
     listed = []
     for w in wheels:

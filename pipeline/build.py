@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import ROOT, Target
-from pipeline.container import ContainerEngine, echo_run
+from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import BuildError
 from pipeline.images import builder_image
 
@@ -111,13 +111,13 @@ def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool 
     }
 
 
-def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
+def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
           use_cache: bool = True) -> dict:
     """Build and repair the target's wheels into `out` (default
     build/release/<target>); returns the stage record. use_cache=False
     compiles everything (the reproducibility test's second build)."""
     out = (out or target_dir(target)).resolve()  # cibuildwheel runs in the source folder
-    image_ref, image_id = builder_image(engine, target)
+    image_ref, image_id = builder_image(runtime, target)
     source = out / "source"
     files = snapshot_source(source)
     changes = tree_changes()  # what the snapshot took that HEAD does not hold
@@ -127,7 +127,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
     CCACHE_DIR.mkdir(parents=True, exist_ok=True)
     epoch = source_date_epoch()
     env = dict(os.environ, **cibuildwheel_env(target, image_ref, epoch, use_cache=use_cache))
-    if engine.name == "podman":
+    if runtime.name == "podman":
         env["CIBW_CONTAINER_ENGINE"] = env["CIBW_CONTAINER_ENGINE"].replace("docker;", "podman;", 1)
     started = time.monotonic()
     result = echo_run([sys.executable, "-m", "cibuildwheel", "--output-dir", staging, ENGINE],
@@ -141,7 +141,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
                          f"(python {', '.join(target.python)}), got {[w.name for w in built]}")
     shutil.rmtree(wheels, ignore_errors=True)
     staging.rename(wheels)
-    compiler = engine.run("run", "--rm", "--network=host", image_ref, "c++", "--version",
+    compiler = runtime.run("run", "--rm", "--network=host", image_ref, "c++", "--version",
                           capture=True).stdout.splitlines()[0]
     record = {
         "stage": "build",
@@ -163,7 +163,7 @@ def build(engine: ContainerEngine, target: Target, *, out: Path | None = None,
     return record
 
 
-def build_launcher(engine: ContainerEngine, target: Target, *, out: Path | None = None) -> Path:
+def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | None = None) -> Path:
     """activekv-serve, compiled in the target's builder container against the
     CPython of its first Python version; returns the binary's path
     (build/release/<target>/launcher/activekv-serve)."""
@@ -172,7 +172,7 @@ def build_launcher(engine: ContainerEngine, target: Target, *, out: Path | None 
     from pipeline.container import Container
 
     out = (out or target_dir(target)).resolve()
-    image_ref, _ = builder_image(engine, target)
+    image_ref, _ = builder_image(runtime, target)
     source = out / "launcher-source"
     snapshot_source(source)
     CCACHE_DIR.mkdir(parents=True, exist_ok=True)
@@ -181,7 +181,7 @@ def build_launcher(engine: ContainerEngine, target: Target, *, out: Path | None 
     env = {"PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "CCACHE_DIR": "/ccache", "CCACHE_BASEDIR": "/project", "SOURCE_DATE_EPOCH": source_date_epoch()}
     binary = out / "launcher" / "activekv-serve"
-    with Container(engine=engine, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
+    with Container(runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
                    env=env) as c:
         configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
                             "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",

@@ -51,7 +51,7 @@ def echo_run_keeping_tail(cmd: Sequence[str | os.PathLike[str]], *, lines: int =
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ContainerEngine:
+class ContainerRuntime:
     name: str  # "docker" or "podman"
     network: str = "host"
 
@@ -67,7 +67,7 @@ class ContainerEngine:
 
     def inspect_image(self, ref: str) -> tuple[str, dict[str, str]] | None:
         """The image's id (its config digest, sha256:...) and labels, or None
-        when no image `ref` is here. FileNotFoundError: the engine's command
+        when no image `ref` is here. FileNotFoundError: the runtime's command
         is not installed."""
         probe = echo_run([self.name, "image", "inspect", ref], capture=True, check=False)
         if probe.returncode != 0:
@@ -78,7 +78,7 @@ class ContainerEngine:
     def build_image(self, *, tag: str, context: Path, dockerfile: Path, needs_free: int,
                     build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:
         """Build `tag`; first check that `needs_free` bytes are free where the
-        engine keeps its layers (a build that fills the disk half-way fails late
+        runtime keeps its layers (a build that fills the disk half-way fails late
         and unclearly)."""
         self.require_free_space(needs_free, purpose=f"building {tag}")
         # --force-rm: a failed step's container goes too (it can hold GBs).
@@ -105,7 +105,7 @@ class ContainerEngine:
 
     def remove_image(self, ref: str) -> bool:
         """Remove the tag or image `ref` (never forced: an image a container
-        still uses stays). Says why where the engine refuses."""
+        still uses stays). Says why where the runtime refuses."""
         removed = echo_run([self.name, "image", "rm", ref], capture=True, check=False)
         if removed.returncode != 0:
             print(f"  kept {ref}: {removed.stderr.strip()}", flush=True)
@@ -117,7 +117,7 @@ class ContainerEngine:
         self.run("image", "prune", "--force", "--filter", f"label={label}", check=False)
 
     def free_bytes(self) -> int:
-        """Free space where the engine keeps its images and build layers."""
+        """Free space where the runtime keeps its images and build layers."""
         template = "{{.Store.GraphRoot}}" if self.name == "podman" else "{{.DockerRootDir}}"
         root = echo_run([self.name, "info", "--format", template], capture=True).stdout.strip()
         return shutil.disk_usage(root).free
@@ -144,22 +144,22 @@ class Container:
     """A started container of `image`, removed on exit (kept when
     ACTIVEKV_KEEP_CONTAINER is set). `call` runs a command in it."""
 
-    def __init__(self, *, engine: ContainerEngine, image: str,
+    def __init__(self, *, runtime: ContainerRuntime, image: str,
                  volumes: Sequence[tuple[Path, str]] = (), env: Mapping[str, str] = {}) -> None:
-        self.engine = engine
+        self.runtime = runtime
         self.image = image
         self.volumes = volumes
         self.env = dict(env)
         self.name = f"activekv-{uuid.uuid4().hex[:12]}"
 
     def __enter__(self) -> Container:
-        args = ["create", "--name", self.name, f"--network={self.engine.network}", "--init"]
+        args = ["create", "--name", self.name, f"--network={self.runtime.network}", "--init"]
         for host, inside in self.volumes:
             args += ["--volume", f"{host}:{inside}"]
         for k, v in self.env.items():
             args += ["--env", f"{k}={v}"]
-        self.engine.run(*args, self.image, "sleep", "infinity")
-        self.engine.run("start", self.name)
+        self.runtime.run(*args, self.image, "sleep", "infinity")
+        self.runtime.run("start", self.name)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -167,7 +167,7 @@ class Container:
         if exc_type is not None and os.environ.get(KEEP_ENV):
             print(f"{KEEP_ENV} is set: keeping container {self.name}", flush=True)
             return
-        self.engine.run("rm", "--force", self.name, capture=True, check=False)
+        self.runtime.run("rm", "--force", self.name, capture=True, check=False)
 
     def call(self, args: Sequence[str | PurePosixPath], *, env: Mapping[str, str] = {},
              capture: bool = False, check: bool = True, cwd: str | None = None
@@ -177,15 +177,15 @@ class Container:
             cmd += ["--env", f"{k}={v}"]
         if cwd:
             cmd += ["--workdir", cwd]
-        return self.engine.run(*cmd, self.name, *map(str, args), capture=capture, check=check)
+        return self.runtime.run(*cmd, self.name, *map(str, args), capture=capture, check=check)
 
     def copy_into(self, local: Path, inside: PurePosixPath) -> None:
         self.call(["mkdir", "-p", str(inside.parent)])
-        self.engine.run("cp", str(local), f"{self.name}:{inside}")
+        self.runtime.run("cp", str(local), f"{self.name}:{inside}")
 
     def copy_out(self, inside: PurePosixPath, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
-        self.engine.run("cp", f"{self.name}:{inside}", str(local))
+        self.runtime.run("cp", f"{self.name}:{inside}", str(local))
 
     def glob(self, directory: PurePosixPath, pattern: str) -> list[PurePosixPath]:
         out = self.call(["find", str(directory), "-maxdepth", "1", "-name", pattern],

@@ -78,24 +78,24 @@ def running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def _engine_answers(engine: str, *, quiet: bool = False) -> bool:
+def _runtime_answers(runtime: str, *, quiet: bool = False) -> bool:
     if not quiet:
-        print("+", engine, "info", flush=True)
-    probe = subprocess.run([engine, "info"], capture_output=True, text=True)
+        print("+", runtime, "info", flush=True)
+    probe = subprocess.run([runtime, "info"], capture_output=True, text=True)
     return probe.returncode == 0
 
 
-def ensure_container_engine(engine: str, *, log_dir: Path, wait_s: float = 60.0) -> None:
-    """Make `engine` (docker or podman) usable: install it where it is missing
+def ensure_container_runtime(runtime: str, *, log_dir: Path, wait_s: float = 60.0) -> None:
+    """Make `runtime` (docker or podman) usable: install it where it is missing
     and, for docker, start a daemon without a bridge (containers and builds use
     the host's network). A pid file left by a killed daemon is cleared first."""
-    if engine == "podman":
+    if runtime == "podman":
         ensure_debian_packages(["podman"])
         return
-    if shutil.which(engine) and _engine_answers(engine):
+    if shutil.which(runtime) and _runtime_answers(runtime):
         return
     ensure_debian_packages(["docker.io"])
-    if _engine_answers(engine):
+    if _runtime_answers(runtime):
         return
     if os.geteuid() != 0:
         raise HostPreparationError(
@@ -114,7 +114,7 @@ def ensure_container_engine(engine: str, *, log_dir: Path, wait_s: float = 60.0)
     start_daemon(cmd, log)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if _engine_answers(engine, quiet=True):
+        if _runtime_answers(runtime, quiet=True):
             return
         time.sleep(0.5)
     raise HostPreparationError(

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.config import ROOT, DebootstrapBase, PulledBase, Target
-from pipeline.container import ContainerEngine, echo_run
+from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import ImageError
 from pipeline.host import ensure_debian_packages
 
@@ -32,28 +32,28 @@ def _digest(*parts: bytes | str) -> str:
     return h.hexdigest()[:16]
 
 
-def base_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
+def base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     """(reference, image id) of the target's builder base."""
     base = target.builder_base
     if isinstance(base, PulledBase):
         try:
-            return base.image, engine.pull(base.image)
+            return base.image, runtime.pull(base.image)
         except ImageError:
             raise ImageError(
                 f"target {target.name}: could not get the builder base image {base.image} "
                 f"(the pull failed: see above). Provide it by loading it here "
-                f"({engine.name} load -i <file>, the file made where it can be pulled: "
-                f"{engine.name} pull {base.image} && {engine.name} save -o <file> {base.image}), "
+                f"({runtime.name} load -i <file>, the file made where it can be pulled: "
+                f"{runtime.name} pull {base.image} && {runtime.name} save -o <file> {base.image}), "
                 f"or point builder_base in release.toml [targets.{target.name}] at a registry "
                 f"this host reaches. Building the {target.name} builder also needs the "
                 f"package indexes its Dockerfile ({target.builder_dockerfile.name}) names."
             ) from None
-    return debootstrap_base(engine, base)
+    return debootstrap_base(runtime, base)
 
 
-def debootstrap_base(engine: ContainerEngine, base: DebootstrapBase) -> tuple[str, str]:
+def debootstrap_base(runtime: ContainerRuntime, base: DebootstrapBase) -> tuple[str, str]:
     ref = f"activekv/debian:{base.suite}-{_digest(base.suite, base.mirror)}"
-    if (image := engine.image_id(ref)) is not None:
+    if (image := runtime.image_id(ref)) is not None:
         return ref, image
     ensure_debian_packages(["debootstrap"])
     rootfs = IMAGES_DIR / f"rootfs-{base.suite}"
@@ -65,17 +65,17 @@ def debootstrap_base(engine: ContainerEngine, base: DebootstrapBase) -> tuple[st
                   base.suite, rootfs, base.mirror])
     except subprocess.CalledProcessError:
         raise ImageError(f"debootstrap of {base.suite} from {base.mirror} failed (output above)") from None
-    print(f"+ tar -C {rootfs} -c . | {engine.name} import - {ref}", flush=True)
+    print(f"+ tar -C {rootfs} -c . | {runtime.name} import - {ref}", flush=True)
     # As a context manager, so the pipe's read end is closed (an unclosed one
     # is a ResourceWarning: an error under the tests' warning filter).
     with subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."],
                           stdout=subprocess.PIPE) as tar:
-        imported = subprocess.run([engine.name, "import", "-", ref], stdin=tar.stdout,
+        imported = subprocess.run([runtime.name, "import", "-", ref], stdin=tar.stdout,
                                   capture_output=True, text=True)
     shutil.rmtree(rootfs)
     if imported.returncode != 0 or tar.returncode != 0:
         raise ImageError(f"importing the {base.suite} root as {ref} failed: {imported.stderr.strip()}")
-    image = engine.image_id(ref)
+    image = runtime.image_id(ref)
     assert image is not None
     return ref, image
 
@@ -121,7 +121,7 @@ def _fingerprint(inputs: dict[str, Path | None], dockerfile: Path, args: dict[st
     return _digest(*parts)
 
 
-# Free space an image build needs where the engine keeps its layers: a
+# Free space an image build needs where the runtime keeps its layers: a
 # builder or runtime base is ~2 GB and a build step's layer is held twice
 # (its container and the committed layer) while it is committed.
 BUILD_SPACE = 6 * 2**30
@@ -130,17 +130,17 @@ BUILD_SPACE = 6 * 2**30
 BASE_LABEL = "org.activekv.base"
 
 
-def drop_superseded(engine: ContainerEngine, repository: str, *, keep: str) -> None:
+def drop_superseded(runtime: ContainerRuntime, repository: str, *, keep: str) -> None:
     """Remove this repository's other tags: each is an image of inputs that
     changed since (a few GB each, and CI hosts keep them between runs)."""
-    for ref in engine.references(repository):
+    for ref in runtime.references(repository):
         if ref != keep:
-            engine.remove_image(ref)
+            runtime.remove_image(ref)
 
 
-def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
+def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Path,
            files: dict[str, Path], extra_args: dict[str, str]) -> tuple[str, str]:
-    base_ref, base_id = base_image(engine, target)
+    base_ref, base_id = base_image(runtime, target)
     args = {
         "BASE_IMAGE": base_ref,
         "PYTHON_VERSIONS": " ".join(target.python),
@@ -152,29 +152,29 @@ def _image(engine: ContainerEngine, target: Target, name: str, dockerfile: Path,
     inputs = _inputs(target, files)
     repository = f"activekv/{name}-{target.name}"
     ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
-    drop_superseded(engine, repository, keep=ref)
-    if (image := engine.image_id(ref)) is None:
-        engine.prune_untagged(BASE_LABEL)
+    drop_superseded(runtime, repository, keep=ref)
+    if (image := runtime.image_id(ref)) is None:
+        runtime.prune_untagged(BASE_LABEL)
         ctx = _context(name, target, inputs)
         try:
-            image = engine.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
+            image = runtime.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
                                        build_args=args, labels={BASE_LABEL: f"{base_ref}@{base_id}"})
         finally:
             shutil.rmtree(ctx)
     return ref, image
 
 
-def builder_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
+def builder_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     """(reference, image id) of the target's builder: cibuildwheel's layout,
     compilers, ccache, torch and the pinned build tools."""
-    return _image(engine, target, "builder", target.builder_dockerfile,
+    return _image(runtime, target, "builder", target.builder_dockerfile,
                   {"builder-requirements.txt": BUILDER_REQUIREMENTS,
                    "install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
 
 
-def runtime_base_image(engine: ContainerEngine, target: Target) -> tuple[str, str]:
+def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     """(reference, image id) of the target's runtime base: Python and torch
     (on cpu, with what inductor needs: g++ and Python.h). The payload audit
     loads the wheels there."""
-    return _image(engine, target, "runtime-base", target.runtime_dockerfile,
+    return _image(runtime, target, "runtime-base", target.runtime_dockerfile,
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})

@@ -40,7 +40,7 @@ from email.message import Message
 from pathlib import Path
 
 from pipeline.config import ROOT
-from pipeline.container import ContainerEngine
+from pipeline.container import ContainerRuntime
 from pipeline.errors import CollisionError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.digest import sha256_of
@@ -227,9 +227,9 @@ class Registry:
     """An OCI registry reached over HTTP on loopback (docker pushes there
     without TLS)."""
 
-    def __init__(self, address: str, engine: ContainerEngine) -> None:
+    def __init__(self, address: str, runtime: ContainerRuntime) -> None:
         self.address = address
-        self.engine = engine
+        self.runtime = runtime
 
     def __str__(self) -> str:
         return f"registry {self.address}"
@@ -263,13 +263,13 @@ class Registry:
 
     def push(self, local_ref: str, name: str, tag: str) -> None:
         remote = f"{self.address}/{name}:{tag}"
-        self.engine.run("tag", local_ref, remote)
+        self.runtime.run("tag", local_ref, remote)
         try:
-            if self.engine.run("push", remote, check=False).returncode != 0:
+            if self.runtime.run("push", remote, check=False).returncode != 0:
                 raise PublishError(f"pushing {remote} failed (output above): is {self} up? "
                                    f"Re-run the release once it is: what was published is kept")
         finally:
-            self.engine.remove_image(remote)  # only the push's tag: the image keeps local_ref
+            self.runtime.remove_image(remote)  # only the push's tag: the image keeps local_ref
 
 
 def ensure_local_registry(root: Path = LOCAL_REGISTRY_DIR, address: str = LOCAL_REGISTRY_ADDR) -> str:

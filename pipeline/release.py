@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline import build, manifest, provenance, publish, runtime_image, signing
 from pipeline.config import ROOT, Profile, ReleaseConfig, Target
-from pipeline.container import ContainerEngine
+from pipeline.container import ContainerRuntime
 from pipeline.errors import DirtyTreeError, PipelineError
 from pipeline.patch_vllm import OUT_DIR as VLLM_DIR
 
@@ -52,11 +52,11 @@ def audited_wheels(target: Target) -> list[Path]:
     return [build.target_dir(target) / "wheels" / w["file"] for w in audit["wheels"]]
 
 
-def make_runtime_image(engine: ContainerEngine, target: Target, cfg: ReleaseConfig) -> dict:
+def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseConfig) -> dict:
     out = build.target_dir(target)
-    launcher = build.build_launcher(engine, target)
+    launcher = build.build_launcher(runtime, target)
     return runtime_image.build_runtime_image(
-        engine, target, version=engine_version(), commit=build.git("rev-parse", "HEAD"),
+        runtime, target, version=engine_version(), commit=build.git("rev-parse", "HEAD"),
         engine_wheels=audited_wheels(target), vllm_wheel=vllm_wheel_for(target, cfg),
         launcher=launcher, out=out)
 
@@ -75,21 +75,21 @@ def signing_key(path: str | None):
     return signing.generate_key(DEFAULT_KEY)
 
 
-def image_packages(engine: ContainerEngine, ref: str) -> list[dict]:
-    out = engine.run("run", "--rm", "--network=host", "--entrypoint", "python", ref,
+def image_packages(runtime: ContainerRuntime, ref: str) -> list[dict]:
+    out = runtime.run("run", "--rm", "--network=host", "--entrypoint", "python", ref,
                      "-m", "pip", "list", "--format", "json", capture=True)
     return json.loads(out.stdout)
 
 
-def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig, key_path: str | None
+def make_manifest(runtime: ContainerRuntime, profile: Profile, cfg: ReleaseConfig, key_path: str | None
                   ) -> Path:
     version = engine_version()
     packages = {}
     for name in profile.targets:
-        runtime = json.loads((RELEASE_DIR / name / "runtime.json").read_text()) \
+        image = json.loads((RELEASE_DIR / name / "runtime.json").read_text()) \
             if (RELEASE_DIR / name / "runtime.json").is_file() else None
-        if runtime:
-            packages[name] = image_packages(engine, runtime["ref"])
+        if image:
+            packages[name] = image_packages(runtime, image["ref"])
     data = manifest.assemble(version=version, profile=profile.name, targets=list(profile.targets),
                              release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR,
                              out=MANIFEST_DIR, image_packages=packages)
@@ -105,10 +105,10 @@ def make_manifest(engine: ContainerEngine, profile: Profile, cfg: ReleaseConfig,
     return path
 
 
-def destinations(profile: Profile, engine: ContainerEngine) -> publish.Destinations:
+def destinations(profile: Profile, runtime: ContainerRuntime) -> publish.Destinations:
     registry = publish.ensure_local_registry() if profile.registry == "local" else profile.registry
     return publish.Destinations(index=publish.make_index(profile.index),
-                                registry=publish.Registry(registry, engine),
+                                registry=publish.Registry(registry, runtime),
                                 manifests=ROOT / profile.manifests)
 
 

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.config import ROOT, Target
-from pipeline.container import ContainerEngine
+from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
 from pipeline.images import IMAGES_DIR, runtime_base_image
@@ -24,7 +24,7 @@ from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
-# Free space the build needs where the engine keeps its layers: the install
+# Free space the build needs where the runtime keeps its layers: the install
 # layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
 BUILD_SPACE = 8 * 2**30
 
@@ -42,20 +42,20 @@ def image_name(target: Target) -> str:
     return f"activekv-runtime-{target.name}"
 
 
-def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str, commit: str,
+def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: str, commit: str,
                         engine_wheels: list[Path], vllm_wheel: Path, launcher: Path, out: Path) -> dict:
     if target.name not in DOCKERFILES:
         raise ImageError(f"target {target.name}: no runtime image recipe (docker/runtime-"
                          f"{target.name}.Dockerfile) and no pinned runtime environment yet")
     if not engine_wheels:
         raise ImageError(f"target {target.name}: no engine wheel: run the build stage first")
-    base_ref, base_id = runtime_base_image(engine, target)
+    base_ref, base_id = runtime_base_image(runtime, target)
     wheels = [*engine_wheels, vllm_wheel]
     digest = inputs_digest(version, commit, [*wheels, launcher])
     ref = f"activekv/{image_name(target)}:{version}"
-    previous = engine.image_id(ref)
+    previous = runtime.image_id(ref)
     # Earlier builds left untagged (an interrupted run): their layers are GBs.
-    engine.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
+    runtime.prune_untagged(f"org.opencontainers.image.title={image_name(target)}")
     ctx = IMAGES_DIR / f"context-runtime-{target.name}"
     shutil.rmtree(ctx, ignore_errors=True)
     (ctx / "wheels").mkdir(parents=True)
@@ -65,14 +65,14 @@ def build_runtime_image(engine: ContainerEngine, target: Target, *, version: str
     (ctx / "launcher").mkdir()
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     try:
-        image_id = engine.build_image(
+        image_id = runtime.build_image(
             tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
             build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
                         "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     finally:
         shutil.rmtree(ctx)
     if previous is not None and previous != image_id:
-        engine.remove_image(previous)  # the same version's last build: now untagged, GBs
+        runtime.remove_image(previous)  # the same version's last build: now untagged, GBs
     record = {
         "stage": "runtime-image",
         "target": target.name,

