@@ -4,6 +4,12 @@
 # (c10, torch_cpu, torch_python), so torch goes in without its CUDA runtime
 # wheels (several GB) and CMake takes torch's headers directly
 # (ACTIVEKV_TORCH_CMAKE=OFF): no CUDA toolkit is needed to build.
+#
+# A Python version bookworm does not package (3.12, the GPU test machine's) is
+# built from CPython's source here, on bookworm's glibc, so the wheel keeps
+# its manylinux_2_34 tag (a newer distribution's glibc would not). The source
+# is the upstream tarball as Ubuntu's archive carries it (reachable where
+# python.org is not), pinned by sha256 below: add a line there for another.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
@@ -18,9 +24,30 @@ ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 \
 
 COPY ca-bundle.crt /usr/local/share/activekv/ca-bundle.crt
 RUN set -eux; \
-    pythons=""; for v in ${PYTHON_VERSIONS}; do pythons="$pythons python$v python$v-venv python$v-dev"; done; \
     apt-get update; \
-    apt-get install -y --no-install-recommends $pythons g++ make ccache git file binutils; \
+    pythons=""; sources=""; \
+    for v in ${PYTHON_VERSIONS}; do \
+      if apt-cache show "python$v-dev" >/dev/null 2>&1; then pythons="$pythons python$v python$v-venv python$v-dev"; \
+      else sources="$sources $v"; fi; \
+    done; \
+    build_deps=""; \
+    if [ -n "$sources" ]; then build_deps="curl xz-utils libssl-dev zlib1g-dev libbz2-dev liblzma-dev libffi-dev libsqlite3-dev uuid-dev"; fi; \
+    apt-get install -y --no-install-recommends $pythons $build_deps g++ make ccache git file binutils; \
+    for v in $sources; do \
+      case "$v" in \
+        3.12) url=http://archive.ubuntu.com/ubuntu/pool/main/p/python3.12/python3.12_3.12.3.orig.tar.xz; \
+              sha256=56bfef1fdfc1221ce6720e43a661e3eb41785dd914ce99698d8c7896af4bdaa1 ;; \
+        *) echo "python$v: not in bookworm and no pinned source in this Dockerfile" >&2; exit 1 ;; \
+      esac; \
+      src="$(mktemp -d)"; \
+      curl -fsSL -o "$src/python.tar.xz" "$url"; \
+      echo "$sha256  $src/python.tar.xz" | sha256sum -c -; \
+      tar -xJf "$src/python.tar.xz" -C "$src" --strip-components=1; \
+      (cd "$src" && ./configure --prefix="/opt/cpython/$v" --with-ensurepip=install >/dev/null \
+        && nice -n 10 make -j"$(nproc)" >/dev/null && make altinstall >/dev/null); \
+      rm -rf "$src" "/opt/cpython/$v/lib/python$v/test"; \
+      ln -s "/opt/cpython/$v/bin/python$v" "/usr/local/bin/python$v"; \
+    done; \
     rm -rf /var/lib/apt/lists/*
 
 COPY wheelhouse/ /wheelhouse/
