@@ -7,6 +7,7 @@
 // takes what it needs from the Python arguments under the GIL, then releases
 // the GIL for the native work. Nothing here calls back into Python objects of
 // ours on a per-step path: per step, only vLLM's arguments are read.
+#include <ATen/DeviceAccelerator.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -16,10 +17,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "activekv/config.h"
+#include "activekv/device_check.h"
 #include "activekv/kv_layout.h"
 #include "activekv/layer_streaming.h"
 #include "activekv/scheduler_side.h"
@@ -747,6 +750,50 @@ void make_vllm_classes(py::module_ m) {
   m.attr(kConnectorName) = connector;
 }
 
+// ---- the device check ----------------------------------------------------------
+
+// check_device(device=None, *, quiet=False): the core's scenarios, run with the
+// GIL released; each result is printed as it comes (a check takes seconds).
+py::list check_device_from_python(const py::object& device, bool quiet) {
+  std::optional<c10::Device> chosen;
+  if (device.is_none()) {
+    const auto type = at::accelerator::getAccelerator(false);
+    chosen = type && at::accelerator::deviceCount() > 0
+                 ? c10::Device(*type, at::accelerator::getDeviceIndex())
+                 : c10::Device(c10::DeviceType::CPU);
+  } else {
+    const auto text = py::cast<std::string>(py::str(device));
+    try {
+      chosen = c10::Device(text);
+    } catch (const c10::Error&) {
+      throw py::value_error("check_device: " + text + " is not a device (e.g. 'cpu', 'cuda:0', 'xpu')");
+    }
+  }
+  const auto report = [quiet](const CheckResult& r) {
+    if (quiet) return;
+    const py::gil_scoped_acquire gil;
+    py::print(std::string(outcome_name(r.outcome)) + " " + r.name + " (" +
+                  std::to_string(static_cast<std::int64_t>(r.seconds * 1000)) + " ms): " + r.detail,
+              "flush"_a = true);
+  };
+  std::vector<CheckResult> results;
+  {
+    const py::gil_scoped_release release;
+    results = check_device(*chosen, report);  // std::invalid_argument -> ValueError
+  }
+  py::list out;
+  std::string failed;
+  for (const auto& r : results) {
+    out.append(py::dict("name"_a = r.name, "outcome"_a = outcome_name(r.outcome), "detail"_a = r.detail,
+                        "seconds"_a = r.seconds));
+    if (r.outcome == CheckResult::Outcome::kFailed) failed += "\n  " + r.name + ": " + r.detail;
+  }
+  if (!failed.empty()) {
+    throw std::runtime_error("ActiveKV device check failed on " + chosen->str() + ":" + failed);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace activekv
 
@@ -788,4 +835,15 @@ PYBIND11_MODULE(activekv, m) {
         .attr("KVConnectorFactory")
         .attr("register_connector")(kConnectorName, kModule, kConnectorName);
   }, "vllm.general_plugins entry point: makes 'ActiveKVConnector' known to vLLM by name.");
+
+  // ---- the device check: the engine's device scenarios, for operators and the
+  // release's GPU check of the shipped wheel (device_check.h) ----
+  m.def("check_device", [](const py::object& device, bool quiet) { return check_device_from_python(device, quiet); },
+        py::arg("device") = py::none(), py::kw_only(), py::arg("quiet") = false,
+        "Run the engine's device scenarios on `device` (a str or torch.device; default: torch's current\n"
+        "accelerator, else the CPU): a worker over real KV caches there saving and loading blocks, its\n"
+        "save fences completing, a fence past its deadline quarantining its slots, and layer\n"
+        "streaming's ring. Prints a line per scenario unless quiet; returns the results as dicts\n"
+        "(name, outcome: passed/failed/skipped, detail, seconds); raises RuntimeError naming each\n"
+        "failed scenario. Needs ~1.5 GiB of device and pinned host memory on an accelerator.");
 }

@@ -1,10 +1,5 @@
 #include <ATen/ATen.h>
-#include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
-
-#include <map>
-#include <optional>
-#include <random>
 
 #include "activekv/layer_streaming.h"
 #include "activekv/worker_side.h"
@@ -286,65 +281,8 @@ TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
   EXPECT_TRUE(s.worker.has_layer_loads());
 }
 
-// ---- many steps, on CPU and on the accelerator when there is one ----
-//
-// Each step writes fresh bytes into a few random blocks of every layer (as
-// vLLM's KV cache update does, on the compute stream) and stages a random set
-// of blocks; every staged block must hold the last bytes its own layer wrote
-// there, although the layer sharing its ring buffer overwrote the buffer in
-// between. On a device this exercises the copy stream's order: a layer's
-// write-back before the staging of the layer K places later into the same
-// buffer, and the compute stream's wait on each layer's staging.
-void many_steps(c10::Device device) {
-  const auto on = [&](const at::Tensor& t) { return t.to(device); };
-  const at::Tensor ring0 = on(blocks()), ring1 = on(blocks());
-  std::unordered_map<std::string, at::Tensor> kv = {
-      {"l0", on(blocks())}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0}, {"l4", ring1}};
-  WorkerSide worker(Config{}, layout(), 8, 0, geometry());
-  ASSERT_TRUE(worker.register_kv_caches(kv).ok());
-  std::mt19937 rng(7);
-  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
-  for (std::int64_t step = 1; step <= 24; ++step) {
-    Ids written, staged;
-    for (std::int64_t b = 0; b < kBlocks; ++b) {
-      if (rng() % 3 == 0) written.push_back(b);
-      if (rng() % 2 == 0 || std::find(written.begin(), written.end(), b) != written.end()) {
-        staged.push_back(b);
-      }
-    }
-    worker.bind_plan(streaming_plan(staged, written));
-    worker.start_load();
-    for (std::int64_t l = 0; l < 5; ++l) {
-      const auto& name = kLayers[static_cast<std::size_t>(l)];
-      worker.wait_for_layer_load(name);
-      if (l > 0) {  // streamed: the ring holds this layer's last bytes of each staged block
-        for (const std::int64_t b : staged) {
-          const auto it = last.find({l, b});
-          const at::Tensor want = it == last.end() ? blocks()[b] : content(l, b, it->second);
-          ASSERT_TRUE(bitwise(kv[name][b].cpu(), want)) << name << " block " << b << " step " << step;
-        }
-      }
-      for (const std::int64_t b : written) {
-        kv[name][b].copy_(on(content(l, b, step)));
-        last[{l, b}] = step;
-      }
-      worker.save_layer(name, kv[name]);
-    }
-    worker.wait_for_save();
-    worker.clear_plan();
-  }
-  EXPECT_TRUE(worker.take_load_errors().empty());
-}
-
-TEST(LayerStreamer, ManyStepsEachStagedBlockHoldsItsLayersLastBytes) { many_steps(c10::Device("cpu")); }
-
-TEST(LayerStreamerOnAccelerator, ManyStepsEachStagedBlockHoldsItsLayersLastBytes) {
-  const auto type = at::accelerator::getAccelerator(false);
-  if (!type || at::accelerator::deviceCount() == 0) {
-    GTEST_SKIP() << "no accelerator in this torch build or machine";
-  }
-  many_steps(c10::Device(*type, 0));
-}
+// Many steps through the ring, on CPU and on the accelerator: the
+// streaming-ring scenario of device_check.cpp (test_device_check.cpp).
 
 }  // namespace
 }  // namespace activekv

@@ -1,0 +1,424 @@
+#include "activekv/device_check.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "activekv/config.h"
+#include "activekv/kv_layout.h"
+#include "activekv/layer_streaming.h"
+#include "activekv/step_plan.h"
+#include "activekv/worker_side.h"
+
+namespace activekv {
+namespace {
+
+using Ids = std::vector<std::int64_t>;
+using Caches = std::unordered_map<std::string, at::Tensor>;
+
+// What a scenario found wrong: its first few failures name the check, the
+// layer and the block; a skip says why the scenario does not apply.
+class Findings {
+ public:
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    if (failures_.size() < kShown) failures_.push_back(what);
+    ++count_;
+  }
+  void skip(std::string why) { skipped_ = std::move(why); }
+  bool skipped() const { return !skipped_.empty(); }
+
+  // The scenario's result, `checked` saying what it covered when it passed.
+  CheckResult result(std::string name, const std::string& checked) const {
+    CheckResult r{std::move(name), CheckResult::Outcome::kPassed, checked, 0};
+    if (count_ > 0) {
+      r.outcome = CheckResult::Outcome::kFailed;
+      r.detail.clear();
+      for (const auto& f : failures_) r.detail += (r.detail.empty() ? "" : "; ") + f;
+      if (count_ > kShown) r.detail += "; and " + std::to_string(count_ - kShown) + " more";
+    } else if (skipped()) {
+      r.outcome = CheckResult::Outcome::kSkipped;
+      r.detail = skipped_;
+    }
+    return r;
+  }
+
+ private:
+  static constexpr std::size_t kShown = 4;
+  std::vector<std::string> failures_;
+  std::size_t count_ = 0;
+  std::string skipped_;
+};
+
+// ---- the geometry of the scenarios: bf16 blocks of 32 tokens ----------------
+
+constexpr std::int64_t kBlockSize = 32;
+
+KVLayout layout(std::vector<std::string> names, std::int64_t heads, std::int64_t head_size) {
+  KVLayout l;
+  l.layer_names = std::move(names);
+  l.block_size = kBlockSize;
+  l.num_kv_heads = heads;
+  l.head_size = head_size;
+  l.dtype = at::kBFloat16;
+  return l;
+}
+
+// Blocks of vLLM's paged layout for `l`: [blocks, K/V, tokens, heads * size].
+at::Tensor blocks(const KVLayout& l, std::int64_t n, c10::Device device, double fill = 0) {
+  return at::full({n, 2, kBlockSize, l.num_kv_heads * l.head_size}, fill,
+                  at::TensorOptions().dtype(at::kBFloat16).device(device));
+}
+
+// Random bf16 of `shape` from a seed of its own: the check never touches
+// torch's global generator (an operator's process may rely on it).
+at::Tensor random(at::IntArrayRef shape, std::uint64_t seed) {
+  return at::randn(shape, at::detail::createCPUGenerator(seed)).to(at::kBFloat16);
+}
+
+bool bitwise(const at::Tensor& a, const at::Tensor& b) {
+  return at::equal(a.cpu().view(at::kShort), b.cpu().view(at::kShort));
+}
+
+BlockKey key(std::uint8_t i) {
+  BlockKey k{};
+  k.fill(i);
+  return k;
+}
+
+std::string block_of(const std::string& layer, std::int64_t block) {
+  return "layer " + layer + " block " + std::to_string(block);
+}
+
+// A plain step: load, then per layer wait and save, then wait for the save.
+void step(WorkerSide& w, const KVLayout& l, Caches& kv, StepPlan plan) {
+  w.bind_plan(std::move(plan));
+  w.start_load();
+  for (const auto& n : l.layer_names) {
+    w.wait_for_layer_load(n);
+    w.save_layer(n, kv.at(n));
+  }
+  w.wait_for_save();
+  w.clear_plan();
+}
+
+// ---- save, then load into other blocks: bitwise (exact) or close (compressed)
+
+std::string save_load(c10::Device device, Mode mode, Findings& f) {
+  const KVLayout l = layout({"l0", "l1", "l2"}, 2, 32);
+  Config config;
+  config.mode = mode;
+  WorkerSide w(config, l, 64, 0);
+  Caches kv;
+  std::uint64_t seed = 1;
+  for (const auto& n : l.layer_names) kv[n] = random({12, 2, kBlockSize, 64}, seed++).to(device);
+  const Status s = w.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  // Slots 10..12 form one run, 40 another: both copy paths.
+  step(w, l, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
+                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}});
+  w.drain_saves();  // on a device the copies settle after their step
+  f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
+  Caches before;
+  for (const auto& [n, t] : kv) before[n] = t.cpu();
+  step(w, l, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
+                          {}, {}, {}, {}});
+  f.expect(w.take_load_errors().empty(), "the loads reported errors");
+  // Each loaded block against the block its slot was saved from.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
+  for (const auto& n : l.layer_names) {
+    const at::Tensor after = kv[n].cpu();
+    for (const auto& [to, from] : landed) {
+      const bool same = mode == Mode::kExact
+          ? bitwise(after[to], before[n][from])
+          // int8 with per-token-per-head scales: close, not equal.
+          : at::allclose(after[to].to(at::kFloat), before[n][from].to(at::kFloat), 0.05, 0.05);
+      f.expect(same, block_of(n, to) + " does not hold what block " + std::to_string(from) + " saved");
+    }
+    f.expect(bitwise(after[4], before[n][4]), block_of(n, 4) + " changed though no load targets it");
+  }
+  return std::string("4 blocks x 3 layers saved (two runs), 3 loaded back ") +
+         (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance");
+}
+
+// ---- a save large enough to outlast a step -----------------------------------
+
+// 4096 blocks of 128 KiB per layer over 3 layers: 1.5 GiB, far more than a
+// millisecond of copying at any bus speed. CPU copies are synchronous, so a
+// few blocks show the same contract there.
+std::int64_t big_blocks(c10::Device device) { return device.is_cpu() ? 64 : 4096; }
+
+KVLayout big_layout() { return layout({"l0", "l1", "l2"}, 8, 128); }
+
+// One step saving every block of `kv` into the slot of its number; returns
+// once wait_for_save did, with the copies possibly still running.
+void issue_big_save(WorkerSide& w, const Caches& kv, std::int64_t n) {
+  StepPlan plan;
+  for (std::int64_t b = 0; b < n; ++b) {
+    plan.saves.push_back(SaveOp{b, b, key(static_cast<std::uint8_t>(b % 200)), "r"});
+  }
+  w.bind_plan(std::move(plan));
+  for (const auto& name : big_layout().layer_names) w.save_layer(name, kv.at(name));
+  w.wait_for_save();
+  w.clear_plan();
+}
+
+Caches big_caches(c10::Device device, std::int64_t n) {
+  Caches kv;
+  for (const auto& name : big_layout().layer_names) kv[name] = blocks(big_layout(), n, device, 1);
+  return kv;
+}
+
+std::string save_fences_complete(c10::Device device, Findings& f) {
+  const std::int64_t n = big_blocks(device);
+  auto kv = big_caches(device, n);
+  WorkerSide w(Config{}, big_layout(), n, 0);
+  const Status s = w.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  issue_big_save(w, kv, n);
+  if (!device.is_cpu()) {  // the copies to the host are still running
+    f.expect(w.has_pending_saves(), "the save settled inside its step (no copy left running)");
+    f.expect(!w.arena()->tag(n - 1), "the last block was visible before its copy completed");
+    bool refused = false;  // its slots are not written again while the copy runs
+    try {
+      w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}});
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    f.expect(refused, "a slot of a running save was leased again");
+  } else {
+    f.expect(!w.has_pending_saves(), "a CPU save was left pending after its step");
+  }
+  // The next step runs meanwhile, and its writes to the KV cache come after the gathers.
+  for (auto& [name, t] : kv) t.fill_(2);
+  w.drain_saves();
+  f.expect(!w.has_pending_saves(), "drain_saves left a save pending");
+  const auto report = w.take_report();
+  f.expect(static_cast<std::int64_t>(report.saved.size()) == n,
+           std::to_string(report.saved.size()) + " of " + std::to_string(n) + " blocks reported saved");
+  f.expect(report.quarantined.empty(), "the save's fence was quarantined");
+  f.expect(w.arena()->tag(n - 1).has_value(), "the last block is not visible after its save completed");
+  // The host holds what the blocks held at the save (ones), not the later twos.
+  const auto bytes = w.arena()->slot_data(n - 1);
+  const at::Tensor one = at::ones({1}, at::kBFloat16);
+  std::uint16_t one_bits;
+  std::memcpy(&one_bits, one.data_ptr(), 2);
+  std::size_t wrong = 0;
+  if (bytes.ok()) {
+    for (std::size_t i = 0; i + 1 < bytes.value().size(); i += 2) {
+      std::uint16_t v;
+      std::memcpy(&v, bytes.value().data() + i, 2);
+      wrong += v != one_bits;
+    }
+  }
+  f.expect(bytes.ok() && wrong == 0, "the last slot does not hold the bytes of the save's step (" +
+                                         std::to_string(wrong) + " values differ)");
+  return std::to_string(n) + " blocks x 3 layers (" +
+         std::to_string(n * big_layout().slot_bytes(Mode::kExact) >> 20) +
+         " MiB) saved; visible only once their fences completed, holding the bytes of their step";
+}
+
+std::string fence_timeout_quarantines(c10::Device device, Findings& f) {
+  if (device.is_cpu()) {
+    f.skip("copies on CPU are synchronous: no fence can pass its deadline");
+    return "";
+  }
+  const std::int64_t n = big_blocks(device);
+  auto kv = big_caches(device, n);
+  Config config;
+  config.fence_timeout_ms = 1;
+  WorkerSide w(config, big_layout(), n + 1, 0);
+  const Status s = w.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  issue_big_save(w, kv, n);
+  w.drain_saves();  // waits at most until the deadline, then quarantines
+  const auto report = w.take_report();
+  f.expect(report.saved.empty(), "blocks reported saved though their fence passed its deadline");
+  f.expect(static_cast<std::int64_t>(report.quarantined.size()) == n,
+           std::to_string(report.quarantined.size()) + " of " + std::to_string(n) + " slots quarantined");
+  f.expect(w.take_telemetry().get(Counter::kQuarantinedFences) == 1, "telemetry does not count one quarantined fence");
+  f.expect(w.arena()->quarantined_count() == n, "the arena does not hold every slot quarantined");
+  f.expect(!w.arena()->tag(0), "a quarantined slot is visible");
+  at::accelerator::synchronizeDevice(device.index());  // the late copies land in quarantined slots only
+  f.expect(!w.arena()->tag(n - 1), "a quarantined slot became visible once its copy landed");
+  // A quarantined slot is never written again; a fresh one still is.
+  bool refused = false;
+  try {
+    w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}});
+  } catch (const std::invalid_argument&) {
+    refused = true;
+  }
+  f.expect(refused, "a quarantined slot was leased again");
+  const KVLayout l = big_layout();
+  step(w, l, kv, StepPlan{{}, {SaveOp{n, 0, key(1), "r"}}, {}, {}, {}});
+  w.drain_saves();
+  f.expect(w.take_report().saved == Ids{n}, "a fresh slot was not saved after the quarantine");
+  return "a 1 ms deadline on a " + std::to_string(n * l.slot_bytes(Mode::kExact) >> 20) +
+         " MiB save quarantined its " + std::to_string(n) + " slots; a fresh slot still saves";
+}
+
+// ---- layer streaming's ring over many steps -----------------------------------
+//
+// Each step writes fresh bytes into a few random blocks of every layer (as
+// vLLM's KV cache update does, on the compute stream) and stages a random set
+// of blocks; every staged block must hold the last bytes its own layer wrote
+// there, although the layer sharing its ring buffer overwrote the buffer in
+// between. On a device this exercises the copy stream's order: a layer's
+// write-back before the staging of the layer placed later into the same
+// buffer, and the compute stream's wait on each layer's staging.
+
+constexpr std::int64_t kRingBlocks = 12;
+constexpr std::int64_t kSteps = 24;
+
+// What the step's "attention" writes into a block of a layer: distinct per
+// layer, block and step.
+at::Tensor content(std::int64_t layer, std::int64_t block, std::int64_t step) {
+  return random({2, kBlockSize, 64}, static_cast<std::uint64_t>(1000 * step + 10 * layer + block));
+}
+
+std::string streaming_ring(c10::Device device, Findings& f) {
+  const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
+  const KVLayout l = layout(names, 2, 32);
+  auto geometry = StreamingGeometry::plan(StreamingConfig{1, 2}, names);  // l0 resident, a ring of 2
+  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
+  if (!geometry.ok()) return "";
+  // l1 and l3 view ring buffer 0, l2 and l4 ring buffer 1.
+  const at::Tensor ring0 = blocks(l, kRingBlocks, device), ring1 = blocks(l, kRingBlocks, device);
+  Caches kv = {{"l0", blocks(l, kRingBlocks, device)}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0},
+               {"l4", ring1}};
+  WorkerSide worker(Config{}, l, 8, 0, geometry.value());
+  const Status s = worker.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
+  std::mt19937 rng(7);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
+  std::int64_t checked = 0;
+  for (std::int64_t step = 1; step <= kSteps; ++step) {
+    Ids written, staged;
+    for (std::int64_t b = 0; b < kRingBlocks; ++b) {
+      if (rng() % 3 == 0) written.push_back(b);
+      if (rng() % 2 == 0 || std::find(written.begin(), written.end(), b) != written.end()) {
+        staged.push_back(b);
+      }
+    }
+    StepPlan plan;
+    plan.stage_blocks = staged;
+    plan.writeback_blocks = written;
+    worker.bind_plan(std::move(plan));
+    worker.start_load();
+    for (std::int64_t li = 0; li < static_cast<std::int64_t>(names.size()); ++li) {
+      const auto& name = names[static_cast<std::size_t>(li)];
+      worker.wait_for_layer_load(name);
+      if (li > 0) {  // streamed: the ring holds this layer's last bytes of each staged block
+        for (const std::int64_t b : staged) {
+          const auto it = last.find({li, b});
+          const at::Tensor want = it == last.end() ? zeros : content(li, b, it->second);
+          f.expect(bitwise(kv[name][b], want), block_of(name, b) + " at step " + std::to_string(step) +
+                                                   " does not hold its layer's last bytes");
+          ++checked;
+        }
+      }
+      for (const std::int64_t b : written) {
+        kv[name][b].copy_(content(li, b, step).to(device));
+        last[{li, b}] = step;
+      }
+      worker.save_layer(name, kv[name]);
+    }
+    worker.wait_for_save();
+    worker.clear_plan();
+  }
+  f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
+  return std::to_string(kSteps) + " steps, 4 streamed layers through a ring of 2: " +
+         std::to_string(checked) + " staged blocks held their layer's last bytes";
+}
+
+// ---- the list -------------------------------------------------------------------
+
+struct Scenario {
+  const char* name;
+  std::string (*run)(c10::Device, Findings&);
+};
+
+const std::vector<Scenario>& scenarios() {
+  static const std::vector<Scenario> all = {
+      {"save-load-exact", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f); }},
+      {"save-load-compressed", [](c10::Device d, Findings& f) { return save_load(d, Mode::kCompressed, f); }},
+      {"save-fences-complete", save_fences_complete},
+      {"fence-timeout-quarantines", fence_timeout_quarantines},
+      {"streaming-ring", streaming_ring},
+  };
+  return all;
+}
+
+// The device with its index, or std::invalid_argument naming what is missing.
+c10::Device usable(c10::Device device) {
+  if (device.is_cpu()) return device;
+  const auto accelerator = at::accelerator::getAccelerator(false);
+  if (!accelerator || *accelerator != device.type()) {
+    throw std::invalid_argument("device " + device.str() + ": this torch build's accelerator is " +
+                                (accelerator ? c10::DeviceTypeName(*accelerator, true) : "none"));
+  }
+  const auto count = at::accelerator::deviceCount();
+  if (count == 0 || device.index() >= static_cast<c10::DeviceIndex>(count)) {
+    throw std::invalid_argument("device " + device.str() + ": this machine has " + std::to_string(count) +
+                                " device(s) of that type");
+  }
+  return device.has_index() ? device : c10::Device(device.type(), at::accelerator::getDeviceIndex());
+}
+
+}  // namespace
+
+const char* outcome_name(CheckResult::Outcome outcome) {
+  switch (outcome) {
+    case CheckResult::Outcome::kPassed: return "passed";
+    case CheckResult::Outcome::kFailed: return "failed";
+    case CheckResult::Outcome::kSkipped: return "skipped";
+  }
+  return "?";
+}
+
+std::vector<std::string> device_check_names() {
+  std::vector<std::string> names;
+  for (const auto& s : scenarios()) names.emplace_back(s.name);
+  return names;
+}
+
+std::vector<CheckResult> check_device(c10::Device device,
+                                      const std::function<void(const CheckResult&)>& on_result) {
+  device = usable(device);
+  const c10::DeviceGuard guard(device);  // streams and events of the worker's device
+  std::vector<CheckResult> results;
+  for (const auto& scenario : scenarios()) {
+    const auto started = std::chrono::steady_clock::now();
+    Findings f;
+    std::string checked;
+    try {
+      checked = scenario.run(device, f);
+    } catch (const std::exception& e) {
+      f.expect(false, std::string("threw: ") + e.what());
+    }
+    CheckResult r = f.result(scenario.name, checked);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (on_result) on_result(r);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace activekv
