@@ -6,7 +6,7 @@
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
-    nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages.py)
+    nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages/registry.py)
     nox -s verify-rebuild -- MANIFEST   the engine wheels rebuilt from its commit, compared
     nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 import nox
 
 from pipeline import config
-from pipeline import patch_vllm as vllm_patches
 from pipeline.host import ensure_debian_packages
-from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
+from pipeline.stages import patch_vllm as vllm_patches
+from pipeline.stages.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 nox.needs_version = ">=2026.10.20"
 nox.options.default_venv_backend = "venv"
@@ -133,7 +133,7 @@ def patch_vllm(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def release(session: nox.Session) -> None:
-    """The product's main job: every stage in order (pipeline/stages.py),
+    """The product's main job: every stage in order (pipeline/stages/registry.py),
     stopping at the first failure, publishing nothing unless the payload
     audit and the parity gate on the shipped wheels pass. Flags: --profile P,
     --allow-dirty, --key ed25519.pem (or ACTIVEKV_SIGNING_KEY),

@@ -14,7 +14,7 @@ FROM ${RUNTIME_BASE}
 COPY wheels/ /tmp/activekv-wheels/
 COPY constraints.txt /tmp/activekv-constraints.txt
 COPY launcher/activekv-serve /opt/venv/bin/activekv-serve
-# vLLM's dependencies that cannot load beside torch +cpu (pipeline/patch_vllm.py
+# vLLM's dependencies that cannot load beside torch +cpu (pipeline/stages/patch_vllm.py
 # keeps the list).
 ARG BROKEN_BESIDE_CPU_TORCH
 RUN set -eux; \

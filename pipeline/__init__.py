@@ -1,1 +1,15 @@
-"""ActiveKV's release pipeline: one module per stage; noxfile.py wires them."""
+"""ActiveKV's release pipeline and the tools that check the product.
+
+    stages/    the release's stages, one module each, and their order (registry.py)
+    harness/   real vLLM driven with the tiny model: the tests', parity's and
+               the benchmarks' shared harness
+    parity/    the parity harness: the native engine against the Python reference
+    bench/     benchmarks that print figures
+    the rest   what they share: release.toml (config), the build tree (paths),
+               exit codes (errors), the container runtime (container), the
+               checkout (source), host preparation, the pipeline lock, signing;
+               and the operators' commands verify, verify-rebuild (rebuild) and
+               the language boundary report (boundary)
+
+`python -m pipeline` runs stages; noxfile.py only wires sessions to it.
+"""

@@ -3,7 +3,7 @@
     python -m pipeline release [--profile P] [--allow-dirty] [--key K] [--parity-evidence T=FILE]
     python -m pipeline STAGE [--profile P] [--target T ...] [flags]   one stage of the release
 
-Stages, in the release's order (pipeline/stages.py):
+Stages, in the release's order (pipeline/stages/registry.py):
 
     check-tree [--allow-dirty]
     build [--python X.Y]
@@ -32,15 +32,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline import stages, verify
+from pipeline import verify
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.lock import command_line, pipeline_lock
+from pipeline.stages import registry
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["release", *stages.BY_NAME, "verify", "verify-rebuild"])
+    parser.add_argument("stage", choices=["release", *registry.BY_NAME, "verify", "verify-rebuild"])
     parser.add_argument("manifest", nargs="?", type=Path, help="verify, verify-rebuild: the manifest")
     parser.add_argument("--repo", help="verify-rebuild: the repository to clone the manifest's commit "
                                        "from (default: this checkout's)")
@@ -65,7 +66,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def options(args: argparse.Namespace) -> stages.Options:
+def options(args: argparse.Namespace) -> registry.Options:
     evidence = {}
     for item in args.parity_evidence:
         target, sep, file = item.partition("=")
@@ -74,7 +75,7 @@ def options(args: argparse.Namespace) -> stages.Options:
         if not Path(file).is_file():
             raise ConfigError(f"--parity-evidence {item}: {file} is not a file")
         evidence[target] = Path(file).resolve()
-    return stages.Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
+    return registry.Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
                           vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify,
                           parity_evidence=evidence)
 
@@ -90,15 +91,15 @@ def main(argv: list[str]) -> int:
             from pipeline import rebuild
 
             rebuild.rebuild(args.manifest, repo=args.repo, targets=args.target,
-                            wheels=verify._once(args.wheels, "--wheels"))
+                            wheels=verify.given_once(args.wheels, "--wheels"))
             return 0
-        run = stages.make_run(profile=args.profile, targets=args.target, python=args.python,
+        run = registry.make_run(profile=args.profile, targets=args.target, python=args.python,
                               options=options(args))
         with pipeline_lock(command_line()):
             if args.stage == "release":
-                stages.run_release(run)
+                registry.run_release(run)
             else:
-                stages.BY_NAME[args.stage].run(run)
+                registry.BY_NAME[args.stage].run(run)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from pipeline import paths
 from pipeline.errors import ConfigError
+from pipeline.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RELEASE_TOML = ROOT / "release.toml"
 
 TargetName = Literal["cpu", "cuda", "xpu"]
@@ -71,10 +72,10 @@ class Profile:
     name: str
     description: str
     targets: tuple[TargetName, ...]
-    # Where a release of this profile is published (see pipeline/publish.py).
-    index: str = "build/publish/simple"
+    # Where a release of this profile is published (see pipeline/stages/publish.py).
+    index: str = paths.relative(paths.PUBLISH_INDEX)
     registry: str = "local"
-    manifests: str = "build/publish/manifests"
+    manifests: str = paths.relative(paths.PUBLISH_MANIFESTS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -59,6 +59,20 @@ class ContainerRuntime:
             check: bool = True) -> subprocess.CompletedProcess[str]:
         return echo_run([self.name, *args], capture=capture, check=check)
 
+    def run_in_image(self, image: str, *cmd: str, entrypoint: str | None = None) -> str:
+        """Run `cmd` in a throwaway container of `image` (removed when it
+        exits) and return its standard output: a question asked of an image,
+        such as its compiler's version or its installed packages."""
+        args = ["run", "--rm", f"--network={self.network}"]
+        if entrypoint is not None:
+            args += ["--entrypoint", entrypoint]
+        return self.run(*args, image, *cmd, capture=True).stdout
+
+    def installed_packages(self, image: str) -> list[dict]:
+        """`pip list` of the image's Python: [{"name": ..., "version": ...}]."""
+        return json.loads(self.run_in_image(image, "-m", "pip", "list", "--format", "json",
+                                            entrypoint="python"))
+
     def image_id(self, ref: str) -> str | None:
         """The image's id (sha256:...), or None when it is not here."""
         probe = echo_run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],

@@ -13,7 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.container import ContainerRuntime
 from pipeline.errors import HostPreparationError
+from pipeline.paths import LOGS_DIR
 
 
 def dpkg_says_installed(status: str) -> bool:
@@ -120,3 +122,11 @@ def ensure_container_runtime(runtime: str, *, log_dir: Path, wait_s: float = 60.
     raise HostPreparationError(
         f"dockerd did not answer within {wait_s:.0f} s; its log is {log}"
     )
+
+
+def prepared_runtime(name: str) -> ContainerRuntime:
+    """The container runtime `name` (release.toml's container_engine), made
+    usable on this host first (ensure_container_runtime; dockerd's log in
+    build/logs)."""
+    ensure_container_runtime(name, log_dir=LOGS_DIR)
+    return ContainerRuntime(name=name)

@@ -18,10 +18,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.config import ROOT
 from pipeline.errors import BusyError
-
-LOCK_FILE = ROOT / "build" / "pipeline.lock"
+from pipeline.paths import LOCK_FILE, relative
 # ci/run-nox takes the lock before nox re-makes a session's venv and names
 # itself (its pid, which nox keeps: it is exec'd) under this name; nox closes
 # inherited descriptors, so its stages recognise the holder as their ancestor.
@@ -44,7 +42,7 @@ def acquire(command: str, path: Path = LOCK_FILE) -> int | None:
             return None
         raise BusyError(f"another pipeline run is using this checkout: {who}. Wait for it "
                         f"to finish or stop it; two runs would overwrite each other's build "
-                        f"outputs ({_rel(path)})") from None
+                        f"outputs ({relative(path)})") from None
     holder = {"pid": os.getpid(), "command": command, "started": _now()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
@@ -95,10 +93,6 @@ def _holder(fd: int) -> str:
         return f"pid {holder['pid']} ({holder['command']}, started {holder['started']})"
     except (ValueError, KeyError, TypeError):
         return "a run that has not yet said who it is"
-
-
-def _rel(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def command_line() -> str:

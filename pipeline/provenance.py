@@ -18,7 +18,7 @@ listed in it (so the manifest's signature covers them):
   the manifest: files by sha256, images by their id (config digest), which
   `docker image inspect --format '{{.Id}}'` prints for a pulled image.
 
-Publishing adds `activekv-<version>-images.txt` (pipeline/publish.py): each
+Publishing adds `activekv-<version>-images.txt` (pipeline/stages/publish.py): each
 image as REGISTRY/NAME@sha256:<registry manifest digest>, known only once
 the registry holds it.
 """
@@ -34,8 +34,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import signing
-from pipeline.config import ROOT
 from pipeline.digest import sha256_of
+from pipeline.paths import ROOT
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -196,7 +196,7 @@ def add_operator_files(manifest: dict, out: Path, key: Ed25519PrivateKey, *,
     path.write_text(json.dumps(envelope(statement(manifest, started=started), key), sort_keys=True) + "\n")
     written.append(path)
     manifest["artifacts"].append(_artifact("provenance", "all", path))
-    from pipeline.manifest import check_schema
+    from pipeline.stages.manifest import check_schema
 
     check_schema(manifest)
     return written

@@ -22,10 +22,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pipeline.config import ROOT
 from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ConfigError, RebuildError
+from pipeline.paths import ROOT, target_dir
 
 
 def read_manifest(path: Path) -> dict:
@@ -85,7 +85,7 @@ def build_in(clone: Path, target: str) -> list[Path]:
     """The clone's build stage for `target`; its repaired wheels."""
     _run([sys.executable, "-m", "pipeline", "build", "--target", target],
          f"the clone's build stage for target {target} failed (its output is above)", cwd=clone)
-    return sorted((clone / "build" / "release" / target / "wheels").glob("*.whl"))
+    return sorted((target_dir(target, root=clone) / "wheels").glob("*.whl"))
 
 
 def compare(published: list[dict], built: list[Path], wheels: Path | None) -> list[str]:

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from pipeline.errors import SigningKeyError
+from pipeline.paths import SIGNING_KEY, relative
 
 PASSPHRASE_ENV = "ACTIVEKV_SIGNING_KEY_PASSPHRASE"
 MAKE_KEY = "openssl genpkey -algorithm ed25519 -out key.pem && chmod 600 key.pem"
@@ -162,3 +163,17 @@ def load_public_key(path: Path, *, what: str) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise SigningKeyError(f"{what} {path}: not an Ed25519 public key")
     return key
+
+
+def signing_key(path: str | None) -> Ed25519PrivateKey:
+    """The user's Ed25519 key (--key or ACTIVEKV_SIGNING_KEY; its passphrase
+    from ACTIVEKV_SIGNING_KEY_PASSPHRASE or the terminal), else a local key
+    made once for this checkout (fine for local destinations only)."""
+    given = path or os.environ.get("ACTIVEKV_SIGNING_KEY")
+    if given:
+        return load_private_key(Path(given))
+    if SIGNING_KEY.is_file():
+        return load_private_key(SIGNING_KEY)
+    print(f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
+          f"{relative(SIGNING_KEY)}. Use your own key for any shared destination.", flush=True)
+    return generate_key(SIGNING_KEY)

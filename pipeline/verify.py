@@ -41,8 +41,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline import signing
 from pipeline.errors import ConfigError, ManifestError
-from pipeline.manifest import PUBLIC_KEY_FILE, check_schema
-from pipeline.publish import project_of
+from pipeline.stages.manifest import PUBLIC_KEY_FILE, check_schema
+from pipeline.stages.publish import project_of
 
 FINGERPRINT_ENV = "ACTIVEKV_RELEASE_FINGERPRINT"
 LABEL = "org.activekv.manifest-inputs"
@@ -101,10 +101,10 @@ def command(args: argparse.Namespace, image_inspect: ImageInspect | None = None)
 
         image_inspect = ContainerRuntime(name=config.load().container_engine).inspect_image
     try:
-        result = verify(args.manifest, fingerprint=_once(args.fingerprint, "--fingerprint"),
-                        trusted_key=_once(args.trusted_key, "--trusted-key"),
-                        wheels=_once(args.wheels, "--wheels"), index_dir=_once(args.index_dir, "--index-dir"),
-                        files=_once(args.files, "--files"), images=args.image, image_inspect=image_inspect)
+        result = verify(args.manifest, fingerprint=given_once(args.fingerprint, "--fingerprint"),
+                        trusted_key=given_once(args.trusted_key, "--trusted-key"),
+                        wheels=given_once(args.wheels, "--wheels"), index_dir=given_once(args.index_dir, "--index-dir"),
+                        files=given_once(args.files, "--files"), images=args.image, image_inspect=image_inspect)
     except OSError as e:  # a path that changed under us: still one line, naming it
         where = e.filename if isinstance(e.filename, (str, os.PathLike)) else args.manifest
         raise ManifestError(f"{where}: {e.strerror}; check the path and run verify again") from None
@@ -117,7 +117,8 @@ def command(args: argparse.Namespace, image_inspect: ImageInspect | None = None)
     return 0
 
 
-def _once(values: list | None, flag: str):
+def given_once(values: list | None, flag: str):
+    """The one value of a flag that may be given at most once (None when not given)."""
     if values and len(values) > 1:
         raise ConfigError(f"{flag} given {len(values)} times ({', '.join(map(str, values))}); give it "
                           f"once: each artifact is read from one exact place")

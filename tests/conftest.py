@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.vllm_harness import reference_on_path  # noqa: E402
+from pipeline.harness.vllm_harness import reference_on_path  # noqa: E402
+from pipeline.paths import TEST_CACHE  # noqa: E402
 
 # vLLM's engine and worker processes import the reference connector by module
 # path, so they need it on PYTHONPATH as well as this process on sys.path.
@@ -36,6 +37,6 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
-    path = Path(os.environ.get("ACTIVEKV_TEST_CACHE", ROOT / ".cache" / "tests"))
+    path = Path(os.environ.get("ACTIVEKV_TEST_CACHE", TEST_CACHE))
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -15,10 +15,11 @@ import argparse
 import shutil
 import time
 
-from pipeline import build, config, images
-from pipeline.config import ROOT
+from pipeline import config
 from pipeline.container import ContainerRuntime
-from pipeline.host import ensure_container_runtime
+from pipeline.host import prepared_runtime
+from pipeline.paths import BENCH_BUILD_DIR, CCACHE_DIR, ROOT
+from pipeline.stages import build, images
 
 TOUCHED = ROOT / "engine" / "src" / "kv_layout.cpp"
 
@@ -46,12 +47,11 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.load()
     target = cfg.target(args.target)
-    ensure_container_runtime(cfg.container_engine, log_dir=ROOT / "build" / "logs")
-    runtime = ContainerRuntime(name=cfg.container_engine)
-    out = ROOT / "build" / "bench-build" / target.name
+    runtime = prepared_runtime(cfg.container_engine)
+    out = BENCH_BUILD_DIR / target.name
     if not args.skip_cold:
         remove_images(runtime, target)
-        shutil.rmtree(build.CCACHE_DIR, ignore_errors=True)
+        shutil.rmtree(CCACHE_DIR, ignore_errors=True)
         timed("cold: builder image (debootstrap base included)", lambda: images.builder_image(runtime, target))
         timed("cold: compile + repair, empty compiler cache", lambda: build.build(runtime, target, out=out))
     else:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from .. import vllm_harness as h
+from ..harness import vllm_harness as h
 from ..parity.replay import _scheduler_output
-from ..standalone import kv_cache_config, kv_caches, make_pair
+from ..harness.standalone import kv_cache_config, kv_caches, make_pair
 
 NO_REQUESTS = {"cached_req_ids": [], "resumed": [], "new_block_ids": [], "num_computed_tokens": [],
                "new": [], "num_scheduled_tokens": {}, "finished_req_ids": []}

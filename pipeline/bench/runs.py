@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..paths import TEST_CACHE
+
 
 def machine_state() -> dict[str, Any]:
     """Load averages and the processes taking the most CPU, now."""
@@ -101,5 +103,5 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reserved-cpus", default="1",
                         help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
                              "see runs.reserve_cpus)")
-    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
+    parser.add_argument("--cache", type=Path, default=TEST_CACHE)
     parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import vllm_harness as h
-from ..tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+from ..harness import vllm_harness as h
+from ..harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
 from . import runs
 
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)  # M

@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from .. import vllm_harness as h
-from ..tiny_model import tiny_llama
+from ..harness import vllm_harness as h
+from ..harness.tiny_model import tiny_llama
 from . import runs
 
 PROMPT_TOKENS = 2048 + 9

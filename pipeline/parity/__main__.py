@@ -11,8 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import vllm_harness as h
-from ..tiny_model import tiny_llama
+from ..harness import vllm_harness as h
+from ..harness.tiny_model import tiny_llama
+from ..paths import PARITY_DIR, TEST_CACHE
 from . import e2e
 from .cells import Cell, judge, table
 from .replay import ReplayResult, replay
@@ -31,10 +32,10 @@ def _traces(directory: Path) -> tuple[list[dict], list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.parity")
-    parser.add_argument("--out", type=Path, default=Path("build/parity"))
+    parser.add_argument("--out", type=Path, default=PARITY_DIR)
     parser.add_argument("--modes", nargs="+", default=["exact", "compressed"],
                         choices=["exact", "compressed"])
-    parser.add_argument("--cache", type=Path, default=Path(".cache/tests"))
+    parser.add_argument("--cache", type=Path, default=TEST_CACHE)
     args = parser.parse_args(argv)
 
     h.reference_on_path()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..standalone import make_pair
+from ..harness.standalone import make_pair
 from .trace import plain_metadata, plain_worker_meta
 
 Observation = tuple[str, Any]  # (what, value)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import vllm_harness as h
-from ..tiny_model import STREAMING_LAYERS
+from ..harness import vllm_harness as h
+from ..harness.tiny_model import STREAMING_LAYERS
 from .trace import SEGMENT_FILE
 
 BS = h.BLOCK_SIZE

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import audit, build, config
-from pipeline.config import ROOT, Target
+from pipeline import config
+from pipeline.config import Target
 from pipeline.container import ContainerRuntime
-from pipeline.host import ensure_container_runtime
+from pipeline.host import prepared_runtime
+from pipeline.stages import audit, build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +33,7 @@ class BuiltTarget:
 @pytest.fixture(scope="session")
 def runtime() -> ContainerRuntime:
     cfg = config.load()
-    ensure_container_runtime(cfg.container_engine, log_dir=ROOT / "build" / "logs")
-    runtime = ContainerRuntime(name=cfg.container_engine)
+    runtime = prepared_runtime(cfg.container_engine)
     drop_loopback_registry_tags(runtime)
     return runtime
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import audit, build, rebuild
-from pipeline.config import ROOT
+from pipeline import rebuild
 from pipeline.errors import AuditError, RebuildError
+from pipeline.paths import ROOT
+from pipeline.stages import audit, build
 from tests.container.wheels import rewrite_wheel
 
 pytestmark = pytest.mark.container

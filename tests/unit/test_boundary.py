@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 from pipeline import boundary
-from pipeline.patch_vllm import PATCHES_DIR
+from pipeline.stages.patch_vllm import PATCHES_DIR
 
 
 def test_every_hunk_of_the_series_is_a_cited_contract():

@@ -8,7 +8,7 @@ import re
 import yaml
 
 from pipeline import config
-from pipeline.config import ROOT
+from pipeline.paths import ROOT
 
 WORKFLOW = ROOT / "ci" / "github-actions" / "release.yml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ROOT
+from pipeline.paths import ROOT
 
 spec = importlib.util.spec_from_file_location("intake_screen", ROOT / "ci" / "intake_screen.py")
 intake = importlib.util.module_from_spec(spec)

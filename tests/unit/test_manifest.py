@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest, signing, verify
+from pipeline import signing, verify
 from pipeline.errors import ManifestError
+from pipeline.stages import manifest
 
 
 def small_manifest(folder: Path) -> dict:

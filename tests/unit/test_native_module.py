@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from pipeline import standalone
+from pipeline.harness import standalone
 
 IMPLS = ["reference", "native"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import patch_vllm
 from pipeline.errors import PatchError
+from pipeline.stages import patch_vllm
 
 
 def test_the_0_32_0_series_loads_with_its_headers():

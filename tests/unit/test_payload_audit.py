@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import audit, config
+from pipeline import config
 from pipeline.digest import record_hash
 from pipeline.errors import AuditError, ConfigError
+from pipeline.stages import audit
 
 TARGET = config.load(environ={}).targets["cpu"]
 PY = TARGET.cpython_tags[0]

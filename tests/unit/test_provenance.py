@@ -15,7 +15,8 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from pipeline import manifest, provenance, signing, verify
+from pipeline import provenance, signing, verify
+from pipeline.stages import manifest
 
 WHEELS = ["activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl",
           "activekv-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl",

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest, publish, signing
+from pipeline import signing
 from pipeline.errors import PublishError
+from pipeline.stages import manifest, publish
 
 VERSION = "0.1.0"
 WHEEL = "activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl"
@@ -98,7 +99,7 @@ def test_a_destination_out_of_space_leaves_no_partial_file_and_the_rerun_resumes
 RUN_WITH_SIZE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
-from pipeline import publish
+from pipeline.stages import publish
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[4]), int(sys.argv[4])))
 dest = publish.Destinations(index=publish.DirectoryIndex(Path(sys.argv[3]) / "simple"),

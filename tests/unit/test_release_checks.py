@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import build, config, manifest, parity_gate, release, runtime_image
-from pipeline.config import ROOT
+from pipeline import config, source
 from pipeline.digest import sha256_of
 from pipeline.errors import BusyError, DirtyTreeError, ManifestError, ParityError
 from pipeline.lock import pipeline_lock
+from pipeline.paths import LOCK_FILE, ROOT
+from pipeline.stages import check_tree, manifest, parity_gate, runtime_image
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def repo(tmp_path):
 
 
 def test_a_clean_tree_passes(repo):
-    release.check_tree(allow_dirty=False, root=repo)
+    check_tree.check_tree(allow_dirty=False, root=repo)
 
 
 @pytest.mark.parametrize("change", ["modified", "untracked"])
@@ -42,21 +43,21 @@ def test_a_dirty_tree_is_refused_unless_allowed(repo, change):
     else:
         (repo / "new.txt").write_text("n\n")
     with pytest.raises(DirtyTreeError) as err:
-        release.check_tree(allow_dirty=False, root=repo)
+        check_tree.check_tree(allow_dirty=False, root=repo)
     assert "uncommitted change" in str(err.value) and "--allow-dirty" in str(err.value)
     assert ("a.txt" if change == "modified" else "new.txt") in str(err.value)
-    release.check_tree(allow_dirty=True, root=repo)
+    check_tree.check_tree(allow_dirty=True, root=repo)
 
 
 # --- the dirty flag records everything a build takes ---------------------------
 
 def test_an_untracked_source_file_makes_the_build_dirty(repo):
-    assert build.tree_changes(repo) == []
+    assert source.tree_changes(repo) == []
     (repo / "engine" / "src").mkdir(parents=True)
     (repo / "engine" / "src" / "extra.cpp").write_text("int x;\n")
     # The source snapshot takes untracked files: so must the flag, file by file
     # (git's default would collapse a new folder into one line).
-    assert build.tree_changes(repo) == ["?? engine/src/extra.cpp"]
+    assert source.tree_changes(repo) == ["?? engine/src/extra.cpp"]
 
 
 # --- the parity gate proves what ships, and the manifest holds it to that ----------
@@ -235,7 +236,7 @@ def test_a_second_pipeline_run_in_the_checkout_is_refused_naming_the_first(tmp_p
 
 
 def test_the_pipeline_command_refuses_while_another_run_holds_the_lock():
-    lock = ROOT / "build" / "pipeline.lock"
+    lock = LOCK_FILE
     with pipeline_lock("the test holding the lock"):
         result = subprocess.run([sys.executable, "-m", "pipeline", "audit", "--static-only"], cwd=ROOT,
                                 capture_output=True, text=True)

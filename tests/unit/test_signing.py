@@ -17,9 +17,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipeline import manifest, release, signing
+from pipeline import signing
 from pipeline.errors import SigningKeyError
 from pipeline.signing import PASSPHRASE_ENV
+from pipeline.stages import manifest
 
 
 def mode(path) -> int:
@@ -108,7 +109,7 @@ def test_an_encrypted_key_opens_with_the_passphrase_from_the_environment(tmp_pat
     path = tmp_path / "key.pem"
     key = write_key(path, passphrase=b"correct horse")
     monkeypatch.setenv(PASSPHRASE_ENV, "correct horse")
-    assert signing.fingerprint(release.signing_key(str(path))) == signing.fingerprint(key)
+    assert signing.fingerprint(signing.signing_key(str(path))) == signing.fingerprint(key)
 
 
 def test_an_encrypted_key_asks_for_its_passphrase_on_a_terminal(tmp_path, monkeypatch):
@@ -132,7 +133,7 @@ def test_an_encrypted_key_without_a_passphrase_or_terminal_is_refused_naming_the
     monkeypatch.setattr("sys.stdin", io.StringIO())
     with pytest.raises(SigningKeyError, match=f"{path}: the key is encrypted and no passphrase was "
                                               f"given; set {PASSPHRASE_ENV}"):
-        release.signing_key(str(path))
+        signing.signing_key(str(path))
 
 
 def test_a_wrong_passphrase_is_refused_naming_where_it_came_from(tmp_path, monkeypatch):

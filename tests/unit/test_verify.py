@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import manifest, signing, verify
-from pipeline.config import ROOT
+from pipeline import signing, verify
 from pipeline.errors import ConfigError, ManifestError, SigningKeyError
+from pipeline.paths import ROOT
+from pipeline.stages import manifest
 from tests.unit.test_manifest import small_manifest
 
 IMAGE = "activekv-runtime-cpu"

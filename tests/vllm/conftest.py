@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import vllm_harness as h
-from pipeline.tiny_model import tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import tiny_llama
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pipeline import vllm_harness as h
+from pipeline.harness import vllm_harness as h
 
 
 def result(*steps: tuple[tuple[int, float], ...]) -> h.Result:

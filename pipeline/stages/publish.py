@@ -38,16 +38,21 @@ import urllib.request
 import uuid
 from email.message import Message
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import ROOT
+from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
-from pipeline.errors import CollisionError, PublishError
-from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.digest import sha256_of
+from pipeline.errors import CollisionError, PipelineError, PublishError
+from pipeline.host import ensure_debian_packages, running, start_daemon
+from pipeline.paths import LOCAL_REGISTRY_DIR, MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
 from pipeline.provenance import images_name
+from pipeline.source import engine_version
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
-LOCAL_REGISTRY_DIR = ROOT / "build" / "publish" / "registry"
 
 
 def project_of(wheel: str) -> str:
@@ -462,3 +467,30 @@ def _local(found: dict[str, Path], artifact: dict) -> Path:
         raise PublishError(f"{artifact['file']}: the local file is missing or not the one the "
                            f"manifest lists; run the release again from the build")
     return path
+
+
+def destinations(profile: Profile, runtime: ContainerRuntime) -> Destinations:
+    """Where the profile publishes (release.toml [profiles.*])."""
+    registry = ensure_local_registry() if profile.registry == "local" else profile.registry
+    return Destinations(index=make_index(profile.index), registry=Registry(registry, runtime),
+                        manifests=ROOT / profile.manifests)
+
+
+def artifact_dirs() -> list[Path]:
+    """The folders the stages wrote the release's artifacts to."""
+    return [RELEASE_DIR, VLLM_DIR, MANIFEST_DIR]
+
+
+def latest_manifest() -> Path:
+    """The manifest the manifest stage signed for this checkout's version."""
+    path = MANIFEST_DIR / f"activekv-{engine_version()}.manifest.json"
+    if not path.is_file():
+        raise PipelineError(f"{relative(path)}: missing; run the manifest stage first")
+    return path
+
+
+def run_stage(run: Run) -> None:
+    record = publish(latest_manifest(), artifact_dirs=artifact_dirs(),
+                     dest=destinations(run.profile, run.runtime))
+    run.say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "
+            f"{record['skipped']} already there; manifest {record['manifest']}")

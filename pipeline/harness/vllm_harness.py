@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..paths import ROOT
 from .tiny_model import CONFIG, FIRST_TOKEN, VOCAB, head_size
 
 BLOCK_SIZE = 32  # the CPU backend wants a multiple of 32
@@ -60,13 +61,12 @@ TP2_THREADS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 STREAMING_BUDGET_BLOCKS = 16
 STREAMING = {"resident_layers": 0, "ring_size": 2}
 STREAMING_CONTEXT = 8 * (STREAMING_BUDGET_BLOCKS - 1) * BLOCK_SIZE
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def reference_on_path() -> None:
     """Put the reference (never installed) and this repo on the import path of
     this process and of the vLLM processes it starts."""
-    paths = [os.path.join(ROOT, "engine", "reference"), ROOT]
+    paths = [str(ROOT / "engine" / "reference"), str(ROOT)]
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)

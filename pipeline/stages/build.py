@@ -15,43 +15,27 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
-from pipeline.config import ROOT, Target
-from pipeline.container import ContainerRuntime, echo_run
+from pipeline.config import Target
+from pipeline.container import Container, ContainerRuntime, echo_run
 from pipeline.errors import BuildError
-from pipeline.images import builder_image
+from pipeline.paths import CCACHE_DIR, ROOT, target_dir
+from pipeline.source import commit, git, source_date_epoch, tree_changes
+from pipeline.stages.images import builder_image
 
-RELEASE_DIR = ROOT / "build" / "release"
-CCACHE_DIR = ROOT / ".cache" / "ccache"
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
+
 ENGINE = "engine"
 # What building the engine reads: its project, and the build-time metadata
 # hook its pyproject names (kept outside engine/, which holds no Python).
 SOURCE_PATHS = (ENGINE, "packaging/build_support")
 # Never part of a wheel's build: the reference is Python, for parity only.
 SOURCE_EXCLUDES = ("engine/reference/",)
-
-
-def target_dir(target: Target) -> Path:
-    return RELEASE_DIR / target.name
-
-
-def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
-def tree_changes(root: Path = ROOT) -> list[str]:
-    """Every change against HEAD a build could pick up: modified, staged,
-    deleted and untracked (not ignored) files, each listed."""
-    return git("status", "--porcelain", "--untracked-files=all", cwd=root).splitlines()
-
-
-def source_date_epoch() -> str:
-    return git("log", "-1", "--format=%ct")
 
 
 def snapshot_source(dest: Path) -> list[str]:
@@ -116,7 +100,7 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
     """Build and repair the target's wheels into `out` (default
     build/release/<target>); returns the stage record. use_cache=False
     compiles everything (the reproducibility test's second build)."""
-    out = (out or target_dir(target)).resolve()  # cibuildwheel runs in the source folder
+    out = (out or target_dir(target.name)).resolve()  # cibuildwheel runs in the source folder
     image_ref, image_id = builder_image(runtime, target)
     source = out / "source"
     files = snapshot_source(source)
@@ -141,12 +125,11 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
                          f"(python {', '.join(target.python)}), got {[w.name for w in built]}")
     shutil.rmtree(wheels, ignore_errors=True)
     staging.rename(wheels)
-    compiler = runtime.run("run", "--rm", "--network=host", image_ref, "c++", "--version",
-                          capture=True).stdout.splitlines()[0]
+    compiler = runtime.run_in_image(image_ref, "c++", "--version").splitlines()[0]
     record = {
         "stage": "build",
         "target": target.name,
-        "commit": git("rev-parse", "HEAD"),
+        "commit": commit(),
         # Untracked files count: the snapshot above builds them too.
         "tree_dirty": bool(changes),
         "tree_changes": changes[:20],
@@ -167,11 +150,7 @@ def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | Non
     """activekv-serve, compiled in the target's builder container against the
     CPython of its first Python version; returns the binary's path
     (build/release/<target>/launcher/activekv-serve)."""
-    from pathlib import PurePosixPath
-
-    from pipeline.container import Container
-
-    out = (out or target_dir(target)).resolve()
+    out = (out or target_dir(target.name)).resolve()
     image_ref, _ = builder_image(runtime, target)
     source = out / "launcher-source"
     snapshot_source(source)
@@ -197,3 +176,9 @@ def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | Non
         c.copy_out(PurePosixPath("/tmp/launcher/activekv-serve"), binary)
     shutil.rmtree(source)
     return binary
+
+
+def run_stage(run: Run) -> None:
+    for target in run.targets:
+        record = build(run.runtime, target)
+        run.say(f"{target.name}: built {', '.join(w['file'] for w in record['wheels'])} in {record['seconds']} s")

@@ -28,19 +28,24 @@ import time
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.config import ROOT
+from pipeline.config import ReleaseConfig, Target
 from pipeline.container import echo_run
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import PatchError
+from pipeline.errors import PatchError, PipelineError
 from pipeline.host import ensure_debian_packages
+from pipeline.paths import ROOT, VLLM_DIR, VLLM_DOWNLOADS, VLLM_VERIFY_VENV, relative, target_dir
+from pipeline.source import source_date_epoch
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 PATCHES_DIR = ROOT / "patches" / "vllm"
 PINS_FILE = ROOT / "packaging" / "vllm-distributions.toml"
-OUT_DIR = ROOT / "build" / "vllm"
-DOWNLOADS = ROOT / ".cache" / "vllm-downloads"
+CONSTRAINTS = ROOT / "packaging" / "cpu" / "constraints.txt"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,7 +97,7 @@ def load_series(version: str, patches_dir: Path = PATCHES_DIR) -> Series:
         near = nearest_version(version, supported)
         raise PatchError(
             f"vLLM {version} is not supported: no patch series at "
-            f"{directory.relative_to(ROOT) if directory.is_relative_to(ROOT) else directory}. "
+            f"{relative(directory)}. "
             f"Supported versions: {', '.join(supported) or 'none'}. Nearest series: {near}; "
             f"try it with `python -m pipeline patch-vllm --vllm {version} --rebase`"
         )
@@ -202,7 +207,7 @@ def load_pin(name: str, version: str, pins_file: Path = PINS_FILE) -> Pin:
                      f"packaging/{pins_file.name}")
 
 
-def obtain(pin: Pin, downloads: Path = DOWNLOADS) -> Path:
+def obtain(pin: Pin, downloads: Path = VLLM_DOWNLOADS) -> Path:
     """The pinned wheel, downloaded once (pip --require-hashes) and checked."""
     wheel = downloads / pin.file
     if not wheel.is_file():
@@ -261,9 +266,9 @@ def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_v
     return dest
 
 
-def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int = 0,
+def patch_vllm(dist: str, version: str, *, out_root: Path = VLLM_DIR, epoch: int = 0,
                patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
-               downloads: Path = DOWNLOADS) -> dict:
+               downloads: Path = VLLM_DOWNLOADS) -> dict:
     """The whole stage for one distribution; returns its record. Nothing is
     left in the output folder unless every patch applied."""
     series = load_series(version, patches_dir)
@@ -306,13 +311,13 @@ def patch_vllm(dist: str, version: str, *, out_root: Path = OUT_DIR, epoch: int 
     return record
 
 
-def patched_wheel(record: dict, out_root: Path = OUT_DIR) -> Path:
+def patched_wheel(record: dict, out_root: Path = VLLM_DIR) -> Path:
     """The patched wheel a patch_vllm record describes."""
     return out_root / f"{record['distribution']}-{record['version']}" / record["patched"]["file"]
 
 
 def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
-           downloads: Path = DOWNLOADS, tree: Path | None = None) -> list[HunkResult]:
+           downloads: Path = VLLM_DOWNLOADS, tree: Path | None = None) -> list[HunkResult]:
     """Try the nearest series on `version` (its pinned wheel, or an unpacked
     tree given as `tree`); returns the hunk report."""
     near = nearest_version(version, supported_versions(patches_dir))
@@ -341,19 +346,19 @@ BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 
 def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path) -> dict:
     """Install the patched wheel and the engine wheels in a fresh venv and run
-    pipeline.patch_check there (a short ActiveKV generation with the tiny
+    pipeline.harness.patch_check there (a short ActiveKV generation with the tiny
     model). Returns the check's JSON; raises PatchError when it fails."""
     if not engine_wheels:
         raise PatchError("no engine wheel to verify the patched vLLM with: run the build stage "
                          "first (python -m pipeline build)")
-    venv = OUT_DIR / "verify-venv"
+    venv = VLLM_VERIFY_VENV
     shutil.rmtree(venv, ignore_errors=True)
     echo_run([sys.executable, "-m", "venv", venv])
     py = venv / "bin" / "python"
     wheel = out / record["patched"]["file"]
     echo_run([py, "-m", "pip", "install", "--quiet", wheel, *engine_wheels, "-c", constraints])
     echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *BROKEN_BESIDE_CPU_TORCH], check=False)
-    result = echo_run([py, "-m", "pipeline.patch_check", "--dist", record["distribution"]],
+    result = echo_run([py, "-m", "pipeline.harness.patch_check", "--dist", record["distribution"]],
                       cwd=ROOT, capture=True, check=False)
     sys.stderr.write(result.stderr[-4000:])
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
@@ -362,3 +367,53 @@ def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path
         raise PatchError(f"the patched {record['patched']['file']} failed its check in a clean "
                          f"venv: {'; '.join(outcome['failures']) or 'exit ' + str(result.returncode)}")
     return outcome
+
+
+def patched_wheel_for(target: Target, cfg: ReleaseConfig) -> Path:
+    """The patched vLLM wheel of the target's distribution at release.toml's
+    version, as the patch-vllm stage recorded it."""
+    folder = VLLM_DIR / f"{target.vllm_distribution}-{cfg.vllm_version}"
+    record = folder / "patch.json"
+    if not record.is_file():
+        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
+                            f"patch-vllm stage first")
+    return folder / json.loads(record.read_text())["patched"]["file"]
+
+
+def report_rebase(run: Run, dist: str, version: str) -> None:
+    """--rebase: the nearest series tried on `version`, every hunk reported;
+    PatchError when any fails."""
+    report = rebase(dist, version)
+    for h in report:
+        where = f"{h.file}:{h.line}" if h.line else h.file
+        run.say(f"{'ok    ' if h.ok else 'FAILED'} {h.patch} hunk {h.hunk} {where}: {h.detail}")
+    failed = [h for h in report if not h.ok]
+    if failed:
+        raise PatchError(f"{len(failed)} hunk(s) of the nearest series do not apply "
+                         f"to {dist} {version} (listed above)")
+    run.say(f"every patch applies exactly to {dist} {version}: copy the series to "
+            f"patches/vllm/{version}/ and re-pin")
+
+
+def run_stage(run: Run) -> None:
+    version = run.options.vllm or run.cfg.vllm_version
+    for target in run.targets:
+        dist = target.vllm_distribution
+        if run.options.rebase:
+            report_rebase(run, dist, version)
+            continue
+        record = patch_vllm(dist, version, epoch=int(source_date_epoch()))
+        out = VLLM_DIR / f"{dist}-{version}"
+        run.say(f"{target.name}: {record['patched']['file']} ({out})")
+        if run.options.no_verify:
+            continue
+        if target.name != "cpu":
+            run.say(f"{target.name}: not verified here: running vLLM for this target needs its "
+                    f"accelerator; verify with --target cpu on this host")
+            continue
+        wheels = sorted((target_dir(target.name) / "wheels").glob("*.whl"))
+        outcome = verify(record, out, wheels, CONSTRAINTS)
+        record["verified"] = outcome
+        (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+        run.say(f"{target.name}: verified: {outcome['vllm']} generated with ActiveKV, "
+                f"{outcome['cached_tokens']} tokens from the host store")

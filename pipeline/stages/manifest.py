@@ -18,16 +18,23 @@ import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipeline import signing
-from pipeline.parity_gate import gate_problem
-from pipeline.runtime_image import inputs_digest
-from pipeline.config import ROOT
+from pipeline import provenance, signing
+from pipeline.config import Profile
+from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
+from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
+from pipeline.source import engine_version
+from pipeline.stages.parity_gate import gate_problem
+from pipeline.stages.runtime_image import inputs_digest
+
+if TYPE_CHECKING:
+    from pipeline.stages.registry import Run
 
 SCHEMA = ROOT / "release_manifest" / "schema.json"
 SBOM_FORMAT = "CycloneDX 1.5 JSON"
@@ -35,7 +42,7 @@ SBOM_FORMAT = "CycloneDX 1.5 JSON"
 
 def _read(path: Path, what: str) -> dict:
     if not path.is_file():
-        raise ManifestError(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
+        raise ManifestError(f"{relative(path)}: "
                             f"missing; run the {what} stage first")
     return json.loads(path.read_text())
 
@@ -220,3 +227,32 @@ def write_signed(manifest: dict, out: Path, key: Ed25519PrivateKey) -> tuple[Pat
     pub.write_bytes(public_pem(key))
     (out / FINGERPRINT_FILE).write_text(signing.fingerprint(key) + "\n")
     return path, sig, pub
+
+
+def make_manifest(runtime: ContainerRuntime, profile: Profile, key_path: str | None) -> Path:
+    """The stage: the manifest assembled from the stage records of the
+    profile's targets (with each runtime image's installed packages), the
+    operator's files added, signed; returns the manifest's path."""
+    version = engine_version()
+    packages = {}
+    for name in profile.targets:
+        image = RELEASE_DIR / name / "runtime.json"
+        if image.is_file():
+            packages[name] = runtime.installed_packages(json.loads(image.read_text())["ref"])
+    data = assemble(version=version, profile=profile.name, targets=list(profile.targets),
+                    release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR, out=MANIFEST_DIR, image_packages=packages)
+    key = signing.signing_key(key_path)
+    # The operator's files (requirements, constraints, signed provenance), listed before signing.
+    provenance.add_operator_files(data, MANIFEST_DIR, key, release_dir=RELEASE_DIR)
+    path, _, _ = write_signed(data, MANIFEST_DIR, key)
+    fingerprint = signing.fingerprint(key)
+    print(f"pin this fingerprint: {fingerprint} (the release key's; record it where operators read "
+          f"it, not beside the release: they check with python -m pipeline verify MANIFEST "
+          f"--fingerprint {fingerprint} ...; also in "
+          f"{relative(MANIFEST_DIR / FINGERPRINT_FILE)})", flush=True)
+    return path
+
+
+def run_stage(run: Run) -> None:
+    path = make_manifest(run.runtime, run.profile, run.options.key)
+    run.say(f"signed manifest: {relative(path)}")

@@ -1,0 +1,62 @@
+"""The build tree's layout: every folder and file the pipeline, the tests and
+the sessions write under build/ and .cache/, named once. Standard library only
+(ci/run-nox and the parity harness import it before anything is installed).
+
+    build/release/<target>/   a target's stage outputs and records: source/,
+                              wheels/, build.json, audit.json, parity/,
+                              parity.json, launcher/, runtime.json
+    build/release/manifest/   the signed manifest, SBOM, provenance
+    build/vllm/<dist>-<ver>/  the patched vLLM wheel, its patch and patch.json
+    build/images/             image build contexts
+    build/publish/            the default profile's local destinations
+    build/pipeline.lock       one pipeline run per checkout
+    .cache/                   kept between runs: compiler cache, downloads,
+                              the tests' models, the local signing key
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+CACHE = ROOT / ".cache"
+
+# --- what the release's stages write -------------------------------------------
+RELEASE_DIR = BUILD / "release"
+MANIFEST_DIR = RELEASE_DIR / "manifest"
+VLLM_DIR = BUILD / "vllm"
+VLLM_VERIFY_VENV = VLLM_DIR / "verify-venv"
+IMAGES_DIR = BUILD / "images"
+LOCK_FILE = BUILD / "pipeline.lock"
+LOGS_DIR = BUILD / "logs"
+# The default profile's destinations (release.toml [profiles.default]).
+PUBLISH_DIR = BUILD / "publish"
+PUBLISH_INDEX = PUBLISH_DIR / "simple"
+PUBLISH_MANIFESTS = PUBLISH_DIR / "manifests"
+LOCAL_REGISTRY_DIR = PUBLISH_DIR / "registry"
+
+# --- what the test, parity, boundary and bench sessions write --------------------
+# scikit-build-core's build folder for the engine installed into a session.
+ENGINE_BUILD_DIR = BUILD / "{wheel_tag}"
+CPP_TESTS_DIR = BUILD / "cpp-tests"
+PARITY_DIR = BUILD / "parity"
+BOUNDARY_REPORT = BUILD / "boundary" / "boundary.json"
+BENCH_BUILD_DIR = BUILD / "bench-build"
+
+# --- caches, kept between runs -----------------------------------------------------
+CCACHE_DIR = CACHE / "ccache"
+VLLM_DOWNLOADS = CACHE / "vllm-downloads"
+TEST_CACHE = CACHE / "tests"  # the tiny model and other fixtures (ACTIVEKV_TEST_CACHE overrides)
+SIGNING_KEY = CACHE / "signing" / "activekv-release-key.pem"
+
+
+def target_dir(target: str, *, root: Path = ROOT) -> Path:
+    """build/release/<target> of the checkout at `root` (another for a rebuild's clone)."""
+    return root / RELEASE_DIR.relative_to(ROOT) / target
+
+
+def relative(path: Path) -> str:
+    """`path` as messages and command lines show it: relative to the checkout
+    when it lies inside it."""
+    return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else str(path)

@@ -1,0 +1,16 @@
+"""The release's stages, one module each, in order (registry.py holds the order):
+
+    check_tree     refuse uncommitted changes
+    build          engine wheels in each target's builder container
+    audit          the payload audit of the wheels
+    patch_vllm     the patch series applied to the target's vLLM
+    parity_gate    parity: the parity gate on the shipped wheels (it runs the
+                   parity harness, pipeline/parity/, on them)
+    runtime_image  the image operators pull
+    manifest       the signed manifest, SBOM and provenance
+    publish        wheels, images, then the manifest
+
+images (the builder and runtime base images) is a tool the stages call, also
+runnable on its own. Each stage module's `run_stage(run)` is what the registry
+calls; the rest of the module is the stage's machinery, usable on its own.
+"""
