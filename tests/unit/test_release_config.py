@@ -21,6 +21,14 @@ def test_the_repository_release_toml_loads():
     assert isinstance(cpu.builder_base, DebootstrapBase)
     assert isinstance(cfg.target("xpu").builder_base, PulledBase)
     assert cfg.target("cuda").torch_version == "2.11.0"
+    assert cpu.broken_beside_torch == ("torchvision", "torchaudio", "torchcodec")
+
+
+def test_a_target_may_leave_out_broken_beside_torch(tmp_path):
+    line = 'broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]\n'
+    cfg = config.load(write(tmp_path, line, ""), environ={})
+    assert cfg.target("cpu").broken_beside_torch == ()
+    assert cfg.target("xpu").broken_beside_torch == ()
 
 
 def test_environment_supplies_wheelhouse_and_ca_bundle(tmp_path):
@@ -58,6 +66,10 @@ def write(tmp_path: Path, old: str, new: str) -> Path:
          'index = "https://pypi.org/simple"\ntorch_index_url = "https://download.pytorch.org/whl/cpu"',
          ["[targets.cpu]", "unknown key 'index'"]),
         ("manylinux_2_28_x86_64@sha256:634656", "manylinux_2_28_x86_64:latest#", ["[targets.xpu]", "not pinned", "@sha256"]),
+        ('broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]', 'broken_beside_torch = "torchvision"',
+         ["[targets.cpu]", "broken_beside_torch must be a list of strings"]),
+        ('broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]', 'broken_beside_torch = ["torch vision"]',
+         ["[targets.cpu]", "broken_beside_torch", "'torch vision' is not a distribution name"]),
     ],
 )
 def test_bad_release_toml_names_the_key(tmp_path, old, new, fragments):
