@@ -87,14 +87,16 @@ def retention(version: str, labels_file: Path = LABELS, patches_dir: Path = PATC
     return rows, violations
 
 
-def _native(value) -> bool:
+def is_native(value) -> bool:
+    """Whether `value` is a native function (or a classmethod, staticmethod or
+    property made of native functions)."""
     kind = type(value).__name__
     if kind in ("builtin_function_or_method", "instancemethod"):
         return True
     if isinstance(value, classmethod | staticmethod):
-        return _native(value.__func__)
+        return is_native(value.__func__)
     if isinstance(value, property):
-        return all(f is None or _native(f) for f in (value.fget, value.fset, value.fdel))
+        return all(f is None or is_native(f) for f in (value.fget, value.fset, value.fdel))
     return False
 
 
@@ -114,13 +116,13 @@ def census() -> tuple[list[dict], list[str]]:
         for name, value in sorted(vars(cls).items()):
             if name in data:
                 continue
-            native = _native(value)
+            native = is_native(value)
             rows.append({"where": f"{cls_name}.{name}", "kind": type(value).__name__, "native": native})
             if not native:
                 violations.append(f"{cls_name}.{name} is {type(value).__name__}, not a native function")
     for ep in entry_points(group="vllm.general_plugins"):
         if ep.name == "activekv":
-            native = _native(ep.load())
+            native = is_native(ep.load())
             rows.append({"where": f"entry point {ep.value}", "kind": type(ep.load()).__name__, "native": native})
             if not native:
                 violations.append(f"entry point {ep.value} is not native")

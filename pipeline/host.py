@@ -28,7 +28,7 @@ def dpkg_says_installed(status: str) -> bool:
                for line in status.splitlines())
 
 
-def _installed(package: str) -> bool:
+def package_installed(package: str) -> bool:
     probe = subprocess.run(
         ["dpkg-query", "-W", "-f=${Status}\\n", package], capture_output=True, text=True
     )
@@ -40,7 +40,7 @@ def ensure_debian_packages(packages: Sequence[str]) -> None:
     if shutil.which("dpkg-query") is None or shutil.which("apt-get") is None:
         missing = list(packages)
     else:
-        missing = [p for p in packages if not _installed(p)]
+        missing = [p for p in packages if not package_installed(p)]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:

@@ -11,7 +11,7 @@ import argparse
 import timeit
 
 from ..harness import vllm_harness as h
-from ..parity.replay import _scheduler_output
+from ..parity.replay import scheduler_output_from_plain
 from ..harness.standalone import kv_cache_config, kv_caches, make_pair
 
 NO_REQUESTS = {"cached_req_ids": [], "resumed": [], "new_block_ids": [], "num_computed_tokens": [],
@@ -23,7 +23,7 @@ def idle_calls(impl: str) -> dict:
     cfg = kv_cache_config()
     sched, worker = make_pair(impl, {}, cfg)
     worker.register_kv_caches(kv_caches(cfg))
-    so = _scheduler_output(NO_REQUESTS)
+    so = scheduler_output_from_plain(NO_REQUESTS)
     meta = sched.build_connector_meta(so)
     worker.bind_connector_metadata(meta)
     calls = {

@@ -17,17 +17,8 @@ from ..paths import PARITY_DIR, TEST_CACHE
 from . import e2e
 from .cells import Cell, judge, table
 from .replay import ReplayResult, replay
-from .trace import read_trace
+from .trace import read_traces
 from .workloads import record_session, sessions
-
-
-def _traces(directory: Path) -> tuple[list[dict], list[dict]]:
-    sched = sorted(directory.glob("scheduler-*.trace"))
-    workers = sorted(directory.glob("worker-*.trace"))
-    if len(sched) != 1 or len(workers) != 1:
-        raise SystemExit(f"{directory}: expected one scheduler and one worker trace, "
-                         f"found {len(sched)} and {len(workers)}")
-    return read_trace(sched[0]), read_trace(workers[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             directory = args.out / "recordings" / f"{mode}-{session.name}"
             shutil.rmtree(directory, ignore_errors=True)
             record_session(tiny_llama(args.cache, session.num_layers), session, directory)
-            sched, worker = _traces(directory)
+            sched, worker = read_traces(directory)
             runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
             for scenario, _ in session.scenarios:
                 ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)

@@ -179,7 +179,7 @@ def replay(
                     requests[rid].all_token_ids = tokens
             if pending_output is not None:  # the recording had no update for it
                 clock(sched.update_connector_output, pending_output)
-            so = _scheduler_output(ev["so"])
+            so = scheduler_output_from_plain(ev["so"])
             step_start = clock.seconds
             meta = clock(sched.build_connector_meta, so)
             obs[segment].append(("build_connector_meta", plain_metadata(meta)))
@@ -218,7 +218,7 @@ def _worker_steps(events: list[dict]) -> list[list[dict]]:
     return steps
 
 
-def _scheduler_output(plain: dict[str, Any]):
+def scheduler_output_from_plain(plain: dict[str, Any]):
     cached = SimpleNamespace(
         req_ids=plain["cached_req_ids"],
         resumed_req_ids=set(plain["resumed"]),

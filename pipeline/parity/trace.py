@@ -84,6 +84,17 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
                 return events
 
 
+def read_traces(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The scheduler's and the worker's trace of one recorded session (a
+    folder holding exactly one of each)."""
+    sched = sorted(directory.glob("scheduler-*.trace"))
+    workers = sorted(directory.glob("worker-*.trace"))
+    if len(sched) != 1 or len(workers) != 1:
+        raise SystemExit(f"{directory}: expected one scheduler and one worker trace, "
+                         f"found {len(sched)} and {len(workers)}")
+    return read_trace(sched[0]), read_trace(workers[0])
+
+
 def writer_from_env(name: str) -> TraceWriter:
     directory = Path(os.environ["ACTIVEKV_RECORD_DIR"])
     return TraceWriter(directory, f"{name}-{os.getpid()}")

@@ -66,6 +66,6 @@ def test_census_finds_every_vllm_facing_method_native():
 def test_census_would_flag_a_python_method():
     def in_python(self):
         return None
-    assert not boundary._native(in_python)
-    assert not boundary._native(property(in_python))
-    assert boundary._native(len)
+    assert not boundary.is_native(in_python)
+    assert not boundary.is_native(property(in_python))
+    assert boundary.is_native(len)

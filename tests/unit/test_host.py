@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.host import _installed, dpkg_says_installed, running, start_daemon
+from pipeline.host import dpkg_says_installed, package_installed, running, start_daemon
 
 
 def test_daemon_is_not_our_child_and_writes_its_log(tmp_path):
@@ -68,10 +68,10 @@ def test_an_installed_package_is_installed(status):
 
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="not a Debian host")
 def test_this_hosts_dpkg_agrees_for_dpkg_itself_and_a_package_it_never_installed():
-    assert _installed("dpkg")
+    assert package_installed("dpkg")
     known = subprocess.run(["dpkg-query", "-W", "-f=${Status}|${Package}\\n", "*"],
                            capture_output=True, text=True).stdout.splitlines()
     never = [line.split("|")[1] for line in known if line.startswith("unknown ok not-installed|")]
     if never:  # what fooled the old check: dpkg answers 0 with "not-installed"
-        assert not _installed(never[0])
-    assert not _installed("activekv-no-such-package")
+        assert not package_installed(never[0])
+    assert not package_installed("activekv-no-such-package")

@@ -7,9 +7,9 @@ import copy
 
 import pytest
 
-from pipeline.parity.__main__ import _traces
 from pipeline.parity.cells import judge
 from pipeline.parity.replay import TraceMismatchError, replay
+from pipeline.parity.trace import read_traces
 from pipeline.parity.workloads import Session, full_hit, miss, record_session
 
 pytestmark = pytest.mark.vllm
@@ -20,7 +20,7 @@ def recording(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("recording")
     session = Session("small", {"mode": "exact"}, [("miss", miss), ("full hit", full_hit)])
     record_session(tiny_model, session, directory)
-    return _traces(directory)
+    return read_traces(directory)
 
 
 def test_native_replay_matches_the_reference_bit_for_bit(recording):
