@@ -128,7 +128,7 @@ def replay(
                           model=worker_init["model"], tp_size=worker_init["tp_size"],
                           max_model_len=worker_init["max_model_len"])
 
-    register = [e for e in worker_events if e["kind"] == "register"]
+    register = [e for e in worker_events if e["kind"] == "register_kv_caches"]
     if len(register) != 1:
         raise TraceMismatchError("worker trace must register its KV caches exactly once")
     layers = register[0]["layers"]
@@ -166,20 +166,21 @@ def replay(
             end_segment(segment)
             segment = ev["segment"]
         kind = ev["kind"]
-        if kind == "gnnmt":
-            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]), ev["nct"]))
+        if kind == "get_num_new_matched_tokens":
+            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]),
+                              ev["num_computed_tokens"]))
             obs[segment].append(("get_num_new_matched_tokens", ret))
             live_differs[segment] += ret != tuple(ev["ret"])
-        elif kind == "usaa":
+        elif kind == "update_state_after_alloc":
             clock(sched.update_state_after_alloc, request_of(ev["request"]), _Blocks(ev["block_ids"]),
-                  ev["n"])
-        elif kind == "bcm":
+                  ev["num_external_tokens"])
+        elif kind == "build_connector_meta":
             for rid, tokens in ev["tokens"].items():
                 if rid in requests:
                     requests[rid].all_token_ids = tokens
             if pending_output is not None:  # the recording had no update for it
                 clock(sched.update_connector_output, pending_output)
-            so = scheduler_output_from_plain(ev["so"])
+            so = scheduler_output_from_plain(ev["scheduler_output"])
             step_start = clock.seconds
             meta = clock(sched.build_connector_meta, so)
             obs[segment].append(("build_connector_meta", plain_metadata(meta)))
@@ -191,15 +192,15 @@ def replay(
             if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
                 control_steps += 1
                 control_seconds += clock.seconds - step_start
-        elif kind == "uco":
+        elif kind == "update_connector_output":
             if pending_output is not None:
                 clock(sched.update_connector_output, pending_output)
                 pending_output = None
-        elif kind == "rf":
+        elif kind == "request_finished":
             ret = tuple(clock(sched.request_finished, SimpleNamespace(request_id=ev["request_id"]), []))
             obs[segment].append(("request_finished", (ev["request_id"], ret)))
             live_differs[segment] += ret != tuple(ev["ret"])
-        elif kind == "register":
+        elif kind == "register_kv_caches":
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
     return ReplayResult(
@@ -211,7 +212,7 @@ def _worker_steps(events: list[dict]) -> list[list[dict]]:
     """The worker's events grouped by step: each step starts at its bind."""
     steps: list[list[dict]] = []
     for ev in events:
-        if ev["kind"] == "bind":
+        if ev["kind"] == "bind_connector_metadata":
             steps.append([])
         if steps:
             steps[-1].append(ev)
@@ -267,9 +268,9 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
 
     for ev in events:
         kind = ev["kind"]
-        if kind == "start_load":
+        if kind == "start_load_kv":
             clock(worker.start_load_kv, None)
-        elif kind == "wfl":
+        elif kind == "wait_for_layer_load":
             if works(ev["layer"]):
                 clock(worker.wait_for_layer_load, ev["layer"])
             if stage_ids and ev["layer"] not in staged:  # the first wait stages
@@ -277,7 +278,7 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
                 out.append(("staged", (ev["layer"], _digest(kv[ev["layer"]][stage_ids]))))
             if load_ids:
                 out.append(("loaded", (ev["layer"], _digest(kv[ev["layer"]][load_ids]))))
-        elif kind == "save":
+        elif kind == "save_kv_layer":
             layer = kv[ev["layer"]]
             ids = _block_ids(meta.saves)
             if ids != ev["block_ids"]:
@@ -293,18 +294,18 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
                 layer[b] = ev["writeback"][i]
             if works(ev["layer"]):
                 clock(worker.save_kv_layer, ev["layer"], layer, None)
-        elif kind == "wfs":
+        elif kind == "wait_for_save":
             clock(worker.wait_for_save)
-        elif kind == "gf":
+        elif kind == "get_finished":
             sending, _ = clock(worker.get_finished, set(ev["finished"]))
             finished_sending = sending
             out.append(("get_finished", sorted(sending or ())))
-        elif kind == "errors":
+        elif kind == "get_block_ids_with_load_errors":
             out.append(("load errors", sorted(clock(worker.get_block_ids_with_load_errors))))
-        elif kind == "wmeta":
+        elif kind == "build_connector_worker_meta":
             wm = clock(worker.build_connector_worker_meta)
             out.append(("worker meta", plain_worker_meta(wm)))
             output = KVConnectorOutput(finished_sending=finished_sending, kv_connector_worker_meta=wm)
-        elif kind == "clear":
+        elif kind == "clear_connector_metadata":
             clock(worker.clear_connector_metadata)
     return None if output.is_empty() else output

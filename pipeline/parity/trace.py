@@ -1,8 +1,12 @@
 """Connector call traces: plain picklable events, appended as they happen.
 
-Each vLLM process (scheduler, each worker) writes its own file. Every event
-carries the segment (scenario) it belongs to: the driver names the current
-segment in a control file, read by the recorder at each step.
+Each vLLM process (scheduler, each worker) writes its own file. An event's
+kind is the name of the connector method it records (get_num_new_matched_tokens,
+wait_for_layer_load, ...; "init" for the construction), its fields that
+method's arguments and its return value (ret). Every event carries the segment
+(scenario) it belongs to: the driver names the current segment in a control
+file, read by the recorder at each step. Traces are recorded afresh by each
+parity run; none is kept in the repository.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_native_replay_matches_the_reference_bit_for_bit(recording):
 def test_a_changed_block_fails_the_cell(recording):
     sched, worker = recording
     tampered = copy.deepcopy(worker)
-    save = next(e for e in tampered if e["kind"] == "save" and e["segment"] == "miss")
+    save = next(e for e in tampered if e["kind"] == "save_kv_layer" and e["segment"] == "miss")
     save["blocks"][0].view(-1)[0] += 1  # one value of one saved block
     ref = replay(sched, worker, "reference").observations["miss"]
     other = replay(sched, tampered, "native").observations["miss"]
@@ -52,6 +52,6 @@ def test_recording_of_another_model_is_refused(recording):
 
 def test_truncated_worker_trace_is_refused(recording):
     sched, worker = recording
-    binds = [i for i, e in enumerate(worker) if e["kind"] == "bind"]
+    binds = [i for i, e in enumerate(worker) if e["kind"] == "bind_connector_metadata"]
     with pytest.raises(TraceMismatchError, match="worker trace ends"):
         replay(sched, worker[: binds[1]], "native")
