@@ -11,5 +11,6 @@
                and the operators' commands verify, verify-rebuild (rebuild) and
                the language boundary report (boundary)
 
-`python -m pipeline` runs stages; noxfile.py only wires sessions to it.
+`python -m pipeline` runs stages; noxfile.py only wires sessions to it and
+to sessions.py (the tests' environment and runs).
 """

@@ -62,13 +62,16 @@ class AuditError(PipelineError):
 
 
 class PatchError(PipelineError):
-    """A vLLM distribution or patch series cannot be used."""
+    """A vLLM distribution or patch series cannot be used: not pinned, not
+    downloadable with its hash, or a hunk that does not apply exactly."""
 
     exit_code = 7
 
 
 class ManifestError(PipelineError):
-    """A release cannot be recorded, or a manifest does not verify."""
+    """A release cannot be recorded (a stage's record is missing or says it
+    failed), or a manifest does not verify (its signature, schema or an
+    artifact's bytes)."""
 
     exit_code = 8
 
@@ -80,7 +83,8 @@ class PublishError(PipelineError):
 
 
 class CollisionError(PublishError):
-    """This version is already published with other bytes."""
+    """This version is already published with other bytes: a published
+    version is never overwritten."""
 
     exit_code = 10
 
@@ -92,8 +96,9 @@ class DirtyTreeError(PipelineError):
 
 
 class SigningKeyError(PipelineError):
-    """A signing or trusted key cannot be used (missing, unreadable, too open,
-    locked, not Ed25519) or a fingerprint is malformed."""
+    """A signing or trusted key cannot be used (missing, unreadable, too open
+    to others, locked without its passphrase, not Ed25519) or a fingerprint
+    is malformed."""
 
     exit_code = 12
 
