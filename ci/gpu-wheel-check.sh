@@ -33,7 +33,11 @@ if [[ $(basename "$wheel") != *"-$tag-"* ]]; then
   echo "no device check: the wheel is not for this machine's Python ($tag); pass the $tag wheel" >&2
   exit 2
 fi
-"$python" -m pip install --quiet --no-deps --no-index --target "$work/site" "$wheel"
+if "$python" -m pip --version >/dev/null 2>&1; then
+  "$python" -m pip install --quiet --no-deps --no-index --target "$work/site" "$wheel"
+else  # a binary-only wheel is its site-packages layout: unpacking it installs it
+  "$python" -m zipfile -e "$wheel" "$work/site"
+fi
 PYTHONPATH="$work/site" "$python" - "$work/site" "${DEVICE:-}" <<'PY'
 import importlib.metadata, os, sys
 import torch, activekv
