@@ -8,6 +8,7 @@ that names the key and what it accepts.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -74,6 +75,27 @@ class ActiveKVConfig:
         if streaming is not None:
             extra["streaming"] = _streaming(streaming)
         return cls(**extra)
+
+    def store_slots(self, slot_bytes: int, host_memory_bytes: int) -> int:
+        """The host store's size in blocks of ``slot_bytes`` (one block over all
+        layers in this mode); ActiveKVConfigError naming capacity_bytes when that
+        is no block, or when capacity_bytes is more than ``host_memory_bytes``."""
+        where = f"kv_connector_extra_config['capacity_bytes']={self.capacity_bytes}"
+        slots = self.capacity_bytes // slot_bytes
+        if slots == 0:
+            raise ActiveKVConfigError(
+                f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode"
+            )
+        if self.capacity_bytes > host_memory_bytes:
+            raise ActiveKVConfigError(
+                f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less"
+            )
+        return slots
+
+
+def physical_memory_bytes() -> int:
+    """This host's physical memory in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _streaming(table: Any) -> StreamingConfig:

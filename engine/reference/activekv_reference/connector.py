@@ -4,7 +4,6 @@ scheduler side or the worker side, by role. No logic of its own lives here."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from .config import ActiveKVConfig
+from .config import ActiveKVConfig, physical_memory_bytes
 from .identity import ModelIdentity
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata
@@ -55,19 +54,8 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         )
         layout = KVLayout.from_kv_cache_config(kv_cache_config)
         slot_bytes = layout.slot_bytes(self.config.mode)
-        num_slots = self.config.capacity_bytes // slot_bytes
-        if num_slots == 0:
-            raise ValueError(
-                f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
-                f"holds no block; one block takes {slot_bytes} bytes in "
-                f"{self.config.mode} mode"
-            )
-        host_bytes = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        if self.config.capacity_bytes > host_bytes:
-            raise ValueError(
-                f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
-                f"exceeds this host's memory ({host_bytes} bytes); ask for less"
-            )
+        host_bytes = physical_memory_bytes()
+        num_slots = self.config.store_slots(slot_bytes, host_bytes)
         geometry = None
         if self.config.streaming is not None:
             check_streamable(vllm_config, kv_cache_config.kv_cache_groups)
