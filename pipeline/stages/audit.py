@@ -65,8 +65,6 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from elftools.elf.elffile import ELFFile
-
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime
 from pipeline.digest import record_hash, sha256_of
@@ -75,6 +73,8 @@ from pipeline.paths import ROOT, relative, target_dir
 from pipeline.stages.images import runtime_base_image
 
 if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
+
     from pipeline.stages.registry import Run
 
 POLICY_FILE = ROOT / "packaging" / "payload-policy.toml"
@@ -537,8 +537,13 @@ class WheelAudit:
         if data[:4] != ELF_MAGIC:
             self.fail(name, "elf", "not an ELF file: a library we ship is a shared object")
             return None
+        # pyelftools is the audit's own: `python -m pipeline verify` runs on an
+        # operator's host with only cryptography, jsonschema and packaging, and
+        # the command line imports every stage.
+        from elftools.elf.elffile import ELFFile
+
         try:
-            return self._read_elf(name, data)
+            return self._read_elf(name, ELFFile(io.BytesIO(data)))
         # pyelftools reports a damaged file with many exception types (its
         # ELFError and ELFParseError, struct.error, its construct's errors,
         # ValueError, IndexError, ...): any of them is this file's finding.
@@ -546,8 +551,7 @@ class WheelAudit:
             self.fail(name, "elf", f"not a readable ELF shared object ({type(e).__name__}: {e})")
             return None
 
-    def _read_elf(self, name: str, data: bytes) -> Elf | None:
-        elf = ELFFile(io.BytesIO(data))
+    def _read_elf(self, name: str, elf: ELFFile) -> Elf | None:
         machine = MACHINES.get(self.arch or "")
         problems = []
         want_class = 32 if self.arch == "i686" else 64

@@ -52,6 +52,30 @@ def cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env={**clean, **(env or {})})
 
 
+# What an operator's venv holds to run verify (README, "Verify a release"):
+# every other import (pyelftools, cibuildwheel, torch...) is refused.
+ONLY_VERIFY_DEPENDENCIES = """
+import runpy, sys
+ALLOWED = {"cryptography", "jsonschema", "jsonschema_specifications", "referencing", "rpds", "attrs",
+           "attr", "cffi", "packaging", "pipeline", "typing_extensions"}
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top not in ALLOWED and top not in sys.stdlib_module_names and not top.startswith("_"):
+            raise ImportError(f"{name} is not installed beside verify")
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["pipeline", "verify", "--help"]
+runpy.run_module("pipeline", run_name="__main__")
+"""
+
+
+def test_verify_needs_only_cryptography_jsonschema_and_packaging():
+    result = subprocess.run([sys.executable, "-c", ONLY_VERIFY_DEPENDENCIES], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--fingerprint" in result.stdout
+
+
 def refused(result: subprocess.CompletedProcess, code: int, *names) -> str:
     """The one `error:` line, checked to name each of `names`."""
     assert "Traceback" not in result.stderr, result.stderr
