@@ -543,7 +543,7 @@ class WheelAudit:
         from elftools.elf.elffile import ELFFile
 
         try:
-            return self._read_elf(name, ELFFile(io.BytesIO(data)))
+            return self._read_elf(name, data, ELFFile(io.BytesIO(data)))
         # pyelftools reports a damaged file with many exception types (its
         # ELFError and ELFParseError, struct.error, its construct's errors,
         # ValueError, IndexError, ...): any of them is this file's finding.
@@ -551,7 +551,7 @@ class WheelAudit:
             self.fail(name, "elf", f"not a readable ELF shared object ({type(e).__name__}: {e})")
             return None
 
-    def _read_elf(self, name: str, elf: ELFFile) -> Elf | None:
+    def _read_elf(self, name: str, data: bytes, elf: ELFFile) -> Elf | None:
         machine = MACHINES.get(self.arch or "")
         problems = []
         want_class = 32 if self.arch == "i686" else 64
