@@ -21,7 +21,8 @@
 //
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 //
-//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--only grid,curve,...]
+//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--only probe,tuning,grid,compressed,curve]
+//   streaming_bench_profiled --profile-dir DIR   (the same, built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Event.h>
@@ -42,6 +43,10 @@
 #include "activekv/kv_codec.h"
 #include "activekv/layer_streaming.h"
 
+#ifdef ACTIVEKV_BENCH_PROFILE
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
+
 using namespace activekv;
 
 namespace {
@@ -57,6 +62,7 @@ struct Options {
   std::int64_t iters = 3;
   std::int64_t block = 16;
   double host_gib = 72;  // the most pinned homes a point may use
+  std::string profile_dir;  // streaming_bench_profiled: where the traces go
   std::set<std::string> only;
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
 };
@@ -90,6 +96,9 @@ struct StepShape {
   std::int64_t batch = 1;
   std::int64_t new_tokens = 1;  // per sequence
   std::int64_t shared_prefix = 0;  // tokens every sequence shares (their blocks cross once)
+  // Block ids in order, each sequence's blocks consecutive: what a
+  // per-request home layout would give the copies, for comparison.
+  bool contiguous = false;
 };
 
 struct Step {
@@ -109,7 +118,7 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
   s.shape = shape;
   std::vector<std::int64_t> ids(static_cast<std::size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  if (!shape.contiguous) std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
   const std::int64_t per_seq = cdiv(shape.context, block);
   const std::int64_t shared = shape.shared_prefix / block;
   std::size_t next = 0;
@@ -173,6 +182,7 @@ struct Bench {
   Options o;
   double h2d_peak = 0;  // bytes/s
   double d2h_peak = 0;
+  bool failed = false;  // a verify_step found other bytes
 };
 
 double pinned_peak(bool to_device, std::int64_t iters) {
@@ -269,9 +279,10 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
                                  static_cast<double>(m.streamed() * m.layer_bytes);
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
-  std::printf("%-8s %-7s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
+  std::printf("%-8s %-7s%s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
               "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f\n",
-              part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
+              part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ",
+              static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
               static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
               attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run);
@@ -279,14 +290,47 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
               "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
               "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
               "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
-              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f}\n",
+              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s}\n",
               part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
               static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
               static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
               step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
-              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run);
+              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false");
   std::fflush(stdout);
+}
+
+// The ring holds every staged block's home bytes after a step, and every
+// written-back block's home holds the ring's bytes: checked on the last K
+// streamed layers (the ring's occupants at the step's end), with random home
+// bytes set just before the step.
+bool verify_step(Model& m, const Step& s) {
+  std::set<std::int64_t> written(s.writeback_blocks.begin(), s.writeback_blocks.end());
+  std::vector<std::int64_t> sample;
+  for (std::size_t i = 0; i < s.stage_blocks.size(); i += std::max<std::size_t>(1, s.stage_blocks.size() / 256)) {
+    if (!written.count(s.stage_blocks[i])) sample.push_back(s.stage_blocks[i]);
+  }
+  HostArena& homes = m.streamer->homes();
+  auto home = [&](std::int64_t j, std::int64_t b) { return homes.run_view(j, SlotRun{b, 1, 0}).value().view({-1}); };
+  for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
+    for (const auto b : sample) home(l - m.resident, b).copy_(at::randint(0, 256, {m.layer_bytes}, at::kByte));
+  }
+  m.run(s, true);
+  bool ok = true;
+  for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
+    const at::Tensor ring = m.kv[static_cast<std::size_t>(l)];
+    auto ring_bytes = [&](std::int64_t b) { return ring[b].contiguous().view({-1}).view(at::kByte).cpu(); };
+    for (const auto b : sample) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
+    for (const auto b : s.writeback_blocks) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
+  }
+  std::printf("verify: %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
+              s.shape.kind.c_str(), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+              sample.size(), s.writeback_blocks.size(), static_cast<long long>(kRing),
+              ok ? "bitwise equal to their homes" : "DIFFER FROM THEIR HOMES");
+  std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, \"ok\": %s}\n",
+              s.shape.kind.c_str(), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+              ok ? "true" : "false");
+  return ok;
 }
 
 const char* method_name(StreamCopy m) { return m == StreamCopy::kDeviceGather ? "gather" : "runs"; }
@@ -302,6 +346,9 @@ void grid(Bench& b) {
   }
   for (const std::int64_t ctx : {16384, 65536, 131072}) shapes.push_back({"prefill", ctx, 1, 2048, 0});
   shapes.push_back({"decode", 16384 + block, 16, 1, 16384});
+  shapes.push_back({"decode", 131072, 1, 1, 0, true});
+  shapes.push_back({"prefill", 65536, 1, 2048, 0, true});
+  shapes.push_back({"prefill", 131072, 1, 2048, 0, true});
   const double bytes_per_token = static_cast<double>(kLayers * 2 * kKvHeads * kHeadSize * 2);
   const auto max_tokens = static_cast<std::int64_t>(b.o.host_gib * (1 << 30) / bytes_per_token);
   std::int64_t tokens = 0;
@@ -332,6 +379,7 @@ void grid(Bench& b) {
     const double attention = m.median_run(s, false, b.o.iters);
     const double step = m.median_run(s, true, b.o.iters);
     report(b, "grid", m, s, step, attention, method_name(m.streamer->copy_method()));
+    if (!verify_step(m, s)) b.failed = true;
     // The engine's per-run copies at one point, for comparison.
     if (shape.kind == "decode" && shape.context == 16384 && shape.batch == 1 && shape.shared_prefix == 0 &&
         m.streamer->copy_method() == StreamCopy::kDeviceGather) {
@@ -342,10 +390,37 @@ void grid(Bench& b) {
   }
 }
 
+// kDeviceGather's knobs at a few points: the pieces' pool and the gather
+// stream's priority (the defaults are what this measured best).
+void tuning(Bench& b) {
+  const std::int64_t block = b.o.block;
+  const std::int64_t num_blocks = 2 * cdiv(131072, block);
+  Model m(block, num_blocks, 0);
+  const StreamingTuning defaults = m.streamer->tuning();
+  std::uint32_t seed = 21;
+  for (const StepShape& shape : std::vector<StepShape>{{"decode", 16384, 1, 1, 0}, {"decode", 131072, 1, 1, 0},
+                                                       {"decode", 16384, 8, 1, 0}, {"prefill", 65536, 1, 2048, 0}}) {
+    const Step s = make_step(shape, block, num_blocks, seed++);
+    const double attention = m.median_run(s, false, b.o.iters);
+    for (const std::int64_t pieces : {4, 8, 16}) {
+      for (const bool high : {true, false}) {
+        StreamingTuning t = defaults;
+        t.pieces = pieces;
+        t.gather_high_priority = high;
+        m.streamer->set_tuning(t);
+        char label[32];
+        std::snprintf(label, sizeof label, "p%lld%s", static_cast<long long>(pieces), high ? "hi" : "lo");
+        report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, label);
+      }
+    }
+  }
+  m.streamer->set_tuning(defaults);
+}
+
 // 128k decode, batch 1: the step as resident layers grow (R = L: no streaming).
 void resident_curve(Bench& b) {
   const std::int64_t ctx = 131072, block = b.o.block;
-  const std::int64_t num_blocks = cdiv(ctx, block) + cdiv(ctx, block) / 32;
+  const std::int64_t num_blocks = 2 * cdiv(ctx, block);  // half the blocks in use: scattered
   const StepShape shape{"decode", ctx, 1, 1, 0};
   double attention = 0;
   for (const std::int64_t r : {0, 4, 8, 12, 16, 20, 24, 28, 29, 32}) {
@@ -382,10 +457,15 @@ void compressed(Bench& b) {
     const at::Tensor on_device = codec->decode(data.to(g_device)).cpu();
     const bool same = at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort));
     const at::Tensor enc_device = codec->encode(blocks.to(g_device)).cpu();
+    const at::Tensor q_diff = (enc_device.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt) -
+                               data.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt)).abs();
     std::printf("compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
-                "%s the CPU's bytes\n", same ? "equals" : "DIFFERS FROM",
+                "%s the CPU's bytes (%lld of %lld int8 values differ, by at most %lld)\n",
+                same ? "equals" : "DIFFERS FROM",
                 (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
-                at::equal(enc_device, data) ? "equals" : "DIFFERS FROM");
+                at::equal(enc_device, data) ? "equals" : "DIFFERS FROM",
+                static_cast<long long>(q_diff.ne(0).sum().item<std::int64_t>()),
+                static_cast<long long>(q_diff.numel()), static_cast<long long>(q_diff.max().item<std::int64_t>()));
     std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
                 same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
   }
@@ -547,6 +627,36 @@ void probe(Bench& b) {
   }
 }
 
+#ifdef ACTIVEKV_BENCH_PROFILE
+// One streaming step per shape under torch's profiler (kineto: CPU ops, the
+// device's kernels and copies with their streams), saved as Chrome traces
+// for pipeline/bench/gpu_profile.py.
+void profile(Bench& b, const std::string& dir) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const std::int64_t block = b.o.block;
+  const std::vector<StepShape> shapes{{"decode", 16384, 1, 1, 0, false}, {"decode", 131072, 1, 1, 0, false},
+                                      {"prefill", 65536, 1, 2048, 0, false}, {"decode", 131072, 1, 1, 0, true},
+                                      {"prefill", 65536, 1, 2048, 0, true}};
+  const std::int64_t num_blocks = cdiv(131072, block) + cdiv(131072, block) / 32;
+  Model m(block, num_blocks, 0);
+  for (const auto& shape : shapes) {
+    const Step s = make_step(shape, block, num_blocks, 11);
+    m.run(s, true);
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+    const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    const double t = m.run(s, true);
+    const std::string path = dir + "/trace-" + shape.kind + "-" + std::to_string(shape.context) +
+                             (shape.contiguous ? "-contiguous" : "") + ".json";
+    prof::disableProfiler()->save(path);
+    std::printf("profile: %s ctx %lld step %.2f ms under the profiler -> %s\n", shape.kind.c_str(),
+                static_cast<long long>(shape.context), t * 1e3, path.c_str());
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -557,6 +667,7 @@ int main(int argc, char** argv) {
     else if (k == "--iters") b.o.iters = std::stoll(v);
     else if (k == "--block") b.o.block = std::stoll(v);
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
+    else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--only") {
       std::stringstream ss(v);
       for (std::string part; std::getline(ss, part, ',');) b.o.only.insert(part);
@@ -566,6 +677,7 @@ int main(int argc, char** argv) {
     }
   }
   g_device = c10::Device(b.o.device);
+  if (!g_device.has_index()) g_device = c10::Device(g_device.type(), 0);  // tensors say cuda:0
   b.h2d_peak = pinned_peak(true, 5);
   b.d2h_peak = pinned_peak(false, 5);
   std::printf("device %s; %lld layers, %lld KV heads x %lld, %lld query heads, bf16, block %lld; pinned "
@@ -573,10 +685,18 @@ int main(int argc, char** argv) {
               static_cast<long long>(kLayers), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadSize),
               static_cast<long long>(kQueryHeads), static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
   std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f}\n", b.h2d_peak / 1e9, b.d2h_peak / 1e9);
+#ifdef ACTIVEKV_BENCH_PROFILE
+  if (!b.o.profile_dir.empty()) {
+    profile(b, b.o.profile_dir);
+    return 0;
+  }
+#endif
   if (b.o.wants("probe")) probe(b);
+  if (b.o.wants("tuning")) tuning(b);
+  free_pinned_cache();
   if (b.o.wants("grid")) grid(b);
   free_pinned_cache();
   if (b.o.wants("compressed")) compressed(b);
   if (b.o.wants("curve")) resident_curve(b);
-  return 0;
+  return b.failed ? 1 : 0;
 }

@@ -317,6 +317,16 @@ std::string streaming_ring(c10::Device device, Findings& f) {
         staged.push_back(b);
       }
     }
+    // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
+    // the copy engine, so on a device one step cycles the pieces and mixes
+    // copied with gathered rows in a piece (CPU copies ignore the tuning).
+    StreamingTuning tuning;
+    if (step % 2 == 1) {
+      tuning.pieces = 2;
+      tuning.piece_bytes = 3 * l.layer_bytes(Mode::kExact);
+      tuning.copy_engine_run = 2;
+    }
+    worker.streamer()->set_tuning(tuning);
     StepPlan plan;
     plan.stage_blocks = staged;
     plan.writeback_blocks = written;

@@ -110,11 +110,29 @@ enum class StreamCopy {
   kRuns,
   // The device reads and writes the home rows itself: pinned host memory is
   // mapped into CUDA's (unified addressing) and XPU's (USM host memory)
-  // address space, so a gather kernel pulls a layer's scattered rows over the
-  // bus into device staging pieces (one stream of reads, whatever the
-  // scatter), and a second stream scatters each piece into the ring buffer
-  // while the next piece crosses. Write-backs index_copy_ into the home rows.
+  // address space, so one gather kernel per staging piece pulls scattered
+  // rows of any home chunk over the bus (a strided view over every chunk),
+  // and the copy stream scatters each piece into the ring buffer while the
+  // next piece crosses. Long runs fill pieces by the copy engine, which needs
+  // no SM (StreamingTuning). Write-backs index_copy_ into the homes.
   kDeviceGather,
+};
+
+// kDeviceGather's knobs (defaults measured on an H200, BENCHMARKS.md "Layer
+// streaming on a GPU"); benchmarks sweep them, vLLM runs the defaults.
+struct StreamingTuning {
+  // Staging pieces: each is read over the bus, then scattered into the ring
+  // while the next ones cross. 32 MiB is ~0.6 ms of a PCIe Gen5 link: long
+  // enough that a piece's fixed costs (a kernel or a few copies, two events)
+  // vanish; the pool lets the bus run ahead of the ring's turn.
+  std::int64_t pieces = 4;
+  std::int64_t piece_bytes = std::int64_t{32} << 20;
+  // Runs of this many consecutive blocks (1 MiB at 64 KiB blocks) cross by the
+  // copy engine, at its peak and without taking SMs from attention.
+  std::int64_t copy_engine_run = 16;
+  // The gather stream's priority: high schedules the gather's thread blocks
+  // first as SMs free up.
+  bool gather_high_priority = true;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -166,6 +184,9 @@ class LayerStreamer {
   // create chose it (a device that maps pinned memory, whole-row blocks).
   // Must be called between steps.
   void set_copy_method(StreamCopy method);
+  const StreamingTuning& tuning() const { return tuning_; }
+  // Between steps.
+  void set_tuning(const StreamingTuning& tuning);
 
   // Must be called once per step, before start; ids sorted, unique and in
   // range (the caller checks the range). Settles the previous step's
@@ -215,8 +236,11 @@ class LayerStreamer {
     std::vector<ChunkSpan> spans;
     at::Tensor blocks;  // device int64 [n]
     at::Tensor local;   // device int64 [n]
+    // Row of (streamed layer l, block i) in all_homes_: base[i] + l * step[i].
+    at::Tensor base, step;
   };
   bool init_device_gather();
+  void make_pieces();
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks) const;
   void gather_stage(std::int64_t streamed);
   void gather_write_back(std::int64_t streamed);
@@ -246,6 +270,19 @@ class LayerStreamer {
   std::optional<c10::Stream> gather_stream_;
   at::ScalarType word_type_ = at::kByte;   // the widest element a row divides into
   std::vector<std::vector<at::Tensor>> home_rows_;  // [streamed][chunk]: the device's view, in words
+  // Every home row of every chunk as rows of one strided device view: a row
+  // starts every `homes_grain_` bytes from the lowest chunk (rows overlap, so
+  // it is read-only), and one index_select reads across chunks.
+  at::Tensor all_homes_;
+  std::int64_t homes_grain_ = 0;
+  std::uintptr_t homes_base_ = 0;
+  std::vector<std::uintptr_t> chunk_starts_;  // layer 0's first row of each chunk
+  StreamingTuning tuning_;
+  // Per step: the stage runs the copy engine moves, and every stage block in
+  // the pieces' row order (those runs' blocks first, then the gathered ones).
+  std::vector<SlotRun> copy_engine_runs_;
+  std::vector<std::int64_t> piece_order_;
+  std::int64_t run_blocks_ = 0;
   std::vector<at::Tensor> pieces_;                  // device staging, [piece_rows, words] each
   std::vector<std::optional<c10::Event>> piece_free_;  // recorded on the copy stream after its scatter
   std::size_t next_piece_ = 0;
