@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "activekv/config.h"
+#include "activekv/kv_codec.h"
 #include "activekv/kv_layout.h"
 #include "activekv/layer_streaming.h"
 #include "activekv/step_plan.h"
@@ -358,6 +359,32 @@ std::string streaming_ring(c10::Device device, Findings& f) {
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 
+// ---- the compressed codec on the device ---------------------------------------------
+
+// The codec's decode on the device gives the CPU's bytes, bit for bit (the
+// CPU's are the reference codec's: the parity gate compares them), so
+// compressed KV can cross the bus as int8 + scales and be dequantized where
+// it lands. Encode is only reported: it may round a value the other way.
+std::string compressed_decode(c10::Device device, Findings& f) {
+  const KVLayout l = layout({"l0"}, 8, 128);
+  const auto codec = make_codec(Mode::kCompressed, {2, kBlockSize, 8 * 128}, l.dtype, l.head_size);
+  const at::Tensor kv = random({64, 2, kBlockSize, 8 * 128}, 5) * 3;
+  const at::Tensor data = codec->encode(kv);
+  const at::Tensor on_cpu = codec->decode(data);
+  const at::Tensor on_device = codec->decode(data.to(device)).cpu();
+  f.expect(at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort)),
+           "the device's decode differs from the CPU's by up to " +
+               std::to_string((on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>()));
+  const std::int64_t q = kv[0].numel();
+  const at::Tensor encoded = codec->encode(kv.to(device)).cpu();
+  const at::Tensor diff = encoded.narrow(1, 0, q).view(at::kChar).to(at::kInt) -
+                          data.narrow(1, 0, q).view(at::kChar).to(at::kInt);
+  return std::to_string(kv.size(0)) + " blocks decoded bitwise as on the CPU; the device's encode "
+         "differs from the CPU's in " + std::to_string(diff.ne(0).sum().item<std::int64_t>()) + " of " +
+         std::to_string(diff.numel()) + " int8 values (by at most " +
+         std::to_string(diff.abs().max().item<std::int64_t>()) + ")";
+}
+
 // ---- the list -------------------------------------------------------------------
 
 struct Scenario {
@@ -372,6 +399,7 @@ const std::vector<Scenario>& scenarios() {
       {"save-fences-complete", save_fences_complete},
       {"fence-timeout-quarantines", fence_timeout_quarantines},
       {"streaming-ring", streaming_ring},
+      {"compressed-decode", compressed_decode},
   };
   return all;
 }
