@@ -41,6 +41,7 @@
 #include <string>
 
 #include "activekv/kv_codec.h"
+#include "bench_device.h"
 #include "activekv/layer_streaming.h"
 
 #ifdef ACTIVEKV_BENCH_PROFILE
@@ -69,12 +70,7 @@ struct Options {
 
 c10::Device g_device{c10::DeviceType::CUDA, 0};
 
-void device_sync() {
-  c10::impl::VirtualGuardImpl impl(g_device.type());
-  c10::Event e(g_device.type());
-  e.record(impl.getStream(g_device));
-  e.synchronize();
-}
+void device_sync() { bench::sync_current_stream(g_device); }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "activekv/host_arena.h"
+#include "bench_device.h"
 #include "activekv/worker_side.h"
 
 using namespace activekv;
@@ -39,12 +40,7 @@ struct Options {
 
 c10::Device g_device{c10::DeviceType::CUDA, 0};
 
-void device_sync() {
-  c10::impl::VirtualGuardImpl impl(g_device.type());
-  c10::Event e(g_device.type());
-  e.record(impl.getStream(g_device));
-  e.synchronize();
-}
+void device_sync() { bench::sync_current_stream(g_device); }
 
 // Mean seconds of `fn` over `iters` runs after one warm-up; `done` waits for
 // all the work the runs started.
