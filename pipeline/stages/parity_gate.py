@@ -207,7 +207,7 @@ def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> 
 
 def run_stage(run: Run) -> None:
     for target in run.targets:
-        record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target, run.cfg),
+        record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target),
                             evidence=run.options.parity_evidence.get(target.name))
         gating = [c for c in record["cells"] if c["gating"]]
         run.say(f"{target.name}: parity gate passed ({len(gating)} gating cells, {record['source']}) on "

