@@ -5,7 +5,9 @@ the user's process, and every place vLLM calls into ActiveKV.
 
 Retention audit: every line the vLLM patch series adds (the only Python of
 ours a release ships: the wheels hold none, the payload audit proves it),
-hunk by hunk, labelled in ci/retention.toml as
+hunk by hunk, for every vLLM version a target of release.toml names (or the
+one --vllm names), labelled in ci/retention.toml (rows keyed by version,
+patch, file and hunk) as
   contract     the framework requires Python here (with the vLLM or PyTorch
                source line that says so),
   convenience  Python we could port but have not,
@@ -67,24 +69,32 @@ def hunks(patch: Path) -> list[Hunk]:
 def retention(version: str, labels_file: Path = LABELS, patches_dir: Path = PATCHES_DIR
               ) -> tuple[list[dict], list[str]]:
     labels = tomllib.loads(labels_file.read_text()).get("hunk", []) if labels_file.is_file() else []
-    by_key = {(e["patch"], e["file"], e["hunk"]): e for e in labels}
+    by_key = {(e.get("version"), e["patch"], e["file"], e["hunk"]): e for e in labels}
     rows, violations = [], []
     for patch in load_series(version, patches_dir).patches:
         for h in hunks(patch):
             code = [line for line in h.added if line.strip() and not line.strip().startswith("#")]
-            entry = by_key.get((h.patch, h.file, h.index))
+            entry = by_key.get((version, h.patch, h.file, h.index))
             label = entry["label"] if entry else "UNLABELLED"
-            rows.append({"patch": h.patch, "file": h.file, "hunk": h.index, "line": h.start,
+            rows.append({"version": version, "patch": h.patch, "file": h.file, "hunk": h.index, "line": h.start,
                          "python_lines": len(code), "label": label,
                          "cite": entry.get("cite", "") if entry else "",
                          "why": entry.get("why", "") if entry else ""})
             if entry is None:
-                violations.append(f"{h.patch} {h.file} hunk {h.index}: no label in {labels_file.name}")
+                violations.append(f"{h.patch} {h.file} hunk {h.index}: no label for vLLM {version} "
+                                  f"in {labels_file.name}")
             elif label != ALLOWED_LABEL:
                 violations.append(f"{h.patch} {h.file} hunk {h.index}: labelled {label}; port it")
             elif not entry.get("cite"):
                 violations.append(f"{h.patch} {h.file} hunk {h.index}: a contract needs the source line that requires it")
     return rows, violations
+
+
+def release_versions(cfg) -> list[str]:
+    """Every vLLM version a target of the release config names, oldest first."""
+    from packaging.version import Version
+
+    return sorted({t.vllm_version for t in cfg.targets.values()}, key=Version)
 
 
 def is_native(value) -> bool:
@@ -133,18 +143,25 @@ def census() -> tuple[list[dict], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.boundary", description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm", default=None, help="the patch series' vLLM version (default: release.toml's)")
+    parser.add_argument("--vllm", default=None,
+                        help="one patch series' vLLM version (default: every version a target of "
+                             "release.toml names)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     from pipeline import config
 
-    version = args.vllm or config.load().vllm_version
-    kept, v1 = retention(version)
+    versions = [args.vllm] if args.vllm else release_versions(config.load())
+    kept, v1 = [], []
+    for version in versions:
+        rows, found = retention(version)
+        kept += rows
+        v1 += [f"vLLM {version}: {v}" for v in found]
     calls, v2 = census()
-    print(f"Retention audit: Python the release puts into the user's process (vLLM {version} series)")
-    print(f"  {'patch':<36} {'file':<58} {'hunk':>4} {'lines':>5}  label     cite")
+    print(f"Retention audit: Python the release puts into the user's process "
+          f"(vLLM {', '.join(versions)} series)")
+    print(f"  {'vllm':<7} {'patch':<36} {'file':<58} {'hunk':>4} {'lines':>5}  label     cite")
     for r in kept:
-        print(f"  {r['patch']:<36} {r['file']:<58} {r['hunk']:>4} {r['python_lines']:>5}  "
+        print(f"  {r['version']:<7} {r['patch']:<36} {r['file']:<58} {r['hunk']:>4} {r['python_lines']:>5}  "
               f"{r['label']:<9} {r['cite']}")
     print("  engine wheels: no Python (the payload audit rejects any .py, .pyc, .pyi, .pyx)")
     totals = {}

@@ -6,15 +6,34 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from pipeline import boundary
 from pipeline.stages.patch_vllm import PATCHES_DIR
 
 
-def test_every_hunk_of_the_series_is_a_cited_contract():
-    rows, violations = boundary.retention("0.32.0")
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+def test_every_hunk_of_each_series_is_a_cited_contract(version):
+    rows, violations = boundary.retention(version)
     assert violations == []
     assert rows and all(r["label"] == "contract" and r["cite"] for r in rows)
+    assert all(r["version"] == version and f"(vLLM {version}" in r["cite"] for r in rows)
     assert sum(r["python_lines"] for r in rows) > 0
+
+
+def test_the_audit_covers_every_version_the_targets_name():
+    from pipeline import config
+
+    assert boundary.release_versions(config.load(environ={})) == ["0.26.0", "0.32.0"]
+
+
+def test_a_label_of_another_version_does_not_count(tmp_path):
+    path = labels_copy(tmp_path, lambda t: t.replace('version = "0.26.0"', 'version = "0.25.0"'))
+    rows, violations = boundary.retention("0.26.0", path)
+    assert len(violations) == len(rows) == 10
+    assert all("no label for vLLM 0.26.0" in v for v in violations)
+    _, violations = boundary.retention("0.32.0", path)
+    assert violations == []
 
 
 def labels_copy(tmp_path, edit):
@@ -51,6 +70,14 @@ def test_hunks_are_read_per_file(tmp_path):
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
         ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
         ("0002", "kv_cache_utils.py", 3)]
+    shutil.copytree(PATCHES_DIR / "0.26.0", patches / "0.26.0")
+    rows, _ = boundary.retention("0.26.0", patches_dir=patches)
+    assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
+        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
+        ("0002", "kv_cache_utils.py", 3), ("0002", "kv_cache_utils.py", 4)]
 
 
 def test_census_finds_every_vllm_facing_method_native():
