@@ -4,10 +4,10 @@ pipeline's commands (pipeline/stages/registry.py); logic lives in pipeline/.
 
     nox -s tests               C++ tests, unit tests, the real-vLLM tests, parity
     nox -s parity              the parity gate alone
-    nox -s tests -- -m "not vllm and not container"   only pytest, with these arguments
+    nox -s tests -- -m "not vllm and not container and not gpu"   only pytest, with these arguments
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
-    nox -s patch-vllm [-- --vllm X.Y.Z [--rebase]]  build, then the patched vLLM wheel
+    nox -s patch-vllm [-- --target cuda | --vllm X.Y.Z [--rebase]]  the patched vLLM wheel (cpu: build first)
     nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages/registry.py)
     nox -s verify-rebuild -- MANIFEST   the engine wheels rebuilt from its commit, compared
     nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
@@ -65,14 +65,16 @@ def audit(session: nox.Session) -> None:
     sessions.run_pipeline(session, "audit")
 
 
-@nox.session(name="patch-vllm", python=PYTHON, default=False, requires=["build"])
+@nox.session(name="patch-vllm", python=PYTHON, default=False)
 def patch_vllm(session: nox.Session) -> None:
-    """The patch series applied to the target's vLLM (version from release.toml,
-    or -- --vllm X.Y.Z): patched wheel, combined patch and patch.json in
-    build/vllm/, verified by a short ActiveKV generation in a clean venv.
+    """The patch series applied to each target's vLLM (the target's vllm_version
+    in release.toml, or -- --vllm X.Y.Z): patched wheel, combined patch and
+    patch.json in build/vllm/. The cpu target's is verified by a short ActiveKV
+    generation in a clean venv (the build stage runs first for its engine
+    wheels); -- --target cuda's is checked statically (no GPU here).
     -- --rebase tries the nearest series on another version and reports each hunk."""
     sessions.install_pipeline_tools(session)
-    sessions.run_pipeline(session, "patch-vllm")
+    sessions.run_patch_vllm(session)
 
 
 @nox.session(python=PYTHON, default=False)

@@ -7,6 +7,7 @@ with ActiveKV's patch series, and the engine built against that torch.
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
 from pipeline import config
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
 RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
 # pytest's markers (pytest.ini): the fast tests are the rest.
-FAST_TESTS = "not vllm and not container"
+FAST_TESTS = "not vllm and not container and not gpu"
 
 
 def install_cpu_test_env(session: Session) -> None:
@@ -95,6 +96,32 @@ def install_pipeline_tools(session: Session) -> None:
 def run_pipeline(session: Session, command: str) -> None:
     """`python -m pipeline COMMAND` with the session's arguments."""
     session.run("python", "-m", "pipeline", command, *session.posargs)
+
+
+def patch_vllm_builds_first(posargs: list[str]) -> bool:
+    """Whether `patch-vllm` with these arguments needs the engine wheels: only
+    a target whose patched vLLM is checked by a generation here (the cpu
+    target) installs them, and not with --no-verify or --rebase. The others
+    (cuda: its vLLM needs the GPU) are checked statically, with no build."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--target", action="append")
+    parser.add_argument("--profile")
+    parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--rebase", action="store_true")
+    args, _ = parser.parse_known_args(posargs)
+    if args.no_verify or args.rebase:
+        return False
+    cfg = config.load()
+    names = args.target or cfg.profiles[args.profile or cfg.default_profile].targets
+    return any(patch_vllm.generates_here(cfg.target(n)) for n in names)
+
+
+def run_patch_vllm(session: Session) -> None:
+    """The patch-vllm stage, after the build stage when its check needs the
+    engine wheels (patch_vllm_builds_first)."""
+    if patch_vllm_builds_first(list(session.posargs)):
+        run_pipeline(session, "build")
+    run_pipeline(session, "patch-vllm")
 
 
 def run_intake_screen(session: Session) -> None:

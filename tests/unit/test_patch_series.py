@@ -3,6 +3,7 @@ versions, pins and hashes."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,69 @@ def test_a_series_without_a_local_version_is_refused(tmp_path):
     (tmp_path / "0.32.0" / "series").write_text("0001-x.patch\n")
     with pytest.raises(PatchError, match="local-version"):
         patch_vllm.load_series("0.32.0", tmp_path)
+
+
+def fake_series(tmp_path: Path) -> tuple[patch_vllm.Series, Path]:
+    """A one-patch series over a two-file tree, and that tree as a wheel."""
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    (tree / "fake-1.0.dist-info").mkdir()
+    (tree / "fake-1.0.dist-info" / "METADATA").write_text("Name: fake\nVersion: 1.0\n")
+    (tree / "fake-1.0.dist-info" / "RECORD").write_text("")
+    patches = tmp_path / "patches" / "1.0"
+    patches.mkdir(parents=True)
+    (patches / "series").write_text("# local-version: activekv.1\n0001-x.patch\n")
+    (patches / "0001-x.patch").write_text(
+        "header\n\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,5 @@\n def f():\n     return 1\n"
+        "+\n+\n+def g():\n")
+    original = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(original, "w") as zf:
+        for f in sorted(tree.rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(tree).as_posix())
+    return patch_vllm.load_series("1.0", tmp_path / "patches"), original
+
+
+def test_added_blocks_are_the_runs_of_added_lines(tmp_path):
+    series, _ = fake_series(tmp_path)
+    assert patch_vllm.added_blocks(series.patches[0]) == [("pkg/mod.py", 1, "\n\ndef g():\n")]
+    blocks = patch_vllm.added_blocks(patch_vllm.load_series("0.26.0").patches[1])
+    assert [(f.rsplit("/", 1)[1], i) for f, i, _ in blocks] == [
+        ("base.py", 1), ("kv_transfer_utils.py", 1), ("attention.py", 1), ("attention.py", 2),
+        ("kv_cache_utils.py", 1), ("kv_cache_utils.py", 2), ("kv_cache_utils.py", 3), ("kv_cache_utils.py", 4)]
+
+
+def static_check(tmp_path, patched_text: str) -> dict:
+    series, original = fake_series(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    wheel = patch_vllm.write_patched_wheel(original, {"pkg/mod.py": patched_text.encode()},
+                                           series.local_version, out, 0)
+    record = {"patched": {"file": wheel.name}, "local_version": "1.0+activekv.1",
+              "files_patched": ["pkg/mod.py"]}
+    return patch_vllm.check_patched_wheel(record, out, series)
+
+
+def test_the_static_check_passes_a_wheel_with_every_hunk(tmp_path):
+    outcome = static_check(tmp_path, "def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    assert outcome["generation"] is False and outcome["failures"] == []
+    assert "not imported or run" in outcome["not_checked"]
+    assert any("1 runs of added lines" in c for c in outcome["checked"])
+
+
+def test_the_static_check_refuses_a_missing_hunk_or_bad_python(tmp_path):
+    with pytest.raises(PatchError, match="0001-x.patch hunk 1 of pkg/mod.py: its added lines are not"):
+        static_check(tmp_path / "a", "def f():\n    return 1\n")
+    with pytest.raises(PatchError, match="pkg/mod.py does not compile"):
+        static_check(tmp_path / "b", "def f():\n    return 1\n\n\ndef g():\n")
+
+
+def test_only_a_target_checked_by_a_generation_builds_first():
+    from pipeline import sessions
+
+    assert sessions.patch_vllm_builds_first([])  # the default profile: cpu
+    assert sessions.patch_vllm_builds_first(["--profile", "gpu-test"])
+    assert not sessions.patch_vllm_builds_first(["--target", "cuda"])
+    assert not sessions.patch_vllm_builds_first(["--target", "cpu", "--no-verify"])
+    assert not sessions.patch_vllm_builds_first(["--vllm", "0.33.0", "--rebase"])
