@@ -28,6 +28,7 @@
 #include "activekv/scheduler_side.h"
 #include "activekv/telemetry.h"
 #include "activekv/worker_side.h"
+#include "vllm_features.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -338,6 +339,7 @@ struct Classes {
   py::object worker_meta;     // ActiveKVWorkerMetadata
   py::object stats;           // ActiveKVStats
   py::object prom;            // ActiveKVPromMetrics
+  VllmFeatures features;      // what the running vLLM offers (vllm_features.h)
 };
 Classes* g_classes = nullptr;  // lives as long as the module (never freed: interpreter owns it)
 constexpr std::array<const char*, 5> kVllmFacing = {"ActiveKVConnector", "ActiveKVMetadata",
@@ -469,6 +471,13 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   std::optional<StreamingGeometry> geometry;
   std::optional<StartupReport> report;
   if (config.streaming) {
+    if (!g_classes->features.streaming_hooks) {
+      throw py::value_error(
+          "ActiveKV layer streaming needs vLLM with ActiveKV's patch series (patches/vllm/" +
+          g_classes->features.version + "/0002: KVConnectorBase_V1.get_kv_cache_regions); this vLLM " +
+          g_classes->features.version + " is not patched: install the patched wheel "
+          "(python3 ci/run-nox -s patch-vllm) or remove 'streaming' from kv_connector_extra_config");
+    }
     geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
     const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
     report = StartupReport::of(
@@ -513,8 +522,10 @@ py::dict connector_namespace() {
   // What vLLM's factory inspects (a class's signature, so without self).
   ns["__signature__"] = inspect.attr("Signature")(
       py::make_tuple(P("vllm_config", kind), P("role", kind), P("kv_cache_config", kind)));
-  ns["_cache_hit_source"] =
-      py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
+  if (g_classes->features.cache_hit_source) {  // 0.32.0 labels host hits; 0.26.0 has no label
+    ns["_cache_hit_source"] =
+        py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
+  }
   ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(
       method([](py::object) { return false; }));  // a dropped save is only a future miss
 
@@ -626,6 +637,26 @@ py::dict connector_namespace() {
   ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
     return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
   }));
+  // Every step may load, save or stage blocks in the per-layer hooks (a
+  // prompt served from the store but its last token is a one-token prefill:
+  // a "uniform decode" batch), and a full CUDA graph replays with no hook
+  // at all. So vLLM downgrades FULL_AND_PIECEWISE to PIECEWISE for ActiveKV:
+  // attention and the KV cache update run eagerly between graph pieces.
+  ns["requires_piecewise_for_cudagraph"] = classmethod(named("requires_piecewise_for_cudagraph",
+      [](py::object, py::object) { return true; }));
+  // Layer streaming stages whole blocks with one copy per run (or a device
+  // gather of whole rows): it asks for the layout whose per-layer view keeps
+  // each block one contiguous row in the logical order (HND on CUDA's flash
+  // attention). Other modes take vLLM's default. A config that does not parse
+  // is refused by the connector's constructor, with its message.
+  ns["get_required_kvcache_layout"] = classmethod(named("get_required_kvcache_layout",
+      [](py::object, py::object vllm_config) -> py::object {
+        const py::object transfer = vllm_config.attr("kv_transfer_config");
+        if (transfer.is_none()) return py::none();
+        auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
+        if (!parsed.ok() || !parsed.value().streaming) return py::none();
+        return py::str("HND");
+      }));
   // Called by vLLM's engine core at start-up (patch 0002), before any
   // connector instance exists: the regions of the device KV cache, or None.
   ns["get_kv_cache_regions"] = classmethod(named("get_kv_cache_regions",
@@ -729,6 +760,7 @@ void make_vllm_classes(py::module_ m) {
   const py::module_ metrics = py::module_::import("vllm.distributed.kv_transfer.kv_connector.v1.metrics");
   g_classes = new Classes{};  // after the imports: a missing vLLM leaves nothing half-made
   g_classes->base = base.attr("KVConnectorBase_V1");
+  g_classes->features = VllmFeatures::probe(g_classes->base);
   g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
   g_classes->empty_metadata = new_instance(g_classes->metadata);
   g_classes->empty_metadata.attr("loads") = py::list();
@@ -830,6 +862,11 @@ PYBIND11_MODULE(activekv, m) {
     make_vllm_classes(m);
     return m.attr(name.c_str());
   });
+  m.def("vllm_features", [m] {
+    make_vllm_classes(m);
+    return g_classes->features.as_dict();
+  }, "What the installed vLLM offers ActiveKV (its version, the patch series' hooks, the optional\n"
+     "interfaces ActiveKV uses where present), as probed when the connector class was built.");
   m.def("register", [] {
     py::module_::import("vllm.distributed.kv_transfer.kv_connector.factory")
         .attr("KVConnectorFactory")

@@ -150,6 +150,10 @@ void WorkerSide::bind_plan(StepPlan plan) {
   saved_layers_.clear();
   save_fences_.clear();
   if (streamer_) streamer_->begin_step(plan.stage_blocks, plan.writeback_blocks);
+  // Taken here, not in wait_for_save: vLLM 0.26.0 calls wait_for_save only on
+  // steps with a forward, and a request's last saves often settle on an idle
+  // step (every request finished), whose plan still names it.
+  awaiting_free_.insert(plan.awaiting_free.begin(), plan.awaiting_free.end());
   plan_ = std::move(plan);
 }
 
@@ -293,7 +297,6 @@ void WorkerSide::store_save_layer(const std::string& layer_name, const at::Tenso
 
 void WorkerSide::wait_for_save() {
   if (!plan_) return;
-  awaiting_free_.insert(plan_->awaiting_free.begin(), plan_->awaiting_free.end());
   const auto& ops = plan_->saves;
   if (ops.empty()) return settle_saves(/*wait=*/false);
   const Stopwatch t;

@@ -87,10 +87,13 @@ def _shape(model) -> None:
 STREAMING_LAYERS = 16
 
 
-def tiny_llama(cache_root: Path, num_layers: int | None = None) -> Path:
-    """Path of the generated model (CONFIG's layers, or `num_layers`); made once
-    per configuration."""
-    config = dict(CONFIG, num_hidden_layers=num_layers or CONFIG["num_hidden_layers"])
+def tiny_llama(cache_root: Path, num_layers: int | None = None,
+               geometry: dict | None = None) -> Path:
+    """Path of the generated model (CONFIG's layers, or `num_layers`; CONFIG's
+    geometry with `geometry`'s keys replaced, e.g. a head size of 128); made
+    once per configuration."""
+    config = dict(CONFIG, **(geometry or {}))
+    config["num_hidden_layers"] = num_layers or config["num_hidden_layers"]
     key = [config, SEED, DTYPE, SHAPE]
     tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     path = cache_root / f"tiny-llama-{tag[:12]}"

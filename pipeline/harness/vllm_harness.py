@@ -169,6 +169,8 @@ def make_llm(
     kv_cache_bytes: int | None = None,
     max_model_len: int = MAX_MODEL_LEN,
     env: dict[str, str] | None = None,
+    enforce_eager: bool = True,
+    compilation_config: dict[str, Any] | None = None,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -180,7 +182,8 @@ def make_llm(
     The device KV cache holds NUM_DEVICE_BLOCKS blocks, or what
     `kv_cache_bytes` (per worker) holds: the budget of the streaming tests.
     `env`: environment variables for vLLM's processes (e.g. SAME_THREADS),
-    set while the engine starts.
+    set while the engine starts. `enforce_eager=False`: vLLM's default
+    compiled mode (CUDA graphs on a GPU), with `compilation_config` if given.
     """
     from vllm.config import KVTransferConfig
 
@@ -194,6 +197,10 @@ def make_llm(
     saved = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
     try:
+        if not enforce_eager:
+            kwargs["enforce_eager"] = False
+            if compilation_config:
+                kwargs["compilation_config"] = compilation_config
         return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
                     tensor_parallel_size)
     finally:
@@ -207,6 +214,7 @@ def make_llm(
 def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_parallel_size):
     from vllm import LLM
 
+    kwargs = {"enforce_eager": True, **kwargs}
     return LLM(
         model=str(model_path),
         skip_tokenizer_init=True,
@@ -216,7 +224,6 @@ def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_pa
         **({"num_gpu_blocks_override": NUM_DEVICE_BLOCKS} if kv_cache_bytes is None
            else {"kv_cache_memory_bytes": kv_cache_bytes}),
         gpu_memory_utilization=0.3,
-        enforce_eager=True,
         disable_log_stats=connector is None,  # ActiveKV telemetry reaches us through the metrics
         seed=0,
         tensor_parallel_size=tensor_parallel_size,

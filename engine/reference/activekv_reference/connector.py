@@ -3,6 +3,8 @@ scheduler side or the worker side, by role. No logic of its own lives here."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +13,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
 )
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from .config import ActiveKVConfig, physical_memory_bytes
 from .identity import ModelIdentity
@@ -43,7 +44,6 @@ def model_identity(vllm_config: VllmConfig, layout: KVLayout) -> ModelIdentity:
 
 
 class ActiveKVReferenceConnector(KVConnectorBase_V1):
-    _cache_hit_source = CacheHitSource.HOST
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -112,6 +112,23 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             return None
         check_streamable(vllm_config, kv_cache_groups)
         return StreamingGeometry.plan(config.streaming, kv_cache_groups[0].layer_names).regions()
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Any step may load, save or stage blocks in the per-layer hooks, which
+        a full CUDA graph replays without."""
+        return True
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config) -> str | None:
+        """Streaming wants each block one contiguous row of a layer's view."""
+        try:
+            config = ActiveKVConfig.from_extra_config(
+                vllm_config.kv_transfer_config.kv_connector_extra_config
+            )
+        except ValueError:  # refused by the constructor, with its message
+            return None
+        return "HND" if config.streaming is not None else None
 
     def loads_before_kv_cache_update(self) -> bool:
         return self.worker_side is not None and self.worker_side.streaming is not None
@@ -184,3 +201,10 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         return ActiveKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+# vLLM 0.32.0 labels the prefix-cache hits a connector serves; 0.26.0 has no label.
+if importlib.util.find_spec("vllm.v1.metrics.cache_hit_source") is not None:
+    ActiveKVReferenceConnector._cache_hit_source = importlib.import_module(
+        "vllm.v1.metrics.cache_hit_source"
+    ).CacheHitSource.HOST

@@ -107,6 +107,9 @@ class WorkerSide:
                 )
         for op in meta.saves:  # their bytes are about to be rewritten
             self.arena.unseal(op.slot)
+        # Here, not in wait_for_save: vLLM 0.26.0 calls wait_for_save only on
+        # steps with a forward; a request's last saves may settle on an idle step.
+        self._awaiting_free.update(meta.awaiting_free)
         if self.streamer is not None:
             self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks)
 
@@ -169,7 +172,6 @@ class WorkerSide:
         staged, self._staged_saves = self._staged_saves, {}
         if meta is None:
             return
-        self._awaiting_free.update(meta.awaiting_free)
         ops = meta.saves
         if not ops:
             return

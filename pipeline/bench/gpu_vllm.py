@@ -1,0 +1,264 @@
+"""ActiveKV inside vLLM on a CUDA GPU, beside vLLM's own CPU offloading, on a
+Llama-3-8B-geometry model with random weights made on the device (vLLM's
+load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
+
+    python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
+    python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072] [--out FILE.json]
+
+Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
+default mode (compiled; vLLM runs PIECEWISE CUDA graphs for any connector
+that asks, ActiveKV does, and FULL_AND_PIECEWISE without one).
+
+ttft: for each prompt length, in one process and one engine after another:
+plain vLLM (recompute; its own GPU prefix hit; a miss), ActiveKV exact and
+compressed (from the host store after vLLM's prefix cache is reset; a miss,
+which also stores), vLLM's OffloadingConnector (from its CPU tier after the
+reset). Each figure is the median of --repeats generate() calls for one token.
+The bound of a host-store hit: its KV bytes over the pinned host->device peak
+measured in the same run, plus the same request's GPU prefix hit.
+
+streaming: decode step time with layer streaming in a device KV budget, from
+the time of generate(N tokens) minus generate(1 token) on the same prompt,
+against the bus bound (the streamed bytes of a step over the same peak) and
+plain vLLM's decode step with all KV on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "max_position_embeddings": 1 << 20, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+}
+BLOCK = 16  # vLLM's default on CUDA
+KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 128 * 2  # K and V, 8 heads of 128, bf16
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 32]
+
+
+def model_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / "activekv-llama3-8b-geometry"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    return path
+
+
+def pinned_peak_gbps() -> float:
+    """Pinned host->device GB/s for 1 GiB, best of 5 (the bus's bound here)."""
+    import torch
+
+    host = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(GIB, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, GIB / (time.perf_counter() - t0) / 1e9)
+    del host, dev
+    return best
+
+
+def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
+             kv_cache_bytes: int | None = None):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kw: dict[str, Any] = {}
+    if connector:
+        kw["kv_transfer_config"] = KVTransferConfig(kv_connector=connector, kv_role="kv_both",
+                                                    kv_connector_extra_config=extra or {})
+    if kv_cache_bytes:
+        kw["kv_cache_memory_bytes"] = kv_cache_bytes
+    return LLM(model=str(model_dir()), load_format="dummy", skip_tokenizer_init=True,
+               dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
+               enable_prefix_caching=True, seed=0, disable_log_stats=connector is None,
+               max_num_batched_tokens=8192,
+               compilation_config={"cudagraph_capture_sizes": CAPTURE_SIZES}, **kw)
+
+
+def shutdown(llm) -> None:
+    import gc
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def timed_generate(llm, prompt: list[int], salt: str, max_tokens: int = 1) -> float:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
+                 SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                detokenize=False), use_tqdm=False)
+    return time.perf_counter() - t0
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(10, 128000) for _ in range(n)]
+
+
+def cudagraph_mode(llm) -> str:
+    return llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name
+
+
+def median_ms(xs: list[float]) -> float:
+    return round(1000 * statistics.median(xs), 2)
+
+
+ENGINES = {
+    "plain": (None, None),
+    "activekv-exact": ("ActiveKVConnector", {"mode": "exact", "capacity_bytes": 48 * GIB}),
+    "activekv-compressed": ("ActiveKVConnector", {"mode": "compressed", "capacity_bytes": 48 * GIB}),
+    "vllm-offloading": ("OffloadingConnector", {"cpu_bytes_to_use": 48 * GIB}),
+}
+
+
+def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,
+                           "repeats": repeats, "engines": {}}
+    max_len = max(lengths) + 64
+    for name in engines:
+        connector, extra = ENGINES[name]
+        t0 = time.perf_counter()
+        llm = make_llm(connector, extra, max_model_len=max_len)
+        row: dict[str, Any] = {"start_s": round(time.perf_counter() - t0, 1),
+                               "cudagraph_mode": cudagraph_mode(llm), "by_length": {}}
+        print(f"{name}: started in {row['start_s']} s, {row['cudagraph_mode']}", flush=True)
+        timed_generate(llm, prompt_of(2048, 0), "warm-up")
+        for n in lengths:
+            prompt = prompt_of(n, n)
+            cell: dict[str, Any] = {}
+            # A miss: a fresh salt each time (with a connector it also stores).
+            cell["miss_ms"] = median_ms([timed_generate(llm, prompt, f"miss-{n}-{i}")
+                                         for i in range(repeats)])
+            # vLLM's own GPU prefix hit on the last miss's blocks.
+            cell["gpu_hit_ms"] = median_ms([timed_generate(llm, prompt, f"miss-{n}-{repeats - 1}")
+                                            for _ in range(repeats)])
+            if connector:
+                hits = []
+                for _ in range(repeats):
+                    llm.reset_prefix_cache()
+                    hits.append(timed_generate(llm, prompt, f"miss-{n}-{repeats - 1}"))
+                cell["host_hit_ms"] = median_ms(hits)
+            row["by_length"][str(n)] = cell
+            print(f"  {name} {n}: {cell}", flush=True)
+        out["engines"][name] = row
+        shutdown(llm)
+    peak = out["peak_h2d_gbps"] * 1e9
+    for n in lengths:
+        kv = (n - 1) // BLOCK * BLOCK * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"]
+        gpu_hit = out["engines"].get("plain", {}).get("by_length", {}).get(str(n), {}).get("gpu_hit_ms")
+        out.setdefault("bounds", {})[str(n)] = {
+            "kv_bytes": kv, "bus_ms": round(1000 * kv / peak, 2),
+            "host_hit_bound_ms": None if gpu_hit is None else round(1000 * kv / peak + gpu_hit, 2)}
+    return out
+
+
+# Resident layers per budget: the homes of the streamed layers hold every
+# device block (blocks x streamed layers x page of host memory), and the GPU
+# machine has 128 GiB: both budgets then hold 16384 blocks (262,144 tokens).
+STREAMING_GEOMETRY = {4: {"resident_layers": 2, "ring_size": 2},
+                      16: {"resident_layers": 14, "ring_size": 2}}
+
+
+def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
+    peak = out["peak_h2d_gbps"] * 1e9
+    layers = LLAMA3_8B["num_hidden_layers"]
+    page = BLOCK * KV_BYTES_PER_TOKEN_LAYER
+    for budget in budgets_gib:
+        for geometry in (STREAMING_GEOMETRY[budget],):
+            max_len = max(contexts) + decode_tokens + 64 if 0 not in contexts else 262144 - 2 * BLOCK
+            t0 = time.perf_counter()
+            llm = make_llm("ActiveKVConnector", {"streaming": geometry, "capacity_bytes": 1 * GIB},
+                           max_model_len=max_len, kv_cache_bytes=budget * GIB)
+            start_s = round(time.perf_counter() - t0, 1)
+            blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+            plain_blocks = budget * GIB // (layers * page)
+            for n in contexts:
+                if n == 0:  # the longest context the budget serves
+                    n = (blocks - 2) * BLOCK - decode_tokens
+                prompt = prompt_of(n - decode_tokens, 7 + n)
+                first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
+                one = timed_generate(llm, prompt, f"s{n}", 1)  # prefix hit + 1 token
+                many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
+                step = (many - one) / (decode_tokens - 1)
+                streamed = (layers - geometry["resident_layers"]) * n * KV_BYTES_PER_TOKEN_LAYER
+                run = {"budget_gib": budget, **geometry, "context": n, "start_s": start_s,
+                       "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
+                       "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
+                       "cudagraph_mode": cudagraph_mode(llm),
+                       "prefill_s": round(first, 2), "decode_step_ms": round(1000 * step, 2),
+                       "tokens_per_s": round(1 / step, 2),
+                       "bus_bound_ms": round(1000 * streamed / peak, 2)}
+                run["x_bound"] = round(run["decode_step_ms"] / run["bus_bound_ms"], 3)
+                out["runs"].append(run)
+                print(json.dumps(run), flush=True)
+            shutdown(llm)
+    # Plain vLLM's decode step with all KV on the device, at the same contexts.
+    plain_contexts = [n for n in contexts if n]
+    llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64)
+    for n in plain_contexts:
+        prompt = prompt_of(n - decode_tokens, 7 + n)
+        timed_generate(llm, prompt, "p", 1)
+        one = timed_generate(llm, prompt, "p", 1)
+        many = timed_generate(llm, prompt, "p", decode_tokens)
+        out.setdefault("plain_decode_step_ms", {})[str(n)] = round(1000 * (many - one) / (decode_tokens - 1), 2)
+    out["plain_cudagraph_mode"] = cudagraph_mode(llm)
+    shutdown(llm)
+    print(json.dumps({"plain_decode_step_ms": out["plain_decode_step_ms"]}), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_vllm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["ttft", "streaming"])
+    parser.add_argument("--lengths", default="8192,32768,131072")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budgets-gib", default="4,16")
+    parser.add_argument("--contexts", default="32768,131072",
+                        help="0 for the longest context the budget serves")
+    parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if args.what == "ttft":
+        result = ttft([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","))
+    else:
+        result = streaming([int(x) for x in args.budgets_gib.split(",")],
+                           [int(x) for x in args.contexts.split(",")], args.decode_tokens)
+    import torch
+    import vllm
+
+    result["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                         "vllm": vllm.__version__}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""ActiveKV inside real vLLM on a CUDA GPU (ci/gpu-vllm-check.sh runs these on
+the GPU test machine; CI has no GPU).
+
+Every test runs in vLLM's default compiled mode (inductor, CUDA graphs: vLLM
+turns FULL_AND_PIECEWISE into PIECEWISE for ActiveKV, which asks for it) and
+in eager mode, on two generated geometries (head size 32 and 128), all 16
+layers deep so streaming holds 8x. Oracles are vLLM's own answers on the same
+shapes, compared bit for bit: tokens and the top logprobs of every step."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections import Counter
+
+import pytest
+
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+from pipeline.parity.e2e import store_digests
+
+pytestmark = pytest.mark.gpu
+
+# Compiled mode with vLLM's defaults but fewer CUDA graph sizes: each start
+# captures them all, and these tests use batches of 1 to 5.
+MODES = {
+    "compiled": {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}},
+    "eager": {"enforce_eager": True},
+}
+GEOMETRIES = {
+    "head32": {},  # the tiny model's own: 4 heads of 32, 2 KV heads
+    "head128": {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4,
+                "num_key_value_heads": 2},
+}
+SETTINGS = [(m, g) for m in os.environ.get("ACTIVEKV_GPU_MODES", "compiled,eager").split(",")
+            for g in GEOMETRIES]
+
+
+def layer_block_bytes(geometry: dict) -> int:
+    cfg = dict(CONFIG, **geometry)
+    head = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * h.BLOCK_SIZE * cfg["num_key_value_heads"] * head * 2  # K and V, bf16
+
+
+class OneAtATime:
+    """One connector LLM alive at a time (vLLM's metrics registry is per
+    process: only the LLM made last reads its telemetry); made on first use."""
+
+    def __init__(self):
+        self.key = None
+        self.llm = None
+
+    def get(self, key, make):
+        if key != self.key:
+            self.close()
+            self.llm = make()
+            self.key = key
+        return self.llm
+
+    def close(self):
+        if self.llm is not None:
+            h.shutdown(self.llm)
+        self.key = self.llm = None
+
+
+@pytest.fixture(scope="session")
+def llms():
+    pool = OneAtATime()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module", params=SETTINGS, ids=[f"{m}-{g}" for m, g in SETTINGS])
+def setting(request, cache_dir):
+    mode, geometry = request.param
+    model = tiny_llama(cache_dir, STREAMING_LAYERS, GEOMETRIES[geometry])
+    return {"mode": mode, "geometry": GEOMETRIES[geometry], "model": model, "name": request.param}
+
+
+def make(setting, extra=None, *, connector="native", **kw):
+    return h.make_llm(setting["model"], extra, connector=connector, **MODES[setting["mode"]], **kw)
+
+
+def connector_llm(llms, setting, extra, **kw):
+    key = (setting["name"], repr(extra), repr(kw))
+    return llms.get(key, lambda: make(setting, extra, **kw))
+
+
+def bitwise(got, want, what):
+    diff = h.difference(got, want)
+    assert not diff, f"{what}: {diff}"
+
+
+def cudagraph_mode(llm) -> str:
+    return llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name
+
+
+def test_vllm_runs_activekv_with_piecewise_graphs_in_compiled_mode(llms, setting, figures):
+    llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
+    want = "NONE" if setting["mode"] == "eager" else "PIECEWISE"
+    assert cudagraph_mode(llm) == want
+    import activekv
+
+    figures.append(f"{setting['name']}: cudagraph_mode {cudagraph_mode(llm)}; vLLM offers "
+                   f"{activekv.vllm_features()}")
+
+
+def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting):
+    llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
+    rng = random.Random(1)
+    prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
+    reusable = h.reusable_tokens(len(prompt))
+    h.flush_device_cache(llm)
+    first = h.generate(llm, [prompt])[0]
+    own_hits = [h.generate(llm, [prompt])[0] for _ in range(2)]  # vLLM's own prefix hits
+    h.flush_device_cache(llm)
+    with h.TelemetryDelta(llm) as delta:
+        again = h.generate(llm, [prompt])[0]
+    assert first.num_cached_tokens == 0
+    assert [r.num_cached_tokens for r in own_hits] == [reusable, reusable]
+    assert again.num_cached_tokens == reusable and delta["hit_tokens"] == reusable
+    assert delta["loaded_blocks"] == reusable // h.BLOCK_SIZE
+    bitwise(own_hits[1:], own_hits[:1], "vLLM's own prefix hits disagree with each other")
+    bitwise([again], own_hits[:1], "the reload from the host store differs from vLLM's own prefix hit")
+
+
+def test_decode_blocks_come_back_on_the_next_request(llms, setting):
+    llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
+    rng = random.Random(2)
+    # 3 blocks + 20 tokens of prompt; the 16 generated tokens fill block 3.
+    prompt = h.random_tokens(rng, 3 * h.BLOCK_SIZE + 20)
+    h.flush_device_cache(llm)
+    with h.TelemetryDelta(llm) as saved:
+        first = h.generate(llm, [prompt])[0]
+    assert saved["saved_blocks"] == 4, saved  # 3 from the prompt, 1 filled by decode
+    follow_up = prompt + list(first.tokens) + h.random_tokens(rng, 7)
+    own_hits = [h.generate(llm, [follow_up])[0] for _ in range(2)]
+    h.flush_device_cache(llm)
+    with h.TelemetryDelta(llm) as delta:
+        again = h.generate(llm, [follow_up])[0]
+    assert delta["hit_tokens"] == 4 * h.BLOCK_SIZE and again.num_cached_tokens >= 4 * h.BLOCK_SIZE
+    bitwise(own_hits[1:], own_hits[:1], "vLLM's own prefix hits disagree with each other")
+    bitwise([again], own_hits[:1], "the decode block reloaded differs from vLLM's own prefix hit")
+
+
+def test_compressed_mode_is_deterministic_tokens_and_stored_bytes(llms, setting):
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of store_digests
+    llm = connector_llm(llms, setting, {"mode": "compressed"})
+    prompt = h.random_tokens(random.Random(3), 8 * h.BLOCK_SIZE + 3)
+
+    def stored() -> Counter:
+        return Counter(d for per_worker in llm.collective_rpc(store_digests) for d in per_worker)
+
+    before = stored()
+    runs = []
+    for salt in ("run-a", "run-b"):  # a salt of its own: computed and stored afresh
+        runs.append(h.generate(llm, [prompt], salt=salt)[0])
+        after = stored()
+        runs[-1] = (runs[-1], after - before)
+        before = after
+    (a, bytes_a), (b, bytes_b) = runs
+    assert a.num_cached_tokens == b.num_cached_tokens == 0
+    assert sum(bytes_a.values()) == 8, bytes_a
+    assert bytes_a == bytes_b, "the same prompt stored other bytes the second time"
+    bitwise([b], [a], "compressed mode's second run")
+
+
+# -- layer streaming ---------------------------------------------------------------
+
+BUDGET_BLOCKS = h.STREAMING_BUDGET_BLOCKS
+CONTEXT = h.STREAMING_CONTEXT  # 8x what the budget holds without streaming
+LONG = h.random_tokens(random.Random(40), CONTEXT - h.MAX_TOKENS)
+SHARED = h.random_tokens(random.Random(41), 32 * h.BLOCK_SIZE)
+BATCH = [SHARED + h.random_tokens(random.Random(42 + n), n) for n in (100, 400, 700, 1000)]
+STREAMING_CONFIGS = {"R0-ring2": h.STREAMING, "R2-ring3": {"resident_layers": 2, "ring_size": 3}}
+
+
+def budget(setting) -> int:
+    return BUDGET_BLOCKS * STREAMING_LAYERS * layer_block_bytes(setting["geometry"])
+
+
+@pytest.fixture(scope="module")
+def answers_with_8x_memory(setting):
+    """Plain vLLM (no connector, its default CUDA graph mode) given 8x the budget."""
+    llm = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT)
+    try:
+        return {"long": h.generate(llm, [LONG]), "batch": h.generate(llm, BATCH),
+                "cudagraph_mode": cudagraph_mode(llm)}
+    finally:
+        h.shutdown(llm)
+
+
+@pytest.mark.parametrize("geometry", STREAMING_CONFIGS)
+def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
+        llms, setting, answers_with_8x_memory, geometry, figures):
+    llm = connector_llm(llms, setting, {"streaming": STREAMING_CONFIGS[geometry]},
+                        kv_cache_bytes=budget(setting), max_model_len=CONTEXT)
+    with h.TelemetryDelta(llm) as delta:
+        long = h.generate(llm, [LONG])
+    h.flush_device_cache(llm)
+    batch = h.generate(llm, BATCH)
+    assert delta["streamed_bytes_to_device"] > 0
+    bitwise(long, answers_with_8x_memory["long"], f"streaming {geometry}, one context of {CONTEXT}")
+    bitwise(batch, answers_with_8x_memory["batch"], f"streaming {geometry}, a batch sharing a prefix")
+    figures.append(f"{setting['name']} streaming {geometry}: bit for bit plain vLLM with 8x the "
+                   f"memory ({answers_with_8x_memory['cudagraph_mode']}), {CONTEXT} tokens and a "
+                   f"batch of {len(BATCH)}")
+
+
+# -- refusals (eager, one geometry: they stop at start-up) ----------------------------
+
+@pytest.fixture(scope="module")
+def eager_model(cache_dir):
+    return tiny_llama(cache_dir, STREAMING_LAYERS)
+
+
+def test_a_bad_extra_config_is_refused_naming_the_key(llms, eager_model, capfd):
+    llms.close()
+    with pytest.raises(Exception) as raised:
+        h.make_llm(eager_model, {"capacity": 1 << 20}, connector="native")
+    err = capfd.readouterr().err + str(raised.value)
+    assert "unknown key 'capacity'" in err and "capacity_bytes" in err
+
+
+@pytest.mark.skipif(not os.environ.get("ACTIVEKV_UNPATCHED_VLLM"),
+                    reason="needs ACTIVEKV_UNPATCHED_VLLM (ci/gpu-vllm-check.sh sets it)")
+def test_an_unpatched_vllm_is_refused_for_streaming(eager_model, tmp_path):
+    """In a fresh process whose vLLM is the unpatched wheel: one line saying so."""
+    import subprocess
+    import sys
+
+    script = (
+        "from pipeline.harness import vllm_harness as h\n"
+        f"h.make_llm({str(eager_model)!r}, {{'streaming': h.STREAMING}}, connector='native')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.environ["ACTIVEKV_UNPATCHED_VLLM"], os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0
+    assert "needs vLLM with ActiveKV's patch series" in done.stderr, done.stderr[-2000:]
+    digest = hashlib.sha256(done.stderr.encode()).hexdigest()[:8]
+    print(f"unpatched vLLM refused (stderr {digest})")
