@@ -70,10 +70,11 @@ if [[ ! -d $WORK/vllm ]]; then
 fi
 
 echo "+ engine ($engine)"
-rm -rf "$WORK/engine"
-if [[ $engine == source ]]; then
+if [[ $engine == source && -d $WORK/engine ]]; then
+  echo "  (kept from an earlier run in WORK)"
+elif [[ $engine == source ]]; then
   "$python" -m pip install -q --no-build-isolation --no-deps --no-index --target "$WORK/engine" ./engine
-elif "$python" -m pip --version >/dev/null 2>&1; then
+elif rm -rf "$WORK/engine" && "$python" -m pip --version >/dev/null 2>&1; then
   "$python" -m pip install -q --no-deps --no-index --target "$WORK/engine" "$engine"
 else  # a binary-only wheel is its site-packages layout: unpacking it installs it
   "$python" -m zipfile -e "$engine" "$WORK/engine"
@@ -81,6 +82,6 @@ fi
 
 export PYTHONPATH="$WORK/engine:$WORK/vllm:$WORK/deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export ACTIVEKV_UNPATCHED_VLLM="$WORK/vllm-unpatched" ACTIVEKV_TEST_CACHE="$WORK/cache"
-"$python" -c 'import activekv, vllm; print("activekv from", activekv.__file__); print("vllm", vllm.__version__, "offers", activekv.vllm_features())'
+"$python" -c 'import torch, activekv, vllm; from vllm import LLM; print("activekv from", activekv.__file__); print("vllm", vllm.__version__, "offers", activekv.vllm_features())'
 # vLLM and its dependencies warn at import on this stack: the warnings are not ours to fail on.
 exec "$python" -m pytest -m gpu tests/gpu -o filterwarnings=default -ra "${pytest_args[@]}"

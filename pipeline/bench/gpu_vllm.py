@@ -72,6 +72,9 @@ def pinned_peak_gbps() -> float:
     return best
 
 
+EAGER = os.environ.get("ACTIVEKV_BENCH_EAGER") == "1"  # vLLM's eager mode instead of its default
+
+
 def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
              kv_cache_bytes: int | None = None):
     from vllm import LLM
@@ -87,7 +90,8 @@ def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
                dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
                enable_prefix_caching=True, seed=0, disable_log_stats=connector is None,
                max_num_batched_tokens=8192,
-               compilation_config={"cudagraph_capture_sizes": CAPTURE_SIZES}, **kw)
+               **({"enforce_eager": True} if EAGER else
+                  {"compilation_config": {"cudagraph_capture_sizes": CAPTURE_SIZES}}), **kw)
 
 
 def shutdown(llm) -> None:
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
+    result["eager"] = EAGER
     result["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                          "vllm": vllm.__version__}
     text = json.dumps(result, indent=1)

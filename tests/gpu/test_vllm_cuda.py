@@ -201,7 +201,17 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     h.flush_device_cache(llm)
     batch = h.generate(llm, BATCH)
     assert delta["streamed_bytes_to_device"] > 0
-    bitwise(long, answers_with_8x_memory["long"], f"streaming {geometry}, one context of {CONTEXT}")
+    diff = h.difference(long, answers_with_8x_memory["long"])
+    if diff:  # which oracle does it match: plain vLLM in the layout streaming asks for (HND)?
+        llms.close()
+        hnd = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
+                   env={"VLLM_KV_CACHE_LAYOUT": "HND"})
+        try:
+            hnd_diff = h.difference(long, h.generate(hnd, [LONG])) or "none"
+        finally:
+            h.shutdown(hnd)
+        pytest.fail(f"streaming {geometry} vs plain vLLM (NHD): {diff}; vs plain vLLM in HND: {hnd_diff}; "
+                    f"telemetry {delta}")
     bitwise(batch, answers_with_8x_memory["batch"], f"streaming {geometry}, a batch sharing a prefix")
     figures.append(f"{setting['name']} streaming {geometry}: bit for bit plain vLLM with 8x the "
                    f"memory ({answers_with_8x_memory['cudagraph_mode']}), {CONTEXT} tokens and a "
