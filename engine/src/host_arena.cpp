@@ -85,6 +85,13 @@ std::vector<SlotRun> HostArena::runs(const std::vector<std::int64_t>& slots) con
   return out;
 }
 
+Status HostArena::allocate_all() {
+  for (std::int64_t c = 0; c < num_chunks(); ++c) {
+    if (const Status s = ensure_chunk(c); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
 Status HostArena::ensure_chunk(std::int64_t chunk) {
   auto& c = chunks_[static_cast<std::size_t>(chunk)];
   if (c.defined()) return Status::Ok();

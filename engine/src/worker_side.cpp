@@ -95,6 +95,14 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
   arena_ = std::make_unique<HostArena>(num_slots_, num_layers, layer_bytes_, /*pin=*/has_streams(),
                                        chunk_bytes_for(num_layers));
+  if (has_streams()) {  // pinned: allocated at start-up, never by a step's first save
+    if (const Status s = arena_->allocate_all(); !s.ok()) {
+      return {s.error_code(), "ActiveKV: cannot pin the host store (capacity_bytes=" +
+                                  std::to_string(num_slots_ * arena_->slot_bytes()) +
+                                  " bytes of pinned host memory): " + s.error() +
+                                  "; lower capacity_bytes"};
+    }
+  }
   if (has_streams()) {
     c10::impl::VirtualGuardImpl impl(device_.type());
     load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);

@@ -30,6 +30,16 @@ TEST(HostArena, ChunksAllocatedOnFirstUseAndBounded) {
   EXPECT_EQ(arena.allocated_chunks(), 1);
 }
 
+TEST(HostArena, AllocateAllAllocatesEveryChunkOnce) {
+  HostArena arena(10, 2, 50, false, 300);  // 3 slots a chunk: 4 chunks
+  ASSERT_TRUE(arena.allocate_all().ok());
+  EXPECT_EQ(arena.allocated_chunks(), arena.num_chunks());
+  EXPECT_EQ(arena.num_chunks(), 4);
+  auto before = arena.chunk_view(0, 3).value().data_ptr();
+  ASSERT_TRUE(arena.allocate_all().ok());  // already there: nothing moves
+  EXPECT_EQ(arena.chunk_view(0, 3).value().data_ptr(), before);
+}
+
 TEST(HostArena, SlotDataIsLayerAfterLayer) {
   HostArena arena(4, 2, 3, false);
   arena.run_view(0, SlotRun{1, 1, 0}).value().fill_(7);

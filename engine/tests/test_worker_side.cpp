@@ -71,6 +71,24 @@ TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
   EXPECT_TRUE(at::equal(kv["l0"][6], before));
 }
 
+// vLLM 0.26.0 calls no wait_for_save on a step without a forward (every
+// request finished, its saves settling): the notice bound with that step's
+// plan must still release the request.
+TEST(WorkerSide, FinishedRequestReleasedOnAStepWithoutForward) {
+  Config config;
+  WorkerSide w(config, layout(), 4, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  StepPlan idle;
+  idle.awaiting_free = {"r1"};
+  w.bind_plan(std::move(idle));
+  EXPECT_TRUE(w.get_finished({}).empty());
+  EXPECT_EQ(w.get_finished({"r1", "r2"}), (std::vector<std::string>{"r1"}));
+  w.clear_plan();
+  EXPECT_TRUE(w.get_finished({"r1"}).empty());
+  EXPECT_TRUE(w.nothing_awaiting());
+}
+
 TEST(WorkerSide, MissingLayerFailsTheStepSaves) {
   Config config;
   WorkerSide w(config, layout(), 4, 0);
