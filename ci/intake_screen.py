@@ -131,13 +131,16 @@ def per_step_bodies(text: str) -> dict[str, tuple[int, int]]:
 def rule3(root: Path, allow: dict) -> list[Finding]:
     allowed = {(e["method"], e["call"]) for e in allow.get("per_step_calls", [])}
     out = []
+    found: set[str] = set()
     for p in files_under(root, BINDINGS):
         if p.suffix not in CPP_SUFFIXES:
             continue
         rel = p.relative_to(root).as_posix()
         text = p.read_text()
         helpers = functions(text)
-        for method, span in per_step_bodies(text).items():
+        bodies = per_step_bodies(text)
+        found |= set(bodies)
+        for method, span in bodies.items():
             seen: set[str] = set()
             todo = [span]
             while todo:
@@ -153,6 +156,14 @@ def rule3(root: Path, allow: dict) -> list[Finding]:
                 for name in set(re.findall(r"\b(\w+)\s*\(", body)) & set(helpers) - seen:
                     seen.add(name)
                     todo.append(helpers[name])
+    # A rule that finds nothing to check must not pass: a binding split into
+    # other files, or methods defined another way, would silently skip it.
+    if (root / BINDINGS).is_dir():
+        for method in sorted(set(PER_STEP) - found):
+            out.append(Finding(3, BINDINGS, 0, f"found no body of the per-step method {method} "
+                                               f"(ns[\"{method}\"] = named(...)) under {BINDINGS}/, so "
+                                               f"rule 3 cannot check it: define it that way or teach "
+                                               f"per_step_bodies the new form"))
     return out
 
 

@@ -36,6 +36,10 @@ py::dict connector_namespace() {
   return ns;
 }
 '''
+# Every other per-step method, native: rule 3 must find a body for each.
+BINDING += "".join(
+    f'py::dict more_{m}() {{\n  ns["{m}"] = named("{m}", [](py::object self) {{\n    return 0;\n  }});\n}}\n'
+    for m in intake.PER_STEP if m not in ("wait_for_save", "get_finished"))
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -72,6 +76,24 @@ def test_rule3_rejects_a_python_call_reached_from_a_per_step_method(tmp_path):
     # get_finished reaches helper's call; register_kv_caches is not per step.
     assert [(f.rule, f.file, f.line) for f in findings] == [(3, "engine/bindings/module.cpp", 3)]
     assert "get_finished" in findings[0].message and "compute" in findings[0].message
+
+
+def test_rule3_fails_when_it_finds_no_body_of_a_per_step_method(tmp_path):
+    # As if the binding were split and one method defined another way.
+    binding = BINDING.replace('ns["wait_for_save"] = named("wait_for_save", [](py::object self) {',
+                              'ns["wait_for_save"] = py::cpp_function([](py::object self) {')
+    root = tree(tmp_path, {"engine/bindings/module.cpp": binding})
+    missing = [f for f in intake.screen(root) if "found no body" in f.message]
+    assert [(f.rule, f.file) for f in missing] == [(3, "engine/bindings")]
+    assert "wait_for_save" in missing[0].message
+
+
+def test_rule3_checks_every_per_step_method_of_this_repository():
+    found = set()
+    for path in (ROOT / intake.BINDINGS).rglob("*"):
+        if path.suffix in intake.CPP_SUFFIXES:
+            found |= set(intake.per_step_bodies(path.read_text()))
+    assert found == set(intake.PER_STEP)
 
 
 def test_an_allowlist_entry_needs_a_reason(tmp_path):
