@@ -65,9 +65,12 @@ def test_stats_sum_and_reduce_every_counter():
 @pytest.mark.parametrize(
     "extra",
     [{"capacity": 1}, {"capacity_bytes": "1G"}, {"capacity_bytes": -1}, {"mode": "lossy"},
-     {"store_threshold": 0, "mode": "fast"}, {"capacity_bytes": 100}, {"capacity_bytes": 1 << 60}],
+     {"store_threshold": 0, "mode": "fast"}, {"capacity_bytes": 100}, {"capacity_bytes": 1 << 60},
+     {"streaming": 2}, {"streaming": {"resident": 1}}, {"streaming": {"ring_size": 1}},
+     {"streaming": {"resident_layers": 4}}, {"streaming": {"resident_layers": 2, "ring_size": 2}}],
     ids=["unknown-key", "wrong-type", "negative", "unknown-mode", "two-bad-keys", "no-block",
-         "more-than-the-host-has"],
+         "more-than-the-host-has", "streaming-not-a-table", "streaming-unknown-key",
+         "streaming-ring-of-one", "streaming-every-layer-resident", "streaming-saves-nothing"],
 )
 def test_bad_config_same_message_in_both_engines(extra):
     messages = []
