@@ -15,7 +15,7 @@ from ..harness import vllm_harness as h
 from ..harness.tiny_model import tiny_llama
 from ..paths import PARITY_DIR, TEST_CACHE
 from . import e2e
-from .cells import Cell, judge, table
+from .cells import Cell, expectation_problems, judge, table
 from .replay import ReplayResult, replay
 from .trace import read_traces
 from .workloads import record_session, sessions
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=2))
     print(f"\nwrote {report}")
     failed = [c for c in cells if c.result == "FAIL"]
-    return 1 if failed else 0
+    problems = expectation_problems([c.as_dict() for c in cells])
+    for problem in problems:
+        print(f"parity: {problem}", file=sys.stderr)
+    return 1 if failed or problems else 0
 
 
 if __name__ == "__main__":

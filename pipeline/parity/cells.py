@@ -1,8 +1,14 @@
-"""Cells: one scenario in one mode, judged from the replays' observations."""
+"""Cells: one scenario in one mode, judged from the replays' observations, and
+checked against the cells expected to gate (expected.toml)."""
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+EXPECTED = Path(__file__).with_name("expected.toml")
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,11 @@ def judge(
     mode: str, scenario: str, ref1: list, ref2: list, native: list, live_differs: int = 0
 ) -> Cell:
     live = "live run: equal" if live_differs == 0 else f"live run: {live_differs} returns differ"
+    if live_differs:
+        # The replay no longer does what vLLM saw: the cell proves nothing.
+        return Cell(mode, scenario, False, "FAIL", len(ref1), live,
+                    f"the reference's replay diverged from its live recording ({live_differs} "
+                    "scheduler returns differ): the recording no longer replays what vLLM ran")
     self_diff = _first_difference(ref1, ref2)
     if self_diff:
         # The reference does not agree with itself: nothing to gate on.
@@ -41,6 +52,41 @@ def judge(
                     f"{native_diff or 'equal'}")
     diff = _first_difference(ref1, native)
     return Cell(mode, scenario, True, "FAIL" if diff else "pass", len(ref1), live, diff)
+
+
+def expected_cells(path: Path = EXPECTED) -> tuple[set[tuple[str, str]], dict[tuple[str, str], str]]:
+    """The cells expected to gate, and those known not to, with their reasons."""
+    data = tomllib.loads(path.read_text())
+    gating = {(c["mode"], c["scenario"]) for c in data.get("gating", [])}
+    not_gating = {}
+    for c in data.get("not_gating", []):
+        if not str(c.get("reason", "")).strip():
+            raise ValueError(f"{path.name}: not_gating cell {c.get('mode')}/{c.get('scenario')} has no reason")
+        not_gating[(c["mode"], c["scenario"])] = c["reason"]
+    return gating, not_gating
+
+
+def expectation_problems(cells: Iterable[Mapping], path: Path = EXPECTED) -> list[str]:
+    """Why a run's cells fall short of what is expected of them ([] when they
+    do not), for the modes the run covered: an expected cell that is missing
+    or stopped gating, a cell that gates nowhere on record, a cell no one
+    listed."""
+    gating, not_gating = expected_cells(path)
+    seen = {(c["mode"], c["scenario"]): bool(c["gating"]) for c in cells}
+    modes = {mode for mode, _ in seen}
+    problems = []
+    for cell in sorted(gating):
+        if cell[0] in modes and cell not in seen:
+            problems.append(f"{'/'.join(cell)} did not run")
+        elif cell in seen and not seen[cell]:
+            problems.append(f"{'/'.join(cell)} stopped gating (record why under [[not_gating]] in "
+                            f"pipeline/parity/{path.name}, or make the reference agree with itself)")
+    for cell, gates in sorted(seen.items()):
+        if cell not in gating and cell not in not_gating:
+            problems.append(f"{'/'.join(cell)} is a new cell: list it in pipeline/parity/{path.name}")
+        elif cell in not_gating and gates:
+            problems.append(f"{'/'.join(cell)} gates now: move it to [[gating]] in pipeline/parity/{path.name}")
+    return problems
 
 
 def table(cells: list[Cell]) -> str:

@@ -34,6 +34,7 @@ from pipeline.config import Target
 from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
+from pipeline.parity.cells import expectation_problems
 from pipeline.paths import ROOT, relative
 from pipeline.stages.patch_vllm import patched_wheel_for
 
@@ -114,8 +115,9 @@ def gate_problem(record: dict) -> str:
     gating = [c for c in cells if c["gating"]]
     if not gating:
         return "no gating cell: nothing was proven"
-    failed = [f"{c['mode']}/{c['scenario']}" for c in gating if c["result"] != "pass"]
-    return ", ".join(failed)
+    failed = [f"{c['mode']}/{c['scenario']}" for c in cells if c["result"] == "FAIL"
+              or (c["gating"] and c["result"] != "pass")]
+    return "; ".join([", ".join(failed)] * bool(failed) + expectation_problems(cells))
 
 
 def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:

