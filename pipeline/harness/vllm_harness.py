@@ -131,12 +131,18 @@ def check_against_own_prefix_hits(got: Result, own_hits: Sequence[Result]) -> st
     """A reload against vLLM's own prefix hits of the same cached-token count in
     the same engine (two runs, on the KV the cold run computed): bit for bit
     where vLLM agrees with itself on those shapes, the tokens otherwise (the
-    returned note says so; "" when compared bit for bit)."""
+    returned note says so; "" when compared bit for bit). Under CI (CI=true)
+    the tokens-only fallback fails instead."""
     require_clear_margins(own_hits, "vLLM's own prefix hit")
     cached = {r.num_cached_tokens for r in (got, *own_hits)}
     if len(cached) != 1:
         raise AssertionError(f"not the same shapes: cached tokens {sorted(cached)}")
     self_diff = difference(own_hits[:1], own_hits[1:])
+    if self_diff and os.environ.get("CI") == "true":
+        # Tokens alone hardly depend on the KV cache on the shaped tiny model:
+        # under CI a reload must be checked bit for bit or not pass.
+        raise AssertionError(f"vLLM's own prefix hit disagrees with itself ({self_diff[:160]}): "
+                             "the reload cannot be compared bit for bit, and CI takes no tokens-only check")
     if self_diff:
         if got.tokens != own_hits[0].tokens:
             raise AssertionError(f"reload tokens {got.tokens} != vLLM's own prefix hit "
