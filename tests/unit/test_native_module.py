@@ -330,3 +330,27 @@ def test_no_kv_cache_group_is_the_same_refusal_in_both_engines():
         messages.append(str(err.value))
     assert messages[0] == messages[1]
     assert "KV cache groups []" in messages[0]
+
+
+def test_vllm_features_are_what_the_installed_vllm_offers():
+    import importlib.util
+
+    import vllm
+
+    features = activekv.vllm_features()
+    assert features["version"] == vllm.__version__
+    assert features["cache_hit_source"] == (importlib.util.find_spec("vllm.v1.metrics.cache_hit_source")
+                                            is not None)
+    assert features["layer_work_hook"] == hasattr(KVConnectorBase_V1, "has_layer_work")
+    assert features["streaming_hooks"] == hasattr(KVConnectorBase_V1, "get_kv_cache_regions")
+    assert features["piecewise_hook"] == hasattr(KVConnectorBase_V1, "requires_piecewise_for_cudagraph")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_connector_asks_for_piecewise_graphs_and_for_hnd_only_when_streaming(impl):
+    cls = standalone.connector_class(impl)
+    assert cls.requires_piecewise_for_cudagraph({}) is True
+    layouts = {name: cls.get_required_kvcache_layout(standalone.vllm_config(extra, cls.__name__))
+               for name, extra in {"exact": {"mode": "exact"}, "streaming": {"streaming": {}},
+                                   "bad": {"capacity": 1}}.items()}
+    assert layouts == {"exact": None, "streaming": "HND", "bad": None}
