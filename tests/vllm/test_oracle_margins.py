@@ -40,22 +40,34 @@ def test_difference_is_bit_for_bit_on_the_top_logprobs():
 
 
 @pytest.mark.vllm
-def test_generated_model_has_clear_margins_on_every_greedy_step(plain, figures):
+def test_generated_model_has_clear_margins_on_every_greedy_step(baseline_llm, figures):
     # Prompt lengths as the suite uses them: under a block to max_model_len's worth.
+    # Plain vLLM's answers read directly (not through the `plain` fixture,
+    # which raises on a near tie itself): this test's assertion is the check.
     rng = random.Random(300)
     lengths = [1, 17, 33, 65, 100, 197, 300, 700, 1100, 2048 + 9]
-    results = plain([h.random_tokens(rng, n) for n in lengths])
+    h.flush_device_cache(baseline_llm)
+    results = h.generate(baseline_llm, [h.random_tokens(rng, n) for n in lengths])
     margin, where = h.smallest_margin(results)
     figures.append(f"model margins: smallest top-1/top-2 gap {margin:.3f} ({where}) over "
                    f"{len(lengths)} prompts x {h.MAX_TOKENS} tokens; MIN_MARGIN {h.MIN_MARGIN}")
-    assert margin >= h.MIN_MARGIN  # plain() raised NearTieError already; stated for the reader
+    assert margin >= h.MIN_MARGIN, f"near tie at {where}: {margin:.4f}"
+
+
+# How far one changed early token must move the logprobs: two bf16 steps of the
+# coarsest logits (below 64 they round in steps of at most 0.25), so a
+# rounding difference of a ULP or two does not pass for the KV cache's effect.
+# Measured: 1.125 (2026-12-01, the test's own prompt).
+KV_EFFECT_MIN = 0.5
 
 
 @pytest.mark.vllm
-def test_kv_cache_shows_in_the_logprobs(plain):
+def test_kv_cache_shows_in_the_logprobs(plain, figures):
     # One early token changed: its KV differs, and so do the logprobs that the
     # bit-for-bit oracles compare (else they could not catch a wrong block).
     prompt = h.random_tokens(random.Random(301), 6 * h.BLOCK_SIZE + 1)
     other = list(prompt)
     other[3] = h.FIRST_TOKEN + (other[3] - h.FIRST_TOKEN + 1) % (h.VOCAB - h.FIRST_TOKEN)
-    assert h.difference(plain([prompt]), plain([other])) != ""
+    gap = h.largest_logprob_gap(plain([prompt]), plain([other]))
+    figures.append(f"one early token changed moves the top logprobs by up to {gap:.3f}")
+    assert gap >= KV_EFFECT_MIN
