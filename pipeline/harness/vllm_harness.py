@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..paths import ROOT
-from .tiny_model import CONFIG, FIRST_TOKEN, VOCAB, head_size
+from .tiny_model import CONFIG, FIRST_TOKEN, VOCAB
 
 BLOCK_SIZE = 32  # the CPU backend wants a multiple of 32
 MAX_MODEL_LEN = 2304
@@ -203,10 +203,9 @@ def make_llm(
     saved = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
     try:
-        if not enforce_eager:
-            kwargs["enforce_eager"] = False
-            if compilation_config:
-                kwargs["compilation_config"] = compilation_config
+        kwargs["enforce_eager"] = enforce_eager
+        if compilation_config:
+            kwargs["compilation_config"] = compilation_config
         return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
                     tensor_parallel_size)
     finally:
@@ -220,7 +219,6 @@ def make_llm(
 def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_parallel_size):
     from vllm import LLM
 
-    kwargs = {"enforce_eager": True, **kwargs}
     return LLM(
         model=str(model_path),
         skip_tokenizer_init=True,
@@ -306,9 +304,12 @@ def flush_device_cache(llm) -> None:
         raise RuntimeError("vLLM refused to reset its prefix cache")
 
 
-def layer_block_bytes(tp_size: int = 1) -> int:
-    """Bytes of one block of one layer in exact mode (K and V, bf16), per worker."""
-    return 2 * BLOCK_SIZE * CONFIG["num_key_value_heads"] // tp_size * head_size() * 2
+def layer_block_bytes(tp_size: int = 1, geometry: dict | None = None) -> int:
+    """Bytes of one block of one layer in exact mode (K and V, bf16), per worker,
+    of the tiny model (or of CONFIG with `geometry`'s keys, as tiny_llama takes them)."""
+    cfg = dict(CONFIG, **(geometry or {}))
+    head = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * BLOCK_SIZE * cfg["num_key_value_heads"] // tp_size * head * 2
 
 
 def exact_block_bytes() -> int:

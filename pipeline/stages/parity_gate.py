@@ -117,7 +117,8 @@ def gate_problem(record: dict) -> str:
         return "no gating cell: nothing was proven"
     failed = [f"{c['mode']}/{c['scenario']}" for c in cells if c["result"] == "FAIL"
               or (c["gating"] and c["result"] != "pass")]
-    return "; ".join([", ".join(failed)] * bool(failed) + expectation_problems(cells))
+    problems = [", ".join(failed)] if failed else []
+    return "; ".join(problems + expectation_problems(cells))
 
 
 def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
 from pipeline.parity.e2e import store_digests
 
 pytestmark = pytest.mark.gpu
@@ -35,12 +35,6 @@ GEOMETRIES = {
 }
 SETTINGS = [(m, g) for m in os.environ.get("ACTIVEKV_GPU_MODES", "compiled,eager").split(",")
             for g in GEOMETRIES]
-
-
-def layer_block_bytes(geometry: dict) -> int:
-    cfg = dict(CONFIG, **geometry)
-    head = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * h.BLOCK_SIZE * cfg["num_key_value_heads"] * head * 2  # K and V, bf16
 
 
 class OneAtATime:
@@ -177,7 +171,7 @@ STREAMING_CONFIGS = {"R0-ring2": h.STREAMING, "R2-ring3": {"resident_layers": 2,
 
 
 def budget(setting) -> int:
-    return BUDGET_BLOCKS * STREAMING_LAYERS * layer_block_bytes(setting["geometry"])
+    return BUDGET_BLOCKS * STREAMING_LAYERS * h.layer_block_bytes(geometry=setting["geometry"])
 
 
 @pytest.fixture(scope="module")
