@@ -130,9 +130,9 @@ def median_ms(xs: list[float]) -> float:
 
 ENGINES = {
     "plain": (None, None),
-    "activekv-exact": ("ActiveKVConnector", {"mode": "exact", "capacity_bytes": 48 * GIB}),
-    "activekv-compressed": ("ActiveKVConnector", {"mode": "compressed", "capacity_bytes": 48 * GIB}),
-    "vllm-offloading": ("OffloadingConnector", {"cpu_bytes_to_use": 48 * GIB}),
+    "activekv-exact": ("ActiveKVConnector", {"mode": "exact", "capacity_bytes": 32 * GIB}),
+    "activekv-compressed": ("ActiveKVConnector", {"mode": "compressed", "capacity_bytes": 32 * GIB}),
+    "vllm-offloading": ("OffloadingConnector", {"cpu_bytes_to_use": 32 * GIB}),
 }
 
 
