@@ -177,6 +177,7 @@ def make_llm(
     env: dict[str, str] | None = None,
     enforce_eager: bool = True,
     compilation_config: dict[str, Any] | None = None,
+    async_scheduling: bool | None = None,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -190,6 +191,7 @@ def make_llm(
     `env`: environment variables for vLLM's processes (e.g. SAME_THREADS),
     set while the engine starts. `enforce_eager=False`: vLLM's default
     compiled mode (CUDA graphs on a GPU), with `compilation_config` if given.
+    `async_scheduling`: vLLM's own choice unless given.
     """
     from vllm.config import KVTransferConfig
 
@@ -206,6 +208,8 @@ def make_llm(
         kwargs["enforce_eager"] = enforce_eager
         if compilation_config:
             kwargs["compilation_config"] = compilation_config
+        if async_scheduling is not None:
+            kwargs["async_scheduling"] = async_scheduling
         return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
                     tensor_parallel_size)
     finally:
