@@ -38,6 +38,12 @@ CONNECTORS = {
                   "kv_connector_module_path": "activekv_reference"},
     "native": {"kv_connector": "ActiveKVConnector"},
 }
+# The reference with a bug planted (every load serves another stored block):
+# the reload tests' oracles must fail on it (tests/vllm/wrong_block.py).
+PLANTED_BUGS = {
+    "wrong-block": {"kv_connector": "WrongBlockReferenceConnector",
+                    "kv_connector_module_path": "pipeline.harness.planted_bug"},
+}
 # The reference wrapped by the parity recorder (not an implementation under test).
 RECORDER = {"kv_connector": "RecordingReferenceConnector",
             "kv_connector_module_path": "pipeline.parity.recorder"}
@@ -154,6 +160,20 @@ def check_against_own_prefix_hits(got: Result, own_hits: Sequence[Result]) -> st
     return ""
 
 
+def own_prefix_hits(llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None,
+                    runs: int = 2) -> list[list[Result]]:
+    """vLLM's own prefix-cache hits in this engine, on the KV its device cache
+    holds now: call it right after the run that computed that KV, before any
+    flush, so the hits read the very bytes a later reload loads."""
+    return [generate(llm, prompts, salt=salt) for _ in range(runs)]
+
+
+def check_reloads(got: Sequence[Result], own_hits: list[list[Result]]) -> list[str]:
+    """check_against_own_prefix_hits for each request of a batch; the notes."""
+    notes = [check_against_own_prefix_hits(r, [run[i] for run in own_hits]) for i, r in enumerate(got)]
+    return [f"prompt {i}: {n}" for i, n in enumerate(notes) if n]
+
+
 def largest_logprob_gap(got: Sequence[Result], want: Sequence[Result]) -> float:
     """Largest |difference| of a logprob both sides report (a token in both top
     LOGPROBS), at the steps where the chosen tokens agree."""
@@ -198,7 +218,7 @@ def make_llm(
     kwargs = {}
     if connector is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            **(CONNECTORS[connector] if isinstance(connector, str) else connector),
+            **({**CONNECTORS, **PLANTED_BUGS}[connector] if isinstance(connector, str) else connector),
             kv_role="kv_both",
             kv_connector_extra_config=extra_config or {},
         )

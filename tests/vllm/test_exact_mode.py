@@ -1,4 +1,8 @@
-"""Exact mode in real vLLM: blocks come back from host RAM, answers unchanged."""
+"""Exact mode in real vLLM: blocks come back from host RAM, answers unchanged.
+
+Every reload is checked bit for bit against vLLM's own prefix hit on the KV
+the store took (the mixed batch: tokens only, see there), and runs against a
+planted bug that serves another block, which each such test must catch."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import random
 import pytest
 
 from pipeline.harness import vllm_harness as h
+from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm
 
@@ -18,6 +23,7 @@ def exact_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
+@catches_a_wrong_block
 def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, plain, figures):
     rng = random.Random(1)
     prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
@@ -56,10 +62,13 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     )
 
 
+@catches_a_wrong_block
 def test_cache_salt_isolates_tenants(exact_llm, expected):
     rng = random.Random(2)
     prompt = h.random_tokens(rng, 6 * h.BLOCK_SIZE + 1)
-    h.generate(exact_llm, [prompt], salt="tenant-a")
+    h.flush_device_cache(exact_llm)
+    first = h.generate(exact_llm, [prompt], salt="tenant-a")[0]
+    own_hits = h.own_prefix_hits(exact_llm, [prompt], salt="tenant-a")
 
     for salt in ("tenant-b", None):
         h.flush_device_cache(exact_llm)
@@ -68,15 +77,19 @@ def test_cache_salt_isolates_tenants(exact_llm, expected):
         assert delta["hit_tokens"] == 0, f"salt {salt!r} was served tenant-a's blocks"
         assert other.num_cached_tokens == 0
         assert other.tokens == expected([prompt])[0]
+        assert not h.difference([other], [first]), f"salt {salt!r}: a cold run differs from tenant-a's"
 
     h.flush_device_cache(exact_llm)
     with h.TelemetryDelta(exact_llm) as delta:
         same = h.generate(exact_llm, [prompt], salt="tenant-a")[0]
     assert delta["hit_tokens"] == h.reusable_tokens(len(prompt))
     assert same.tokens == expected([prompt])[0]
+    assert not h.check_reloads([same], own_hits)
 
 
 def test_mixed_concurrent_batch(exact_llm, expected, figures):
+    # Tokens only, not yet @catches_a_wrong_block: the batch outgrows the device
+    # cache, so vLLM's own hits cannot give its reload's shapes.
     rng = random.Random(3)
     shared_a = h.random_tokens(rng, 4 * h.BLOCK_SIZE)
     shared_b = h.random_tokens(rng, 2 * h.BLOCK_SIZE + 7)

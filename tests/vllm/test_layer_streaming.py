@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.harness import vllm_harness as h
 from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm
 
@@ -83,12 +84,19 @@ def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_m
                    f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged")
 
 
+@catches_a_wrong_block
 def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm,
                                                                    answer_with_8x_memory):
-    # A second request, once vLLM's own cache is flushed: the prompt's blocks
-    # load from the host store into the ring and are written back to their homes.
+    # Under a salt of its own the prompt is computed afresh and stored, and
+    # vLLM's own prefix hit on that KV is the oracle; then, once vLLM's own
+    # cache is flushed, its blocks load from the host store into the ring and
+    # are written back to their homes.
+    salt = "reload-while-streaming"
+    h.generate(streaming_llm, [PROMPT], salt=salt)
+    own_hits = h.own_prefix_hits(streaming_llm, [PROMPT], salt=salt)
     h.flush_device_cache(streaming_llm)
     with h.TelemetryDelta(streaming_llm) as moved:
-        again = h.generate(streaming_llm, [PROMPT])
+        again = h.generate(streaming_llm, [PROMPT], salt=salt)
     assert moved["hit_tokens"] == h.reusable_tokens(len(PROMPT))
     assert again[0].tokens == answer_with_8x_memory[0].tokens
+    assert not h.check_reloads(again, own_hits)

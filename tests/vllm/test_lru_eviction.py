@@ -1,4 +1,8 @@
-"""A host store smaller than the working set: LRU eviction, answers unchanged."""
+"""A host store smaller than the working set: LRU eviction, answers unchanged.
+
+Each answer is checked bit for bit: a hit against vLLM's own prefix hit on the
+KV the store took, a miss against the prompt's first (cold) run; the module
+also runs against a planted bug that serves another block, which it must catch."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import random
 import pytest
 
 from pipeline.harness import vllm_harness as h
+from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm
 
@@ -21,17 +26,22 @@ def small_store_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
+@catches_a_wrong_block
 def test_store_smaller_than_working_set_evicts_least_recently_used(small_store_llm, expected):
     llm = small_store_llm
     rng = random.Random(4)
     # Each prompt has BLOCKS_PER_PROMPT reusable blocks; two fill the store.
     p1, p2, p3 = (h.random_tokens(rng, BLOCKS_PER_PROMPT * h.BLOCK_SIZE + 1) for _ in range(3))
-    answers = {}
+    answers, cold, own_hits = {}, {}, {}
 
     def run(name, prompt):
         h.flush_device_cache(llm)
         with h.TelemetryDelta(llm) as delta:
-            answers.setdefault(name, []).append(h.generate(llm, [prompt])[0].tokens)
+            result = h.generate(llm, [prompt])[0]
+        answers.setdefault(name, []).append(result)
+        if name not in cold:  # the first run computed the KV the store takes
+            cold[name] = result
+            own_hits[name] = h.own_prefix_hits(llm, [prompt])
         return delta
 
     run("p1", p1)
@@ -49,4 +59,9 @@ def test_store_smaller_than_working_set_evicts_least_recently_used(small_store_l
     assert run("p3", p3)["hit_blocks"] == 0
 
     for name, prompt in (("p1", p1), ("p2", p2), ("p3", p3)):
-        assert set(answers[name]) == {expected([prompt])[0]}, f"{name} changed under eviction"
+        assert {r.tokens for r in answers[name]} == {expected([prompt])[0]}, f"{name} changed under eviction"
+        for r in answers[name][1:]:
+            if r.num_cached_tokens:  # served from the host store
+                assert not h.check_reloads([r], own_hits[name]), name
+            else:
+                assert not h.difference([r], [cold[name]]), f"{name}: a miss differs from its first run"
