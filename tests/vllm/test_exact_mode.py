@@ -1,8 +1,8 @@
 """Exact mode in real vLLM: blocks come back from host RAM, answers unchanged.
 
 Every reload is checked bit for bit against vLLM's own prefix hit on the KV
-the store took (the mixed batch: tokens only, see there), and runs against a
-planted bug that serves another block, which each such test must catch."""
+the store took, and runs against a planted bug that serves another block,
+which each test must catch."""
 
 from __future__ import annotations
 
@@ -87,9 +87,21 @@ def test_cache_salt_isolates_tenants(exact_llm, expected):
     assert not h.check_reloads([same], own_hits)
 
 
-def test_mixed_concurrent_batch(exact_llm, expected, figures):
-    # Tokens only, not yet @catches_a_wrong_block: the batch outgrows the device
-    # cache, so vLLM's own hits cannot give its reload's shapes.
+# The mixed batch's own LLM: a device cache that holds the whole batch, so
+# vLLM's own prefix hits give every request the shapes of its reload.
+BATCH_DEVICE_BLOCKS = 4 * h.NUM_DEVICE_BLOCKS
+
+
+@pytest.fixture(scope="module")
+def batch_llm(tiny_model, connector):
+    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector,
+                     kv_cache_bytes=BATCH_DEVICE_BLOCKS * h.exact_block_bytes())
+    yield llm
+    h.shutdown(llm)
+
+
+@catches_a_wrong_block
+def test_mixed_concurrent_batch(batch_llm, expected, figures):
     rng = random.Random(3)
     shared_a = h.random_tokens(rng, 4 * h.BLOCK_SIZE)
     shared_b = h.random_tokens(rng, 2 * h.BLOCK_SIZE + 7)
@@ -107,11 +119,12 @@ def test_mixed_concurrent_batch(exact_llm, expected, figures):
     assert len(batch) >= 8 and max(map(len, batch)) >= 2048
     want = expected(batch)
 
-    with h.TelemetryDelta(exact_llm) as cold:
-        first = h.generate(exact_llm, batch)
-    h.flush_device_cache(exact_llm)
-    with h.TelemetryDelta(exact_llm) as warm:
-        second = h.generate(exact_llm, batch)
+    with h.TelemetryDelta(batch_llm) as cold:
+        first = h.generate(batch_llm, batch)
+    own_hits = h.own_prefix_hits(batch_llm, batch)
+    h.flush_device_cache(batch_llm)
+    with h.TelemetryDelta(batch_llm) as warm:
+        second = h.generate(batch_llm, batch)
 
     assert [r.tokens for r in first] == want
     assert [r.tokens for r in second] == want
@@ -121,6 +134,7 @@ def test_mixed_concurrent_batch(exact_llm, expected, figures):
     assert all(r.num_cached_tokens == n for r, n in zip(second, reusable))
     assert warm["hit_tokens"] >= h.reusable_tokens(len(batch[0]))
     assert cold["stored_blocks"] > 0
+    assert not h.check_reloads(second, own_hits)
     figures.append(
         f"mixed batch: cold pass stored {cold['stored_blocks']:.0f} blocks; warm pass "
         f"{warm['hit_tokens']:.0f} tokens from the host store"
