@@ -240,9 +240,12 @@ def test_launcher_rejects_bad_flags_with_usage(release_tree, runtime, flags, mes
     assert message in result.stderr and "usage: activekv-serve" in result.stderr
 
 
-def completion(port: int, prompt: list[int]) -> dict:
-    body = json.dumps({"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0,
-                       "return_token_ids": True}).encode()
+def completion(port: int, prompt: list[int], logprobs: int | None = None) -> dict:
+    request = {"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+               "return_token_ids": True}
+    if logprobs:
+        request.update(logprobs=logprobs, return_tokens_as_token_ids=True)
+    body = json.dumps(request).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
@@ -273,36 +276,45 @@ def metric(port: int, name: str) -> float:
 def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runtime, cache_dir):
     """activekv-serve --activekv-streaming in the runtime image: vLLM's OpenAI
     server (compiled mode) serves a context 8x what its KV budget holds without
-    streaming, with the tokens of vLLM given 8x the budget (computed here)."""
+    streaming, with the tokens and top logprobs of plain vLLM in the same image
+    given 8x the budget (the tokens alone hardly depend on the KV cache)."""
     from pipeline.harness import vllm_harness as h
     from pipeline.harness.tiny_model import STREAMING_LAYERS
 
     model = tiny_llama(cache_dir, STREAMING_LAYERS)
     budget = h.streaming_budget_bytes(STREAMING_LAYERS)
     prompt = h.random_tokens(__import__("random").Random(41), h.STREAMING_CONTEXT - h.MAX_TOKENS)
-    plain = h.make_llm(model, connector=None, kv_cache_bytes=8 * budget,
-                       max_model_len=h.STREAMING_CONTEXT)
-    try:
-        (want,) = h.generate(plain, [prompt], logprobs=None)
-    finally:
-        h.shutdown(plain)
-    port = free_port()
-    name = f"activekv-streaming-{port}"
-    runtime.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g",
-               "-v", f"{model}:/model:ro", release_tree["runtime"]["id"],
-               "--activekv-streaming", "0,2", "--model", "/model", "--host", "127.0.0.1",
-               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
-               "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT),
-               "--kv-cache-memory-bytes", str(budget))
-    try:
-        wait_for_health(runtime, name, port)
-        got = completion(port, prompt)["choices"][0]["token_ids"]
-        assert got == list(want.tokens[: len(got)]) and len(got) == 8
-        assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
-        logs = runtime.run("logs", name, capture=True, check=False)
-        assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs.stdout + logs.stderr
-    finally:
-        runtime.run("rm", "--force", name, check=False)
+    server = ["--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "bfloat16",
+              "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT)]
+    # Both with the same CPU threads (a connector reserves one more core otherwise).
+    same_threads = [a for k, v in h.SAME_THREADS.items() for a in ("-e", f"{k}={v}")]
+    answers, logs = {}, ""
+    for kind in ("plain", "streaming"):
+        port = free_port()
+        name = f"activekv-{kind}-{port}"
+        args = ["run", "-d", "--name", name, "--network=host", "--shm-size=1g", *same_threads,
+                "-v", f"{model}:/model:ro"]
+        if kind == "plain":  # vLLM's own server in the same image, 8x the budget
+            args += ["--entrypoint", "/opt/venv/bin/python", release_tree["runtime"]["id"],
+                     "-m", "vllm.entrypoints.openai.api_server", "--model", "/model",
+                     "--kv-cache-memory-bytes", str(8 * budget)]
+        else:
+            args += [release_tree["runtime"]["id"], "--activekv-streaming", "0,2", "--model", "/model",
+                     "--kv-cache-memory-bytes", str(budget)]
+        runtime.run(*args, *server, "--port", str(port))
+        try:
+            wait_for_health(runtime, name, port)
+            answers[kind] = completion(port, prompt, logprobs=h.LOGPROBS)["choices"][0]
+            if kind == "streaming":
+                assert metric(port, "vllm:activekv_streamed_bytes_to_device") > 0
+                done = runtime.run("logs", name, capture=True, check=False)
+                logs = done.stdout + done.stderr
+        finally:
+            runtime.run("rm", "--force", name, check=False)
+    got, want = answers["streaming"], answers["plain"]
+    assert len(want["token_ids"]) == 8 and got["token_ids"] == want["token_ids"]
+    assert got["logprobs"]["top_logprobs"] == want["logprobs"]["top_logprobs"], "logprobs differ"
+    assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs
 
 
 def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, runtime,
@@ -439,3 +451,94 @@ def test_a_tampered_published_wheel_fails_verification_before_install(signed, pu
     assert result.returncode == ManifestError.exit_code
     assert f"{wheel.name}: sha256 or size differs from the manifest" in result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+
+
+# -- the README's "without a checkout" commands, as the README writes them ----------
+
+README_COMMANDS_AFTER = "With the fingerprint pinned (step 1)"
+
+
+def readme_commands() -> list[str]:
+    """The command block of the README's section "Without a checkout", its
+    lines as written (indentation removed)."""
+    text = (ROOT / "README.md").read_text()
+    rest = text.split(README_COMMANDS_AFTER, 1)[1].split("\n\n", 1)[1]
+    block = []
+    for line in rest.splitlines():
+        if not line.startswith("    "):
+            break
+        block.append(line[4:])
+    assert block, f"README.md: no command block after {README_COMMANDS_AFTER!r}"
+    return block
+
+
+def readme_script(lines: list[str], index_url: str) -> str:
+    """The lines for this release (its version, its index); the line that
+    installs the dependencies from PyPI is left out (the consumer test above
+    runs it), and so are the container runtime's lines (run on the host)."""
+    out = []
+    for line in lines:
+        if line.startswith("docker ") or line.startswith("pip install -c "):
+            continue
+        out.append(line.replace("0.1.0", VERSION).replace("INDEX/simple", f"{index_url}/simple"))
+    return "\n".join(out) + "\n"
+
+
+def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
+        signed, published, runtime, tmp_path):
+    """A clean Debian container with openssl, coreutils and pip, none of this
+    project's code: the README's commands verify the published release and
+    install our wheels by hash; on a tampered manifest or requirements file they
+    stop. Then the README's image lines, on the host: the pull by digest gives
+    the manifest's image id."""
+    from pipeline import config
+    from pipeline.stages import images
+
+    path, pub, _ = signed
+    destinations, _ = published
+    lines = readme_commands()
+    script = readme_script(lines, destinations.index_url)
+    assert "openssl pkeyutl -verify" in script and "--require-hashes" in script
+    base, _ = images.base_image(runtime, config.load().target("cpu"))
+    setup = ("set -eu\napt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "
+             "openssl python3-venv >/dev/null\npython3 -m venv /v\nexport PATH=/v/bin:$PATH\ncd /release\n")
+
+    def run_readme(release: Path) -> subprocess.CompletedProcess:
+        return runtime.run("run", "--rm", "--network=host", "-v", f"{release}:/release", base,
+                           "sh", "-c", setup + script, capture=True, check=False)
+
+    def copy() -> Path:
+        return Path(shutil.copytree(destinations.root / "manifests", tmp_path / f"release{len(list(tmp_path.iterdir()))}"))
+
+    done = run_readme(copy())
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    printed = [line for line in done.stdout.splitlines() if line.strip()]
+    assert f"SHA256:{printed[0]}" == pinned(pub), printed[:2]
+    assert "Signature Verified Successfully" in done.stdout
+    assert "BAD" not in done.stdout + done.stderr
+    assert "Successfully installed" in done.stdout and f"activekv-{VERSION}" in done.stdout
+
+    # A tampered manifest: the signature check stops them.
+    release = copy()
+    manifest_file = release / path.name
+    manifest_file.write_text(manifest_file.read_text().replace('"cpu"', '"cpU"', 1))
+    done = run_readme(release)
+    assert done.returncode != 0 and "Signature Verified Successfully" not in done.stdout
+    assert "Successfully installed" not in done.stdout
+    # A tampered requirements file: the sha256 check stops them before pip.
+    release = copy()
+    requirements = release / VERSION / provenance.requirements_name(VERSION, "cpu")
+    requirements.write_text(requirements.read_text() + "# one more line\n")
+    done = run_readme(release)
+    assert done.returncode != 0 and f"BAD {VERSION}/{requirements.name}" in done.stderr
+    assert "Successfully installed" not in done.stdout
+
+    # The image lines, on the host, in the release's folder.
+    image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
+    host_lines = [line.replace("0.1.0", VERSION).replace("docker ", f"{runtime.name} ", 1)
+                  for line in lines if line.startswith("docker ")]
+    assert len(host_lines) == 2, host_lines
+    done = subprocess.run(["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copy(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == image["digest"]
