@@ -220,10 +220,10 @@ def answers_with_8x_memory(setting):
         h.shutdown(llm)
 
 
-@pytest.mark.parametrize("geometry", STREAMING_CONFIGS)
+@pytest.mark.parametrize("streaming", STREAMING_CONFIGS)
 def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
-        llms, setting, answers_with_8x_memory, geometry, figures):
-    config = STREAMING_CONFIGS[geometry]
+        llms, setting, answers_with_8x_memory, streaming, figures):
+    config = STREAMING_CONFIGS[streaming]
     llm = connector_llm(llms, setting, {"streaming": config}, kv_cache_bytes=budget(setting, config),
                         max_model_len=CONTEXT, **STREAMING_SCHEDULING)
     with h.TelemetryDelta(llm) as delta:
@@ -231,7 +231,7 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     h.flush_device_cache(llm)
     rounds = [h.generate(llm, batch) for batch in ROUNDS]
     assert delta["streamed_bytes_to_device"] > 0
-    bitwise(long, answers_with_8x_memory["long"], f"streaming {geometry}, {CONTEXT} tokens")
+    bitwise(long, answers_with_8x_memory["long"], f"streaming {streaming}, {CONTEXT} tokens")
     # Every request's outcome, so one run tells which requests of which round differ.
     report = [f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
               f"{h.difference([g], [w]) or 'same'}"
@@ -239,7 +239,7 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
               for i, (g, w) in enumerate(zip(got, want))]
     assert all(line.endswith("same") for line in report), "\n".join(report)
     assert [r.num_cached_tokens for r in rounds[1]] == [len(SHARED)] * len(SUFFIXES), report
-    figures.append(f"{setting['name']} streaming {geometry}: bit for bit plain vLLM with 8x the "
+    figures.append(f"{setting['name']} streaming {streaming}: bit for bit plain vLLM with 8x the "
                    f"memory ({answers_with_8x_memory['cudagraph_mode']}), {CONTEXT} tokens and two "
                    f"rounds of {len(SUFFIXES)} requests sharing a prefix")
 
