@@ -18,6 +18,12 @@ from pipeline.errors import HostPreparationError
 from pipeline.paths import LOGS_DIR
 
 
+def under_ci() -> bool:
+    """Whether this run is CI's (`.ci/run` exports CI=true): there every test
+    and tool has what it needs, so a skip or a weaker fallback is a failure."""
+    return os.environ.get("CI") == "true"
+
+
 def dpkg_says_installed(status: str) -> bool:
     """Whether dpkg-query's `${Status}` output (one line per architecture)
     says the package is installed. A status is three words: wanted, error

@@ -8,12 +8,11 @@ with ActiveKV's patch series, and the engine built against that torch.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import TYPE_CHECKING
 
 from pipeline import config
-from pipeline.host import ensure_debian_packages
+from pipeline.host import ensure_debian_packages, under_ci
 from pipeline.paths import BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, ROOT, relative
 from pipeline.stages import patch_vllm
 
@@ -73,7 +72,7 @@ def run_cpp_tests(session: Session) -> None:
     output = session.run(*ctest, silent=True)
     print(output, end="")
     skipped = [line for line in output.splitlines() if "***Skipped" in line]
-    if skipped and os.environ.get("CI") == "true":
+    if skipped and under_ci():
         session.error(f"{len(skipped)} C++ test(s) skipped under CI: " + "; ".join(s.strip() for s in skipped))
 
 

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline.harness.vllm_harness import reference_on_path  # noqa: E402
+from pipeline.host import under_ci  # noqa: E402
 from pipeline.paths import TEST_CACHE  # noqa: E402
 
 # vLLM's engine and worker processes import the reference connector by module
@@ -33,7 +34,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("ActiveKV figures")
         for line in _FIGURES:
             terminalreporter.write_line(line)
-    if os.environ.get("CI") == "true" and terminalreporter.stats.get("skipped"):
+    if under_ci() and terminalreporter.stats.get("skipped"):
         terminalreporter.section("skipped under CI")
         for report in terminalreporter.stats["skipped"]:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -45,7 +46,7 @@ def pytest_sessionfinish(session, exitstatus):
     there a skip hides a test that did not run, so the run fails."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
-    if os.environ.get("CI") == "true" and skipped and exitstatus == pytest.ExitCode.OK:
+    if under_ci() and skipped and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -35,21 +35,19 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     # The oracle: vLLM's own prefix-cache hit on the KV the cold run computed,
     # in this engine: the shapes of a reload (reusable cached + the rest), run
     # twice to see that vLLM agrees with itself on them.
-    own_hits = [h.generate(exact_llm, [prompt])[0] for _ in range(2)]
+    own_hits = h.own_prefix_hits(exact_llm, [prompt])
     h.generate(exact_llm, [filler])
     with h.TelemetryDelta(exact_llm) as delta:
         again = h.generate(exact_llm, [prompt])[0]
 
     assert first.num_cached_tokens == 0
-    assert all(r.num_cached_tokens == reusable for r in own_hits)
+    assert all(run[0].num_cached_tokens == reusable for run in own_hits)
     assert delta["hit_tokens"] == reusable  # every reusable token came from the host store
     assert again.num_cached_tokens == reusable
     # Exact mode stores the KV bytes and nothing else.
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
     # Same engine, same shapes, same KV bytes: the same logprobs, bit for bit.
-    note = h.check_against_own_prefix_hits(again, own_hits)
-    if note:
-        figures.append(f"exact reload: {note}")
+    figures.extend(f"exact reload: {note}" for note in h.check_reloads([again], own_hits))
     # Plain vLLM (no connector) with its own prefix hit of the same cached-token count.
     (plain_hit,) = plain([prompt], prefix_hit=True)
     assert again.tokens == first.tokens == plain_hit.tokens
