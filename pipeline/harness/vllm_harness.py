@@ -261,7 +261,12 @@ def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_pa
 
 
 def shutdown(llm) -> None:
+    from vllm.distributed.kv_transfer import kv_transfer_state
+
     llm.llm_engine.engine_core.shutdown()
+    # An in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) leaves its
+    # connector in vLLM's process-wide state, where the next LLM would find it.
+    kv_transfer_state.ensure_kv_transfer_shutdown()
     del llm
     gc.collect()
 

@@ -73,7 +73,7 @@ def setting(request, cache_dir):
 
 
 def make(setting, extra=None, *, connector="native", **kw):
-    return h.make_llm(setting["model"], extra, connector=connector, **MODES[setting["mode"]], **kw)
+    return h.make_llm(setting["model"], extra, connector=connector, **{**MODES[setting["mode"]], **kw})
 
 
 def connector_llm(llms, setting, extra, **kw):
@@ -180,12 +180,15 @@ LONG = h.random_tokens(random.Random(40), CONTEXT - h.MAX_TOKENS)
 # computes it (4 copies in one step), the second finds it in vLLM's prefix cache
 # (4 requests on the same blocks, staged once). GPU kernels are not batch
 # invariant, so bit for bit needs the same schedule as plain vLLM with 8x:
-# both rounds fit the streaming budget at once, with no eviction. And with
-# async scheduling, vLLM 0.26.0 on the H200 is not bit for bit itself on such
-# a batch's first decode step, run to run, even with VLLM_BATCH_INVARIANT=1
-# (bench/raw/2026-12-01-gpu-vllm-batch-determinism*.txt): the streaming tests
-# run both sides with it off, and check that plain vLLM then repeats itself.
-STREAMING_SCHEDULING = {"async_scheduling": False}
+# both rounds fit the streaming budget at once, with no eviction. And the same
+# steps run to run: with the engine in its own process, a batch's requests
+# reach it while it already steps, so its first steps hold some of them
+# depending on timing, and plain vLLM 0.26.0 on the H200 differs from itself
+# at a batch's first decode steps (with async scheduling on or off, and with
+# VLLM_BATCH_INVARIANT=1: bench/raw/2026-12-01-gpu-vllm-batch-determinism*.txt).
+# The streaming tests run both sides in-process and synchronous, and check
+# that plain vLLM then repeats itself.
+STREAMING_SCHEDULING = {"async_scheduling": False, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 SHARED = h.random_tokens(random.Random(41), 8 * h.BLOCK_SIZE)
 SUFFIXES = (40, 100, 160, 220)
 ROUNDS = [[SHARED + h.random_tokens(random.Random(seed + n), n) for n in SUFFIXES] for seed in (42, 43)]
@@ -202,10 +205,18 @@ STREAMING_CONFIGS = {"R0-ring2": h.STREAMING, "R2-ring3": {"resident_layers": 2,
 
 
 @pytest.fixture(scope="module")
-def answers_with_8x_memory(setting):
-    """Plain vLLM (no connector, its default CUDA graph mode) given 8x the budget."""
+def answers_with_8x_memory(llms, setting):
+    """Plain vLLM (no connector) given 8x the budget, in the CUDA graph mode
+    streaming runs in: PIECEWISE (attention outside the graphs) in compiled
+    mode. Its default FULL decode graphs run attention with other split-KV
+    settings, so they differ from piecewise plain vLLM in the last bits too."""
+    graphs = {}
+    if "compilation_config" in MODES[setting["mode"]]:
+        graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"],
+                                        "cudagraph_mode": "PIECEWISE"}
+    llms.close()  # an in-process engine's connector is process-wide in vLLM: none may be alive
     llm = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
-               **STREAMING_SCHEDULING)
+               **graphs, **STREAMING_SCHEDULING)
     try:
         long = h.generate(llm, [LONG])
         runs = []
@@ -231,6 +242,7 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     h.flush_device_cache(llm)
     rounds = [h.generate(llm, batch) for batch in ROUNDS]
     assert delta["streamed_bytes_to_device"] > 0
+    assert cudagraph_mode(llm) == answers_with_8x_memory["cudagraph_mode"]
     bitwise(long, answers_with_8x_memory["long"], f"streaming {streaming}, {CONTEXT} tokens")
     # Every request's outcome, so one run tells which requests of which round differ.
     report = [f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
