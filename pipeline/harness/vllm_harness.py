@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import os
 import random
 import sys
@@ -332,6 +333,35 @@ def flush_device_cache(llm) -> None:
     """Drop vLLM's own prefix cache (the host store is kept)."""
     if not llm.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache")
+
+
+def zero_device_cache(worker) -> None:
+    """Runs inside a vLLM worker (collective_rpc): every device KV block to zeros."""
+    for cache in worker.model_runner.kv_caches:
+        cache.zero_()
+
+
+def device_block_digests(worker) -> list[str]:
+    """Runs inside a vLLM worker (collective_rpc): SHA-256 over every layer of
+    each device KV block that holds anything (not all zeros), sorted. After
+    zero_device_cache, the blocks the requests since then wrote: what a wrong
+    block changes even where the tokens do not."""
+    import torch
+
+    runner = worker.model_runner
+    n = runner.kv_cache_config.num_blocks
+    digests = [hashlib.sha256() for _ in range(n)]
+    used = [False] * n
+    for cache in runner.kv_caches:
+        axes = [i for i, size in enumerate(cache.shape) if size == n]
+        if len(axes) != 1:
+            raise RuntimeError(f"no single block axis of {n} in a KV cache of shape {tuple(cache.shape)}")
+        blocks = cache.movedim(axes[0], 0).cpu()
+        for b in range(n):
+            block = blocks[b].contiguous()
+            used[b] = used[b] or bool(block.any())
+            digests[b].update(block.view(-1).view(torch.uint8).numpy().tobytes())
+    return sorted(d.hexdigest() for d, u in zip(digests, used) if u)
 
 
 def layer_block_bytes(tp_size: int = 1, geometry: dict | None = None) -> int:
