@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime
+from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import AuditError, ConfigError, PipelineError
 from pipeline.paths import ROOT, relative, target_dir
@@ -658,7 +659,7 @@ def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, re
     """Audit every wheel in wheels_dir; write the report; raise AuditError on
     any finding. runtime=None skips the load check (static rules only)."""
     policy = load_policy()
-    wheels = sorted(wheels_dir.glob("*.whl"))
+    wheels = refuse_links(sorted(wheels_dir.glob("*.whl")), "wheel", AuditError)
     findings: list[Finding] = []
     if not wheels:
         findings.append(Finding(wheel="-", file=str(wheels_dir), rule="wheels",
@@ -700,7 +701,8 @@ def audited_wheels(target: Target) -> list[Path]:
     recorded = json.loads(record.read_text())
     if not recorded.get("passed"):
         raise PipelineError(f"target {target.name}: the payload audit did not pass; no runtime image")
-    return [target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]]
+    return refuse_links([target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]],
+                        "audited wheel", PipelineError)
 
 
 def run_stage(run: Run) -> None:

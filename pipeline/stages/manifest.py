@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipeline import provenance, signing
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
+from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
 from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
@@ -53,6 +54,7 @@ def _wheel_tags(name: str) -> tuple[str, str]:
 
 
 def _file_artifact(kind: str, target: str, path: Path) -> dict:
+    refuse_links([path], kind, ManifestError)
     entry = {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path),
              "size": path.stat().st_size}
     if path.suffix == ".whl":

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from pipeline import paths
 from pipeline.config import Target
 from pipeline.container import echo_run
+from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
 from pipeline.parity.cells import expectation_problems
@@ -66,13 +67,14 @@ def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[d
                           f"on wheels that will not ship")
     wheels = []
     for w in audit["wheels"]:
-        path = target_dir / "wheels" / w["file"]
+        (path,) = refuse_links([target_dir / "wheels" / w["file"]], "audited wheel", ParityError)
         if not path.is_file() or sha256_of(path) != w["sha256"]:
             raise ParityError(f"{relative(path)}: not the wheel the audit passed (missing or changed since); "
                               f"run the build and audit stages again")
         wheels.append({"kind": "engine-wheel", "file": w["file"], "sha256": w["sha256"], "path": path})
     if not wheels:
         raise ParityError(f"target {target.name}: the audit recorded no wheel; run the build stage")
+    refuse_links([vllm_wheel], "patched vLLM wheel", ParityError)
     if not vllm_wheel.is_file():
         raise ParityError(f"{relative(vllm_wheel)}: missing; run the patch-vllm stage first")
     wheels.append({"kind": "vllm-wheel", "file": vllm_wheel.name, "sha256": sha256_of(vllm_wheel),

@@ -35,6 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import Target
 from pipeline.container import echo_run
+from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import PatchError, PipelineError
 from pipeline.host import ensure_debian_packages
@@ -237,7 +238,7 @@ def load_pin(name: str, version: str, pins_file: Path = PINS_FILE) -> Pin:
 
 def obtain(pin: Pin, downloads: Path = VLLM_DOWNLOADS) -> Path:
     """The pinned wheel, downloaded once (pip --require-hashes) and checked."""
-    wheel = downloads / pin.file
+    (wheel,) = refuse_links([downloads / pin.file], "downloaded vLLM wheel", PatchError)
     if not wheel.is_file():
         downloads.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
@@ -374,6 +375,7 @@ def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path
     the target's broken_beside_torch) and run pipeline.harness.patch_check
     there (a short ActiveKV generation with the tiny model). Returns the
     check's JSON; raises PatchError when it fails."""
+    refuse_links(engine_wheels, "engine wheel", PatchError)
     if not engine_wheels:
         raise PatchError("no engine wheel to verify the patched vLLM with: run the build stage "
                          "first (python -m pipeline build)")
@@ -453,7 +455,9 @@ def patched_wheel_for(target: Target) -> Path:
     if not record.is_file():
         raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
                             f"patch-vllm stage first")
-    return folder / json.loads(record.read_text())["patched"]["file"]
+    (wheel,) = refuse_links([folder / json.loads(record.read_text())["patched"]["file"]],
+                            "patched vLLM wheel", PipelineError)
+    return wheel
 
 
 def report_rebase(run: Run, dist: str, version: str) -> None:

@@ -387,6 +387,12 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
                                  f"not {a['digest']}; version {version} is published")
         if have is None:
             todo_images.append((a, name))
+    images_file = files_dir / images_name(version)
+    refs = []
+    if images and not todo_images and images_file.is_file():
+        # Every image is already there: its listing must be the one published.
+        refs = _image_references(images, dest.registry, version)
+        _check_listing(images_file, _listing(refs), version)
     published = dest.manifests / manifest_path.name
     if published.is_file():
         earlier = json.loads(published.read_text())
@@ -407,12 +413,12 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         write_atomic(files_dir / a["file"], _local(found, a))
     for a, name in todo_images:
         dest.registry.push(a["ref"], name, version)
-    refs = []
     if images:
-        refs = _image_references(images, dest.registry, version)
-        write_atomic(files_dir / images_name(version), data="".join(
-            f"# target {a['target']}: image id {a['digest']} (the signed manifest's digest)\n{ref}\n"
-            for a, ref in refs).encode())
+        refs = refs or _image_references(images, dest.registry, version)
+        listing = _listing(refs)
+        # A re-run writes it only where it is missing: a published file is never rewritten.
+        if not _check_listing(images_file, listing, version):
+            write_atomic(images_file, data=listing)
     # Last: the signature and public key, then the manifest, which makes the
     # release visible. A manifest already there (a finished release) is kept.
     if not published.is_file():
@@ -424,6 +430,22 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
             "images": [n for _, n in todo_images], "manifest": str(published),
             "image_references": [ref for _, ref in refs],
             "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images)}
+
+
+def _listing(refs: list[tuple[dict, str]]) -> bytes:
+    return "".join(f"# target {a['target']}: image id {a['digest']} (the signed manifest's digest)\n{ref}\n"
+                   for a, ref in refs).encode()
+
+
+def _check_listing(path: Path, listing: bytes, version: str) -> bool:
+    """Whether the images' listing is already at `path`; refused where it says other digests."""
+    if not path.is_file():
+        return False
+    if path.read_bytes() != listing:
+        raise CollisionError(f"{path} exists with other image references than the registry now "
+                             f"gives for version {version} (a registry digest changed?); version "
+                             f"{version} is published with those: bump the version")
+    return True
 
 
 def _image_references(images: list[dict], registry: Registry, version: str) -> list[tuple[dict, str]]:

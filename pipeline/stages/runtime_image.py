@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.config import ReleaseConfig, Target
 from pipeline.container import ContainerRuntime
+from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
 from pipeline.paths import IMAGES_DIR, ROOT, target_dir
@@ -57,6 +58,8 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
                          f"{target.name}.Dockerfile) and no pinned runtime environment yet")
     if not engine_wheels:
         raise ImageError(f"target {target.name}: no engine wheel: run the build stage first")
+    refuse_links([*engine_wheels, vllm_wheel], "wheel", ImageError)
+    refuse_links([launcher], "launcher", ImageError)
     base_ref, base_id = runtime_base_image(runtime, target)
     wheels = [*engine_wheels, vllm_wheel]
     digest = inputs_digest(version, commit, [*wheels, launcher])

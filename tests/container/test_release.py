@@ -166,8 +166,29 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
     # the wheels from the index's folder, the other files from manifests/<version>/.
     verify.verify(on_index, fingerprint=pinned(pub), wheels=destinations.root / "packages")
 
+    def files_as_they_are():
+        return {p: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes())
+                for d in ("manifests", "packages") for p in sorted((destinations.root / d).rglob("*"))
+                if p.is_file()}
+
+    before = files_as_they_are()
+    assert any(p.name == publish.images_name(VERSION) for p in before)
     again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
     assert again["wheels"] == [] and again["images"] == [] and again["skipped"] == len(data["artifacts"])
+    assert files_as_they_are() == before, "a re-run with nothing to do rewrote a published file"
+
+    # The images' listing is not signed: one that no longer says what the
+    # registry gives (a digest changed since) is refused, never rewritten.
+    listing = destinations.root / "manifests" / VERSION / publish.images_name(VERSION)
+    good = listing.read_bytes()
+    stale = good.replace(b"@sha256:", b"@sha256:0")
+    listing.write_bytes(stale)
+    try:
+        with pytest.raises(CollisionError, match=f"{listing} exists with other image references"):
+            publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
+        assert listing.read_bytes() == stale
+    finally:
+        listing.write_bytes(good)
 
 
 def test_a_registry_down_mid_publish_fails_and_the_rerun_completes(signed, destinations):
