@@ -11,7 +11,8 @@ Every exit code is here, and nowhere else (tests and CI scripts rely on them):
     5  BuildError        building or repairing a wheel
     6  AuditError        the payload audit
     7  PatchError        the vLLM patch series or distribution
-    8  ManifestError     recording or verifying a release
+    8  ManifestError     recording a release, or one whose bytes or signature do
+                         not verify (verify: a path or flag typed wrong is 2)
     9  PublishError      publishing (10: CollisionError, other bytes already there)
    11  DirtyTreeError    uncommitted changes without --allow-dirty
    12  SigningKeyError   a signing or trusted key, or a fingerprint

@@ -21,6 +21,11 @@ Images are checked as the operator pulled them (--image REF, a tag or a
 digest reference): the image id must be the manifest's `digest` and the label
 org.activekv.manifest-inputs its `inputs_digest`. An image that was not
 checked is said to be so, in its own line and in the summary.
+
+Exit codes: 0 verified; 8 the release's bytes or signature are wrong (do not
+install it); 2 the command line (a MANIFEST, key file or folder that is not
+there: the message says what to give instead); 12 a key or fingerprint that
+cannot be read.
 """
 
 from __future__ import annotations
@@ -169,12 +174,12 @@ def verify(manifest_path: Path, *, fingerprint: str | None = None, trusted_key: 
 def _read_manifest(path: Path) -> bytes:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file; give the release's activekv-<version>.manifest.json "
-                            f"(in its manifests destination)") from None
+    except FileNotFoundError:  # a mistyped MANIFEST: the usage code, not a bad release's
+        raise ConfigError(f"{path}: no such file; give the release's activekv-<version>.manifest.json "
+                          f"(in its manifests destination)") from None
     except IsADirectoryError:
-        raise ManifestError(f"{path}: a folder; give the manifest file in it "
-                            f"(activekv-<version>.manifest.json)") from None
+        raise ConfigError(f"{path}: a folder; give the manifest file in it "
+                          f"(activekv-<version>.manifest.json)") from None
     except OSError as e:
         raise ManifestError(f"{path}: cannot be read ({e.strerror})") from None
 
@@ -189,6 +194,10 @@ def trust_root(manifest_path: Path, *, fingerprint: str | None, trusted_key: Pat
     elif fingerprint is not None:
         fingerprint = signing.parse_fingerprint(fingerprint)
     if trusted_key is not None:
+        if not trusted_key.is_file():
+            raise ConfigError(f"--trusted-key {trusted_key}: {'a folder' if trusted_key.is_dir() else 'no such file'}; "
+                              f"give the PEM file of the release key you pinned out of band, or pin "
+                              f"its fingerprint with --fingerprint SHA256:... instead")
         key = signing.load_public_key(trusted_key, what="--trusted-key")
         have = signing.fingerprint(key)
         if fingerprint is not None and have != fingerprint:
@@ -210,10 +219,11 @@ def trust_root(manifest_path: Path, *, fingerprint: str | None, trusted_key: Pat
 
 
 def _folder(path: Path, flag: str) -> Path:
+    """A folder given on the command line: a wrong one is a usage error."""
     if not path.exists():
-        raise ManifestError(f"{flag} {path}: no such folder; give the folder the release's files are in")
+        raise ConfigError(f"{flag} {path}: no such folder; give the folder the release's files are in")
     if not path.is_dir():
-        raise ManifestError(f"{flag} {path}: not a folder; give the folder the file is in")
+        raise ConfigError(f"{flag} {path}: not a folder; give the folder the file is in")
     return path
 
 
@@ -245,7 +255,7 @@ def _locations(manifest: dict, manifest_path: Path, *, wheels: Path | None, inde
         else:
             root = manifest_path.parent / manifest["version"]
             if not root.is_dir():
-                raise ManifestError(f"{root}: no such folder; the release's other files ("
+                raise ConfigError(f"{root}: no such folder; the release's other files ("
                                     f"{', '.join(a['file'] for a in others)}) are published there; "
                                     f"give the folder holding them with --files DIR")
         found += [(a, root / a["file"]) for a in others]

@@ -167,11 +167,12 @@ def _break(release, case):
     """Make `case` happen; returns (extra flags, the manifest to give, what
     the error must name, exit code)."""
     m, tmp = release["manifest"], release["tmp"]
-    code = ManifestError.exit_code
+    code = ManifestError.exit_code  # the release's bytes or signature: do not install
+    usage = ConfigError.exit_code  # what was typed: give another path
     if case == "manifest mistyped":
-        return [], m.with_name("activekv-0.1.O.manifest.json"), m.with_name("activekv-0.1.O.manifest.json"), code
+        return [], m.with_name("activekv-0.1.O.manifest.json"), m.with_name("activekv-0.1.O.manifest.json"), usage
     if case == "manifest is a folder":
-        return [], m.parent, m.parent, code
+        return [], m.parent, m.parent, usage
     if case == "signature missing":
         m.with_name(m.name + ".sig").unlink()
         return [], m, m.name + ".sig", code
@@ -193,21 +194,21 @@ def _break(release, case):
         release["pub"].write_text("hello\n")
         return [], m, release["pub"], SigningKeyError.exit_code
     if case == "trusted key mistyped":
-        return ["--trusted-key", tmp / "nope.pem"], m, tmp / "nope.pem", SigningKeyError.exit_code
+        return ["--trusted-key", tmp / "nope.pem"], m, tmp / "nope.pem", usage
     if case == "trusted key is a folder":
-        return ["--trusted-key", tmp], m, tmp, SigningKeyError.exit_code
+        return ["--trusted-key", tmp], m, tmp, usage
     if case == "wheels folder mistyped":
-        return ["--wheels", tmp / "pakages"], m, tmp / "pakages", code
+        return ["--wheels", tmp / "pakages"], m, tmp / "pakages", usage
     if case == "wheels folder is a file":
-        return ["--wheels", release["wheel"]], m, release["wheel"], code
+        return ["--wheels", release["wheel"]], m, release["wheel"], usage
     if case == "wheel missing":
         release["wheel"].unlink()
         return [], m, release["wheel"], code
     if case == "files folder mistyped":
-        return ["--files", tmp / "fils"], m, tmp / "fils", code
+        return ["--files", tmp / "fils"], m, tmp / "fils", usage
     if case == "files folder missing from the publish layout":
         shutil.rmtree(release["sbom"].parent)
-        return [], m, release["sbom"].parent, code
+        return [], m, release["sbom"].parent, usage
     if case == "file missing":
         release["sbom"].unlink()
         return [], m, release["sbom"], code
@@ -228,7 +229,9 @@ def test_a_missing_mistyped_or_malformed_path_is_one_error_line_naming_it(releas
     flags, given, names, code = _break(release, case)
     wheels = [] if "--wheels" in flags else ["--wheels", release["packages"]]
     pin = [] if "--trusted-key" in flags else ["--fingerprint", release["fingerprint"]]
-    refused(cli(given, *pin, *wheels, *flags), code, names)
+    line = refused(cli(given, *pin, *wheels, *flags), code, names)
+    if code == ConfigError.exit_code:  # a mistake on the command line: it says what to give instead
+        assert "; give " in line, line
 
 
 def test_the_wheels_folder_must_be_given_when_the_manifest_lists_wheels(release):
