@@ -101,8 +101,9 @@ def run_all_tests(session: Session) -> None:
     phases = {
         "C++ tests": lambda: run_cpp_tests(session),
         "fast tests": lambda: run_pytest(session, "-m", FAST_TESTS),
-        "vLLM tests": lambda: run_pytest(session, "-m", "vllm"),
-        "container tests": lambda: run_pytest(session, "-m", "container"),
+        # The slowest of each slow phase, in every log: where CI's time goes.
+        "vLLM tests": lambda: run_pytest(session, "-m", "vllm", "--durations=20"),
+        "container tests": lambda: run_pytest(session, "-m", "container", "--durations=20"),
     }
     summary, failed = [], []
     for name, run in phases.items():
