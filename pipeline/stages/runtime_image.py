@@ -14,7 +14,6 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import ReleaseConfig, Target
 from pipeline.container import ContainerRuntime
@@ -22,14 +21,12 @@ from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
 from pipeline.paths import IMAGES_DIR, ROOT, target_dir
+from pipeline.run import Run
 from pipeline.source import commit, engine_version
 from pipeline.stages.audit import audited_wheels
 from pipeline.stages.build import build_launcher
 from pipeline.stages.images import runtime_base_image
 from pipeline.stages.patch_vllm import patched_wheel_for
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
