@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
             if args.stage == "release":
                 registry.run_release(run)
             else:
-                registry.BY_NAME[args.stage].run(run)
+                registry.BY_NAME[args.stage].execute(run)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -172,7 +172,7 @@ def own_prefix_hits(llm, prompts: Sequence[Sequence[int]], *, salt: str | None =
 
 def check_reloads(got: Sequence[Result], own_hits: list[list[Result]]) -> list[str]:
     """check_against_own_prefix_hits for each request of a batch; the notes."""
-    notes = [check_against_own_prefix_hits(r, [run[i] for run in own_hits]) for i, r in enumerate(got)]
+    notes = [check_against_own_prefix_hits(r, [hits[i] for hits in own_hits]) for i, r in enumerate(got)]
     return [f"prompt {i}: {n}" for i, n in enumerate(notes) if n]
 
 

@@ -704,7 +704,7 @@ def audited_wheels(target: Target) -> list[Path]:
                         "audited wheel", PipelineError)
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     static_only = run.options.static_only
     for target in run.targets:
         out = target_dir(target.name)

@@ -175,7 +175,7 @@ def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | Non
     return binary
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         record = build(run.runtime, target)
         run.say(f"{target.name}: built {', '.join(w['file'] for w in record['wheels'])} in {record['seconds']} s")

@@ -21,7 +21,7 @@ def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
             f"(the manifest then records tree_dirty: true)")
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     check_tree(allow_dirty=run.options.allow_dirty)
     run.say("the working tree is clean" if not source.tree_changes() else "dirty tree allowed "
             "(recorded in the manifest: tree_dirty true)")

@@ -181,7 +181,7 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         for ref, image in (builder_image(run.runtime, target), runtime_base_image(run.runtime, target)):
             run.say(f"{target.name}: {ref} ({image})")

@@ -252,6 +252,6 @@ def make_manifest(runtime: ContainerRuntime, profile: Profile, key_path: str | N
     return path
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     path = make_manifest(run.runtime, run.profile, run.options.key)
     run.say(f"signed manifest: {relative(path)}")

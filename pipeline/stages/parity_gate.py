@@ -207,7 +207,7 @@ def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> 
     return result.stdout or ""
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target),
                             evidence=run.options.parity_evidence.get(target.name))

@@ -129,12 +129,12 @@ def added_blocks(patch: Path) -> list[tuple[str, int, str]]:
     the patched file holds them) for each run of each hunk. A later patch may
     add lines next to an earlier one's, but never inside one of its runs."""
     out: list[tuple[str, int, str]] = []
-    current, index, run = None, 0, []
+    current, index, added = None, 0, []
 
     def flush() -> None:
-        if run:
-            out.append((current, index, "".join(run)))
-            run.clear()
+        if added:
+            out.append((current, index, "".join(added)))
+            added.clear()
 
     for line in patch.read_text().splitlines(keepends=True):
         if line.startswith("+++ b/"):
@@ -144,7 +144,7 @@ def added_blocks(patch: Path) -> list[tuple[str, int, str]]:
             flush()
             index += 1
         elif index and line.startswith("+"):
-            run.append(line[1:])
+            added.append(line[1:])
         else:
             flush()
     flush()
@@ -478,7 +478,7 @@ def generates_here(target: Target) -> bool:
     return target.name == "cpu"
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         version = run.options.vllm or target.vllm_version
         dist = target.vllm_distribution

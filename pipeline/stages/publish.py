@@ -508,7 +508,7 @@ def latest_manifest() -> Path:
     return path
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     record = publish(latest_manifest(), artifact_dirs=artifact_dirs(),
                      dest=destinations(run.profile, run.runtime))
     run.say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "

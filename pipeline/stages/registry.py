@@ -4,9 +4,10 @@
 
 `python -m pipeline release` runs them all, stopping at the first failure;
 `python -m pipeline STAGE` runs one (each reads the records the stages before
-it wrote). Each stage is a module of pipeline/stages/ whose `run_stage(run)`
-this registry calls. The noxfile only wires sessions to these commands. A run
-holds the checkout's pipeline lock (pipeline/lock.py) from start to end.
+it wrote). Each stage is a module of pipeline/stages/ whose `execute(run)`
+this registry calls with the Run (pipeline/run.py). The noxfile only wires
+sessions to these commands. A run holds the checkout's pipeline lock
+(pipeline/lock.py) from start to end.
 """
 
 from __future__ import annotations
@@ -23,21 +24,21 @@ from pipeline.stages import (audit, build, check_tree, images, manifest, parity_
 class Stage:
     name: str
     summary: str
-    run: Callable[[Run], None]
+    execute: Callable[[Run], None]
 
 
 RELEASE: tuple[Stage, ...] = (
-    Stage("check-tree", "refuse uncommitted changes (--allow-dirty records them)", check_tree.run_stage),
-    Stage("build", "engine wheels in each target's builder container", build.run_stage),
-    Stage("audit", "the payload audit, with the load check in the runtime base", audit.run_stage),
-    Stage("patch-vllm", "the patch series applied to the target's vLLM, verified", patch_vllm.run_stage),
-    Stage("parity", "the parity gate on the shipped wheels (or evidence for them)", parity_gate.run_stage),
-    Stage("runtime-image", "the image operators pull", runtime_image.run_stage),
-    Stage("manifest", "the signed manifest, SBOM and provenance", manifest.run_stage),
-    Stage("publish", "wheels, images, then the manifest", publish.run_stage),
+    Stage("check-tree", "refuse uncommitted changes (--allow-dirty records them)", check_tree.execute),
+    Stage("build", "engine wheels in each target's builder container", build.execute),
+    Stage("audit", "the payload audit, with the load check in the runtime base", audit.execute),
+    Stage("patch-vllm", "the patch series applied to the target's vLLM, verified", patch_vllm.execute),
+    Stage("parity", "the parity gate on the shipped wheels (or evidence for them)", parity_gate.execute),
+    Stage("runtime-image", "the image operators pull", runtime_image.execute),
+    Stage("manifest", "the signed manifest, SBOM and provenance", manifest.execute),
+    Stage("publish", "wheels, images, then the manifest", publish.execute),
 )
 # Not part of a release: made on demand by the stages that need them.
-TOOLS: tuple[Stage, ...] = (Stage("images", "the targets' builder and runtime base images", images.run_stage),)
+TOOLS: tuple[Stage, ...] = (Stage("images", "the targets' builder and runtime base images", images.execute),)
 BY_NAME = {s.name: s for s in (*RELEASE, *TOOLS)}
 
 
@@ -46,6 +47,6 @@ def run_release(run: Run) -> None:
     propagates), so nothing after it, publishing included, happens."""
     for i, stage in enumerate(RELEASE, 1):
         run.say(f"\n=== stage {i}/{len(RELEASE)}: {stage.name}: {stage.summary}")
-        stage.run(run)
+        stage.execute(run)
     run.say(f"\nrelease done: profile {run.profile.name}, targets {', '.join(t.name for t in run.targets)}")
 

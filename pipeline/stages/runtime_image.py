@@ -107,7 +107,7 @@ def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseCo
         launcher=launcher, out=target_dir(target.name))
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         r = make_runtime_image(run.runtime, target, run.cfg)
         run.say(f"{target.name}: {r['ref']} ({r['id']})")

@@ -11,9 +11,9 @@ from pipeline.stages import registry
 
 def test_every_stage_module_is_registered_and_every_registered_stage_has_its_module():
     modules = {m.name for m in pkgutil.iter_modules(stages.__path__)} - {"registry"}
-    registered = {s.run.__module__.rsplit(".", 1)[1] for s in (*registry.RELEASE, *registry.TOOLS)}
+    registered = {s.execute.__module__.rsplit(".", 1)[1] for s in (*registry.RELEASE, *registry.TOOLS)}
     assert modules == registered
-    assert all(s.run.__name__ == "run_stage" for s in (*registry.RELEASE, *registry.TOOLS))
+    assert all(s.execute.__name__ == "execute" for s in (*registry.RELEASE, *registry.TOOLS))
 
 
 def test_a_release_runs_the_stages_in_the_documented_order():
