@@ -70,9 +70,9 @@ from pipeline.container import Container, ContainerRuntime
 from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import AuditError, ConfigError, PipelineError
+from pipeline.images import runtime_base_image
 from pipeline.paths import ROOT, relative, target_dir
 from pipeline.run import Run
-from pipeline.stages.images import runtime_base_image
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile

@@ -22,10 +22,10 @@ from pathlib import Path, PurePosixPath
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime, echo_run
 from pipeline.errors import BuildError
+from pipeline.images import builder_image
 from pipeline.paths import CCACHE_DIR, ROOT, target_dir
 from pipeline.run import Run
 from pipeline.source import commit, git, source_date_epoch, tree_changes
-from pipeline.stages.images import builder_image
 
 ENGINE = "engine"
 # What building the engine reads: its project, and the build-time metadata

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from pipeline import images
 from pipeline.run import Run
-from pipeline.stages import (audit, build, check_tree, images, manifest, parity_gate, patch_vllm, publish,
-                             runtime_image)
+from pipeline.stages import audit, build, check_tree, manifest, parity_gate, patch_vllm, publish, runtime_image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,8 @@ RELEASE: tuple[Stage, ...] = (
     Stage("manifest", "the signed manifest, SBOM and provenance", manifest.execute),
     Stage("publish", "wheels, images, then the manifest", publish.execute),
 )
-# Not part of a release: made on demand by the stages that need them.
+# Not part of a release: the images of pipeline/images.py, made on demand by the
+# stages that need them, and by this tool.
 TOOLS: tuple[Stage, ...] = (Stage("images", "the targets' builder and runtime base images", images.execute),)
 BY_NAME = {s.name: s for s in (*RELEASE, *TOOLS)}
 

@@ -20,12 +20,12 @@ from pipeline.container import ContainerRuntime
 from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ImageError
+from pipeline.images import runtime_base_image
 from pipeline.paths import IMAGES_DIR, ROOT, target_dir
 from pipeline.run import Run
 from pipeline.source import commit, engine_version
 from pipeline.stages.audit import audited_wheels
 from pipeline.stages.build import build_launcher
-from pipeline.stages.images import runtime_base_image
 from pipeline.stages.patch_vllm import patched_wheel_for
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}

@@ -361,7 +361,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert runtime.image_id(by_digest[0]) == image["digest"]
     # The operator checks the image as pulled, by the id the manifest records
     # (the real runtime's inspect); another image under the same name is refused.
-    from pipeline.stages import images
+    from pipeline import images
 
     published_manifest = destinations.root / "manifests" / path.name
 
@@ -411,7 +411,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     """A clean Debian container: verify the published manifest, pip install the
     runtime and the patched vLLM from the package index, generate with ActiveKV."""
     from pipeline import config
-    from pipeline.stages import images
+    from pipeline import images
 
     path, pub, dirs = signed
     destinations, _ = published
@@ -513,7 +513,7 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     stop. Then the README's image lines, on the host: the pull by digest gives
     the manifest's image id."""
     from pipeline import config
-    from pipeline.stages import images
+    from pipeline import images
 
     path, pub, _ = signed
     destinations, _ = published

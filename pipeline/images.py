@@ -1,4 +1,7 @@
-"""Stage: images. The base, builder and runtime-base images of a target.
+"""The base, builder and runtime-base images of a target. Not a stage of the
+release: the build, audit and runtime-image stages make what they need of
+them, and the registry offers them as the `images` tool
+(`python -m pipeline images`).
 
 Images are named by a hash of everything that goes into them (Dockerfile,
 build arguments, copied files), so an unchanged image is reused and a changed
