@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import provenance, signing, source, verify
+from pipeline import patch_series, provenance, signing, source, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
@@ -428,7 +428,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     ca = "--cert /ca.pem" if target.ca_bundle else ""
     if target.ca_bundle:
         mounts.append((target.ca_bundle, "/ca.pem:ro"))
-    patched = f"0.32.0+{patch_vllm.load_series('0.32.0').local_version}"  # what the release published
+    patched = f"0.32.0+{patch_series.load_series('0.32.0').local_version}"  # what the release published
     script = f"""set -eux
 apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 libnuma1 git >/dev/null
 python3 -m venv /v
