@@ -65,11 +65,11 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from pipeline.artifacts import refuse_links
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime
-from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import AuditError, ConfigError, PipelineError
+from pipeline.errors import AuditError, ConfigError
 from pipeline.images import runtime_base_image
 from pipeline.paths import ROOT, relative, target_dir
 from pipeline.run import Run
@@ -690,18 +690,6 @@ def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, re
         raise AuditError(f"payload audit of target {target.name} failed ({len(findings)} finding(s); "
                          f"report: {report}):\n" + "\n".join(f"  {f}" for f in findings))
     return record
-
-
-def audited_wheels(target: Target) -> list[Path]:
-    """The wheels the payload audit passed (what ships), not whatever lies in the folder."""
-    record = target_dir(target.name) / "audit.json"
-    if not record.is_file():
-        raise PipelineError(f"{relative(record)}: missing; run the audit stage first")
-    recorded = json.loads(record.read_text())
-    if not recorded.get("passed"):
-        raise PipelineError(f"target {target.name}: the payload audit did not pass; no runtime image")
-    return refuse_links([target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]],
-                        "audited wheel", PipelineError)
 
 
 def execute(run: Run) -> None:

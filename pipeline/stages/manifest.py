@@ -23,16 +23,14 @@ import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import provenance, signing
+from pipeline.artifacts import gate_problem, inputs_digest, refuse_links
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
-from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
 from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
 from pipeline.run import Run
 from pipeline.source import engine_version
-from pipeline.stages.parity_gate import gate_problem
-from pipeline.stages.runtime_image import inputs_digest
 
 SCHEMA = ROOT / "release_manifest" / "schema.json"
 SBOM_FORMAT = "CycloneDX 1.5 JSON"

@@ -29,11 +29,11 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.artifacts import refuse_links
 from pipeline.config import Target
 from pipeline.container import echo_run
-from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import PatchError, PipelineError
+from pipeline.errors import PatchError
 from pipeline.host import ensure_debian_packages
 from pipeline.patch_series import (PATCHES_DIR, Series, added_blocks, load_series, nearest_version,
                                    supported_versions, touched_files)
@@ -344,19 +344,6 @@ def check_patched_wheel(record: dict, out: Path, series: Series) -> dict:
             "not_checked": "vLLM was not imported or run: its build for this target needs the "
                            "target's torch and accelerator",
             "failures": []}
-
-
-def patched_wheel_for(target: Target) -> Path:
-    """The patched vLLM wheel of the target's distribution at the target's
-    vllm_version (release.toml), as the patch-vllm stage recorded it."""
-    folder = VLLM_DIR / f"{target.vllm_distribution}-{target.vllm_version}"
-    record = folder / "patch.json"
-    if not record.is_file():
-        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
-                            f"patch-vllm stage first")
-    (wheel,) = refuse_links([folder / json.loads(record.read_text())["patched"]["file"]],
-                            "patched vLLM wheel", PipelineError)
-    return wheel
 
 
 def report_rebase(run: Run, dist: str, version: str) -> None:

