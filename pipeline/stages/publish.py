@@ -45,15 +45,11 @@ from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, PipelineError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.paths import LOCAL_REGISTRY_DIR, MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
-from pipeline.provenance import images_name
+from pipeline.release_format import PUBLIC_KEY_FILE, images_name, manifest_name, project_of
 from pipeline.run import Run
 from pipeline.source import engine_version
 
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
-
-
-def project_of(wheel: str) -> str:
-    return re.sub(r"[-_.]+", "-", wheel.split("-", 1)[0]).lower()
 
 
 # --- writing files --------------------------------------------------------------
@@ -353,7 +349,7 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
                                f"holds the release's artifacts: run the stages that make them first")
         found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
     beside = [manifest_path.with_name(manifest_path.name + ".sig"),
-              manifest_path.with_name("activekv-release-key.pub.pem")]
+              manifest_path.with_name(PUBLIC_KEY_FILE)]
     for src in beside:
         _plain_file(src, "it is written by the manifest stage beside the manifest: run that stage again")
     wheels = [a for a in manifest["artifacts"] if a.get("file", "").endswith(".whl")]
@@ -502,7 +498,7 @@ def artifact_dirs() -> list[Path]:
 
 def latest_manifest() -> Path:
     """The manifest the manifest stage signed for this checkout's version."""
-    path = MANIFEST_DIR / f"activekv-{engine_version()}.manifest.json"
+    path = MANIFEST_DIR / manifest_name(engine_version())
     if not path.is_file():
         raise PipelineError(f"{relative(path)}: missing; run the manifest stage first")
     return path

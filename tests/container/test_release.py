@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import patch_series, provenance, signing, source, verify
+from pipeline import patch_series, provenance, release_format, signing, source, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
@@ -172,14 +172,14 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
                 if p.is_file()}
 
     before = files_as_they_are()
-    assert any(p.name == publish.images_name(VERSION) for p in before)
+    assert any(p.name == release_format.images_name(VERSION) for p in before)
     again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
     assert again["wheels"] == [] and again["images"] == [] and again["skipped"] == len(data["artifacts"])
     assert files_as_they_are() == before, "a re-run with nothing to do rewrote a published file"
 
     # The images' listing is not signed: one that no longer says what the
     # registry gives (a digest changed since) is refused, never rewritten.
-    listing = destinations.root / "manifests" / VERSION / publish.images_name(VERSION)
+    listing = destinations.root / "manifests" / VERSION / release_format.images_name(VERSION)
     good = listing.read_bytes()
     stale = good.replace(b"@sha256:", b"@sha256:0")
     listing.write_bytes(stale)
@@ -353,7 +353,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert runtime.image_id(remote) == image["digest"]
     # The operator's pull by digest (the published images.txt) fetches the image
     # whose id is the signed manifest's digest.
-    images_txt = destinations.root / "manifests" / VERSION / provenance.images_name(VERSION)
+    images_txt = destinations.root / "manifests" / VERSION / release_format.images_name(VERSION)
     by_digest = [line for line in images_txt.read_text().splitlines() if line and not line.startswith("#")]
     assert len(by_digest) == 1
     assert by_digest[0].startswith(f"{destinations.registry_addr}/activekv-runtime-cpu@sha256:")
@@ -419,8 +419,8 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     base, _ = images.base_image(runtime, target)
     tiny_llama(cache_dir)
     manifests = destinations.root / "manifests"
-    requirements = provenance.requirements_name(VERSION, "cpu")
-    constraints = provenance.constraints_name(VERSION, "cpu")
+    requirements = release_format.requirements_name(VERSION, "cpu")
+    constraints = release_format.constraints_name(VERSION, "cpu")
     mounts = [(ROOT, "/src:ro"), (manifests, "/manifests:ro"), (destinations.root / "packages", "/packages:ro"),
               (cache_dir, "/cache")]
     mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
@@ -548,7 +548,7 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     assert "Successfully installed" not in done.stdout
     # A tampered requirements file: the sha256 check stops them before pip.
     release = copy()
-    requirements = release / VERSION / provenance.requirements_name(VERSION, "cpu")
+    requirements = release / VERSION / release_format.requirements_name(VERSION, "cpu")
     requirements.write_text(requirements.read_text() + "# one more line\n")
     done = run_readme(release)
     assert done.returncode != 0 and f"BAD {VERSION}/{requirements.name}" in done.stderr

@@ -1,5 +1,7 @@
-"""How pipeline's modules depend on each other: no stage imports another (a
-stage reads another's records through pipeline/artifacts.py).
+"""How pipeline's modules depend on each other: no import cycle (a cycle makes
+the import order decide what works, and hides which module is the base), no
+stage that imports another (a stage reads another's records through
+pipeline/artifacts.py), and an operator's verify that loads no stage.
 
 Imports are read from the source with ast, every one of them: at the top,
 inside functions and under TYPE_CHECKING."""
@@ -7,6 +9,8 @@ inside functions and under TYPE_CHECKING."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +53,40 @@ def imported(name: str, path: Path) -> Iterator[str]:
 GRAPH = {name: set(imported(name, path)) for name, path in MODULES.items()}
 
 
+def cycle_through(start: str) -> list[str] | None:
+    """The shortest import path from `start` back to it, if there is one."""
+    paths, seen = [[start]], {start}
+    while paths:
+        path = paths.pop(0)
+        for nxt in sorted(GRAPH[path[-1]]):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                paths.append([*path, nxt])
+    return None
+
+
+def test_no_import_cycle_among_pipeline_modules():
+    cycles, covered = [], set()
+    for name in sorted(GRAPH):
+        if name not in covered and (cycle := cycle_through(name)):
+            covered.update(cycle)
+            cycles.append(" → ".join(cycle))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
 def test_no_stage_imports_another_stage():
     stages = {n for n in MODULES if n.startswith("pipeline.stages.")} - {"pipeline.stages.registry"}
     crossing = sorted(f"{n} imports {m}" for n in stages for m in GRAPH[n] if m in stages)
     assert not crossing, "; ".join(crossing)
+
+
+def test_verify_loads_no_stage():
+    """What an operator runs imports no stage (nor what the stages need, like
+    pyelftools): checked in a fresh interpreter, where nothing was imported yet."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, pipeline.verify; "
+                               "print(' '.join(m for m in sys.modules if m.startswith('pipeline.stages')))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == [], f"import pipeline.verify loaded {', '.join(loaded)}"
