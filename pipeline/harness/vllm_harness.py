@@ -117,7 +117,7 @@ def require_clear_margins(results: Sequence[Result], what: str) -> float:
             f"near tie in {what}: the top-1/top-2 logprob gap is {margin:.4f} at {where}, below "
             f"MIN_MARGIN={MIN_MARGIN}; which token wins there depends on the CPU's rounding, so "
             "a difference from this oracle is not evidence of a connector bug (the model's "
-            "margins are the problem: see pipeline/tiny_model.py)"
+            "margins are the problem: see pipeline/harness/tiny_model.py)"
         )
     return margin
 
