@@ -7,10 +7,10 @@ imports another (the registry alone imports them all):
     inputs_digest      the runtime image's inputs digest: its label, which the
                        manifest stage recomputes from the files it publishes
 
-Each is a plain file, never a symbolic link: a link can be re-pointed after a
-check, and inside a container (the audit's load check, the runtime image's
-build) it dangles. Each stage refuses one by name, before any work, with its
-own error (refuse_links)."""
+What a stage reads is a plain file, never a symbolic link: a link can be
+re-pointed after a check, and inside a container (the audit's load check, the
+runtime image's build) it dangles. Each stage refuses one by name, before any
+work, with its own error (refuse_links)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ class Run:
                options: Options, cfg: ReleaseConfig | None = None) -> Run:
         """The run the command line asks for: the profile (release.toml's
         default when None), its targets or those named, narrowed to the
-        Python versions named; ConfigError for a name release.toml lacks."""
+        Python versions named. ConfigError for a profile, target or Python
+        version release.toml lacks, or for evidence of a target not in the run."""
         cfg = cfg or config.load()
         name = profile or cfg.default_profile
         if name not in cfg.profiles:

@@ -83,8 +83,8 @@ def test_no_stage_imports_another_stage():
 
 
 def test_verify_loads_no_stage():
-    """What an operator runs imports no stage (nor what the stages need, like
-    pyelftools): checked in a fresh interpreter, where nothing was imported yet."""
+    """What an operator runs imports no stage, and so none of what the stages
+    need: checked in a fresh interpreter, where nothing was imported yet."""
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, pipeline.verify; "
                                "print(' '.join(m for m in sys.modules if m.startswith('pipeline.stages')))"],
