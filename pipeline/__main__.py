@@ -35,6 +35,7 @@ from pathlib import Path
 from pipeline import verify
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.lock import command_line, pipeline_lock
+from pipeline.run import Options, Run
 from pipeline.stages import registry
 
 
@@ -66,7 +67,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def options(args: argparse.Namespace) -> registry.Options:
+def options(args: argparse.Namespace) -> Options:
     evidence = {}
     for item in args.parity_evidence:
         target, sep, file = item.partition("=")
@@ -75,9 +76,8 @@ def options(args: argparse.Namespace) -> registry.Options:
         if not Path(file).is_file():
             raise ConfigError(f"--parity-evidence {item}: {file} is not a file")
         evidence[target] = Path(file).resolve()
-    return registry.Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
-                          vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify,
-                          parity_evidence=evidence)
+    return Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
+                   vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify, parity_evidence=evidence)
 
 
 def main(argv: list[str]) -> int:
@@ -93,13 +93,13 @@ def main(argv: list[str]) -> int:
             rebuild.rebuild(args.manifest, repo=args.repo, targets=args.target,
                             wheels=verify.given_once(args.wheels, "--wheels"))
             return 0
-        run = registry.make_run(profile=args.profile, targets=args.target, python=args.python,
-                              options=options(args))
+        run = Run.create(profile=args.profile, targets=args.target, python=args.python,
+                         options=options(args))
         with pipeline_lock(command_line()):
             if args.stage == "release":
                 registry.run_release(run)
             else:
-                registry.BY_NAME[args.stage].run(run)
+                registry.BY_NAME[args.stage].execute(run)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

@@ -30,8 +30,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from pipeline.patch_series import PATCHES_DIR, load_series
 from pipeline.paths import ROOT
-from pipeline.stages.patch_vllm import PATCHES_DIR, load_series
 
 LABELS = ROOT / "ci" / "retention.toml"
 ALLOWED_LABEL = "contract"

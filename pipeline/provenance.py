@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import re
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -36,37 +35,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipeline import signing
 from pipeline.digest import sha256_of
 from pipeline.paths import ROOT
+from pipeline.release_format import (OPERATOR_KINDS, PROJECT, WHEEL_KINDS, check_schema, constraints_name,
+                                     project_of, provenance_name, requirements_name)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://activekv.invalid/release-pipeline/v1"
 BUILDER_ID = "https://activekv.invalid/release-pipeline/builder/local"
-WHEEL_KINDS = ("engine-wheel", "vllm-wheel")
-# The kinds this module adds; the provenance never lists itself.
-OPERATOR_KINDS = ("requirements", "constraints", "provenance")
-
-
-def requirements_name(version: str, target: str) -> str:
-    return f"activekv-{version}-{target}-requirements.txt"
-
-
-def constraints_name(version: str, target: str) -> str:
-    return f"activekv-{version}-{target}-constraints.txt"
-
-
-def provenance_name(version: str) -> str:
-    return f"activekv-{version}.intoto.jsonl"
-
-
-def images_name(version: str) -> str:
-    return f"activekv-{version}-images.txt"
 
 
 def distribution(wheel: str) -> tuple[str, str]:
     """(project name as pip spells it, version) of a wheel file name."""
-    name, version = wheel.split("-")[:2]
-    return re.sub(r"[-_.]+", "-", name).lower(), version
+    return project_of(wheel), wheel.split("-")[1]
 
 
 def requirements_text(version: str, target: str, wheels: list[dict]) -> str:
@@ -121,14 +102,14 @@ def subjects(artifacts: list[dict]) -> list[dict]:
 def statement(manifest: dict, *, started: str | None = None) -> dict:
     """The in-toto Statement (SLSA provenance v1) of a manifest's artifacts."""
     v = manifest["versions"]
-    deps = [{"uri": f"git+activekv@{manifest['commit']}", "digest": {"gitCommit": manifest["commit"]},
+    deps = [{"uri": f"git+{PROJECT}@{manifest['commit']}", "digest": {"gitCommit": manifest["commit"]},
              "annotations": {"tree_dirty": manifest["tree_dirty"]}}]
     deps += [{"uri": b["ref"], "digest": {"sha256": b["id"].removeprefix("sha256:")}}
              for b in v["base_images"] if str(b.get("id", "")).startswith("sha256:")]
     deps += [{"uri": f"pkg:pypi/torch@{pin}", "annotations": {"target": t}} for t, pin in sorted(v["torch"].items())]
     deps += [{"uri": "pkg:pypi/{}@{}".format(*pin.split("==", 1)), "annotations": {"target": t}}
              for t, pin in sorted(v["vllm"].items())]
-    deps.append({"uri": "activekv:patches/vllm", "digest": {"sha256": v["patch_series_sha256"]}})
+    deps.append({"uri": f"{PROJECT}:patches/vllm", "digest": {"sha256": v["patch_series_sha256"]}})
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects(manifest["artifacts"]),
@@ -143,7 +124,7 @@ def statement(manifest: dict, *, started: str | None = None) -> dict:
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID},
-                "metadata": {"invocationId": f"activekv-{manifest['version']}-{manifest['commit'][:12]}",
+                "metadata": {"invocationId": f"{PROJECT}-{manifest['version']}-{manifest['commit'][:12]}",
                              "startedOn": started or manifest["build_time"],
                              "finishedOn": manifest["build_time"]},
             },
@@ -196,7 +177,5 @@ def add_operator_files(manifest: dict, out: Path, key: Ed25519PrivateKey, *,
     path.write_text(json.dumps(envelope(statement(manifest, started=started), key), sort_keys=True) + "\n")
     written.append(path)
     manifest["artifacts"].append(_artifact("provenance", "all", path))
-    from pipeline.stages.manifest import check_schema
-
     check_schema(manifest)
     return written

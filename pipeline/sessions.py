@@ -106,10 +106,10 @@ def run_all_tests(session: Session) -> None:
         "container tests": lambda: run_pytest(session, "-m", "container", "--durations=20"),
     }
     summary, failed = [], []
-    for name, run in phases.items():
+    for name, phase in phases.items():
         start = time.monotonic()
         try:
-            run()
+            phase()
             outcome = "passed"
         except Exception as error:  # a failed command or session.error: the next phase still runs
             outcome = "FAILED"

@@ -1,14 +1,24 @@
 """The checkout a release is made from: its commit, its uncommitted changes,
-the commit's time and the engine's version. Every question the pipeline asks
-git goes through here."""
+the commit's time, the engine's version and the snapshot of the engine's
+source that the wheels and the launcher are built from. Every question the
+pipeline asks git goes through here."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
 
 from pipeline.paths import ROOT
+
+# The engine's project: its CMake build and its pyproject (the wheel).
+ENGINE = "engine"
+# What building the engine reads: its project, and the build-time metadata
+# hook its pyproject names (kept outside engine/, which holds no Python).
+SOURCE_PATHS = (ENGINE, "packaging/build_support")
+# Never part of a wheel's build: the reference is Python, for parity only.
+SOURCE_EXCLUDES = ("engine/reference/",)
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -32,4 +42,19 @@ def source_date_epoch() -> str:
 
 def engine_version() -> str:
     """The engine's version (engine/pyproject.toml): the release's version."""
-    return tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"]["version"]
+    return tomllib.loads((ROOT / ENGINE / "pyproject.toml").read_text())["project"]["version"]
+
+
+def snapshot_source(dest: Path) -> list[str]:
+    """Copy the tracked and not-ignored files of SOURCE_PATHS to dest, keeping
+    their paths (the project is dest/engine); returns them."""
+    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard",
+                            *SOURCE_PATHS).splitlines()
+             if not f.startswith(SOURCE_EXCLUDES) and (ROOT / f).is_file()]
+    if dest.exists():
+        shutil.rmtree(dest)
+    for f in files:
+        out = dest / f
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, out)
+    return files

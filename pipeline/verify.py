@@ -46,12 +46,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline import signing
 from pipeline.errors import ConfigError, ManifestError
-from pipeline.stages.manifest import PUBLIC_KEY_FILE, check_schema
-from pipeline.stages.publish import project_of
+from pipeline.release_format import PUBLIC_KEY_FILE, WHEEL_KINDS, check_schema, project_of
 
 FINGERPRINT_ENV = "ACTIVEKV_RELEASE_FINGERPRINT"
 LABEL = "org.activekv.manifest-inputs"
-WHEEL_KINDS = ("engine-wheel", "vllm-wheel")
 
 # image_inspect(ref) -> (image id, labels), or None when no image `ref` is
 # here; raises FileNotFoundError when the container runtime is not installed.

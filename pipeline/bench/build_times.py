@@ -15,11 +15,11 @@ import argparse
 import shutil
 import time
 
-from pipeline import config
+from pipeline import config, images
 from pipeline.container import ContainerRuntime
 from pipeline.host import prepared_runtime
 from pipeline.paths import BENCH_BUILD_DIR, CCACHE_DIR, ROOT
-from pipeline.stages import build, images
+from pipeline.stages import build
 
 TOUCHED = ROOT / "engine" / "src" / "kv_layout.cpp"
 

@@ -207,16 +207,16 @@ def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -
                 many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
                 step = (many - one) / (decode_tokens - 1)
                 streamed = (layers - geometry["resident_layers"]) * n * KV_BYTES_PER_TOKEN_LAYER
-                run = {"budget_gib": budget, **geometry, "context": n, "start_s": start_s,
-                       "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
-                       "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
-                       "cudagraph_mode": cudagraph_mode(llm),
-                       "prefill_s": round(first, 2), "decode_step_ms": round(1000 * step, 2),
-                       "tokens_per_s": round(1 / step, 2),
-                       "bus_bound_ms": round(1000 * streamed / peak, 2)}
-                run["x_bound"] = round(run["decode_step_ms"] / run["bus_bound_ms"], 3)
-                out["runs"].append(run)
-                print(json.dumps(run), flush=True)
+                measured = {"budget_gib": budget, **geometry, "context": n, "start_s": start_s,
+                            "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
+                            "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
+                            "cudagraph_mode": cudagraph_mode(llm),
+                            "prefill_s": round(first, 2), "decode_step_ms": round(1000 * step, 2),
+                            "tokens_per_s": round(1 / step, 2),
+                            "bus_bound_ms": round(1000 * streamed / peak, 2)}
+                measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
+                out["runs"].append(measured)
+                print(json.dumps(measured), flush=True)
             shutdown(llm)
     # Plain vLLM's decode step with all KV on the device, at the same contexts.
     plain_contexts = [n for n in contexts if n]

@@ -117,7 +117,7 @@ def require_clear_margins(results: Sequence[Result], what: str) -> float:
             f"near tie in {what}: the top-1/top-2 logprob gap is {margin:.4f} at {where}, below "
             f"MIN_MARGIN={MIN_MARGIN}; which token wins there depends on the CPU's rounding, so "
             "a difference from this oracle is not evidence of a connector bug (the model's "
-            "margins are the problem: see pipeline/tiny_model.py)"
+            "margins are the problem: see pipeline/harness/tiny_model.py)"
         )
     return margin
 
@@ -172,7 +172,7 @@ def own_prefix_hits(llm, prompts: Sequence[Sequence[int]], *, salt: str | None =
 
 def check_reloads(got: Sequence[Result], own_hits: list[list[Result]]) -> list[str]:
     """check_against_own_prefix_hits for each request of a batch; the notes."""
-    notes = [check_against_own_prefix_hits(r, [run[i] for run in own_hits]) for i, r in enumerate(got)]
+    notes = [check_against_own_prefix_hits(r, [hits[i] for hits in own_hits]) for i, r in enumerate(got)]
     return [f"prompt {i}: {n}" for i, n in enumerate(notes) if n]
 
 

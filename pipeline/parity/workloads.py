@@ -232,8 +232,8 @@ def record_session(model_path: Path, session: Session, directory: Path) -> None:
     (directory / SEGMENT_FILE).write_text("")
     llm = h.make_llm(model_path, session.extra_config, connector=h.RECORDER, **session.llm_options)
     try:
-        for name, run in session.scenarios:
+        for name, workload in session.scenarios:
             (directory / SEGMENT_FILE).write_text(name)
-            run(llm)
+            workload(llm)
     finally:
         h.shutdown(llm)

@@ -10,7 +10,9 @@
     manifest       the signed manifest, SBOM and provenance
     publish        wheels, images, then the manifest
 
-images (the builder and runtime base images) is a tool the stages call, also
-runnable on its own. Each stage module's `run_stage(run)` is what the registry
-calls; the rest of the module is the stage's machinery, usable on its own.
+Each stage module's `execute(run)` is what the registry calls with the Run
+(pipeline/run.py); the rest of the module is the stage's machinery, usable on
+its own. The builder and runtime base images are no stage: pipeline/images.py
+makes them for the stages that need them, and the registry offers them as the
+`images` tool.
 """

@@ -65,18 +65,17 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from pipeline.artifacts import refuse_links
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime
-from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import AuditError, ConfigError, PipelineError
+from pipeline.errors import AuditError, ConfigError
+from pipeline.images import runtime_base_image
 from pipeline.paths import ROOT, relative, target_dir
-from pipeline.stages.images import runtime_base_image
+from pipeline.run import Run
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
-
-    from pipeline.stages.registry import Run
 
 POLICY_FILE = ROOT / "packaging" / "payload-policy.toml"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
@@ -693,19 +692,7 @@ def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, re
     return record
 
 
-def audited_wheels(target: Target) -> list[Path]:
-    """The wheels the payload audit passed (what ships), not whatever lies in the folder."""
-    record = target_dir(target.name) / "audit.json"
-    if not record.is_file():
-        raise PipelineError(f"{relative(record)}: missing; run the audit stage first")
-    recorded = json.loads(record.read_text())
-    if not recorded.get("passed"):
-        raise PipelineError(f"target {target.name}: the payload audit did not pass; no runtime image")
-    return refuse_links([target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]],
-                        "audited wheel", PipelineError)
-
-
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     static_only = run.options.static_only
     for target in run.targets:
         out = target_dir(target.name)

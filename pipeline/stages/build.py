@@ -17,40 +17,15 @@ import shlex
 import shutil
 import sys
 import time
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from pipeline.config import Target
-from pipeline.container import Container, ContainerRuntime, echo_run
+from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import BuildError
-from pipeline.paths import CCACHE_DIR, ROOT, target_dir
-from pipeline.source import commit, git, source_date_epoch, tree_changes
-from pipeline.stages.images import builder_image
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
-
-ENGINE = "engine"
-# What building the engine reads: its project, and the build-time metadata
-# hook its pyproject names (kept outside engine/, which holds no Python).
-SOURCE_PATHS = (ENGINE, "packaging/build_support")
-# Never part of a wheel's build: the reference is Python, for parity only.
-SOURCE_EXCLUDES = ("engine/reference/",)
-
-
-def snapshot_source(dest: Path) -> list[str]:
-    """Copy the tracked and not-ignored files of SOURCE_PATHS to dest, keeping
-    their paths (the project is dest/engine); returns them."""
-    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard",
-                            *SOURCE_PATHS).splitlines()
-             if not f.startswith(SOURCE_EXCLUDES) and (ROOT / f).is_file()]
-    if dest.exists():
-        shutil.rmtree(dest)
-    for f in files:
-        out = dest / f
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / f, out)
-    return files
+from pipeline.images import builder_image
+from pipeline.paths import CCACHE_DIR, target_dir
+from pipeline.run import Run
+from pipeline.source import ENGINE, commit, snapshot_source, source_date_epoch, tree_changes
 
 
 def repair_command(target: Target) -> str:
@@ -146,39 +121,7 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
     return record
 
 
-def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | None = None) -> Path:
-    """activekv-serve, compiled in the target's builder container against the
-    CPython of its first Python version; returns the binary's path
-    (build/release/<target>/launcher/activekv-serve)."""
-    out = (out or target_dir(target.name)).resolve()
-    image_ref, _ = builder_image(runtime, target)
-    source = out / "launcher-source"
-    snapshot_source(source)
-    CCACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tag = target.cpython_tags[0]
-    py_bin = f"/opt/python/{tag}-{tag}/bin"
-    env = {"PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "CCACHE_DIR": "/ccache", "CCACHE_BASEDIR": "/project", "SOURCE_DATE_EPOCH": source_date_epoch()}
-    binary = out / "launcher" / "activekv-serve"
-    with Container(runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
-                   env=env) as c:
-        configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
-                            "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
-                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON",
-                            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
-                           check=False)
-        built = configure.returncode == 0 and c.call(
-            ["cmake", "--build", "/tmp/launcher", "--target", "activekv-serve"], check=False).returncode == 0
-        if not built:
-            raise BuildError(f"target {target.name}: building activekv-serve failed (output above)")
-        if binary.exists():
-            binary.unlink()
-        c.copy_out(PurePosixPath("/tmp/launcher/activekv-serve"), binary)
-    shutil.rmtree(source)
-    return binary
-
-
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         record = build(run.runtime, target)
         run.say(f"{target.name}: built {', '.join(w['file'] for w in record['wheels'])} in {record['seconds']} s")

@@ -5,14 +5,11 @@ was given; the build record and the manifest then say tree_dirty: true."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline import source
 from pipeline.errors import DirtyTreeError
 from pipeline.paths import ROOT
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.run import Run
 
 
 def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
@@ -24,7 +21,7 @@ def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
             f"(the manifest then records tree_dirty: true)")
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     check_tree(allow_dirty=run.options.allow_dirty)
     run.say("the working tree is clean" if not source.tree_changes() else "dirty tree allowed "
             "(recorded in the manifest: tree_dirty true)")

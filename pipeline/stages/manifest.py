@@ -3,7 +3,8 @@ records (build.json, audit.json, patch.json, runtime.json, parity.json).
 
 It refuses to assemble unless every target's audit passed and every gating
 parity cell passed: a manifest exists only for a releasable build. The
-manifest is checked against release_manifest/schema.json, an SBOM (CycloneDX
+manifest is checked against release_manifest/schema.json (the release's
+format, file names included: pipeline/release_format.py), an SBOM (CycloneDX
 JSON) of the wheels and images is written beside it, and the manifest is
 signed with an Ed25519 key (detached signature, base64, in <manifest>.sig;
 the key's handling is pipeline/signing.py). pipeline/verify.py checks a
@@ -18,27 +19,20 @@ import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import provenance, signing
+from pipeline.artifacts import gate_problem, inputs_digest, refuse_links
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
-from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
-from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
+from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, VLLM_DIR, relative
+from pipeline.release_format import (FINGERPRINT_FILE, PROJECT, PUBLIC_KEY_FILE, SBOM_FORMAT, SCHEMA_ID,
+                                     WHEEL_KINDS, check_schema, manifest_name, sbom_name)
+from pipeline.run import Run
 from pipeline.source import engine_version
-from pipeline.stages.parity_gate import gate_problem
-from pipeline.stages.runtime_image import inputs_digest
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
-
-SCHEMA = ROOT / "release_manifest" / "schema.json"
-SBOM_FORMAT = "CycloneDX 1.5 JSON"
 
 
 def _read(path: Path, what: str) -> dict:
@@ -120,17 +114,17 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
                                 f"the runtime-image stage again")
         artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
                           "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
-        shipped = [a for a in artifacts if a["target"] == target and a["kind"] in ("engine-wheel", "vllm-wheel")]
+        shipped = [a for a in artifacts if a["target"] == target and a["kind"] in WHEEL_KINDS]
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
         parity_targets[target] = {"source": parity.get("source", "unknown"), "python": parity.get("python"),
                                   "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]]}
         parity_cells += [{"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}}
                          for c in parity["cells"]]
-    sbom = write_sbom(out / f"activekv-{version}.cdx.json", version, artifacts, image_packages)
+    sbom = write_sbom(out / sbom_name(version), version, artifacts, image_packages)
     artifacts.append(_file_artifact("sbom", "all", sbom))
     manifest = {
-        "schema": "activekv-release-manifest/1",
+        "schema": SCHEMA_ID,
         "version": version,
         "commit": commit,
         "tree_dirty": bool(dirty),
@@ -172,7 +166,7 @@ def write_sbom(path: Path, version: str, artifacts: list[dict],
     installed in it (pip's list, read from the image)."""
     components = []
     for a in artifacts:
-        if a["kind"] in ("engine-wheel", "vllm-wheel"):
+        if a["kind"] in WHEEL_KINDS:
             name, ver = a["file"].split("-")[:2]
             components.append({"type": "library", "name": name.replace("_", "-"), "version": ver,
                                "purl": f"pkg:pypi/{name.replace('_', '-').lower()}@{ver}",
@@ -186,22 +180,13 @@ def write_sbom(path: Path, version: str, artifacts: list[dict],
                                "hashes": [{"alg": "SHA-256", "content": a["digest"].removeprefix("sha256:")}],
                                "bom-ref": a["ref"], "components": inside})
     bom = {"bomFormat": "CycloneDX", "specVersion": "1.5",
-           "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, 'activekv/' + version)}",
-           "version": 1, "metadata": {"component": {"type": "application", "name": "activekv",
+           "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'{PROJECT}/{version}')}",
+           "version": 1, "metadata": {"component": {"type": "application", "name": PROJECT,
                                                     "version": version}},
            "components": components}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(bom, indent=2, sort_keys=True) + "\n")
     return path
-
-
-def check_schema(manifest: dict) -> None:
-    schema = json.loads(SCHEMA.read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(manifest), key=lambda e: e.path)
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
-        raise ManifestError(f"manifest does not match release_manifest/schema.json at {where}: {e.message}")
 
 
 # --- signing ---------------------------------------------------------------------
@@ -210,8 +195,6 @@ def check_schema(manifest: dict) -> None:
 generate_key = signing.generate_key
 load_private_key = signing.load_private_key
 public_pem = signing.public_pem
-PUBLIC_KEY_FILE = "activekv-release-key.pub.pem"
-FINGERPRINT_FILE = "activekv-release-key.fingerprint"
 
 
 def write_signed(manifest: dict, out: Path, key: Ed25519PrivateKey) -> tuple[Path, Path, Path]:
@@ -220,7 +203,7 @@ def write_signed(manifest: dict, out: Path, key: Ed25519PrivateKey) -> tuple[Pat
     of the stage: it is printed by the release and never published as a
     trust root."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"activekv-{manifest['version']}.manifest.json"
+    path = out / manifest_name(manifest["version"])
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     path.write_bytes(data)
     sig = path.with_name(path.name + ".sig")
@@ -255,6 +238,6 @@ def make_manifest(runtime: ContainerRuntime, profile: Profile, key_path: str | N
     return path
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     path = make_manifest(run.runtime, run.profile, run.options.key)
     run.say(f"signed manifest: {relative(path)}")

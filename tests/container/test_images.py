@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import config
+from pipeline import config, images
 from pipeline.errors import ImageError
-from pipeline.stages import images
 
 pytestmark = pytest.mark.container
 

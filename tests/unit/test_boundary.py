@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from pipeline import boundary
-from pipeline.stages.patch_vllm import PATCHES_DIR
+from pipeline.patch_series import PATCHES_DIR
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])

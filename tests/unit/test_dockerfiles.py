@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from pipeline import config
-from pipeline.stages import images
+from pipeline import config, images
 
 CONTEXT_FILES = {"ca-bundle.crt", "wheelhouse/", "builder-requirements.txt", "install-torch.sh"}
 PIPELINE_ARGS = {"BASE_IMAGE", "PYTHON_VERSIONS", "TORCH", "INDEX_URL", "TORCH_INDEX_URL"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import signing, verify
+from pipeline import release_format, signing, verify
 from pipeline.errors import ManifestError
 from pipeline.stages import manifest
 
@@ -61,7 +61,7 @@ def test_signed_manifest_verifies(signed):
     path, pinned, files = signed
     checked = check(path, pinned, files)
     assert checked.manifest["version"] == "0.1.0" and checked.fingerprint == pinned
-    assert (path.parent / manifest.FINGERPRINT_FILE).read_text() == pinned + "\n"
+    assert (path.parent / release_format.FINGERPRINT_FILE).read_text() == pinned + "\n"
 
 
 def test_a_tampered_artifact_fails_verification(signed):
@@ -114,4 +114,4 @@ def test_schema_rejects_a_manifest_that_is_not_releasable(tmp_path, change, wher
     data = small_manifest(tmp_path)
     change(data)
     with pytest.raises(ManifestError, match=re.escape(f"schema.json at {where}")):
-        manifest.check_schema(data)
+        release_format.check_schema(data)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import patch_series
 from pipeline.errors import PatchError
 from pipeline.stages import patch_vllm
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
 def test_each_series_loads_with_its_headers(version):
-    series = patch_vllm.load_series(version)
+    series = patch_series.load_series(version)
     assert series.local_version.startswith("activekv.")
     assert [p.name for p in series.patches] == ["0001-connector-has-layer-work.patch",
                                                  "0002-connector-layer-streaming.patch"]
@@ -25,7 +26,7 @@ def test_each_series_loads_with_its_headers(version):
                         "vLLM files and lines it depends on", "Could an upstream change replace it"):
             assert section in header, f"{patch.name} lacks '{section}'"
         assert f"(vLLM {version})" in header, f"{patch.name} does not name the lines of vLLM {version}"
-        assert patch_vllm.touched_files(patch)
+        assert patch_series.touched_files(patch)
 
 
 def test_every_release_target_with_a_pin_has_a_series_and_a_pin():
@@ -34,7 +35,7 @@ def test_every_release_target_with_a_pin_has_a_series_and_a_pin():
     for target in config.load(environ={}).targets.values():
         if target.name == "xpu":  # no pinned vLLM wheel for XPU yet (release.toml says why)
             continue
-        assert target.vllm_version in patch_vllm.supported_versions()
+        assert target.vllm_version in patch_series.supported_versions()
         pin = patch_vllm.load_pin(target.vllm_distribution, target.vllm_version)
         assert pin.file.startswith(target.vllm_distribution.replace("-", "_") + "-" + target.vllm_version + "-")
 
@@ -48,29 +49,29 @@ def test_the_cuda_target_pins_vllm_0_26_0():
 def test_both_series_make_the_same_changes():
     """0.26.0's series is 0.32.0's written for the older tree: the same files
     and, but for kv_cache_utils.py (rewritten), the same added lines."""
-    old, new = (patch_vllm.load_series(v) for v in ("0.26.0", "0.32.0"))
+    old, new = (patch_series.load_series(v) for v in ("0.26.0", "0.32.0"))
     for a, b in zip(old.patches, new.patches, strict=True):
-        assert patch_vllm.touched_files(a) == patch_vllm.touched_files(b)
-        added = lambda p: [t for f, _, t in patch_vllm.added_blocks(p) if not f.endswith("kv_cache_utils.py")]
+        assert patch_series.touched_files(a) == patch_series.touched_files(b)
+        added = lambda p: [t for f, _, t in patch_series.added_blocks(p) if not f.endswith("kv_cache_utils.py")]
         assert added(a) == added(b)
 
 
 def test_unknown_version_names_supported_and_nearest():
     with pytest.raises(PatchError) as err:
-        patch_vllm.load_series("0.33.1")
+        patch_series.load_series("0.33.1")
     message = str(err.value)
     assert "vLLM 0.33.1 is not supported" in message
     assert "Supported versions: 0.26.0, 0.32.0" in message and "Nearest series: 0.32.0" in message
     assert "--rebase" in message
     with pytest.raises(PatchError, match="Supported versions: 0.26.0, 0.32.0. Nearest series: 0.26.0"):
-        patch_vllm.load_series("0.27.1")
+        patch_series.load_series("0.27.1")
 
 
 def test_nearest_version_prefers_the_newest_not_after():
     supported = ["0.30.0", "0.31.2", "0.32.0"]
-    assert patch_vllm.nearest_version("0.31.9", supported) == "0.31.2"
-    assert patch_vllm.nearest_version("0.40.0", supported) == "0.32.0"
-    assert patch_vllm.nearest_version("0.1.0", supported) == "0.30.0"
+    assert patch_series.nearest_version("0.31.9", supported) == "0.31.2"
+    assert patch_series.nearest_version("0.40.0", supported) == "0.32.0"
+    assert patch_series.nearest_version("0.1.0", supported) == "0.30.0"
 
 
 def test_unpinned_distribution_says_what_to_add(tmp_path):
@@ -96,10 +97,10 @@ def test_a_series_without_a_local_version_is_refused(tmp_path):
     (tmp_path / "0.32.0").mkdir()
     (tmp_path / "0.32.0" / "series").write_text("0001-x.patch\n")
     with pytest.raises(PatchError, match="local-version"):
-        patch_vllm.load_series("0.32.0", tmp_path)
+        patch_series.load_series("0.32.0", tmp_path)
 
 
-def fake_series(tmp_path: Path) -> tuple[patch_vllm.Series, Path]:
+def fake_series(tmp_path: Path) -> tuple[patch_series.Series, Path]:
     """A one-patch series over a two-file tree, and that tree as a wheel."""
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
@@ -118,13 +119,13 @@ def fake_series(tmp_path: Path) -> tuple[patch_vllm.Series, Path]:
         for f in sorted(tree.rglob("*")):
             if f.is_file():
                 zf.write(f, f.relative_to(tree).as_posix())
-    return patch_vllm.load_series("1.0", tmp_path / "patches"), original
+    return patch_series.load_series("1.0", tmp_path / "patches"), original
 
 
 def test_added_blocks_are_the_runs_of_added_lines(tmp_path):
     series, _ = fake_series(tmp_path)
-    assert patch_vllm.added_blocks(series.patches[0]) == [("pkg/mod.py", 1, "\n\ndef g():\n")]
-    blocks = patch_vllm.added_blocks(patch_vllm.load_series("0.26.0").patches[1])
+    assert patch_series.added_blocks(series.patches[0]) == [("pkg/mod.py", 1, "\n\ndef g():\n")]
+    blocks = patch_series.added_blocks(patch_series.load_series("0.26.0").patches[1])
     assert [(f.rsplit("/", 1)[1], i) for f, i, _ in blocks] == [
         ("base.py", 1), ("kv_transfer_utils.py", 1), ("attention.py", 1), ("attention.py", 2),
         ("kv_cache_utils.py", 1), ("kv_cache_utils.py", 2), ("kv_cache_utils.py", 3), ("kv_cache_utils.py", 4)]

@@ -15,7 +15,7 @@ import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from pipeline import provenance, signing, verify
+from pipeline import provenance, release_format, signing, verify
 from pipeline.stages import manifest
 
 WHEELS = ["activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl",
@@ -169,7 +169,7 @@ def test_the_manifest_lists_the_operator_files_matches_the_schema_and_verifies(r
     kinds = [a["kind"] for a in release["data"]["artifacts"]]
     assert kinds.count("requirements") == 1 and kinds.count("constraints") == 1
     assert kinds.count("provenance") == 1
-    manifest.check_schema(release["data"])
+    release_format.check_schema(release["data"])
     result = verify.verify(release["manifest"], fingerprint=signing.fingerprint(release["key"]),
                            wheels=release["files"], files=release["files"])
     assert {p.name for p in release["written"]} <= {p.name for p in result.files}

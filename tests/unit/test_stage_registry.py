@@ -1,5 +1,6 @@
-"""The stages' registry: every module of pipeline/stages/ is a stage it runs
-(or a tool it offers), and the release's order is the documented one."""
+"""The stages' registry: every module of pipeline/stages/ is a release stage it
+runs (the tools it offers live outside it), and the release's order is the
+documented one."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pipeline.stages import registry
 
 
 def test_every_stage_module_is_registered_and_every_registered_stage_has_its_module():
-    modules = {m.name for m in pkgutil.iter_modules(stages.__path__)} - {"registry"}
-    registered = {s.run.__module__.rsplit(".", 1)[1] for s in (*registry.RELEASE, *registry.TOOLS)}
-    assert modules == registered
-    assert all(s.run.__name__ == "run_stage" for s in (*registry.RELEASE, *registry.TOOLS))
+    modules = {f"pipeline.stages.{m.name}" for m in pkgutil.iter_modules(stages.__path__)} - {
+        "pipeline.stages.registry"}
+    assert {s.execute.__module__ for s in registry.RELEASE} == modules
+    assert not {s.execute.__module__ for s in registry.TOOLS} & modules  # a tool is no stage
+    assert all(s.execute.__name__ == "execute" for s in (*registry.RELEASE, *registry.TOOLS))
 
 
 def test_a_release_runs_the_stages_in_the_documented_order():

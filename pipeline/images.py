@@ -1,4 +1,7 @@
-"""Stage: images. The base, builder and runtime-base images of a target.
+"""The base, builder and runtime-base images of a target. Not a stage of the
+release: the build, audit and runtime-image stages make what they need of
+them, and the registry offers them as the `images` tool
+(`python -m pipeline images`).
 
 Images are named by a hash of everything that goes into them (Dockerfile,
 build arguments, copied files), so an unchanged image is reused and a changed
@@ -13,16 +16,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.config import DebootstrapBase, PulledBase, Target
 from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import ImageError
 from pipeline.host import ensure_debian_packages
 from pipeline.paths import IMAGES_DIR, ROOT
-
-if TYPE_CHECKING:
-    from pipeline.stages.registry import Run
+from pipeline.run import Run
 
 DOCKER_DIR = ROOT / "docker"
 BUILDER_REQUIREMENTS = ROOT / "packaging" / "builder-requirements.txt"
@@ -184,7 +184,7 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
 
 
-def run_stage(run: Run) -> None:
+def execute(run: Run) -> None:
     for target in run.targets:
         for ref, image in (builder_image(run.runtime, target), runtime_base_image(run.runtime, target)):
             run.say(f"{target.name}: {ref} ({image})")
