@@ -58,7 +58,6 @@ import posixpath
 import re
 import stat
 import sys
-import tomllib
 import zipfile
 import zlib
 from email.parser import Parser
@@ -66,18 +65,18 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from pipeline.artifacts import refuse_links
+from pipeline.audit.policy import Policy, load_policy, matches
 from pipeline.config import Target
 from pipeline.container import Container, ContainerRuntime
 from pipeline.digest import record_hash, sha256_of
-from pipeline.errors import AuditError, ConfigError
+from pipeline.errors import AuditError
 from pipeline.images import runtime_base_image
-from pipeline.paths import ROOT, relative, target_dir
+from pipeline.paths import target_dir
 from pipeline.run import Run
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
 
-POLICY_FILE = ROOT / "packaging" / "payload-policy.toml"
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT = "activekv = activekv:register"
 # RPATH entries a module may carry: its own grafted libraries, or torch's
@@ -103,44 +102,6 @@ DATA_SCHEMES = {"scripts": "the environment's scripts directory (bin/)",
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Policy:
-    distribution: str
-    modules: tuple[str, ...]
-    dist_info: tuple[str, ...]
-    grafted: tuple[str, ...]
-    startup: tuple[str, ...]
-    forbidden: tuple[str, ...]
-    system_libraries: tuple[str, ...]
-
-
-def load_policy(path: Path = POLICY_FILE) -> Policy:
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{path.name}: unreadable payload policy ({e})") from None
-    lists = {}
-    for key in ("modules", "dist_info", "grafted", "startup", "forbidden", "system_libraries"):
-        value = data.get(key)
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ConfigError(f"{path.name}: {key} must be a list of non-empty strings")
-        lists[key] = tuple(value)
-    distribution = data.get("distribution")
-    if not isinstance(distribution, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", distribution):
-        raise ConfigError(f"{path.name}: distribution must be the engine's project name "
-                          f"(engine/pyproject.toml [project] name)")
-    if not lists["modules"]:
-        raise ConfigError(f"{path.name}: modules must name the extension module(s) the build makes")
-    clash = [lib for lib in lists["system_libraries"] if _matches(lib, lists["grafted"])]
-    if clash:
-        raise ConfigError(f"{path.name}: grafted names system libraries {clash}: a wheel "
-                          f"never carries its own copy of one")
-    unknown = sorted(set(data) - {"distribution", *lists})
-    if unknown:
-        raise ConfigError(f"{path.name}: unknown keys {unknown}")
-    return Policy(distribution=distribution, **lists)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class Finding:
     wheel: str
     file: str
@@ -158,11 +119,6 @@ class Elf:
 
     needed: tuple[str, ...]
     paths: tuple[str, ...]
-
-
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(posixpath.basename(name), p)
-               for p in patterns)
 
 
 def _escaped(distribution: str) -> str:
@@ -305,7 +261,7 @@ class WheelAudit:
         top = name.split("/", 1)[0]
         if top in (self.dist_info, self.libs):
             return
-        if top.split(".", 1)[0] in self.stdlib or _matches(top, self.policy.startup):
+        if top.split(".", 1)[0] in self.stdlib or matches(top, self.policy.startup):
             self.fail(name, "shadows", f"a package {top!r}: the interpreter imports a module of "
                       f"this name at start-up or from the standard library")
         else:
@@ -317,7 +273,7 @@ class WheelAudit:
         parts = name.split("/")
         top = parts[0]
         if top == self.dist_info:
-            if _matches(name, self.policy.forbidden):
+            if matches(name, self.policy.forbidden):
                 self.fail(name, "no-python", "Python source or bytecode is never shipped "
                           "(packaging/payload-policy.toml: forbidden)")
             elif data[:4] == ELF_MAGIC:
@@ -334,13 +290,13 @@ class WheelAudit:
         if len(parts) == 1 and top.endswith(".pth"):
             self.fail(name, "shadows", "a .pth file at site-packages' root: site runs its "
                       "import lines at every interpreter start-up")
-        elif module in self.stdlib or _matches(module, self.policy.startup):
+        elif module in self.stdlib or matches(module, self.policy.startup):
             what = "a package" if len(parts) > 1 else "a module"
             self.fail(name, "shadows", f"{what} named {module!r}: the interpreter imports "
                       f"that name at start-up or from the standard library, and site-packages "
                       f"would give it ours (packaging/payload-policy.toml: startup, "
                       f"sys.stdlib_module_names)")
-        elif _matches(name, self.policy.forbidden):
+        elif matches(name, self.policy.forbidden):
             self.fail(name, "no-python", "Python source or bytecode is never shipped "
                       "(packaging/payload-policy.toml: forbidden)")
         elif len(parts) == 1 and any(top in names for names in self.modules.values()):
@@ -362,10 +318,10 @@ class WheelAudit:
         ELF file is read (linking)."""
         base = parts[-1]
         match = GRAFTED_NAME.fullmatch(base)
-        if _matches(name, self.policy.forbidden):
+        if matches(name, self.policy.forbidden):
             self.fail(name, "no-python", "Python source or bytecode is never shipped "
                       "(packaging/payload-policy.toml: forbidden)")
-        elif len(parts) == 2 and match and _matches(match["stem"] + match["ext"], self.policy.grafted):
+        elif len(parts) == 2 and match and matches(match["stem"] + match["ext"], self.policy.grafted):
             return "grafted"
         elif _is_library(name, data):
             why = ("not named as auditwheel names a grafted library (libX-<8 hex>.so...) "
@@ -601,9 +557,9 @@ class WheelAudit:
 
     def needed(self, name: str, elf: Elf, in_wheel: set[str]) -> None:
         for lib in elf.needed:
-            if lib in in_wheel or _matches(lib, self.policy.system_libraries):
+            if lib in in_wheel or matches(lib, self.policy.system_libraries):
                 continue
-            if _matches(lib, self.target.provided_libraries):
+            if matches(lib, self.target.provided_libraries):
                 continue
             self.fail(name, "needed", f"needs {lib}, which is neither in the wheel, a system "
                       f"library, nor provided by target {self.target.name}'s torch "

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from pipeline import config
+from pipeline.audit.policy import Policy, load_policy
 from pipeline.config import Target
 from pipeline.container import ContainerRuntime
 from pipeline.host import prepared_runtime
-from pipeline.stages import audit, build
+from pipeline.stages import build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,5 +58,5 @@ def cpu_built(runtime: ContainerRuntime, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
-def policy() -> audit.Policy:
-    return audit.load_policy()
+def policy() -> Policy:
+    return load_policy()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import config
+from pipeline.audit.policy import POLICY_FILE, Policy, load_policy
 from pipeline.digest import record_hash
 from pipeline.errors import AuditError, ConfigError
 from pipeline.stages import audit
@@ -132,8 +133,8 @@ def wheel_with(tmp_path: Path, *, add: dict[str, bytes] = {}, drop: Iterable[str
     return write_wheel(tmp_path / "wheels" / name, files)
 
 
-def findings(wheel: Path, policy: audit.Policy | None = None) -> list[tuple[str, str]]:
-    found = audit.WheelAudit(wheel, TARGET, policy or audit.load_policy()).run()
+def findings(wheel: Path, policy: Policy | None = None) -> list[tuple[str, str]]:
+    found = audit.WheelAudit(wheel, TARGET, policy or load_policy()).run()
     return [(f.file, f.rule) for f in found]
 
 
@@ -180,7 +181,7 @@ def real_extension_module() -> bytes:
 def test_a_real_shared_object_as_our_module_is_read_whole(tmp_path):
     module = real_extension_module()
     wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(module))
-    found = audit.WheelAudit(wheel, TARGET, audit.load_policy()).run()
+    found = audit.WheelAudit(wheel, TARGET, load_policy()).run()
     # Its interpreter's build may have left a RUNPATH of that machine in it
     # (pyenv does): the audit reads it, and that is the only finding.
     assert [(f.file, f.rule) for f in found] in ([], [(MODULE, "rpath")])
@@ -189,8 +190,8 @@ def test_a_real_shared_object_as_our_module_is_read_whole(tmp_path):
         assert not runpath.startswith("$ORIGIN") and runpath.encode() in module
 
 
-def grafting_policy() -> audit.Policy:
-    return dataclasses.replace(audit.load_policy(), grafted=("libnuma.so.1",))
+def grafting_policy() -> Policy:
+    return dataclasses.replace(load_policy(), grafted=("libnuma.so.1",))
 
 
 def grafted_wheel(tmp_path: Path, *, module_needs_it: bool = True) -> Path:
@@ -371,7 +372,7 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
 def test_malformed_metadata_is_a_finding(tmp_path, entry, data, rule, said):
     wheel = wheel_with(tmp_path, add={entry: data})
     assert findings(wheel) == [(entry, rule)]
-    (found,) = audit.WheelAudit(wheel, TARGET, audit.load_policy()).run()
+    (found,) = audit.WheelAudit(wheel, TARGET, load_policy()).run()
     assert said in found.message
     assert_refused(wheel, (entry, rule))
 
@@ -394,7 +395,7 @@ def test_a_malformed_record_is_a_finding(tmp_path, record):
         rows = zf.read(f"{DIST_INFO}/RECORD")
     bad = write_wheel(tmp_path / "bad" / WHEEL_NAME,
                       [*good_files().items(), (f"{DIST_INFO}/RECORD", record(rows))], record=False)
-    found = audit.WheelAudit(bad, TARGET, audit.load_policy()).run()
+    found = audit.WheelAudit(bad, TARGET, load_policy()).run()
     assert [f.rule for f in found] == ["record"]
     assert found[0].file in (MODULE, f"{DIST_INFO}/RECORD")
     with pytest.raises(AuditError, match=r"\[record\]"):
@@ -420,7 +421,7 @@ GOOD_SO = shared_object()
         "aarch64", "elf32"])
 def test_a_truncated_or_non_elf_module_is_a_finding(tmp_path, data, said):
     wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(data))
-    (found,) = audit.WheelAudit(wheel, TARGET, audit.load_policy()).run()
+    (found,) = audit.WheelAudit(wheel, TARGET, load_policy()).run()
     assert (found.file, found.rule) == (MODULE, "elf")
     assert said in found.message
     assert_refused(wheel, (MODULE, "elf"))
@@ -448,12 +449,12 @@ def test_a_folder_named_like_a_wheel_is_a_finding(tmp_path):
 
 
 def test_the_policy_file_must_be_whole(tmp_path):
-    text = audit.POLICY_FILE.read_text()
+    text = POLICY_FILE.read_text()
     (tmp_path / "no-modules.toml").write_text(text.replace('modules = ["activekv"]', ""))
     (tmp_path / "grafts-libc.toml").write_text(text.replace("grafted = []", 'grafted = ["libc.so*"]'))
     for path in tmp_path.glob("*.toml"):
         with pytest.raises(ConfigError):
-            audit.load_policy(path)
+            load_policy(path)
 
 
 

@@ -1,0 +1,1 @@
+"""The payload audit's rules, which the audit stage (pipeline/stages/audit.py) runs."""
