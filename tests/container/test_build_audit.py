@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import rebuild
+from pipeline.audit.static import audit_wheel
+from pipeline.audit.wheel import Finding
 from pipeline.errors import AuditError, RebuildError
 from pipeline.paths import ROOT
 from pipeline.stages import audit, build
@@ -89,8 +91,8 @@ def test_a_rebuild_from_a_changed_source_file_differs_and_names_what(cpu_built, 
     assert "entries that differ: " in line and module in line.split("entries that differ: ")[1].split(", ")
 
 
-def audit_findings(wheel: Path, cpu_built, policy) -> list[audit.Finding]:
-    return audit.WheelAudit(wheel, cpu_built.target, policy).run()
+def audit_findings(wheel: Path, cpu_built, policy) -> list[Finding]:
+    return audit_wheel(wheel, cpu_built.target, policy)
 
 
 def test_audit_passes_the_built_wheel_statically(cpu_built, policy):

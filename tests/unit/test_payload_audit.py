@@ -26,6 +26,7 @@ import pytest
 
 from pipeline import config
 from pipeline.audit.policy import POLICY_FILE, Policy, load_policy
+from pipeline.audit.static import audit_wheel
 from pipeline.digest import record_hash
 from pipeline.errors import AuditError, ConfigError
 from pipeline.stages import audit
@@ -134,7 +135,7 @@ def wheel_with(tmp_path: Path, *, add: dict[str, bytes] = {}, drop: Iterable[str
 
 
 def findings(wheel: Path, policy: Policy | None = None) -> list[tuple[str, str]]:
-    found = audit.WheelAudit(wheel, TARGET, policy or load_policy()).run()
+    found = audit_wheel(wheel, TARGET, policy or load_policy())
     return [(f.file, f.rule) for f in found]
 
 
@@ -181,7 +182,7 @@ def real_extension_module() -> bytes:
 def test_a_real_shared_object_as_our_module_is_read_whole(tmp_path):
     module = real_extension_module()
     wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(module))
-    found = audit.WheelAudit(wheel, TARGET, load_policy()).run()
+    found = audit_wheel(wheel, TARGET, load_policy())
     # Its interpreter's build may have left a RUNPATH of that machine in it
     # (pyenv does): the audit reads it, and that is the only finding.
     assert [(f.file, f.rule) for f in found] in ([], [(MODULE, "rpath")])
@@ -372,7 +373,7 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
 def test_malformed_metadata_is_a_finding(tmp_path, entry, data, rule, said):
     wheel = wheel_with(tmp_path, add={entry: data})
     assert findings(wheel) == [(entry, rule)]
-    (found,) = audit.WheelAudit(wheel, TARGET, load_policy()).run()
+    (found,) = audit_wheel(wheel, TARGET, load_policy())
     assert said in found.message
     assert_refused(wheel, (entry, rule))
 
@@ -395,7 +396,7 @@ def test_a_malformed_record_is_a_finding(tmp_path, record):
         rows = zf.read(f"{DIST_INFO}/RECORD")
     bad = write_wheel(tmp_path / "bad" / WHEEL_NAME,
                       [*good_files().items(), (f"{DIST_INFO}/RECORD", record(rows))], record=False)
-    found = audit.WheelAudit(bad, TARGET, load_policy()).run()
+    found = audit_wheel(bad, TARGET, load_policy())
     assert [f.rule for f in found] == ["record"]
     assert found[0].file in (MODULE, f"{DIST_INFO}/RECORD")
     with pytest.raises(AuditError, match=r"\[record\]"):
@@ -421,7 +422,7 @@ GOOD_SO = shared_object()
         "aarch64", "elf32"])
 def test_a_truncated_or_non_elf_module_is_a_finding(tmp_path, data, said):
     wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(data))
-    (found,) = audit.WheelAudit(wheel, TARGET, load_policy()).run()
+    (found,) = audit_wheel(wheel, TARGET, load_policy())
     assert (found.file, found.rule) == (MODULE, "elf")
     assert said in found.message
     assert_refused(wheel, (MODULE, "elf"))
