@@ -1,6 +1,8 @@
 """ActiveKV's release pipeline and the tools that check the product.
 
     stages/    the release's stages, one module each, and their order (registry.py)
+    audit/     the payload audit's rules, one module per concern (the audit stage
+               runs them)
     harness/   real vLLM driven with the tiny model: the tests', parity's and
                the benchmarks' shared harness
     parity/    the parity harness: the native engine against the Python reference

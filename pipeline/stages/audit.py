@@ -1,48 +1,9 @@
-"""Stage: audit. The payload audit of a target's wheels; fails closed.
+"""Stage: audit. The payload audit of each target's wheels (pipeline/audit/
+says what it guarantees and where each rule lives); fails closed.
 
-A wheel's contents are an allowlist (packaging/payload-policy.toml): the
-extension module the engine build installs at the wheel's root, the files the
-build writes into <distribution>-<version>.dist-info/, and libraries
-auditwheel grafted into <distribution>.libs/ where the policy names the
-library and a module of the wheel needs it by the name auditwheel gave it.
-Every other entry is refused. Each finding names the wheel, the entry and the
-rule it breaks:
-- duplicate: a name the zip holds twice (the installer writes both, the last
-  wins, and the audit could not say which it read);
-- path: an entry whose path leaves the install directory or is not a plain
-  relative POSIX path (absolute, `..`, backslash, drive letter, empty or `.`
-  component, control character), or lies in a <distribution>.data/ folder
-  (it installs into scripts, headers, data or beside the package);
-- special-file: a symlink or other non-regular entry (zip external_attr);
-- shadows: a top-level module, package or .pth file that Python imports at
-  start-up or that shadows the standard library (sitecustomize, site,
-  encodings, json, ...: sys.stdlib_module_names and the policy's startup);
-- no-python: Python source or bytecode (the product is compiled);
-- foreign-library: a shared library (by name or by ELF content) that is not
-  our extension module nor a grafted library the policy names and a module
-  needs (a copy of libc.so.6 at the root, a libfoo.so beside the module);
-- not-ours: any other entry outside the allowlist (another package, another
-  distribution's metadata, a file the build does not write);
-- missing: METADATA, WHEEL, RECORD or the extension module is absent;
-- format: not a readable zip, or an entry that does not read back;
-- elf: a library we ship is not a whole ELF shared object for the target's
-  machine (truncated, not ELF, another class or machine, unparseable);
-- tags: the wheel's tags are the configured Python and platform tags;
-- metadata: METADATA and WHEEL parse cleanly and name our distribution and
-  the file name's version; torch-pin: METADATA pins torch== the target's torch;
-- entry-point: entry_points.txt declares exactly the vllm.general_plugins
-  entry point (a console script would install outside site-packages);
-- sbom: auditwheel's SBOM, where present, is auditwheel's CycloneDX JSON;
-- record: RECORD lists every file with a valid hash and size, once;
-- linking (needed, rpath): every NEEDED library is in the wheel, a system
-  library, or provided by the target's torch; no RPATH/RUNPATH leads outside
-  the wheel or torch;
-- size: at most the target's max_wheel_bytes;
-- loading: in a container of the target's runtime base, `import torch` then
-  `import activekv` (an ABI mismatch shows here without any accelerator).
-Bad input gives findings, never a traceback: the audit raises AuditError (with
-every finding) or ConfigError (an unreadable policy). Writes
-build/release/<target>/audit.json, the record the manifest uses.
+Writes build/release/<target>/audit.json, which the later stages read: the
+wheels that passed, by hash, and whether the load check ran. --static-only
+skips it, and the manifest stage refuses such an audit.
 """
 
 from __future__ import annotations
