@@ -1,6 +1,7 @@
 """The build tree's layout: every folder and file the pipeline, the tests and
-the sessions write under build/ and .cache/, named once. Standard library only
-(ci/run-nox and the parity harness import it before anything is installed).
+the sessions write under build/ and .cache/, named once; and the reference,
+which they import from the checkout. Standard library only (ci/run-nox and the
+parity harness import it before anything is installed).
 
     build/release/<target>/   a target's stage outputs and records: source/,
                               wheels/, build.json, audit.json, parity/,
@@ -21,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 CACHE = ROOT / ".cache"
+# The Python reference (reference/activekv_reference), put on the import path
+# by the tests, the parity harness and the parity stage: never installed there.
+REFERENCE_DIR = ROOT / "reference"
 
 # --- what the release's stages write -------------------------------------------
 RELEASE_DIR = BUILD / "release"

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, under_ci
-from pipeline.paths import BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, ROOT, relative
+from pipeline.paths import (BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, REFERENCE_DIR,
+                            relative)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def run_parity(session: Session) -> None:
     """The parity harness (python -m pipeline.parity) on the installed engine
     and the reference: table and parity.json in build/parity."""
     session.run("python", "-m", "pipeline.parity", "--out", relative(PARITY_DIR),
-                env={"PYTHONPATH": relative(ROOT / "engine" / "reference")})
+                env={"PYTHONPATH": relative(REFERENCE_DIR)})
 
 
 def run_all_tests(session: Session) -> None:

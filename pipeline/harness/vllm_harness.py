@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..host import under_ci
-from ..paths import ROOT
+from ..paths import REFERENCE_DIR, ROOT
 from .tiny_model import CONFIG, FIRST_TOKEN, VOCAB
 
 BLOCK_SIZE = 32  # the CPU backend wants a multiple of 32
@@ -74,7 +74,7 @@ STREAMING_CONTEXT = 8 * (STREAMING_BUDGET_BLOCKS - 1) * BLOCK_SIZE
 def reference_on_path() -> None:
     """Put the reference (never installed) and this repo on the import path of
     this process and of the vLLM processes it starts."""
-    paths = [str(ROOT / "engine" / "reference"), str(ROOT)]
+    paths = [str(REFERENCE_DIR), str(ROOT)]
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)

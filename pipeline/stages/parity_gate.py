@@ -34,7 +34,7 @@ from pipeline.config import Target
 from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
-from pipeline.paths import ROOT, relative
+from pipeline.paths import REFERENCE_DIR, ROOT, relative
 from pipeline.run import Run
 
 # vLLM distributions the parity harness drives on this host's CPU.
@@ -118,7 +118,7 @@ def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path)
     ran = [w for w in wheels if w in runnable or w["kind"] == "vllm-wheel"]
     _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
            *(str(w["path"]) for w in ran)])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT / "engine" / "reference")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR)]))
     imported = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
     for name, file in imported.items():
         if not Path(file).resolve().is_relative_to(site.resolve()):
