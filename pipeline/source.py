@@ -17,8 +17,6 @@ ENGINE = "engine"
 # What building the engine reads: its project, and the build-time metadata
 # hook its pyproject names (kept outside engine/, which holds no Python).
 SOURCE_PATHS = (ENGINE, "packaging/build_support")
-# Never part of a wheel's build: the reference is Python, for parity only.
-SOURCE_EXCLUDES = ("engine/reference/",)
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -50,7 +48,7 @@ def snapshot_source(dest: Path) -> list[str]:
     their paths (the project is dest/engine); returns them."""
     files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard",
                             *SOURCE_PATHS).splitlines()
-             if not f.startswith(SOURCE_EXCLUDES) and (ROOT / f).is_file()]
+             if (ROOT / f).is_file()]
     if dest.exists():
         shutil.rmtree(dest)
     for f in files:

@@ -55,7 +55,7 @@ def test_this_repository_passes():
 
 
 def test_rule1_rejects_a_python_module_in_the_engine(tmp_path):
-    root = tree(tmp_path, {"engine/src/helpers.py": "x = 1\n", "engine/reference/ok.py": "y = 2\n",
+    root = tree(tmp_path, {"engine/src/helpers.py": "x = 1\n", "reference/activekv_reference/ok.py": "y = 2\n",
                            "engine/src/core.cpp": "int f() { return 1; }\n"})
     findings = intake.screen(root)
     assert [(f.rule, f.file) for f in findings] == [(1, "engine/src/helpers.py")]

@@ -1,6 +1,7 @@
 """Release checks that need no container: a dirty tree is refused and
-recorded; the parity gate runs on what ships and the manifest refuses
-anything else; a second pipeline run in one checkout is refused."""
+recorded; the wheels' source holds no Python of ours; the parity gate runs on
+what ships and the manifest refuses anything else; a second pipeline run in
+one checkout is refused."""
 
 from __future__ import annotations
 
@@ -59,6 +60,15 @@ def test_an_untracked_source_file_makes_the_build_dirty(repo):
     # The source snapshot takes untracked files: so must the flag, file by file
     # (git's default would collapse a new folder into one line).
     assert source.tree_changes(repo) == ["?? engine/src/extra.cpp"]
+
+
+def test_the_source_the_wheels_build_from_holds_no_python_but_the_build_hook(tmp_path):
+    """The reference lives outside engine/, so the snapshot needs no exception
+    to leave it out: its only Python is the metadata hook the pyproject names."""
+    files = source.snapshot_source(tmp_path / "source")
+    python = [f for f in files if f.endswith((".py", ".pyx", ".pyi"))]
+    assert python and all(f.startswith("packaging/build_support/") for f in python), python
+    assert (tmp_path / "source" / "engine" / "pyproject.toml").is_file()
 
 
 # --- the parity gate proves what ships, and the manifest holds it to that ----------
