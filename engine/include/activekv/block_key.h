@@ -1,6 +1,6 @@
 // Block identity: a hash chain over full blocks of token ids, bound to the model
 // identity and the request's cache_salt. Same bytes as the Python reference
-// (engine/reference/activekv_reference/identity.py).
+// (reference/activekv_reference/identity.py).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Layer streaming: contexts longer than the device's KV memory. Mirrors the
-// reference (engine/reference/activekv_reference/streaming.py).
+// reference (reference/activekv_reference/streaming.py).
 //
 // Geometry. The first R layers of the KV cache group (in vLLM's order) are
 // resident: their KV stays on the device. The other L - R layers are streamed:

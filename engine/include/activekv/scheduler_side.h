@@ -1,6 +1,6 @@
 // Scheduler side: owns the block index and the admission policy, and decides
 // each step which blocks the workers load and save. Mirrors the reference
-// (engine/reference/activekv_reference/scheduler.py) decision for decision.
+// (reference/activekv_reference/scheduler.py) decision for decision.
 #pragma once
 
 #include <cstdint>
