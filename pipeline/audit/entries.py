@@ -55,7 +55,7 @@ def _path_problem(name: str) -> str | None:
     return None
 
 
-def entries(wheel: Wheel, zf: zipfile.ZipFile) -> tuple[set[str], list[zipfile.ZipInfo]]:
+def screen(wheel: Wheel, zf: zipfile.ZipFile) -> tuple[set[str], list[zipfile.ZipInfo]]:
     """The zip's names (files, not folders) and its regular, safe entries;
     every other entry gets its finding here and is read no further."""
     infos = zf.infolist()

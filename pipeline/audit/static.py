@@ -24,7 +24,7 @@ def audit_wheel(path: Path, target: Target, policy: Policy) -> list[Finding]:
         wheel.fail(path.name, "size", f"{size} bytes exceeds max_wheel_bytes="
                    f"{target.max_wheel_bytes} of target {target.name} (release.toml)")
     with zf:
-        present, regular = entries.entries(wheel, zf)
+        present, regular = entries.screen(wheel, zf)
         files = entries.read(wheel, zf, regular)
         kinds = {name: entries.classify(wheel, name, data) for name, data in files.items()}
         entries.required(wheel, present)

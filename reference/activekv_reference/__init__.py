@@ -1,5 +1,5 @@
 """ActiveKV reference connector: the readable definition of what the native
-engine must do bit for bit. Used for parity only; never packaged."""
+engine must do bit for bit. Used for parity and the tests only; never released."""
 
 from .connector import ActiveKVReferenceConnector
 from .config import ActiveKVConfig, ActiveKVConfigError
