@@ -521,45 +521,55 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     script = readme_script(lines, destinations.index_url)
     assert "openssl pkeyutl -verify" in script and "--require-hashes" in script
     base, _ = images.base_image(runtime, config.load().target("cpu"))
-    setup = ("set -eu\napt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "
-             "openssl python3-venv >/dev/null\npython3 -m venv /v\nexport PATH=/v/bin:$PATH\ncd /release\n")
+    # Three copies of the release: as published, with a tampered manifest, with
+    # a tampered requirements file. One container (one apt-get) runs the
+    # commands on each, in a venv of its own, so no run sees what another installed.
+    releases = tmp_path / "releases"
+    copies = [Path(shutil.copytree(destinations.root / "manifests", releases / str(n))) for n in range(3)]
+    manifest_file = copies[1] / path.name
+    manifest_file.write_text(manifest_file.read_text().replace('"cpu"', '"cpU"', 1))
+    requirements = copies[2] / VERSION / provenance.requirements_name(VERSION, "cpu")
+    requirements.write_text(requirements.read_text() + "# one more line\n")
+    (releases / "readme.sh").write_text("set -eu\n" + script)
+    setup = ("set -u\napt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "
+             "openssl python3-venv >/dev/null || exit 99\n"
+             "for n in 0 1 2; do\n"
+             "  python3 -m venv /v$n\n"
+             "  (export PATH=/v$n/bin:$PATH; cd /releases/$n && sh /releases/readme.sh) "
+             ">/releases/$n.out 2>/releases/$n.err\n"
+             "  echo $? >/releases/$n.rc\n"
+             "done\n")
+    ran = runtime.run("run", "--rm", "--network=host", "-v", f"{releases}:/releases", base,
+                      "sh", "-c", setup, capture=True, check=False)
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
 
-    def run_readme(release: Path) -> subprocess.CompletedProcess:
-        return runtime.run("run", "--rm", "--network=host", "-v", f"{release}:/release", base,
-                           "sh", "-c", setup + script, capture=True, check=False)
+    def outcome(n: int) -> tuple[int, str, str]:
+        return (int((releases / f"{n}.rc").read_text()), (releases / f"{n}.out").read_text(),
+                (releases / f"{n}.err").read_text())
 
-    def copy() -> Path:
-        return Path(shutil.copytree(destinations.root / "manifests", tmp_path / f"release{len(list(tmp_path.iterdir()))}"))
-
-    done = run_readme(copy())
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    printed = [line for line in done.stdout.splitlines() if line.strip()]
+    rc, out, err = outcome(0)
+    assert rc == 0, (out + err)[-4000:]
+    printed = [line for line in out.splitlines() if line.strip()]
     assert f"SHA256:{printed[0]}" == pinned(pub), printed[:2]
-    assert "Signature Verified Successfully" in done.stdout
-    assert "BAD" not in done.stdout + done.stderr
-    assert "Successfully installed" in done.stdout and f"activekv-{VERSION}" in done.stdout
+    assert "Signature Verified Successfully" in out
+    assert "BAD" not in out + err
+    assert "Successfully installed" in out and f"activekv-{VERSION}" in out
 
     # A tampered manifest: the signature check stops them.
-    release = copy()
-    manifest_file = release / path.name
-    manifest_file.write_text(manifest_file.read_text().replace('"cpu"', '"cpU"', 1))
-    done = run_readme(release)
-    assert done.returncode != 0 and "Signature Verified Successfully" not in done.stdout
-    assert "Successfully installed" not in done.stdout
+    rc, out, err = outcome(1)
+    assert rc != 0 and "Signature Verified Successfully" not in out
+    assert "Successfully installed" not in out
     # A tampered requirements file: the sha256 check stops them before pip.
-    release = copy()
-    requirements = release / VERSION / release_format.requirements_name(VERSION, "cpu")
-    requirements.write_text(requirements.read_text() + "# one more line\n")
-    done = run_readme(release)
-    assert done.returncode != 0 and f"BAD {VERSION}/{requirements.name}" in done.stderr
-    assert "Successfully installed" not in done.stdout
+    rc, out, err = outcome(2)
+    assert rc != 0 and f"BAD {VERSION}/{requirements.name}" in err
+    assert "Successfully installed" not in out
 
     # The image lines, on the host, in the release's folder.
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
     host_lines = [line.replace("0.1.0", VERSION).replace("docker ", f"{runtime.name} ", 1)
                   for line in lines if line.startswith("docker ")]
     assert len(host_lines) == 2, host_lines
-    done = subprocess.run(["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copy(),
+    done = subprocess.run(["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copies[0],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == image["digest"]
