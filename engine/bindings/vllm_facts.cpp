@@ -6,10 +6,23 @@
 #include <string>
 #include <vector>
 
+#include "activekv/kv_cache_groups.h"
 #include "convert.h"
 
 namespace activekv::bindings {
 namespace {
+
+// The groups as ActiveKV's rule about them reads them (kv_cache_groups.h), for
+// the host store's layout and for streaming alike.
+KVCacheGroups kv_cache_groups_of(const py::list& groups) {
+  const py::object full = py::module_::import("vllm.v1.kv_cache_interface").attr("FullAttentionSpec");
+  KVCacheGroups out;
+  for (const auto& g : groups) {
+    out.kinds.push_back(py::cast<std::string>(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__")));
+  }
+  out.one_full_attention = groups.size() == 1 && py::type::handle_of(groups[0].attr("kv_cache_spec")).is(full);
+  return out;
+}
 
 // What check_streamable needs of vLLM's config, read once at start-up, in the
 // reference's order and no further than its first refusal (so a config
@@ -20,13 +33,8 @@ StreamableFacts streamable_facts(const py::handle& vllm_config, const py::handle
   f.use_mla = py::cast<bool>(py::bool_(py::getattr(model, "use_mla", py::bool_(false))));
   if (f.use_mla) return f;
   const py::list groups(py::reinterpret_borrow<py::object>(kv_cache_groups));
-  const py::object full = py::module_::import("vllm.v1.kv_cache_interface").attr("FullAttentionSpec");
-  for (const auto& g : groups) {
-    f.group_kinds.push_back(py::cast<std::string>(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__")));
-  }
-  f.one_full_attention_group =
-      groups.size() == 1 && py::type::handle_of(groups[0].attr("kv_cache_spec")).is(full);
-  if (!f.one_full_attention_group) return f;
+  f.groups = kv_cache_groups_of(groups);
+  if (!f.groups.one_full_attention) return f;
   f.sliding_window = !py::getattr(groups[0].attr("kv_cache_spec"), "sliding_window", py::none()).is_none();
   if (f.sliding_window) return f;
   const py::object parallel = vllm_config.attr("parallel_config");
@@ -55,15 +63,9 @@ StreamingGeometry streaming_geometry(const StreamingConfig& streaming, const py:
 }
 
 KVLayout layout_of(const py::handle& kv_cache_config) {
-  const py::module_ iface = py::module_::import("vllm.v1.kv_cache_interface");
   const py::list groups = kv_cache_config.attr("kv_cache_groups");
-  py::list kinds;
-  for (const auto& g : groups) kinds.append(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__"));
-  if (groups.size() != 1 ||
-      !py::type::handle_of(groups[0].attr("kv_cache_spec")).is(iface.attr("FullAttentionSpec"))) {
-    throw py::value_error(
-        "ActiveKV supports models with one full-attention KV cache group; this model has " +
-        py::cast<std::string>(py::repr(kinds)));
+  if (const auto why = unservable_kv_cache_groups(kv_cache_groups_of(groups))) {
+    throw py::value_error("ActiveKV cannot serve " + *why);
   }
   const py::object spec = groups[0].attr("kv_cache_spec");
   if (!spec.attr("head_size_v").equal(spec.attr("head_size"))) {

@@ -14,13 +14,6 @@ std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 Status bad(std::string message) { return {ErrorCode::kInvalidConfig, std::move(message)}; }
 
-// A list of names as Python's repr of a list of str writes it.
-std::string python_list(const std::vector<std::string>& names) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", '" : "'") + names[i] + "'";
-  return out + "]";
-}
-
 }  // namespace
 
 Result<StreamingGeometry> StreamingGeometry::plan(const StreamingConfig& config,
@@ -85,10 +78,7 @@ Status check_streamable(const StreamableFacts& facts) {
   if (facts.use_mla) {
     return refuse("a model with multi-head latent attention (MLA); turn streaming off for it");
   }
-  if (!facts.one_full_attention_group) {
-    return refuse("KV cache groups " + python_list(facts.group_kinds) +
-                  ": it needs one full-attention group (no sliding-window or hybrid groups)");
-  }
+  if (const auto why = unservable_kv_cache_groups(facts.groups)) return refuse(*why);
   if (facts.sliding_window) {
     return refuse("sliding-window attention; it needs full attention in every layer");
   }

@@ -1,4 +1,5 @@
-// Layer streaming's geometry and refusals (streaming_geometry.h): plain data,
+// Layer streaming's geometry and refusals (streaming_geometry.h), and the KV
+// cache group rule they share with the store (kv_cache_groups.h): plain data,
 // no torch, no ring.
 #include <gtest/gtest.h>
 
@@ -43,10 +44,19 @@ TEST(StreamingGeometry, RefusesAGeometryThatSavesNoMemoryNamingTheKey) {
   EXPECT_TRUE(StreamingGeometry::plan(StreamingConfig{2, 2}, kLayers).ok());
 }
 
+TEST(KVCacheGroups, OnlyOneFullAttentionGroupIsServedAndARefusalNamesTheKinds) {
+  EXPECT_FALSE(unservable_kv_cache_groups({{"FullAttentionSpec"}, true}));
+  EXPECT_EQ(unservable_kv_cache_groups({{"SlidingWindowSpec"}, false}),
+            "KV cache groups ['SlidingWindowSpec']: it needs one full-attention group (no "
+            "sliding-window or hybrid groups)");
+  EXPECT_EQ(unservable_kv_cache_groups({{}, false}),
+            "KV cache groups []: it needs one full-attention group (no sliding-window or hybrid "
+            "groups)");
+}
+
 TEST(CheckStreamable, RefusesEachSettingInTheReferenceOrder) {
   StreamableFacts ok;
-  ok.group_kinds = {"FullAttentionSpec"};
-  ok.one_full_attention_group = true;
+  ok.groups = {{"FullAttentionSpec"}, true};
   ok.attention_layers = ok.kv_cache_layers = 4;
   EXPECT_TRUE(check_streamable(ok).ok());
   const std::string at = "kv_connector_extra_config['streaming']: layer streaming cannot serve ";
@@ -56,8 +66,7 @@ TEST(CheckStreamable, RefusesEachSettingInTheReferenceOrder) {
   EXPECT_EQ(check_streamable(f).error(),
             at + "a model with multi-head latent attention (MLA); turn streaming off for it");
   f = ok;
-  f.group_kinds = {"FullAttentionSpec", "SlidingWindowSpec"};
-  f.one_full_attention_group = false;
+  f.groups = {{"FullAttentionSpec", "SlidingWindowSpec"}, false};
   EXPECT_EQ(check_streamable(f).error(),
             at + "KV cache groups ['FullAttentionSpec', 'SlidingWindowSpec']: it needs one "
                  "full-attention group (no sliding-window or hybrid groups)");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "activekv/config.h"
+#include "activekv/kv_cache_groups.h"
 #include "activekv/status.h"
 
 namespace activekv {
@@ -53,11 +54,10 @@ struct StreamingGeometry {
 // What check_streamable looks at, read from vLLM's config once at start-up.
 struct StreamableFacts {
   bool use_mla = false;
-  std::vector<std::string> group_kinds;  // type name of each group's KV cache spec
-  bool one_full_attention_group = false;  // exactly one group, of FullAttentionSpec itself
-  bool sliding_window = false;            // that group's spec has a sliding window
-  std::int64_t attention_layers = 0;      // the model's attention layers
-  std::int64_t kv_cache_layers = 0;       // the group's layers (those with a KV cache)
+  KVCacheGroups groups;
+  bool sliding_window = false;        // the one group's spec has a sliding window
+  std::int64_t attention_layers = 0;  // the model's attention layers
+  std::int64_t kv_cache_layers = 0;   // the group's layers (those with a KV cache)
   bool speculative = false;
   std::int64_t pipeline_parallel_size = 1;
 };
