@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <utility>
+#include <tuple>
 #include <vector>
 
 #include "vllm_classes.h"
@@ -31,6 +31,92 @@ ConfigValue to_config_value(const py::handle& v) {
     cv.table = to_config_values(v);
   }
   return cv;
+}
+
+// The metadata's fields, each listed once (kPlanFields, kReportFields): the
+// conversions both ways and the shared empty metadata go by these lists.
+template <class Owner, class T>
+struct Field {
+  const char* name;  // the Python attribute
+  T Owner::*member;
+  // Read as empty when the attribute is absent.
+  bool may_be_absent = false;
+};
+
+// ActiveKVMetadata, scheduler -> workers.
+constexpr std::tuple kPlanFields{
+    Field{"loads", &StepPlan::loads},
+    Field{"saves", &StepPlan::saves},
+    Field{"awaiting_free", &StepPlan::awaiting_free},
+    // Absent on metadata made without streaming in mind: nothing to stage.
+    Field{"stage_blocks", &StepPlan::stage_blocks, true},
+    Field{"writeback_blocks", &StepPlan::writeback_blocks, true},
+};
+
+// ActiveKVWorkerMetadata, workers -> scheduler.
+constexpr std::tuple kReportFields{
+    Field{"saved", &WorkerReport::saved},
+    Field{"failed_saves", &WorkerReport::failed_saves},
+    Field{"loaded", &WorkerReport::loaded},
+    Field{"failed_loads", &WorkerReport::failed_loads},
+    Field{"quarantined", &WorkerReport::quarantined},
+};
+
+// A field's value in Python: a load as (slot, block_id, key), a save as
+// (slot, block_id, key, req_id), ids and request ids as lists.
+py::object to_python(const std::vector<LoadOp>& ops) {
+  py::list out;
+  for (const auto& op : ops) out.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key)));
+  return out;
+}
+
+py::object to_python(const std::vector<SaveOp>& ops) {
+  py::list out;
+  for (const auto& op : ops) out.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key), op.req_id));
+  return out;
+}
+
+template <class T>
+py::object to_python(const std::vector<T>& values) {
+  return py::cast(values);
+}
+
+void from_python(const py::handle& list, std::vector<LoadOp>& ops) {
+  for (const auto& t : list) {
+    ops.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
+                   to_key(t[py::int_(2)])});
+  }
+}
+
+void from_python(const py::handle& list, std::vector<SaveOp>& ops) {
+  for (const auto& t : list) {
+    ops.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
+                   to_key(t[py::int_(2)]), py::cast<std::string>(t[py::int_(3)])});
+  }
+}
+
+template <class T>
+void from_python(const py::handle& list, std::vector<T>& values) {
+  values = py::cast<std::vector<T>>(list);
+}
+
+template <class Owner, class... T>
+void write_fields(const py::handle& meta, const Owner& value, const std::tuple<Field<Owner, T>...>& fields) {
+  std::apply([&](const auto&... f) { ((meta.attr(f.name) = to_python(value.*f.member)), ...); }, fields);
+}
+
+template <class Owner, class T>
+void read_field(const py::handle& meta, const Field<Owner, T>& field, T& out) {
+  if (!field.may_be_absent) return from_python(meta.attr(field.name), out);
+  const py::object value = py::getattr(meta, field.name, py::none());
+  if (!value.is_none()) from_python(value, out);
+}
+
+template <class Owner, class... T>
+Owner read_fields(const py::handle& meta, const std::tuple<Field<Owner, T>...>& fields) {
+  Owner value;
+  std::apply([&](const auto&... f) { (read_field(meta, f, value.*f.member), ...); }, fields);
+  return value;
 }
 
 }  // namespace
@@ -79,20 +165,15 @@ std::string dtype_name(c10::ScalarType t) {
   }
 }
 
+py::object new_metadata(const StepPlan& plan) {
+  py::object meta = new_instance(g_classes->metadata);
+  write_fields(meta, plan, kPlanFields);
+  return meta;
+}
+
 py::object plan_to_python(const StepPlan& plan) {
   if (plan.empty()) return g_classes->empty_metadata;
-  py::object meta = new_instance(g_classes->metadata);
-  py::list loads, saves;
-  for (const auto& op : plan.loads) loads.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key)));
-  for (const auto& op : plan.saves) {
-    saves.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key), op.req_id));
-  }
-  meta.attr("loads") = loads;
-  meta.attr("saves") = saves;
-  meta.attr("awaiting_free") = py::cast(plan.awaiting_free);
-  meta.attr("stage_blocks") = py::cast(plan.stage_blocks);
-  meta.attr("writeback_blocks") = py::cast(plan.writeback_blocks);
-  return meta;
+  return new_metadata(plan);
 }
 
 StepPlan plan_from_python(const py::handle& meta) {
@@ -101,43 +182,15 @@ StepPlan plan_from_python(const py::handle& meta) {
     throw py::type_error("ActiveKV got connector metadata of type " +
                          py::cast<std::string>(py::type::handle_of(meta).attr("__name__")));
   }
-  StepPlan plan;
-  for (const auto& t : meta.attr("loads")) {
-    plan.loads.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
-                          to_key(t[py::int_(2)])});
-  }
-  for (const auto& t : meta.attr("saves")) {
-    plan.saves.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
-                          to_key(t[py::int_(2)]), py::cast<std::string>(t[py::int_(3)])});
-  }
-  plan.awaiting_free = py::cast<std::vector<std::string>>(meta.attr("awaiting_free"));
-  // Absent on metadata made without streaming in mind: nothing to stage.
-  for (auto [name, ids] : {std::pair{"stage_blocks", &plan.stage_blocks},
-                           std::pair{"writeback_blocks", &plan.writeback_blocks}}) {
-    const py::object list = py::getattr(meta, name, py::none());
-    if (!list.is_none()) *ids = py::cast<std::vector<std::int64_t>>(list);
-  }
-  return plan;
+  return read_fields(meta, kPlanFields);
 }
 
 py::object report_to_python(const WorkerReport& r) {
   py::object meta = new_instance(g_classes->worker_meta);
-  meta.attr("saved") = py::cast(r.saved);
-  meta.attr("failed_saves") = py::cast(r.failed_saves);
-  meta.attr("loaded") = py::cast(r.loaded);
-  meta.attr("failed_loads") = py::cast(r.failed_loads);
-  meta.attr("quarantined") = py::cast(r.quarantined);
+  write_fields(meta, r, kReportFields);
   return meta;
 }
 
-WorkerReport report_from_python(const py::handle& meta) {
-  WorkerReport r;
-  r.saved = py::cast<std::vector<std::int64_t>>(meta.attr("saved"));
-  r.failed_saves = py::cast<std::vector<std::int64_t>>(meta.attr("failed_saves"));
-  r.loaded = py::cast<std::vector<std::int64_t>>(meta.attr("loaded"));
-  r.failed_loads = py::cast<std::vector<std::int64_t>>(meta.attr("failed_loads"));
-  r.quarantined = py::cast<std::vector<std::int64_t>>(meta.attr("quarantined"));
-  return r;
-}
+WorkerReport report_from_python(const py::handle& meta) { return read_fields(meta, kReportFields); }
 
 }  // namespace activekv::bindings

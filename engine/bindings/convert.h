@@ -29,8 +29,10 @@ c10::ScalarType dtype_from_python(const py::handle& dtype);
 // The name the model identity digests ("bfloat16", ...).
 std::string dtype_name(c10::ScalarType t);
 
-// ActiveKVMetadata (scheduler -> workers): the shared empty instance for a
-// plan that moves nothing.
+// A new ActiveKVMetadata (scheduler -> workers) holding `plan`.
+py::object new_metadata(const StepPlan& plan);
+// The step's ActiveKVMetadata: the shared empty instance for a plan that
+// moves nothing.
 py::object plan_to_python(const StepPlan& plan);
 // TypeError for metadata of another class.
 StepPlan plan_from_python(const py::handle& meta);

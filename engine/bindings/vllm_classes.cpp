@@ -44,12 +44,7 @@ void make_vllm_classes(py::module_ m) {
   g_classes->scheduler_role = base.attr("KVConnectorRole").attr("SCHEDULER");
   g_classes->features = VllmFeatures::probe(g_classes->base);
   g_classes->metadata = make_class(base.attr("KVConnectorMetadata"), "ActiveKVMetadata", py::dict());
-  g_classes->empty_metadata = new_instance(g_classes->metadata);
-  g_classes->empty_metadata.attr("loads") = py::list();
-  g_classes->empty_metadata.attr("saves") = py::list();
-  g_classes->empty_metadata.attr("awaiting_free") = py::list();
-  g_classes->empty_metadata.attr("stage_blocks") = py::list();
-  g_classes->empty_metadata.attr("writeback_blocks") = py::list();
+  g_classes->empty_metadata = new_metadata(StepPlan{});
   g_classes->worker_meta =
       make_class(base.attr("KVConnectorWorkerMetadata"), "ActiveKVWorkerMetadata", worker_meta_namespace());
   g_classes->stats = make_class(metrics.attr("KVConnectorStats"), "ActiveKVStats", stats_namespace());
