@@ -9,9 +9,9 @@ Rules (each finding names the rule, the file and the line):
   2. no Python import from C++ (py::module_::import, PyImport_*) except the
      entries of [cpp_imports], each with its reason;
   3. no call into a Python object from the functions vLLM calls every step
-     (the connector's per-step methods in engine/bindings/, and every helper of
-     that file they reach), except the entries of [per_step_calls], each with
-     its reason.
+     (the connector's per-step methods in engine/bindings/, and every helper
+     they reach in any file there), except the entries of [per_step_calls],
+     each with its reason.
 Exits 1 on a finding. Standard library only: it runs before anything is set up.
 """
 
@@ -108,13 +108,14 @@ def _body(text: str, open_brace: int) -> tuple[int, int]:
     return open_brace, len(text)
 
 
-def functions(text: str) -> dict[str, tuple[int, int]]:
-    """Top-level and member function bodies of a binding file, by name."""
-    out = {}
-    for m in re.finditer(r"^\s*[\w:<>&*, ]+?[\s&*](\w+)\(([^;{}]*)\)\s*(?:const\s*)?(?:->\s*[\w:<>]+\s*)?\{",
-                         text, re.MULTILINE):
+def functions(text: str) -> dict[str, list[tuple[int, int]]]:
+    """Function bodies of a binding file by name: top-level, members defined in
+    their class, and members defined outside it (Class::name); every overload."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for m in re.finditer(r"^\s*[\w:<>&*, ]+?[\s&*](?:\w+::)*(\w+)\(([^;{}]*)\)\s*(?:const\s*)?"
+                         r"(?:->\s*[\w:<>]+\s*)?\{", text, re.MULTILINE):
         if m.group(1) not in ("if", "for", "while", "switch", "catch"):
-            out.setdefault(m.group(1), _body(text, m.end() - 1))
+            out.setdefault(m.group(1), []).append(_body(text, m.end() - 1))
     return out
 
 
@@ -128,32 +129,35 @@ def per_step_bodies(text: str) -> dict[str, tuple[int, int]]:
 
 def rule3(root: Path, allow: dict) -> list[Finding]:
     allowed = {(e["method"], e["call"]) for e in allow.get("per_step_calls", [])}
+    sources = {p.relative_to(root).as_posix(): p.read_text()
+               for p in files_under(root, BINDINGS) if p.suffix in CPP_SUFFIXES}
+    # Every binding file's helpers: a per-step method reaches helpers of other
+    # files (conversions, the scheduler adapter).
+    helpers: dict[str, list[tuple[str, int, int]]] = {}
+    for rel, text in sources.items():
+        for name, spans in functions(text).items():
+            helpers.setdefault(name, []).extend((rel, start, end) for start, end in spans)
     out = []
     found: set[str] = set()
-    for p in files_under(root, BINDINGS):
-        if p.suffix not in CPP_SUFFIXES:
-            continue
-        rel = p.relative_to(root).as_posix()
-        text = p.read_text()
-        helpers = functions(text)
+    for rel, text in sources.items():
         bodies = per_step_bodies(text)
         found |= set(bodies)
-        for method, span in bodies.items():
+        for method, (start, end) in bodies.items():
             seen: set[str] = set()
-            todo = [span]
+            todo = [(rel, start, end)]
             while todo:
-                start, end = todo.pop()
-                body = text[start:end]
+                file, start, end = todo.pop()
+                body = sources[file][start:end]
                 for m in PY_CALL.finditer(body):
                     call = next(g for g in m.groups() if g)
                     if (method, call) not in allowed:
-                        line = text.count("\n", 0, start + m.start()) + 1
-                        out.append(Finding(3, rel, line, f"{method} (called by vLLM every step) reaches a "
-                                                         f"call into Python ({call}); keep per-step paths "
-                                                         f"native, or allowlist it with the contract that needs it"))
+                        line = sources[file].count("\n", 0, start + m.start()) + 1
+                        out.append(Finding(3, file, line, f"{method} (called by vLLM every step) reaches a "
+                                                          f"call into Python ({call}); keep per-step paths "
+                                                          f"native, or allowlist it with the contract that needs it"))
                 for name in set(re.findall(r"\b(\w+)\s*\(", body)) & set(helpers) - seen:
                     seen.add(name)
-                    todo.append(helpers[name])
+                    todo.extend(helpers[name])
     # A rule that finds nothing to check must not pass: a binding split into
     # other files, or methods defined another way, would silently skip it.
     if (root / BINDINGS).is_dir():

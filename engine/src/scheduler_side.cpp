@@ -1,6 +1,6 @@
 #include "activekv/scheduler_side.h"
 
-#include "activekv/layer_streaming.h"
+#include "activekv/streaming_geometry.h"
 
 #include <algorithm>
 #include <iterator>

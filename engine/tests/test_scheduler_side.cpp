@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "activekv/layer_streaming.h"
+#include "activekv/streaming_geometry.h"
 #include "activekv/scheduler_side.h"
 
 namespace activekv {

@@ -31,8 +31,8 @@ class KVLayout:
         if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
             kinds = [type(g.kv_cache_spec).__name__ for g in groups]
             raise UnsupportedLayoutError(
-                f"ActiveKV supports models with one full-attention KV cache group; "
-                f"this model has {kinds}"
+                f"ActiveKV cannot serve KV cache groups {kinds}: it needs one full-attention "
+                "group (no sliding-window or hybrid groups)"
             )
         spec = groups[0].kv_cache_spec
         if spec.head_size_v != spec.head_size:

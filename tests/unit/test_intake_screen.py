@@ -78,6 +78,19 @@ def test_rule3_rejects_a_python_call_reached_from_a_per_step_method(tmp_path):
     assert "get_finished" in findings[0].message and "compute" in findings[0].message
 
 
+def test_rule3_follows_helpers_into_other_binding_files(tmp_path):
+    # The binding split by job: get_finished reaches a member of a class of
+    # another file, defined outside its class, which calls into Python.
+    connector = BINDING.replace("return helper(finished);", "return adapter_of(self).finish(finished);")
+    adapter = ('Adapter& adapter_of(py::object self) {\n  return *static_cast<Adapter*>(nullptr);\n}\n'
+               'py::object Adapter::finish(const py::handle& h) const {\n  return h.attr("compute")(1);\n}\n')
+    root = tree(tmp_path, {"engine/bindings/connector.cpp": connector,
+                           "engine/bindings/adapter.cpp": adapter})
+    findings = intake.screen(root)
+    assert [(f.rule, f.file, f.line) for f in findings] == [(3, "engine/bindings/adapter.cpp", 5)]
+    assert "get_finished" in findings[0].message and "compute" in findings[0].message
+
+
 def test_rule3_fails_when_it_finds_no_body_of_a_per_step_method(tmp_path):
     # As if the binding were split and one method defined another way.
     binding = BINDING.replace('ns["wait_for_save"] = named("wait_for_save", [](py::object self) {',

@@ -332,6 +332,28 @@ def test_no_kv_cache_group_is_the_same_refusal_in_both_engines():
     assert "KV cache groups []" in messages[0]
 
 
+def test_a_hybrid_model_is_the_same_refusal_in_both_engines():
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    full = standalone.kv_cache_config().kv_cache_groups[0]
+    sliding = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
+                                sliding_window=128)
+    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
+        full, KVCacheGroupSpec(layer_names=["model.layers.4.self_attn.attn"], kv_cache_spec=sliding)])
+    standalone.ensure_distributed()
+    messages = []
+    for impl in IMPLS:
+        cls = standalone.connector_class(impl)
+        with pytest.raises(ValueError) as err:
+            cls(standalone.vllm_config({}, cls.__name__), KVConnectorRole.WORKER, cfg)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    # The words of streaming's refusal of the same groups (test_streaming_refusals.py).
+    assert messages[0] == ("ActiveKV cannot serve KV cache groups ['FullAttentionSpec', 'SlidingWindowSpec']: "
+                           "it needs one full-attention group (no sliding-window or hybrid groups)")
+
+
 def test_vllm_features_are_what_the_installed_vllm_offers():
     import importlib.util
 

@@ -19,7 +19,7 @@
 
 namespace activekv {
 
-struct StartupReport;  // layer_streaming.h
+struct StartupReport;  // streaming_geometry.h
 
 class SchedulerSide {
  public:

@@ -1,0 +1,291 @@
+#include "connector.h"
+
+#include <ATen/core/Tensor.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "activekv/config.h"
+#include "activekv/kv_layout.h"
+#include "activekv/layer_streaming.h"
+#include "activekv/scheduler_side.h"
+#include "activekv/worker_side.h"
+#include "attributes.h"
+#include "convert.h"
+#include "metrics.h"
+#include "scheduler_adapter.h"
+#include "vllm_classes.h"
+#include "vllm_facts.h"
+
+namespace activekv::bindings {
+
+using namespace pybind11::literals;
+
+namespace {
+
+// Where a connector instance keeps its side and its metadata.
+struct ConnectorKeys {
+  PyObject* scheduler = interned("_activekv_scheduler");
+  PyObject* worker = interned("_activekv_worker");
+  PyObject* metadata = interned("_connector_metadata");
+};
+const ConnectorKeys& connector_keys() {
+  static const ConnectorKeys k;  // first used with the GIL held
+  return k;
+}
+
+// The engine object a connector instance holds in its __dict__, or null (a
+// connector of the other role). Borrowed: the instance keeps it alive.
+template <class Engine>
+Engine* engine_in(const py::handle& self, PyObject* key) {
+  PyObject* dict = PyObject_GenericGetDict(self.ptr(), nullptr);
+  if (dict == nullptr) throw py::error_already_set();
+  PyObject* value = PyDict_GetItemWithError(dict, key);
+  Py_DECREF(dict);
+  if (value == nullptr) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return nullptr;
+  }
+  return &py::cast<Engine&>(py::handle(value));
+}
+WorkerSide* find_worker(const py::handle& self) { return engine_in<WorkerSide>(self, connector_keys().worker); }
+
+SchedulerEngine& scheduler_of(const py::handle& self) {
+  auto* engine = engine_in<SchedulerEngine>(self, connector_keys().scheduler);
+  if (engine == nullptr) throw py::attribute_error("ActiveKV: a scheduler-side call on a worker-side connector");
+  return *engine;
+}
+WorkerSide& worker_of(const py::handle& self) {
+  WorkerSide* engine = find_worker(self);
+  if (engine == nullptr) throw py::attribute_error("ActiveKV: a worker-side call on a scheduler-side connector");
+  return *engine;
+}
+void set_metadata(const py::handle& self, const py::handle& meta) {
+  if (PyObject_SetAttr(self.ptr(), connector_keys().metadata, meta.ptr()) != 0) throw py::error_already_set();
+}
+
+void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
+  g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
+  const py::object transfer = self.attr("_kv_transfer_config");
+  const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
+  const KVLayout layout = layout_of(kv_cache_config);
+  const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
+  const std::int64_t host_bytes = physical_memory_bytes();
+  const auto slots = config.store_slots(slot_bytes, host_bytes);
+  if (!slots.ok()) throw py::value_error(slots.status().error());
+  const std::int64_t num_slots = slots.value();
+  const bool scheduler = role.is(g_classes->scheduler_role);
+  std::optional<StreamingGeometry> geometry;
+  std::optional<StartupReport> report;
+  if (config.streaming) {
+    if (!g_classes->features.streaming_hooks) {
+      throw py::value_error(
+          "ActiveKV layer streaming needs vLLM with ActiveKV's patch series (patches/vllm/" +
+          g_classes->features.version + "/0002: KVConnectorBase_V1.get_kv_cache_regions); this vLLM " +
+          g_classes->features.version + " is not patched: install the patched wheel "
+          "(python3 ci/run-nox -s patch-vllm) or remove 'streaming' from kv_connector_extra_config");
+    }
+    geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
+    const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
+    report = StartupReport::of(
+        *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
+        py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
+    if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
+      throw py::value_error(s.error());
+    }
+    if (scheduler) {
+      // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());
+    }
+  }
+  if (scheduler) {
+    ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
+                     dtype_name(layout.dtype),
+                     static_cast<std::int64_t>(layout.layer_names.size()),
+                     layout.num_kv_heads,
+                     layout.head_size,
+                     layout.block_size,
+                     py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
+    auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
+                                                num_slots, id.tp_size, geometry.has_value());
+    if (report) side->report_streaming(*report);
+    self.attr("_activekv_scheduler") = py::cast(SchedulerEngine(std::move(side)));
+  } else {
+    const auto rank = py::cast<std::int64_t>(
+        py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());
+    self.attr("_activekv_worker") =
+        py::cast(std::make_unique<WorkerSide>(config, layout, num_slots, rank, std::move(geometry)));
+  }
+}
+
+}  // namespace
+
+py::dict connector_namespace() {
+  py::dict ns;
+  ns["__module__"] = kModule;
+  ns["__doc__"] = "ActiveKV: vLLM's KV cache in host RAM (native engine).";
+  ns["__init__"] = method(&connector_init);
+  const py::module_ inspect = py::module_::import("inspect");
+  const py::object P = inspect.attr("Parameter");
+  const py::object kind = P.attr("POSITIONAL_OR_KEYWORD");
+  // What vLLM's factory inspects (a class's signature, so without self).
+  ns["__signature__"] = inspect.attr("Signature")(
+      py::make_tuple(P("vllm_config", kind), P("role", kind), P("kv_cache_config", kind)));
+  if (g_classes->features.cache_hit_source) {  // 0.32.0 labels host hits; 0.26.0 has no label
+    ns["_cache_hit_source"] =
+        py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
+  }
+  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(
+      method([](py::object) { return false; }));  // a dropped save is only a future miss
+
+  // -- worker --
+  ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
+    std::unordered_map<std::string, at::Tensor> caches;
+    for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
+    const Status s = worker_of(self).register_kv_caches(caches);
+    if (!s.ok()) throw py::value_error(s.error());
+  });
+  ns["bind_connector_metadata"] = named("bind_connector_metadata", [](py::object self, py::object meta) {
+    set_metadata(self, meta);
+    if (WorkerSide* w = find_worker(self)) w->bind_plan(plan_from_python(meta));
+  });
+  ns["clear_connector_metadata"] = named("clear_connector_metadata", [](py::object self) {
+    set_metadata(self, py::none());
+    if (WorkerSide* w = find_worker(self)) w->clear_plan();
+  });
+  ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object, py::kwargs) {
+    WorkerSide& w = worker_of(self);
+    if (!w.has_loads() && !w.has_stream_work()) return;
+    py::gil_scoped_release nogil;
+    w.start_load();
+  });
+  // Asked once per layer by a vLLM carrying patches/vllm/<version>/0001 (never
+  // by an unpatched one): false on a step that moves no block, so vLLM skips
+  // wait_for_layer_load and save_kv_layer for every layer of that step.
+  ns["has_layer_work"] = named("has_layer_work", [](py::object self) {
+    const WorkerSide* w = find_worker(self);
+    return w != nullptr && w->has_layer_work();
+  });
+  // Layer streaming stages whole blocks: vLLM (patch 0002) then calls
+  // wait_for_layer_load before each layer's KV cache update as well.
+  ns["loads_before_kv_cache_update"] = named("loads_before_kv_cache_update", [](py::object self) {
+    const WorkerSide* w = find_worker(self);
+    return w != nullptr && w->streaming();
+  });
+  ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
+    WorkerSide& w = worker_of(self);
+    if (!w.has_layer_loads()) return;
+    const auto name = py::cast<std::string>(layer);
+    py::gil_scoped_release nogil;
+    w.wait_for_layer_load(name);
+  });
+  ns["save_kv_layer"] = named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
+    WorkerSide& w = worker_of(self);
+    if (!w.has_saves() && !w.has_stream_work()) return;
+    const auto name = py::cast<std::string>(layer);
+    const auto tensor = py::cast<at::Tensor>(kv);
+    py::gil_scoped_release nogil;
+    w.save_layer(name, tensor);
+  });
+  ns["wait_for_save"] = named("wait_for_save", [](py::object self) {
+    WorkerSide& w = worker_of(self);
+    if (!w.has_saves()) return w.wait_for_save();  // no copy to wait for
+    py::gil_scoped_release nogil;
+    w.wait_for_save();
+  });
+  ns["get_finished"] = named("get_finished", [](py::object self, py::object finished) -> py::tuple {
+    WorkerSide& w = worker_of(self);
+    if (w.nothing_awaiting() && py::len(finished) == 0) return py::make_tuple(py::none(), py::none());
+    const auto ids = py::cast<std::vector<std::string>>(py::list(finished));
+    std::vector<std::string> done;
+    {
+      py::gil_scoped_release nogil;
+      done = w.get_finished(ids);
+    }
+    py::object sending = done.empty() ? py::none() : py::object(py::set(py::cast(done)));
+    return py::make_tuple(sending, py::none());
+  });
+  ns["get_block_ids_with_load_errors"] = named("get_block_ids_with_load_errors", [](py::object self) {
+    py::set errors;  // empty on nearly every step: no list made on the way
+    for (const std::int64_t block : worker_of(self).take_load_errors()) errors.add(block);
+    return errors;
+  });
+  ns["build_connector_worker_meta"] = named("build_connector_worker_meta", [](py::object self) -> py::object {
+    const WorkerReport r = worker_of(self).take_report();
+    return r.empty() ? py::none() : report_to_python(r);
+  });
+  ns["get_kv_connector_stats"] = named("get_kv_connector_stats", [](py::object self) -> py::object {
+    if (WorkerSide* w = find_worker(self)) return stats_or_none(w->take_telemetry());
+    return stats_or_none(scheduler_of(self).take_telemetry());
+  });
+
+  // -- scheduler --
+  ns["get_num_new_matched_tokens"] = named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
+    return scheduler_of(self).get_num_new_matched_tokens(request, n);
+  });
+  ns["update_state_after_alloc"] = named("update_state_after_alloc", [](py::object self, py::object request, py::object blocks, std::int64_t n) {
+    scheduler_of(self).update_state_after_alloc(request, blocks, n);
+  });
+  ns["build_connector_meta"] = named("build_connector_meta", [](py::object self, py::object so) {
+    return plan_to_python(scheduler_of(self).build(so));
+  });
+  ns["update_connector_output"] = named("update_connector_output", [](py::object self, py::object output) {
+    const py::object wm = output.attr("kv_connector_worker_meta");
+    if (py::isinstance(wm, g_classes->worker_meta)) scheduler_of(self).apply(report_from_python(wm));
+  });
+  ns["request_finished"] = named("request_finished", [](py::object self, py::object request, py::object) {
+    return py::make_tuple(scheduler_of(self).request_finished(request), py::none());
+  });
+  ns["has_pending_push_work"] = named("has_pending_push_work", [](py::object self) {
+    const auto* s = engine_in<SchedulerEngine>(self, connector_keys().scheduler);
+    return s != nullptr && s->has_pending_work();
+  });
+
+  // -- telemetry --
+  const py::object classmethod = py::module_::import("builtins").attr("classmethod");
+  ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
+    return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
+  }));
+  // Every step may load, save or stage blocks in the per-layer hooks (a
+  // prompt served from the store but its last token is a one-token prefill:
+  // a "uniform decode" batch), and a full CUDA graph replays with no hook
+  // at all. So vLLM downgrades FULL_AND_PIECEWISE to PIECEWISE for ActiveKV:
+  // attention and the KV cache update run eagerly between graph pieces.
+  ns["requires_piecewise_for_cudagraph"] = classmethod(named("requires_piecewise_for_cudagraph",
+      [](py::object, py::object) { return true; }));
+  // Layer streaming stages whole blocks with one copy per run (or a device
+  // gather of whole rows): it asks for the layout whose per-layer view keeps
+  // each block one contiguous row in the logical order (HND on CUDA's flash
+  // attention). Other modes take vLLM's default. A config that does not parse
+  // is refused by the connector's constructor, with its message.
+  ns["get_required_kvcache_layout"] = classmethod(named("get_required_kvcache_layout",
+      [](py::object, py::object vllm_config) -> py::object {
+        const py::object transfer = vllm_config.attr("kv_transfer_config");
+        if (transfer.is_none()) return py::none();
+        auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
+        if (!parsed.ok() || !parsed.value().streaming) return py::none();
+        return py::str("HND");
+      }));
+  // Called by vLLM's engine core at start-up (patch 0002), before any
+  // connector instance exists: the regions of the device KV cache, or None.
+  ns["get_kv_cache_regions"] = classmethod(named("get_kv_cache_regions",
+      [](py::object, py::object vllm_config, py::object kv_cache_groups) -> py::object {
+        const Config config = parse_config(
+            vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config"));
+        if (!config.streaming) return py::none();
+        return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups).regions());
+      }));
+  ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
+      [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
+        return g_classes->prom(vllm_config, types, labels, per_engine);
+      }));
+  return ns;
+}
+
+}  // namespace activekv::bindings

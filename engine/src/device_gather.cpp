@@ -1,0 +1,227 @@
+// LayerStreamer's kDeviceGather copies (layer_streaming.h): the device reads
+// and writes the pinned homes itself, through one strided view over every home
+// chunk, in staging pieces the copy stream scatters into the ring.
+#include "activekv/layer_streaming.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+namespace activekv {
+namespace {
+
+// The widest element a home row divides into: a gather kernel's thread moves
+// one element, and wide elements make each warp read long runs of the row.
+at::ScalarType word_type_for(std::int64_t row_bytes) {
+  if (row_bytes % 16 == 0) return at::kComplexDouble;  // 16 bytes, bit patterns only
+  if (row_bytes % 8 == 0) return at::kLong;
+  if (row_bytes % 4 == 0) return at::kInt;
+  return at::kByte;
+}
+
+}  // namespace
+
+bool LayerStreamer::init_device_gather() {
+  // Pinned host memory is device-addressable on CUDA (unified addressing: the
+  // host pointer is the device pointer) and XPU (USM host allocations).
+  if (device_.type() != c10::DeviceType::CUDA && device_.type() != c10::DeviceType::XPU) return false;
+  // A block must be one contiguous row of the buffer, as it is of its home.
+  for (const auto& kv : streamed_kv_) {
+    if (!kv.is_contiguous()) return false;
+  }
+  const std::int64_t row_bytes = homes_->layer_bytes();
+  const auto layers = static_cast<std::int64_t>(streamed_kv_.size());
+  // One strided view over every chunk: its row stride (the grain) divides
+  // every row's offset from the lowest chunk.
+  for (std::int64_t c = 0; c < homes_->num_chunks(); ++c) {
+    chunk_starts_.push_back(reinterpret_cast<std::uintptr_t>(homes_->chunk_view(0, c).value().data_ptr()));
+  }
+  homes_base_ = *std::min_element(chunk_starts_.begin(), chunk_starts_.end());
+  std::uintptr_t end = 0;
+  auto grain = static_cast<std::uintptr_t>(row_bytes);
+  for (std::int64_t c = 0; c < homes_->num_chunks(); ++c) {
+    const at::Tensor last = homes_->chunk_view(layers - 1, c).value();
+    end = std::max(end, reinterpret_cast<std::uintptr_t>(last.data_ptr()) +
+                            static_cast<std::uintptr_t>(last.numel()));
+    grain = std::gcd(grain, chunk_starts_[static_cast<std::size_t>(c)] - homes_base_);
+  }
+  homes_grain_ = static_cast<std::int64_t>(grain);
+  word_type_ = word_type_for(homes_grain_);  // divides the grain, so the rows too
+  const auto word = static_cast<std::int64_t>(c10::elementSize(word_type_));
+  const std::int64_t words = row_bytes / word;
+  const auto on_device = at::TensorOptions().dtype(word_type_).device(device_);
+  const auto view_rows = static_cast<std::int64_t>((end - homes_base_) / grain) - row_bytes / homes_grain_ + 1;
+  all_homes_ = at::for_blob(reinterpret_cast<void*>(homes_base_), {view_rows, words})
+                   .strides({homes_grain_ / word, 1})
+                   .options(on_device)
+                   .target_device(device_)
+                   .make_tensor();
+  home_rows_.assign(streamed_kv_.size(), {});
+  for (std::size_t j = 0; j < streamed_kv_.size(); ++j) {
+    for (std::int64_t c = 0; c < homes_->num_chunks(); ++c) {
+      auto bytes = homes_->chunk_view(static_cast<std::int64_t>(j), c);
+      if (!bytes.ok()) throw std::runtime_error(bytes.status().error());
+      // Not owning: the homes outlive every copy (synchronize before they go).
+      home_rows_[j].push_back(at::for_blob(bytes.value().data_ptr(), {bytes.value().size(0), words})
+                                  .options(on_device)
+                                  .target_device(device_)
+                                  .make_tensor());
+    }
+  }
+  make_pieces();
+  return true;
+}
+
+void LayerStreamer::make_pieces() {
+  synchronize();
+  const std::int64_t row_bytes = homes_->layer_bytes();
+  const std::int64_t words = row_bytes / static_cast<std::int64_t>(c10::elementSize(word_type_));
+  const std::int64_t piece_rows =
+      std::clamp<std::int64_t>(tuning_.piece_bytes / row_bytes, 1, homes_->num_slots());
+  pieces_.clear();
+  for (std::int64_t k = 0; k < tuning_.pieces; ++k) {
+    pieces_.push_back(at::empty({piece_rows, words}, at::TensorOptions().dtype(word_type_).device(device_)));
+  }
+  piece_free_.clear();
+  piece_free_.resize(pieces_.size());
+  next_piece_ = 0;
+  gather_stream_ = c10::impl::VirtualGuardImpl(device_.type())
+                       .getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
+}
+
+void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
+  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1) {
+    throw std::invalid_argument("set_tuning: pieces, piece_bytes and copy_engine_run must be positive");
+  }
+  tuning_ = tuning;
+  if (device_gather_possible_) make_pieces();
+}
+
+void LayerStreamer::set_copy_method(StreamCopy method) {
+  if (method == StreamCopy::kDeviceGather && !device_gather_possible_) {
+    throw std::invalid_argument(
+        "kDeviceGather needs a CUDA or XPU device and ring buffers whose blocks are whole rows");
+  }
+  copy_method_ = method;
+}
+
+at::Tensor LayerStreamer::as_words(const at::Tensor& blocks) const {
+  return blocks.reshape({blocks.size(0), -1}).view(at::kByte).view(word_type_);
+}
+
+at::Tensor LayerStreamer::as_blocks(const at::Tensor& words, const at::Tensor& like) const {
+  std::vector<std::int64_t> shape = like.sizes().vec();
+  shape[0] = words.size(0);
+  return words.view(at::kByte).view(like.scalar_type()).view(shape);
+}
+
+LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks) const {
+  // Uploaded on the current stream (a device stream of ours).
+  const auto n = static_cast<std::int64_t>(blocks.size());
+  const std::int64_t per_chunk = homes_->slots_per_chunk();
+  DeviceIndex out;
+  const std::int64_t row_bytes = homes_->layer_bytes();
+  at::Tensor host = at::empty({4, n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  auto* ids = host.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t b = blocks[static_cast<std::size_t>(i)];
+    const std::int64_t chunk = b / per_chunk;
+    const std::int64_t row = b - chunk * per_chunk;
+    ids[i] = b;
+    ids[n + i] = row;
+    if (out.spans.empty() || out.spans.back().chunk != chunk) out.spans.push_back({chunk, i, 0});
+    ++out.spans.back().count;
+    // The chunk is [layers, rows_in_chunk, row_bytes].
+    const std::int64_t rows_in_chunk = std::min(per_chunk, homes_->num_slots() - chunk * per_chunk);
+    const std::uintptr_t start = chunk_starts_[static_cast<std::size_t>(chunk)];
+    ids[2 * n + i] = static_cast<std::int64_t>(start - homes_base_) / homes_grain_ + row * row_bytes / homes_grain_;
+    ids[3 * n + i] = rows_in_chunk * row_bytes / homes_grain_;
+  }
+  const at::Tensor on_device = host.to(device_, /*non_blocking=*/true);
+  out.blocks = on_device[0];
+  out.local = on_device[1];
+  out.base = on_device[2];
+  out.step = on_device[3];
+  return out;
+}
+
+void LayerStreamer::gather_stage(std::int64_t streamed) {
+  // Every byte crosses the bus on the gather stream, into staging pieces: the
+  // long runs by the copy engine, the other blocks by one gather kernel per
+  // piece. The copy stream then scatters each piece into the ring, in its
+  // order after the buffer's previous occupant's write-back. So the bus never
+  // waits for the ring, only for a free piece.
+  const auto j = static_cast<std::size_t>(streamed);
+  at::Tensor& kv = streamed_kv_[j];
+  c10::impl::VirtualGuardImpl guard_impl(device_.type());
+  if (!stage_index_) {
+    const c10::StreamGuard on_gather_stream(*gather_stream_);
+    stage_index_ = device_index(piece_order_);
+    // The copy stream scatters by these ids too (after waiting for a piece
+    // read on the gather stream, so after the upload).
+    guard_impl.recordDataPtrOnStream(stage_index_->blocks.storage().data_ptr(), *copy_stream_);
+  }
+  const DeviceIndex& index = *stage_index_;
+  const auto n = static_cast<std::int64_t>(piece_order_.size());
+  const std::int64_t piece_rows = pieces_.front().size(0);
+  at::Tensor rows_of_layer;
+  if (run_blocks_ < n) {
+    const c10::StreamGuard on_gather_stream(*gather_stream_);
+    rows_of_layer = at::add(index.base, index.step, streamed);
+  }
+  std::size_t run = 0;           // the first copy-engine run not yet fully read
+  std::int64_t run_offset = 0;   // rows of it already read
+  for (std::int64_t first = 0; first < n; first += piece_rows) {
+    const std::int64_t rows = std::min(piece_rows, n - first);
+    const std::size_t k = next_piece_++ % pieces_.size();
+    const at::Tensor& piece = pieces_[k];
+    c10::Event read(device_.type());
+    {
+      const c10::StreamGuard on_gather_stream(*gather_stream_);
+      if (piece_free_[k]) piece_free_[k]->block(*gather_stream_);  // its last scatter is done
+      const at::Tensor piece_bytes = piece.view(at::kByte);
+      std::int64_t row = first;
+      while (row < std::min(first + rows, run_blocks_)) {  // copy-engine rows of this piece
+        const SlotRun& r = copy_engine_runs_[run];
+        const std::int64_t count = std::min(r.count - run_offset, first + rows - row);
+        const SlotRun part{r.first + run_offset, count, 0};
+        piece_bytes.narrow(0, row - first, count)
+            .copy_(homes_->run_view(streamed, part).value(), /*non_blocking=*/true);
+        row += count;
+        run_offset += count;
+        if (run_offset == r.count) {
+          ++run;
+          run_offset = 0;
+        }
+      }
+      if (row < first + rows) {  // gathered rows of this piece
+        at::Tensor out = piece.narrow(0, row - first, first + rows - row);
+        at::index_select_out(out, all_homes_, 0, rows_of_layer.narrow(0, row, first + rows - row));
+      }
+      read.record(*gather_stream_);
+    }
+    const c10::StreamGuard on_copy_stream(*copy_stream_);
+    read.block(*copy_stream_);
+    kv.index_copy_(0, index.blocks.narrow(0, first, rows), as_blocks(piece.narrow(0, 0, rows), kv));
+    piece_free_[k].emplace(device_.type());
+    piece_free_[k]->record(*copy_stream_);
+  }
+}
+
+void LayerStreamer::gather_write_back(std::int64_t streamed) {
+  // On the copy stream (the caller's guard).
+  const auto j = static_cast<std::size_t>(streamed);
+  if (!writeback_index_) writeback_index_ = device_index(writeback_blocks_);
+  const DeviceIndex& index = *writeback_index_;
+  const at::Tensor rows = as_words(streamed_kv_[j].index_select(0, index.blocks));
+  for (const auto& span : index.spans) {
+    home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
+        0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
+  }
+}
+
+}  // namespace activekv
