@@ -200,6 +200,7 @@ def make_llm(
     enforce_eager: bool = True,
     compilation_config: dict[str, Any] | None = None,
     async_scheduling: bool | None = None,
+    in_process: bool | None = None,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -214,8 +215,18 @@ def make_llm(
     set while the engine starts. `enforce_eager=False`: vLLM's default
     compiled mode (CUDA graphs on a GPU), with `compilation_config` if given.
     `async_scheduling`: vLLM's own choice unless given.
+
+    `in_process`: the engine and its one worker in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), by default for one worker on CPU. A
+    start then costs ~9 s instead of ~35 s here (no engine and worker
+    processes importing torch and vLLM again), and every request of a batch
+    reaches the scheduler before its first step, so batches do not depend on
+    arrival timing. vLLM keeps an in-process engine's connector and
+    distributed groups process-wide: one in-process LLM at a time (the
+    baseline beside them runs in its own processes).
     """
     from vllm.config import KVTransferConfig
+    from vllm.platforms import current_platform
 
     kwargs = {}
     if connector is not None:
@@ -224,8 +235,11 @@ def make_llm(
             kv_role="kv_both",
             kv_connector_extra_config=extra_config or {},
         )
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
+    if in_process is None:
+        in_process = tensor_parallel_size == 1 and current_platform.is_cpu()
+    env = {**({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if in_process else {}), **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         kwargs["enforce_eager"] = enforce_eager
         if compilation_config:
@@ -234,6 +248,12 @@ def make_llm(
             kwargs["async_scheduling"] = async_scheduling
         return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
                     tensor_parallel_size)
+    except BaseException:
+        if in_process:  # a start that failed here must not leave its connector to the next one
+            from vllm.distributed.kv_transfer import kv_transfer_state
+
+            kv_transfer_state.ensure_kv_transfer_shutdown()
+        raise
     finally:
         for k, v in saved.items():
             if v is None:

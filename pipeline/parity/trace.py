@@ -64,7 +64,8 @@ def plain_worker_meta(wm) -> dict[str, list[int]] | None:
 class TraceWriter:
     def __init__(self, directory: Path, name: str):
         self.directory = directory
-        self._file = open(directory / f"{name}.trace", "ab")  # noqa: SIM115 - lives with the connector
+        self.path = directory / f"{name}.trace"
+        self.path.touch()
         self._segment = ""
 
     def refresh_segment(self) -> None:
@@ -74,8 +75,10 @@ class TraceWriter:
             self._segment = ""
 
     def add(self, kind: str, **fields: Any) -> None:
-        pickle.dump({"kind": kind, "segment": self._segment, **fields}, self._file)
-        self._file.flush()
+        # Opened per event: the connector has no close call vLLM always makes,
+        # and an in-process engine outlives no file it leaves open.
+        with self.path.open("ab") as f:
+            pickle.dump({"kind": kind, "segment": self._segment, **fields}, f)
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:

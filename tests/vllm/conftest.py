@@ -20,7 +20,8 @@ def tiny_model(cache_dir):
 
 @pytest.fixture(scope="session")
 def baseline_llm(tiny_model):
-    llm = h.make_llm(tiny_model, connector=None)
+    # In its own processes: it lives beside the in-process connector LLMs.
+    llm = h.make_llm(tiny_model, connector=None, in_process=False)
     yield llm
     h.shutdown(llm)
 
