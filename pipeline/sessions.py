@@ -8,13 +8,17 @@ with ActiveKV's patch series, and the engine built against that torch.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, REFERENCE_DIR,
-                            relative)
+from pipeline.paths import (BOUNDARY_REPORT, BUILD, CPP_TESTS_DIR, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR,
+                            REFERENCE_DIR, relative)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -89,37 +93,58 @@ def run_parity(session: Session) -> None:
 
 
 def run_all_tests(session: Session) -> None:
-    """C++ tests, the fast Python tests, real vLLM, then the release's stages
-    in real containers, the parity stage among them; with posargs, only pytest
-    with them. The parity harness runs once, inside the container tests' parity
-    stage, on the built wheels (as the release runs it): its own step here ran
-    the same 38 cells again on the session's engine (13 minutes on 2 cores)."""
+    """C++ tests, the fast Python tests, then real vLLM beside the release's
+    stages in real containers (the parity stage among them); with posargs,
+    only pytest with them. The parity harness runs once, inside the container
+    tests' parity stage, on the built wheels (as the release runs it)."""
     if session.posargs:
         run_pytest(session, *session.posargs)
         return
     # Each phase runs even when one before failed, so one failure hides none of
     # the rest; the summary gives each phase's time (CI's budget is measured here).
-    phases = {
-        "C++ tests": lambda: run_cpp_tests(session),
-        "fast tests": lambda: run_pytest(session, "-m", FAST_TESTS),
-        # The slowest of each slow phase, in every log: where CI's time goes.
-        "vLLM tests": lambda: run_pytest(session, "-m", "vllm", "--durations=20"),
-        "container tests": lambda: run_pytest(session, "-m", "container", "--durations=20"),
-    }
-    summary, failed = [], []
-    for name, phase in phases.items():
+    summary: dict[str, str] = {}
+
+    def phase(name: str, run) -> None:
         start = time.monotonic()
         try:
-            phase()
+            run()
             outcome = "passed"
         except Exception as error:  # a failed command or session.error: the next phase still runs
             outcome = "FAILED"
-            failed.append(name)
             session.log(f"{name} failed: {error}")
-        summary.append(f"{name} {outcome} in {time.monotonic() - start:.0f} s")
-    session.log("test phases: " + "; ".join(summary))
+        summary[name] = f"{outcome} in {time.monotonic() - start:.0f} s"
+
+    phase("C++ tests", lambda: run_cpp_tests(session))
+    phase("fast tests", lambda: run_pytest(session, "-m", FAST_TESTS))
+    # The slowest of each slow phase, in every log: where CI's time goes. The
+    # vLLM tests run beside the container tests: each side mostly keeps one
+    # core busy (a vLLM worker's OpenMP thread; a container stage's compile,
+    # install or push), and CI's hosts have two.
+    vllm_log = LOGS_DIR / "vllm-tests.log"
+    beside = threading.Thread(target=phase, args=("vLLM tests", lambda: run_pytest_to_log(
+        session, vllm_log, "-m", "vllm", "--durations=20", f"--basetemp={BUILD / 'pytest-vllm'}")))
+    beside.start()
+    phase("container tests", lambda: run_pytest(session, "-m", "container", "--durations=20"))
+    beside.join()
+    session.log(f"vLLM tests (beside the container tests), from {relative(vllm_log)}:")
+    print(vllm_log.read_text(errors="replace"), end="", flush=True)
+    session.log("test phases: " + "; ".join(f"{name} {outcome}" for name, outcome in summary.items()))
+    failed = [name for name, outcome in summary.items() if outcome.startswith("FAILED")]
     if failed:
         session.error("failed: " + ", ".join(failed))
+
+
+def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:
+    """pytest in the session's venv with its output in `log` (it runs beside
+    another phase: two outputs would interleave); raises when it fails."""
+    venv_bin = Path(session.virtualenv.location) / "bin"
+    env = {**os.environ, **session.env, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        code = subprocess.run([str(venv_bin / "python"), "-m", "pytest", *args], stdout=out,
+                              stderr=subprocess.STDOUT, env=env, check=False).returncode
+    if code:
+        raise RuntimeError(f"pytest {' '.join(args)} exited {code} (output in {relative(log)})")
 
 
 def install_pipeline_tools(session: Session) -> None:
