@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, BUILD, ROOT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR,
-                            REFERENCE_DIR, relative)
+from pipeline.paths import (BOUNDARY_REPORT, BUILD, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR, REFERENCE_DIR,
+                            relative)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -88,15 +88,18 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     session.log(f"test dependencies from {cached}")
 
 
-def install_engine(session: Session) -> None:
-    """Build the native engine against the session's torch and install it."""
+def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
+    """Build the native engine against the session's torch and install it;
+    with `cpp_tests`, its C++ tests too, in the same build (run_cpp_tests)."""
     session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
-    drop_builds_for_another_torch(session, *ROOT.glob("engine/build/*/CMakeCache.txt"))
+    if cpp_tests:
+        ensure_debian_packages(["libgtest-dev"])
+    drop_builds_for_another_torch(session, ENGINE_BUILD_DIR / "CMakeCache.txt")
     session.install(
         "--no-build-isolation",
-        f"--config-settings=build-dir={relative(ENGINE_BUILD_DIR)}",
+        f"--config-settings=build-dir={ENGINE_BUILD_DIR}",
         "./engine",
-        env={"ACTIVEKV_WERROR": "ON"},
+        env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF"},
     )
 
 
@@ -113,16 +116,9 @@ def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:
 
 
 def run_cpp_tests(session: Session) -> None:
-    """The engine's pure C++ tests (GoogleTest), built against the session's torch."""
-    ensure_debian_packages(["libgtest-dev"])
-    build = relative(CPP_TESTS_DIR)
-    drop_builds_for_another_torch(session, CPP_TESTS_DIR / "CMakeCache.txt")
-    session.run(
-        "cmake", "-S", "engine", "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-        "-DACTIVEKV_BUILD_TESTS=ON", "-DACTIVEKV_BUILD_PYTHON=OFF", "-DACTIVEKV_WERROR=ON",
-        f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
-    )
-    session.run("cmake", "--build", build, "--target", "activekv_tests")
+    """The engine's pure C++ tests (GoogleTest), built with the engine
+    against the session's torch (install_engine with cpp_tests)."""
+    build = relative(ENGINE_BUILD_DIR)
     ctest = ["ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error"]
     has_accelerator = session.run(
         "python", "-c", "import torch; print(torch.accelerator.is_available())", silent=True
