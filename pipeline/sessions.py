@@ -67,8 +67,11 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     ]).encode()).hexdigest()[:16]
     cached = DEPENDENCY_CACHE / key
     if not (cached / COMPLETE).exists():
+        for left in DEPENDENCY_CACHE.glob("*.tmp*"):  # a killed run's half-made venv (GBs)
+            pid = left.name.rsplit(".tmp", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(left, ignore_errors=True)
         building = cached.with_name(f"{key}.tmp{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
         python = str(building / "bin" / "python")
         session.run(base.split()[0], "-m", "venv", str(building), external=True)
         session.run(python, "-m", "pip", "install", "-q", "-r", TEST_REQUIREMENTS, "-c", CPU_CONSTRAINTS,
@@ -86,6 +89,16 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     own = session.run("python", "-c", PURELIB, silent=True).strip()
     Path(own, "activekv-test-dependencies.pth").write_text(site + "\n")
     session.log(f"test dependencies from {cached}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
