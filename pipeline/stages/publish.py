@@ -39,6 +39,7 @@ import uuid
 from email.message import Message
 from pathlib import Path
 
+from pipeline.artifacts import refuse_links
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
@@ -463,9 +464,7 @@ def _read_manifest(path: Path) -> dict:
 
 
 def _plain_file(path: Path, todo: str) -> None:
-    if path.is_symlink():
-        raise PublishError(f"{path}: a symbolic link (to {os.readlink(path)}), not the file itself; "
-                           f"publish copies files, never links: put the file there")
+    refuse_links([path], "file", PublishError)
     if not path.exists():
         raise PublishError(f"{path}: missing; {todo}")
     if not path.is_file():
@@ -474,10 +473,8 @@ def _plain_file(path: Path, todo: str) -> None:
 
 def _local(found: dict[str, Path], artifact: dict) -> Path:
     path = found.get(artifact["file"])
-    if path is not None and path.is_symlink():
-        raise PublishError(f"{path}: a symbolic link (to {os.readlink(path)}), not the "
-                           f"{artifact['kind']} itself; publish copies files, never links (a link "
-                           f"can be re-pointed after the check): put the file there and re-run")
+    if path is not None:
+        refuse_links([path], artifact["kind"], PublishError)
     if path is None or sha256_of(path) != artifact["sha256"]:
         raise PublishError(f"{artifact['file']}: the local file is missing or not the one the "
                            f"manifest lists; run the release again from the build")
