@@ -203,7 +203,13 @@ def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:
     """pytest in the session's venv with its output in `log` (it runs beside
     another phase: two outputs would interleave); raises when it fails."""
     venv_bin = Path(session.virtualenv.location) / "bin"
-    env = {**os.environ, **session.env, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = dict(os.environ)
+    for name, value in session.env.items():  # nox's None: unset
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         code = subprocess.run([str(venv_bin / "python"), "-m", "pytest", *args], stdout=out,
