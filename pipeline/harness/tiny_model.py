@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 CONFIG = {
@@ -108,5 +109,10 @@ def tiny_llama(cache_root: Path, num_layers: int | None = None,
     model = model.to(getattr(torch, DTYPE))
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
-    tmp.rename(path)  # atomic: a half-written model is never picked up
+    try:
+        tmp.rename(path)  # atomic: a half-written model is never picked up
+    except OSError:  # another process (a test phase beside this one) made it first
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
     return path

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config
+from pipeline import config, source
 from pipeline.audit.policy import Policy, load_policy
 from pipeline.config import Target
 from pipeline.container import ContainerRuntime
 from pipeline.host import prepared_runtime
-from pipeline.stages import build
+from pipeline.stages import build, patch_vllm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,17 @@ def cpu_built(runtime: ContainerRuntime, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("release-cpu")
     record = build.build(runtime, target, out=out)
     return BuiltTarget(runtime=runtime, target=target, out=out, record=record)
+
+
+@pytest.fixture(scope="session")
+def patched_cpu_vllm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """The patch-vllm stage's record and folder for the cpu target's vLLM, made
+    once for the patch stage's tests and the release's later stages."""
+    target = config.load().target("cpu")
+    out_root = tmp_path_factory.mktemp("vllm")
+    record = patch_vllm.patch_vllm(target.vllm_distribution, target.vllm_version, out_root=out_root,
+                                   epoch=int(source.source_date_epoch()))
+    return record, out_root / f"{target.vllm_distribution}-{target.vllm_version}"
 
 
 @pytest.fixture(scope="session")

