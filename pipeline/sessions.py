@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import config
-from pipeline.host import ensure_debian_packages, under_ci
+from pipeline.host import ensure_debian_packages, running, under_ci
 from pipeline.paths import (BOUNDARY_REPORT, BUILD, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR, REFERENCE_DIR,
                             relative)
 from pipeline.stages import patch_vllm
@@ -69,7 +69,7 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     if not (cached / COMPLETE).exists():
         for left in DEPENDENCY_CACHE.glob("*.tmp*"):  # a killed run's half-made venv (GBs)
             pid = left.name.rsplit(".tmp", 1)[1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not running(int(pid)):
                 shutil.rmtree(left, ignore_errors=True)
         building = cached.with_name(f"{key}.tmp{os.getpid()}")
         python = str(building / "bin" / "python")
@@ -89,16 +89,6 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     own = session.run("python", "-c", PURELIB, silent=True).strip()
     Path(own, "activekv-test-dependencies.pth").write_text(site + "\n")
     session.log(f"test dependencies from {cached}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
