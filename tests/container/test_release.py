@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from pipeline import patch_series, provenance, release_format, signing, verify
-from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
 from pipeline.stages import audit, manifest, parity_gate, publish, runtime_image
+from tests.small_release import small_release
 
 pytestmark = pytest.mark.container
 VERSION = "0.1.0"
@@ -194,26 +194,18 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
 
 @pytest.fixture(scope="module")
 def small_signed(runtime, tmp_path_factory):
-    """A signed release of a small wheel and a small real image (one file,
-    imported): the registry fault test pushes it in seconds, where the
+    """A small signed release (tests/small_release.py) with a small real image
+    (one file, imported): the registry fault test pushes it in seconds, where the
     runtime image is gigabytes. Publishing treats every image alike."""
     root = tmp_path_factory.mktemp("small-release")
-    files = root / "files"
-    files.mkdir()
-    wheel = files / f"activekv-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
-    wheel.write_bytes(b"a wheel's bytes" * 1000)
     layer = root / "layer"
     layer.mkdir()
     (layer / "payload").write_bytes(b"an image's bytes" * 1000)
     subprocess.run(["tar", "-cf", str(root / "layer.tar"), "-C", str(layer), "payload"], check=True)
     ref = f"activekv-fault-test/activekv-runtime-cpu:{VERSION}"
     runtime.run("import", str(root / "layer.tar"), ref)
-    data = {"schema": "activekv-release-manifest/1", "version": VERSION, "artifacts": [
-        {"kind": "engine-wheel", "target": "cpu", "file": wheel.name, "sha256": sha256_of(wheel),
-         "size": wheel.stat().st_size},
-        {"kind": "image", "target": "cpu", "ref": ref, "digest": runtime.image_id(ref)}]}
-    key = manifest.generate_key(root / "key" / "key.pem")
-    path, _, _ = manifest.write_signed(data, root / "out", key)
+    path, files = small_release(root / "release", image={
+        "kind": "image", "target": "cpu", "ref": ref, "digest": runtime.image_id(ref)})
     yield path, [files, path.parent]
     runtime.remove_image(ref)
 
