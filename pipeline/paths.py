@@ -11,12 +11,17 @@ parity harness import it before anything is installed).
     build/images/             image build contexts
     build/publish/            the default profile's local destinations
     build/pipeline.lock       one pipeline run per checkout
-    .cache/                   kept between runs: compiler cache, downloads,
-                              the tests' models, the local signing key
+    .cache/                   kept between runs of this checkout: the tests'
+                              models, the local signing key
+    ~/.cache/activekv/        kept between runs and checkouts of this host
+                              (HOST_CACHE): what is keyed on content alone,
+                              the compiler caches, the pinned vLLM downloads,
+                              the tests' dependency venvs
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +54,16 @@ BOUNDARY_REPORT = BUILD / "boundary" / "boundary.json"
 BENCH_BUILD_DIR = BUILD / "bench-build"
 
 # --- caches, kept between runs -----------------------------------------------------
-CCACHE_DIR = CACHE / "ccache"
-VLLM_DOWNLOADS = CACHE / "vllm-downloads"
+# Keyed on content (a compile's inputs, a pinned sha256, the hash of what a venv
+# installs), so every checkout of the host shares them: a fresh clone compiles
+# nothing that an earlier one compiled. ACTIVEKV_CACHE moves them (a rebuild
+# that must start empty points it at a new folder).
+HOST_CACHE = Path(os.environ.get("ACTIVEKV_CACHE")
+                  or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv")
+CCACHE_DIR = HOST_CACHE / "ccache"  # the builders' compiles (in containers)
+HOST_CCACHE_DIR = HOST_CACHE / "ccache-host"  # the sessions' engine builds on this host
+VLLM_DOWNLOADS = HOST_CACHE / "vllm-downloads"
+DEPENDENCY_CACHE = HOST_CACHE / "test-dependencies"
 TEST_CACHE = CACHE / "tests"  # the tiny model and other fixtures (ACTIVEKV_TEST_CACHE overrides)
 SIGNING_KEY = CACHE / "signing" / "activekv-release-key.pem"
 

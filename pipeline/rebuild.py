@@ -17,6 +17,7 @@ compares against what the manifest records.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import zipfile
@@ -42,9 +43,12 @@ def read_manifest(path: Path) -> dict:
 
 
 def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None = None,
-            targets: list[str] | None = None, work: Path | None = None) -> list[str]:
+            targets: list[str] | None = None, work: Path | None = None,
+            empty_compiler_cache: bool = True) -> list[str]:
     """Rebuild and compare; returns the report lines (also printed). Raises
-    RebuildError when any wheel is not byte-identical or missing."""
+    RebuildError when any wheel is not byte-identical or missing.
+    empty_compiler_cache=False lets the clone's build use this host's compiler
+    cache (a test of the report itself, where independence is not the claim)."""
     manifest = read_manifest(manifest_path)
     published = [a for a in manifest["artifacts"] if a.get("kind") == "engine-wheel"]
     chosen = targets or sorted({a["target"] for a in published})
@@ -61,8 +65,11 @@ def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None
         clone = Path(tmp) / "src"
         checkout(repo or str(ROOT), manifest["commit"], clone)
         lines = []
+        # The clone's build keeps its caches in a new folder: nothing compiled
+        # before is reused (ACTIVEKV_CACHE, pipeline/paths.py).
+        caches = Path(tmp) / "cache" if empty_compiler_cache else None
         for target in chosen:
-            built = build_in(clone, target)
+            built = build_in(clone, target, caches)
             lines += compare([a for a in published if a["target"] == target], built, wheels)
     for line in lines:
         print(line, flush=True)
@@ -81,10 +88,12 @@ def checkout(repo: str, commit: str, dest: Path) -> None:
          f"commit {commit} is not in {repo}: give --repo a repository that has it")
 
 
-def build_in(clone: Path, target: str) -> list[Path]:
-    """The clone's build stage for `target`; its repaired wheels."""
+def build_in(clone: Path, target: str, caches: Path | None) -> list[Path]:
+    """The clone's build stage for `target` (its caches in `caches`, or this
+    host's); its repaired wheels."""
+    env = None if caches is None else dict(os.environ, ACTIVEKV_CACHE=str(caches))
     _run([sys.executable, "-m", "pipeline", "build", "--target", target],
-         f"the clone's build stage for target {target} failed (its output is above)", cwd=clone)
+         f"the clone's build stage for target {target} failed (its output is above)", cwd=clone, env=env)
     return sorted((target_dir(target, root=clone) / "wheels").glob("*.whl"))
 
 
@@ -117,6 +126,6 @@ def differing_entries(a: Path, b: Path) -> list[str]:
                 if n not in za.namelist() or n not in zb.namelist() or za.read(n) != zb.read(n)] or ["(zip metadata only)"]
 
 
-def _run(cmd: list[str], failure: str, *, cwd: Path | None = None) -> None:
-    if echo_run(cmd, check=False, cwd=cwd).returncode != 0:
+def _run(cmd: list[str], failure: str, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    if echo_run(cmd, check=False, cwd=cwd, env=env).returncode != 0:
         raise RebuildError(failure)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, running, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, BUILD, ENGINE_BUILD_DIR, LOGS_DIR, PARITY_DIR, REFERENCE_DIR,
-                            relative)
+from pipeline.paths import (BOUNDARY_REPORT, BUILD, DEPENDENCY_CACHE, ENGINE_BUILD_DIR, HOST_CCACHE_DIR,
+                            LOGS_DIR, PARITY_DIR, REFERENCE_DIR, ROOT, relative)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 CPU_CONSTRAINTS = "packaging/cpu/constraints.txt"
 TEST_REQUIREMENTS = "packaging/cpu/requirements-tests.txt"
-DEPENDENCY_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv" / "test-dependencies"
 COMPLETE = "complete"
 PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
@@ -95,15 +94,23 @@ def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
     """Build the native engine against the session's torch and install it;
     with `cpp_tests`, its C++ tests too, in the same build (run_cpp_tests)."""
     session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
-    if cpp_tests:
-        ensure_debian_packages(["libgtest-dev"])
+    ensure_debian_packages(["ccache", *(["libgtest-dev"] if cpp_tests else [])])
     drop_builds_for_another_torch(session, ENGINE_BUILD_DIR / "CMakeCache.txt")
     session.install(
         "--no-build-isolation",
         f"--config-settings=build-dir={ENGINE_BUILD_DIR}",
         "./engine",
-        env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF"},
+        env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF",
+             **compiler_cache_env()},
     )
+
+
+def compiler_cache_env() -> dict[str, str]:
+    """ccache for the engine's compiles on this host, shared by every checkout
+    (paths inside the checkout are hashed relative to it): a fresh clone's
+    build recompiles only what changed since an earlier one."""
+    return {"CMAKE_CXX_COMPILER_LAUNCHER": "ccache", "CCACHE_DIR": str(HOST_CCACHE_DIR),
+            "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"}
 
 
 def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:

@@ -4,6 +4,7 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
 
     python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072] [--out FILE.json]
+    python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
 
 Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
 default mode (compiled; vLLM runs PIECEWISE CUDA graphs for any connector
@@ -21,6 +22,12 @@ streaming: decode step time with layer streaming in a device KV budget, from
 the time of generate(N tokens) minus generate(1 token) on the same prompt,
 against the bus bound (the streamed bytes of a step over the same peak) and
 plain vLLM's decode step with all KV on the device.
+
+decode: what a connector costs each decode step with all KV on the device
+(no streaming): for each engine, the step time from generate(N) minus
+generate(1) on a prompt vLLM holds (so prefill is its GPU hit), after the
+miss that stored it. A connector's steps run PIECEWISE CUDA graphs where
+plain vLLM's run FULL ones: that is part of the cost, and is reported.
 """
 
 from __future__ import annotations
@@ -220,6 +227,8 @@ def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -
             shutdown(llm)
     # Plain vLLM's decode step with all KV on the device, at the same contexts.
     plain_contexts = [n for n in contexts if n]
+    if not plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
+        return out
     llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64)
     for n in plain_contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
@@ -233,10 +242,37 @@ def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -
     return out
 
 
+def decode(lengths: list[int], repeats: int, engines: list[str], decode_tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"lengths": lengths, "repeats": repeats, "decode_tokens": decode_tokens,
+                           "engines": {}}
+    for name in engines:
+        connector, extra = ENGINES[name]
+        llm = make_llm(connector, extra, max_model_len=max(lengths) + decode_tokens + 64)
+        row: dict[str, Any] = {"cudagraph_mode": cudagraph_mode(llm), "decode_step_ms": {}}
+        timed_generate(llm, prompt_of(2048, 0), "warm-up", decode_tokens)
+        for n in lengths:
+            prompt = prompt_of(n - decode_tokens, 11 + n)
+            timed_generate(llm, prompt, f"d{n}", 1)  # the miss: prefill (and, with a connector, its save)
+            steps = []
+            for _ in range(repeats):
+                one = timed_generate(llm, prompt, f"d{n}", 1)
+                many = timed_generate(llm, prompt, f"d{n}", decode_tokens)
+                steps.append((many - one) / (decode_tokens - 1))
+            row["decode_step_ms"][str(n)] = median_ms(steps)
+        print(f"  {name}: {row}", flush=True)
+        out["engines"][name] = row
+        shutdown(llm)
+    plain = out["engines"].get("plain", {}).get("decode_step_ms", {})
+    for name, row in out["engines"].items():
+        if plain and name != "plain":
+            row["x_plain"] = {n: round(ms / plain[n], 3) for n, ms in row["decode_step_ms"].items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_vllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["ttft", "streaming"])
+    parser.add_argument("what", choices=["ttft", "streaming", "decode"])
     parser.add_argument("--lengths", default="8192,32768,131072")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeats", type=int, default=3)
@@ -249,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if args.what == "ttft":
         result = ttft([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","))
+    elif args.what == "decode":
+        result = decode([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","),
+                        args.decode_tokens)
     else:
         result = streaming([int(x) for x in args.budgets_gib.split(",")],
                            [int(x) for x in args.contexts.split(",")], args.decode_tokens)

