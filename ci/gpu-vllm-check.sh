@@ -28,7 +28,8 @@ while [[ $# -gt 0 ]]; do
     --deps) deps=$2; shift 2 ;;
     --fetch)
       exec "$python" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+        --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any \
         --require-hashes -r "$requirements" -d "$2" ;;

@@ -70,6 +70,18 @@ void set_metadata(const py::handle& self, const py::handle& meta) {
   if (PyObject_SetAttr(self.ptr(), connector_keys().metadata, meta.ptr()) != 0) throw py::error_already_set();
 }
 
+// Whether vLLM calls wait_for_layer_load and save_kv_layer this step: a full
+// CUDA graph replays the whole model with no Python between layers (vLLM
+// 0.26.0's GPU runner starts its loads with no attention metadata bound for
+// it, the older runner marks the forward FULL), and a step without a forward
+// has no metadata either. None: a caller making the per-layer calls itself.
+bool layer_hooks_run(const py::handle& forward_context) {
+  if (forward_context.is_none()) return true;
+  if (py::getattr(forward_context, "attn_metadata", py::none()).is_none()) return false;
+  const py::object mode = py::getattr(forward_context, "cudagraph_runtime_mode", py::none());
+  return mode.is_none() || !py::hasattr(mode, "name") || py::cast<std::string>(mode.attr("name")) != "FULL";
+}
+
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
@@ -159,11 +171,12 @@ py::dict connector_namespace() {
     set_metadata(self, py::none());
     if (WorkerSide* w = find_worker(self)) w->clear_plan();
   });
-  ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object, py::kwargs) {
+  ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object forward_context, py::kwargs) {
     WorkerSide& w = worker_of(self);
     if (!w.has_loads() && !w.has_stream_work()) return;
+    const bool hooks = layer_hooks_run(forward_context);
     py::gil_scoped_release nogil;
-    w.start_load();
+    w.start_load(hooks);
   });
   // Asked once per layer by a vLLM carrying patches/vllm/<version>/0001 (never
   // by an unpatched one): false on a step that moves no block, so vLLM skips
@@ -252,13 +265,15 @@ py::dict connector_namespace() {
   ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
     return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
   }));
-  // Every step may load, save or stage blocks in the per-layer hooks (a
-  // prompt served from the store but its last token is a one-token prefill:
-  // a "uniform decode" batch), and a full CUDA graph replays with no hook
-  // at all. So vLLM downgrades FULL_AND_PIECEWISE to PIECEWISE for ActiveKV:
-  // attention and the KV cache update run eagerly between graph pieces.
+  // A full CUDA graph replays with no per-layer hook. The store's loads and
+  // saves then run at the step's edges (start_load_kv, wait_for_save), but
+  // layer streaming stages and writes back each layer between the graph
+  // pieces: with it, vLLM downgrades FULL_AND_PIECEWISE to PIECEWISE.
   ns["requires_piecewise_for_cudagraph"] = classmethod(named("requires_piecewise_for_cudagraph",
-      [](py::object, py::object) { return true; }));
+      [](py::object, py::object extra_config) {
+        auto parsed = Config::parse(to_config_values(extra_config));
+        return parsed.ok() && parsed.value().streaming.has_value();
+      }));
   // Layer streaming stages whole blocks with one copy per run (or a device
   // gather of whole rows): it asks for the layout whose per-layer view keeps
   // each block one contiguous row in the logical order (HND on CUDA's flash

@@ -181,7 +181,7 @@ at::Tensor WorkerSide::block_ids_tensor(const std::vector<std::int64_t>& ids) co
   return host.to(device_, /*non_blocking=*/true);
 }
 
-void WorkerSide::start_load() {
+void WorkerSide::start_load(bool layer_hooks) {
   load_ops_.clear();
   staged_loads_.clear();
   if (streamer_ && plan_) streamer_->start(stats_);
@@ -234,12 +234,19 @@ void WorkerSide::start_load() {
   stats_.add(Counter::kLoadedBlocks, n);
   stats_.add(Counter::kBytesToDevice, n * arena_->slot_bytes());
   stats_.add(Counter::kLoadUs, t.us());
+  if (!layer_hooks) {
+    for (const auto& name : layout_.layer_names) decode_loads(name);
+  }
 }
 
 void WorkerSide::wait_for_layer_load(const std::string& layer_name) {
   // Streamed layers: their read blocks first, the step's loads on top. Both
   // happen once per layer and step, so vLLM's second call is a no-op.
   if (streamer_ && plan_) streamer_->stage(layer_name, stats_);
+  decode_loads(layer_name);
+}
+
+void WorkerSide::decode_loads(const std::string& layer_name) {
   const auto it = staged_loads_.find(layer_name);
   if (it == staged_loads_.end()) return;
   const Stopwatch t;
@@ -307,6 +314,15 @@ void WorkerSide::wait_for_save() {
   if (!plan_) return;
   const auto& ops = plan_->saves;
   if (ops.empty()) return settle_saves(/*wait=*/false);
+  if (!streamer_) {
+    // Layers save_layer never saw (a full CUDA graph runs no hook): once the
+    // forward is done their blocks are final, here as there.
+    for (const auto& name : layout_.layer_names) {
+      if (saved_layers_.count(name) != 0) continue;
+      std::optional<c10::Event> gathered;
+      store_save_layer(name, kv_.at(name), gathered);
+    }
+  }
   const Stopwatch t;
   PendingSave pending;
   pending.lease = std::move(save_lease_);
@@ -372,7 +388,7 @@ void WorkerSide::settle_oldest(FenceState state) {
     report_.quarantined.insert(report_.quarantined.end(), p.lease.slots.begin(), p.lease.slots.end());
     stats_.add(Counter::kQuarantinedFences, 1);
   } else if (!p.whole || !arena_->seal(p.lease, p.tags).ok()) {
-    // A layer never reached save_layer (no slot of this step is whole), or
+    // A streamed layer never reached save_layer (its KV left the ring), or
     // the lease went stale: nothing of this step becomes visible.
     report_.failed_saves.insert(report_.failed_saves.end(), p.lease.slots.begin(), p.lease.slots.end());
   } else {

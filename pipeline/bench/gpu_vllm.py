@@ -7,8 +7,8 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
 
 Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
-default mode (compiled; vLLM runs PIECEWISE CUDA graphs for any connector
-that asks, ActiveKV does, and FULL_AND_PIECEWISE without one).
+default mode (compiled, FULL_AND_PIECEWISE CUDA graphs; PIECEWISE for a
+connector that asks, as ActiveKV does only with layer streaming).
 
 ttft: for each prompt length, in one process and one engine after another:
 plain vLLM (recompute; its own GPU prefix hit; a miss), ActiveKV exact and
@@ -26,8 +26,9 @@ plain vLLM's decode step with all KV on the device.
 decode: what a connector costs each decode step with all KV on the device
 (no streaming): for each engine, the step time from generate(N) minus
 generate(1) on a prompt vLLM holds (so prefill is its GPU hit), after the
-miss that stored it. A connector's steps run PIECEWISE CUDA graphs where
-plain vLLM's run FULL ones: that is part of the cost, and is reported.
+miss that stored it. Each engine's CUDA graph mode is reported with it;
+plain-piecewise (plain vLLM forced to PIECEWISE) shows what the mode alone
+costs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from . import e2e
 from .cells import Cell, expectation_problems, judge, table
 from .replay import ReplayResult, replay
 from .trace import read_traces
-from .workloads import record_session, sessions
+from .workloads import full_graph_cell, record_session, sessions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +40,19 @@ def main(argv: list[str] | None = None) -> int:
             record_session(tiny_llama(args.cache, session.num_layers), session, directory)
             sched, worker = read_traces(directory)
             runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
+            # Steps under a full CUDA graph (no per-layer hook): each engine
+            # must observe what the reference did with the hooks. Streaming
+            # has vLLM capture piecewise graphs only.
+            graph_runs = [] if session.streams else [
+                replay(sched, worker, impl, layer_hooks=False) for impl in ("reference", "native")]
             for scenario, _ in session.scenarios:
                 ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
-                cells.append(judge(mode, scenario, ref1, ref2, native,
-                                   runs[0].live_differs.get(scenario, 0)))
+                live = runs[0].live_differs.get(scenario, 0)
+                cells.append(judge(mode, scenario, ref1, ref2, native, live))
+                if graph_runs:
+                    ref_graph, native_graph = (r.observations.get(scenario, []) for r in graph_runs)
+                    cells.append(judge(mode, full_graph_cell(scenario), ref1, ref_graph,
+                                       native_graph, live))
             overhead.append((f"{mode}-{session.name}", runs[1], runs[2]))
         cells.append(e2e.run(model, mode))
     print(table(cells))

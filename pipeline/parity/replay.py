@@ -13,6 +13,12 @@ recording (the ring buffers) share them here too; the blocks each layer's
 staging put in the ring are observed, the recorded contents of the blocks the
 step wrote are put in the ring before the write-back (what vLLM's forward
 wrote), and the streamed layers' homes are observed at the end of each segment.
+
+Full CUDA graph steps (`layer_hooks=False`): the worker is told at
+start_load_kv that no per-layer hook runs, as vLLM's forward context tells it
+when a step replays a full graph, and it gets no wait_for_layer_load or
+save_kv_layer call; the same observations are made at the same points, so
+they must equal a replay with the hooks.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ def _check_identity(sched_init: dict, worker_init: dict, model_identity: str | N
 
 def replay(
     sched_events: list[dict], worker_events: list[dict], impl: str,
-    model_identity: str | None = None,
+    model_identity: str | None = None, layer_hooks: bool = True,
 ) -> ReplayResult:
     """Replays the recording on one fresh pair of connectors of `impl`."""
     if not sched_events or sched_events[0]["kind"] != "init":
@@ -187,7 +193,8 @@ def replay(
             live_differs[segment] += plain_metadata(meta) != ev["ret"]
             if step >= len(steps):
                 raise TraceMismatchError(f"worker trace ends before step {step}")
-            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock)
+            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock,
+                                          layer_hooks)
             step += 1
             if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
                 control_steps += 1
@@ -245,7 +252,15 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock):
+def full_graph_forward_context():
+    """What vLLM's forward context says of a step that replays a full CUDA graph."""
+    from vllm.config import CUDAGraphMode
+
+    return SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL)
+
+
+def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock,
+                 layer_hooks: bool = True):
     from vllm.v1.outputs import KVConnectorOutput
 
     clock(worker.bind_connector_metadata, meta)
@@ -262,6 +277,8 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
     layer_work: dict[str, bool] = {}
 
     def works(layer: str) -> bool:
+        if not layer_hooks:
+            return False
         if layer not in layer_work:
             layer_work[layer] = ask is None or bool(clock(ask))
         return layer_work[layer]
@@ -269,7 +286,7 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
     for ev in events:
         kind = ev["kind"]
         if kind == "start_load_kv":
-            clock(worker.start_load_kv, None)
+            clock(worker.start_load_kv, None if layer_hooks else full_graph_forward_context())
         elif kind == "wait_for_layer_load":
             if works(ev["layer"]):
                 clock(worker.wait_for_layer_load, ev["layer"])

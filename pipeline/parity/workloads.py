@@ -26,6 +26,21 @@ class Session:
     num_layers: int | None = None  # the tiny model's (None: its default)
     llm_options: dict = field(default_factory=dict)  # make_llm's keyword arguments
 
+    @property
+    def streams(self) -> bool:
+        return "streaming" in self.extra_config
+
+    def cell_names(self) -> list[str]:
+        """The replay cells of this session: each scenario and, without
+        streaming (which has vLLM capture piecewise graphs only), the same
+        scenario under a full CUDA graph."""
+        names = [name for name, _ in self.scenarios]
+        return names if self.streams else names + [full_graph_cell(n) for n in names]
+
+
+def full_graph_cell(scenario: str) -> str:
+    return f"{scenario}, full CUDA graph"
+
 
 def _tokens(seed: int, n: int) -> list[int]:
     return h.random_tokens(random.Random(seed), n)

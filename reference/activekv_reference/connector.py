@@ -31,6 +31,22 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
+def layer_hooks_run(forward_context) -> bool:
+    """Whether vLLM calls wait_for_layer_load and save_kv_layer this step.
+
+    A full CUDA graph replays the whole model with no Python between layers:
+    vLLM 0.26.0's GPU runner starts its loads with no attention metadata bound
+    for it, and the older runner marks the forward FULL. A step without a
+    forward has no metadata either. None is a caller that makes the per-layer
+    calls itself (the parity replay, the tests)."""
+    if forward_context is None:
+        return True
+    if getattr(forward_context, "attn_metadata", None) is None:
+        return False
+    mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+    return getattr(mode, "name", None) != "FULL"
+
+
 def model_identity(vllm_config: VllmConfig, layout: KVLayout) -> ModelIdentity:
     return ModelIdentity(
         model=str(vllm_config.model_config.model),
@@ -115,9 +131,13 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Any step may load, save or stage blocks in the per-layer hooks, which
-        a full CUDA graph replays without."""
-        return True
+        """Layer streaming stages and writes back each layer between the graph
+        pieces; loads and saves of the store also run at a step's edges, so
+        full CUDA graphs lose them nothing."""
+        try:
+            return ActiveKVConfig.from_extra_config(extra_config).streaming is not None
+        except ValueError:  # refused by the constructor, with its message
+            return False
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:
@@ -143,7 +163,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        self.worker_side.start_load_kv(self._meta())
+        self.worker_side.start_load_kv(self._meta(), layer_hooks_run(forward_context))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self.worker_side.wait_for_layer_load(layer_name)

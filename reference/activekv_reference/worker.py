@@ -10,6 +10,11 @@ Per step, in the order vLLM calls it:
   wait_for_save        wait for the copies, write them into their slots and seal
                        them; the scheduler makes a slot visible only after all
                        workers reported it sealed.
+
+A step that replays a full CUDA graph runs no per-layer hook: start_load_kv is
+told so and decodes every layer's loads at once, before the forward, and
+wait_for_save gathers the layers that save_kv_layer never saw, after it.
+Layer streaming needs the hooks, so with it vLLM captures piecewise graphs only.
 """
 
 from __future__ import annotations
@@ -114,7 +119,9 @@ class WorkerSide:
             self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks)
 
     # -- loads ----------------------------------------------------------------
-    def start_load_kv(self, meta: ActiveKVMetadata) -> None:
+    def start_load_kv(self, meta: ActiveKVMetadata, layer_hooks: bool = True) -> None:
+        """`layer_hooks`: whether wait_for_layer_load runs this step; when it
+        does not, every layer's loads land here, before the forward."""
         self._load_ops = []
         self._staged_loads = {}
         if not meta.loads:
@@ -141,11 +148,17 @@ class WorkerSide:
         self.stats.add("loaded_blocks", n)
         self.stats.add("bytes_to_device", n * self.layer_bytes * len(self.layout.layer_names))
         self.stats.add("load_us", _elapsed_us(t0))
+        if not layer_hooks:
+            for name in self.layout.layer_names:
+                self._decode_loads(name)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Streamed layers: their read blocks first, the step's loads on top.
         if self.streamer is not None:
             self.streamer.stage(layer_name, self._kv[layer_name], self.stats)
+        self._decode_loads(layer_name)
+
+    def _decode_loads(self, layer_name: str) -> None:
         staged = self._staged_loads.pop(layer_name, None)
         if staged is None:
             return
@@ -161,6 +174,9 @@ class WorkerSide:
             self.streamer.write_back(layer_name, kv_layer, self.stats)
         if not meta.saves or layer_name not in self.layer_offset:
             return
+        self._stage_saves(layer_name, kv_layer, meta)
+
+    def _stage_saves(self, layer_name: str, kv_layer: torch.Tensor, meta: ActiveKVMetadata) -> None:
         assert self.codec is not None
         t0 = time.perf_counter()
         block_ids = torch.tensor([op.block_id for op in meta.saves], device=kv_layer.device)
@@ -169,6 +185,12 @@ class WorkerSide:
         self.stats.add("save_us", _elapsed_us(t0))
 
     def wait_for_save(self, meta: ActiveKVMetadata | None) -> None:
+        if meta is not None and meta.saves and self.streamer is None:
+            # Layers save_kv_layer never saw (a full CUDA graph runs no hook):
+            # once the forward is done their blocks are final, here as there.
+            for name in self.layout.layer_names:
+                if name not in self._staged_saves:
+                    self._stage_saves(name, self._kv[name], meta)
         staged, self._staged_saves = self._staged_saves, {}
         if meta is None:
             return
@@ -180,7 +202,8 @@ class WorkerSide:
         if any(t.device.type != "cpu" for t in self._kv.values()):
             torch.accelerator.synchronize()
         if len(staged) != len(self.layout.layer_names):
-            # A layer never reached save_kv_layer: no slot of this step is whole.
+            # A streamed layer never reached save_kv_layer (its KV is gone from
+            # the ring by now): no slot of this step is whole.
             self._out.failed_saves.extend(op.slot for op in ops)
             return
         for i, op in enumerate(ops):

@@ -1,9 +1,10 @@
 """ActiveKV inside real vLLM on a CUDA GPU (ci/gpu-vllm-check.sh runs these on
 the GPU test machine; CI has no GPU).
 
-Every test runs in vLLM's default compiled mode (inductor, CUDA graphs: vLLM
-turns FULL_AND_PIECEWISE into PIECEWISE for ActiveKV, which asks for it) and
-in eager mode, on two generated geometries (head size 32 and 128), all 16
+Every test runs in vLLM's default compiled mode (inductor, CUDA graphs:
+FULL_AND_PIECEWISE for the store, whose loads and saves run at a step's edges
+when a full graph replays; PIECEWISE for streaming, which asks for it) and in
+eager mode, on two generated geometries (head size 32 and 128), all 16
 layers deep so streaming holds 8x. Oracles are vLLM's own answers on the same
 shapes, compared bit for bit: tokens and the top logprobs of every step."""
 
@@ -24,10 +25,17 @@ pytestmark = pytest.mark.gpu
 
 # Compiled mode with vLLM's defaults but fewer CUDA graph sizes: each start
 # captures them all, and these tests use batches of 1 to 5.
+# "full-decode" (opt-in: ACTIVEKV_GPU_MODES=full-decode) replays the same full
+# graphs on decode steps with no compilation, so it starts in seconds: the
+# quickest check of the steps that run no per-layer hook.
 MODES = {
     "compiled": {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}},
     "eager": {"enforce_eager": True},
+    "full-decode": {"enforce_eager": False, "compilation_config": {
+        "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}},
 }
+# The graph mode vLLM keeps for the store (it asks for no override).
+STORE_GRAPHS = {"compiled": "FULL_AND_PIECEWISE", "eager": "NONE", "full-decode": "FULL_DECODE_ONLY"}
 GEOMETRIES = {
     "head32": {},  # the tiny model's own: 4 heads of 32, 2 KV heads
     "head128": {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4,
@@ -90,20 +98,23 @@ def cudagraph_mode(llm) -> str:
     return llm.llm_engine.vllm_config.compilation_config.cudagraph_mode.name
 
 
-def test_vllm_runs_activekv_with_piecewise_graphs_in_compiled_mode(llms, setting, figures):
+def test_vllm_keeps_its_default_cuda_graphs_for_the_store(llms, setting, figures):
     llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
-    want = "NONE" if setting["mode"] == "eager" else "PIECEWISE"
-    assert cudagraph_mode(llm) == want
+    assert cudagraph_mode(llm) == STORE_GRAPHS[setting["mode"]]
     import activekv
 
     figures.append(f"{setting['name']}: cudagraph_mode {cudagraph_mode(llm)}; vLLM offers "
                    f"{activekv.vllm_features()}")
 
 
-def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting):
+# A tail of one token makes the reload a one-token step: a uniform decode
+# batch, which replays a full CUDA graph in compiled mode (the loads land at
+# start_load_kv); five tokens make a piecewise step (they land per layer).
+@pytest.mark.parametrize("tail", [1, 5], ids=["full-graph-step", "piecewise-step"])
+def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting, tail):
     llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
-    rng = random.Random(1)
-    prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
+    rng = random.Random(tail)  # a prompt of its own: no block stored by the other case
+    prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + tail)
     reusable = h.reusable_tokens(len(prompt))
     h.flush_device_cache(llm)
     first = h.generate(llm, [prompt])[0]
@@ -122,7 +133,8 @@ def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting):
 def test_decode_blocks_come_back_on_the_next_request(llms, setting):
     llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
     rng = random.Random(2)
-    # 3 blocks + 20 tokens of prompt; the 16 generated tokens fill block 3.
+    # 3 blocks + 20 tokens of prompt; the 16 generated tokens fill block 3,
+    # whose save comes on a decode step (a full CUDA graph in compiled mode).
     prompt = h.random_tokens(rng, 3 * h.BLOCK_SIZE + 20)
     h.flush_device_cache(llm)
     with h.TelemetryDelta(llm) as saved:

@@ -70,14 +70,32 @@ def test_load_of_a_slot_holding_another_block_is_refused():
     assert torch.equal(kv["l0"][6], before)  # nothing was written
 
 
-def test_a_layer_that_never_saved_fails_the_step_saves():
+def test_layers_save_kv_layer_never_saw_are_saved_at_wait_for_save():
+    # A full CUDA graph runs no hook: the registered cache holds the forward's
+    # KV once it is done, so the store must hold what the hooks would have.
+    saves = [SaveOp(slot=1, block_id=0, key=b"a" * 32, req_id="r")]
+    hooked, hooked_kv = make_worker()
+    step(hooked, hooked_kv, ActiveKVMetadata(saves=saves))
     worker, kv = make_worker()
-    meta = ActiveKVMetadata(saves=[SaveOp(slot=1, block_id=0, key=b"a" * 32, req_id="r")])
-    worker.save_kv_layer("l0", kv["l0"], meta)
+    meta = ActiveKVMetadata(saves=saves)
+    worker.save_kv_layer("l0", kv["l0"], meta)  # l1, l2: no hook
     worker.wait_for_save(meta)
     out = worker.take_worker_meta()
-    assert out.saved == [] and out.failed_saves == [1]
-    assert worker.arena.key(1) is None
+    assert out.saved == [1] and out.failed_saves == []
+    assert worker.arena.key(1) == hooked.arena.key(1) is not None
+    assert bytes(worker.arena.read(1, 0, worker.arena.slot_bytes).numpy()) == bytes(
+        hooked.arena.read(1, 0, hooked.arena.slot_bytes).numpy())
+
+
+def test_loads_land_before_the_forward_when_no_layer_hook_runs():
+    worker, kv = make_worker()
+    step(worker, kv, ActiveKVMetadata(saves=[SaveOp(slot=3, block_id=5, key=b"c" * 32, req_id="r")]))
+    worker.take_worker_meta()
+    worker.start_load_kv(ActiveKVMetadata(loads=[LoadOp(slot=3, block_id=9, key=b"c" * 32)]),
+                         layer_hooks=False)
+    for name in LAYOUT.layer_names:  # no wait_for_layer_load: already in the cache
+        assert torch.equal(kv[name][9].view(torch.int16), kv[name][5].view(torch.int16))
+    assert worker.take_worker_meta().loaded == [3]
 
 
 def test_finished_request_released_once_notice_and_finish_arrived():

@@ -136,6 +136,44 @@ def _step(worker, kv, meta):
     return report
 
 
+def _full_graph_step(worker, meta, forward_context):
+    """A step that replays a full CUDA graph: no per-layer call at all."""
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(forward_context)
+    worker.wait_for_save()
+    report = worker.build_connector_worker_meta()
+    worker.clear_connector_metadata()
+    return report
+
+
+@pytest.mark.parametrize("runner", ["gpu-runner", "v1-runner"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_full_cuda_graph_step_loads_and_saves_what_the_hooks_would(impl, runner):
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    # What vLLM's forward context says of such a step: 0.26.0's GPU runner
+    # binds no attention metadata for it, the V1 runner marks the forward FULL.
+    forward_context = (SimpleNamespace(attn_metadata=None, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+                       if runner == "gpu-runner" else
+                       SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL))
+    save = _metadata(impl, saves=[(1, 3, b"a" * 32, "r"), (2, 4, b"b" * 32, "r")])
+    hooked, hooked_kv = _registered_worker(impl)
+    _step(hooked, hooked_kv, save)
+    worker, kv = _registered_worker(impl)
+    report = _full_graph_step(worker, save, forward_context)
+    assert sorted(report.saved) == [1, 2] and not report.failed_saves
+    assert standalone_store(worker) == standalone_store(hooked) != {}
+
+    before = {n: t.clone() for n, t in kv.items()}
+    report = _full_graph_step(worker, _metadata(impl, loads=[(2, 6, b"b" * 32), (1, 7, b"a" * 32)]),
+                              forward_context)
+    assert report.loaded == [2, 1] and not report.failed_loads
+    for name in kv:  # landed at start_load_kv: nothing waits for them later
+        assert torch.equal(kv[name][6], before[name][4]) and torch.equal(kv[name][7], before[name][3])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_refused_load_is_reported_once_by_its_device_block(impl):
     worker, kv = _registered_worker(impl)
@@ -371,7 +409,10 @@ def test_vllm_features_are_what_the_installed_vllm_offers():
 @pytest.mark.parametrize("impl", IMPLS)
 def test_the_connector_asks_for_piecewise_graphs_and_for_hnd_only_when_streaming(impl):
     cls = standalone.connector_class(impl)
-    assert cls.requires_piecewise_for_cudagraph({}) is True
+    piecewise = {name: cls.requires_piecewise_for_cudagraph(extra)
+                 for name, extra in {"default": {}, "compressed": {"mode": "compressed"},
+                                     "streaming": STREAMING, "bad": {"capacity": 1}}.items()}
+    assert piecewise == {"default": False, "compressed": False, "streaming": True, "bad": False}
     layouts = {name: cls.get_required_kvcache_layout(standalone.vllm_config(extra, cls.__name__))
                for name, extra in {"exact": {"mode": "exact"}, "streaming": {"streaming": {}},
                                    "bad": {"capacity": 1}}.items()}

@@ -76,5 +76,5 @@ def test_the_repository_lists_every_scenario_of_both_modes():
     gating, not_gating = expected_cells(EXPECTED)
     listed = gating | set(not_gating)
     for mode in ("exact", "compressed"):
-        scenarios = {name for s in sessions(mode) for name, _ in s.scenarios} | {"end to end in vLLM"}
+        scenarios = {name for s in sessions(mode) for name in s.cell_names()} | {"end to end in vLLM"}
         assert {s for m, s in listed if m == mode} == scenarios, mode

@@ -31,6 +31,10 @@
 // begins the streamer's step, wait_for_layer_load stages the layer's blocks
 // before the step's loads land on top, save_layer writes the layer's blocks
 // back before the store save gathers its own.
+// A step that replays a full CUDA graph runs no per-layer hook: start_load is
+// told so and lands every layer's loads before the forward, and wait_for_save
+// gathers the layers save_layer never saw. Streaming needs the hooks, so with
+// it vLLM captures piecewise graphs only.
 // Device-generic: c10 streams and events only; on CPU everything is immediate.
 #pragma once
 
@@ -94,7 +98,9 @@ class WorkerSide {
   bool streaming() const { return streaming_.has_value(); }
   bool nothing_awaiting() const { return awaiting_free_.empty(); }
 
-  void start_load();
+  // layer_hooks: whether wait_for_layer_load runs this step (not under a full
+  // CUDA graph); without it every layer's loads land here.
+  void start_load(bool layer_hooks = true);
   void wait_for_layer_load(const std::string& layer_name);
   void save_layer(const std::string& layer_name, const at::Tensor& kv_layer);
   void wait_for_save();
@@ -119,9 +125,10 @@ class WorkerSide {
     SlotLease lease;
     std::vector<std::string> tags;  // one per leased slot
     std::vector<c10::Event> fences;
-    bool whole = false;  // every layer reached save_layer
+    bool whole = false;  // every layer was gathered
     std::chrono::steady_clock::time_point deadline;
   };
+  void decode_loads(const std::string& layer_name);
   void settle_saves(bool wait);
   // The store's part of save_layer; `gathered` is set when a device gather ran.
   void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
