@@ -116,8 +116,9 @@ def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path)
     shutil.rmtree(work, ignore_errors=True)
     site.mkdir(parents=True)
     ran = [w for w in wheels if w in runnable or w["kind"] == "vllm-wheel"]
-    _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
-           *(str(w["path"]) for w in ran)])
+    # --no-compile: the harness compiles what it imports (17 s against 6 s for vLLM here).
+    _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
+           "--target", str(site), *(str(w["path"]) for w in ran)])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR)]))
     imported = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
     for name, file in imported.items():
