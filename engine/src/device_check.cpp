@@ -104,10 +104,13 @@ std::string block_of(const std::string& layer, std::int64_t block) {
 }
 
 // A plain step: load, then per layer wait and save, then wait for the save.
-void step(WorkerSide& w, const KVLayout& l, Caches& kv, StepPlan plan) {
+// Without layer hooks, a step as a full CUDA graph replays it: no per-layer
+// call, the loads land in start_load and the saves gather in wait_for_save.
+void step(WorkerSide& w, const KVLayout& l, Caches& kv, StepPlan plan, bool layer_hooks = true) {
   w.bind_plan(std::move(plan));
-  w.start_load();
+  w.start_load(layer_hooks);
   for (const auto& n : l.layer_names) {
+    if (!layer_hooks) break;
     w.wait_for_layer_load(n);
     w.save_layer(n, kv.at(n));
   }
@@ -117,7 +120,7 @@ void step(WorkerSide& w, const KVLayout& l, Caches& kv, StepPlan plan) {
 
 // ---- save, then load into other blocks: bitwise (exact) or close (compressed)
 
-std::string save_load(c10::Device device, Mode mode, Findings& f) {
+std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks = true) {
   const KVLayout l = layout({"l0", "l1", "l2"}, 2, 32);
   Config config;
   config.mode = mode;
@@ -130,13 +133,14 @@ std::string save_load(c10::Device device, Mode mode, Findings& f) {
   if (!s.ok()) return "";
   // Slots 10..12 form one run, 40 another: both copy paths.
   step(w, l, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
-                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}});
+                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}},
+       layer_hooks);
   w.drain_saves();  // on a device the copies settle after their step
   f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
   Caches before;
   for (const auto& [n, t] : kv) before[n] = t.cpu();
   step(w, l, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
-                          {}, {}, {}, {}});
+                          {}, {}, {}, {}}, layer_hooks);
   f.expect(w.take_load_errors().empty(), "the loads reported errors");
   // Each loaded block against the block its slot was saved from.
   const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
@@ -152,7 +156,8 @@ std::string save_load(c10::Device device, Mode mode, Findings& f) {
     f.expect(bitwise(after[4], before[n][4]), block_of(n, 4) + " changed though no load targets it");
   }
   return std::string("4 blocks x 3 layers saved (two runs), 3 loaded back ") +
-         (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance");
+         (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance") +
+         (layer_hooks ? "" : ", with no per-layer call (a full CUDA graph's steps)");
 }
 
 // ---- a save large enough to outlast a step -----------------------------------
@@ -396,6 +401,7 @@ const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> all = {
       {"save-load-exact", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f); }},
       {"save-load-compressed", [](c10::Device d, Findings& f) { return save_load(d, Mode::kCompressed, f); }},
+      {"save-load-full-graph", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f, false); }},
       {"save-fences-complete", save_fences_complete},
       {"fence-timeout-quarantines", fence_timeout_quarantines},
       {"streaming-ring", streaming_ring},
