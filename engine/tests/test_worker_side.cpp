@@ -89,18 +89,30 @@ TEST(WorkerSide, FinishedRequestReleasedOnAStepWithoutForward) {
   EXPECT_TRUE(w.nothing_awaiting());
 }
 
-TEST(WorkerSide, MissingLayerFailsTheStepSaves) {
+// A full CUDA graph runs no per-layer hook: wait_for_save gathers the layers
+// save_layer never saw, and start_load(false) lands the loads at once.
+TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   Config config;
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
   w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}, {}, {}});
-  w.save_layer("l0", kv["l0"]);
+  w.save_layer("l0", kv["l0"]);  // l1, l2: no hook
   w.wait_for_save();
+  w.clear_plan();
   const auto report = w.take_report();
-  EXPECT_TRUE(report.saved.empty());
-  EXPECT_EQ(report.failed_saves, (std::vector<std::int64_t>{1}));
-  EXPECT_FALSE(w.arena()->tag(1));
+  EXPECT_EQ(report.saved, (std::vector<std::int64_t>{1}));
+  EXPECT_TRUE(report.failed_saves.empty());
+  ASSERT_TRUE(w.arena()->tag(1));
+
+  w.bind_plan(StepPlan{{LoadOp{1, 5, key(1)}}, {}, {}, {}, {}});
+  w.start_load(/*layer_hooks=*/false);
+  for (const auto& n : layout().layer_names) {  // landed before any wait_for_layer_load
+    EXPECT_TRUE(at::equal(kv[n][5].view(at::kShort), kv[n][0].view(at::kShort))) << n;
+  }
+  w.wait_for_save();
+  w.clear_plan();
+  EXPECT_EQ(w.take_report().loaded, (std::vector<std::int64_t>{1}));
 }
 
 TEST(WorkerSide, RejectsCachesThatDoNotMatchTheSpec) {
