@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from pipeline import config
 from pipeline.host import ensure_debian_packages, running, under_ci
 from pipeline.paths import (BOUNDARY_REPORT, BUILD, DEPENDENCY_CACHE, ENGINE_BUILD_DIR, HOST_CCACHE_DIR,
-                            LOGS_DIR, PARITY_DIR, REFERENCE_DIR, ROOT, relative)
+                            LOGS_DIR, PARITY_DIR, REFERENCE_DIR, ROOT, ccache_env, relative)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -109,8 +109,7 @@ def compiler_cache_env() -> dict[str, str]:
     """ccache for the engine's compiles on this host, shared by every checkout
     (paths inside the checkout are hashed relative to it): a fresh clone's
     build recompiles only what changed since an earlier one."""
-    return {"CMAKE_CXX_COMPILER_LAUNCHER": "ccache", "CCACHE_DIR": str(HOST_CCACHE_DIR),
-            "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"}
+    return ccache_env(str(HOST_CCACHE_DIR), str(ROOT))
 
 
 def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:

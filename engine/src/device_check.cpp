@@ -109,10 +109,11 @@ std::string block_of(const std::string& layer, std::int64_t block) {
 void step(WorkerSide& w, const KVLayout& l, Caches& kv, StepPlan plan, bool layer_hooks = true) {
   w.bind_plan(std::move(plan));
   w.start_load(layer_hooks);
-  for (const auto& n : l.layer_names) {
-    if (!layer_hooks) break;
-    w.wait_for_layer_load(n);
-    w.save_layer(n, kv.at(n));
+  if (layer_hooks) {
+    for (const auto& n : l.layer_names) {
+      w.wait_for_layer_load(n);
+      w.save_layer(n, kv.at(n));
+    }
   }
   w.wait_for_save();
   w.clear_plan();

@@ -23,7 +23,7 @@ from pipeline.config import Target
 from pipeline.container import ContainerRuntime, echo_run
 from pipeline.errors import BuildError
 from pipeline.images import builder_image
-from pipeline.paths import CCACHE_DIR, target_dir
+from pipeline.paths import CCACHE_DIR, ccache_env, target_dir
 from pipeline.run import Run
 from pipeline.source import ENGINE, commit, snapshot_source, source_date_epoch, tree_changes
 
@@ -39,10 +39,7 @@ def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool 
     build_env = {
         "SOURCE_DATE_EPOCH": epoch,
         "ACTIVEKV_WERROR": "ON",
-        "CCACHE_DIR": "/ccache",
-        "CCACHE_BASEDIR": "/project",
-        "CCACHE_NOHASHDIR": "1",
-        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        **ccache_env("/ccache", "/project"),
         # Offline and without isolation: the builder image holds exactly the
         # build tools and torch this target pins.
         "PIP_NO_INDEX": "1",
