@@ -12,6 +12,8 @@ Rules (each finding names the rule, the file and the line):
      (the connector's per-step methods in engine/bindings/, and every helper
      they reach in any file there), except the entries of [per_step_calls],
      each with its reason.
+A rule that finds nothing to check (no engine sources, no per-step method)
+is a finding too: the screen must not pass by looking at nothing.
 Exits 1 on a finding. Standard library only: it runs before anything is set up.
 """
 
@@ -71,8 +73,12 @@ def files_under(root: Path, top: str) -> list[Path]:
 
 def rule1(root: Path, allow: dict) -> list[Finding]:
     allowed = {e["path"] for e in allow.get("python_modules", [])}
+    files = files_under(root, PRODUCT)
+    if not files:  # a rule that finds nothing to check must not pass
+        return [Finding(1, PRODUCT, 0, f"found no file under {PRODUCT}/: nothing to screen (run it on "
+                                       f"the repository's root)")]
     out = []
-    for p in files_under(root, PRODUCT):
+    for p in files:
         rel = p.relative_to(root).as_posix()
         if p.suffix in (".py", ".pyx", ".pyi") and rel not in allowed:
             out.append(Finding(1, rel, 1, "a Python module in a product path: port it to the native "
@@ -82,10 +88,12 @@ def rule1(root: Path, allow: dict) -> list[Finding]:
 
 def rule2(root: Path, allow: dict) -> list[Finding]:
     allowed = {(e["file"], e["module"]) for e in allow.get("cpp_imports", [])}
+    sources = [p for p in files_under(root, PRODUCT) if p.suffix in CPP_SUFFIXES]
+    if not sources:
+        return [Finding(2, PRODUCT, 0, f"found no C++ source under {PRODUCT}/ "
+                                       f"({', '.join(sorted(CPP_SUFFIXES))}): nothing to screen")]
     out = []
-    for p in files_under(root, PRODUCT):
-        if p.suffix not in CPP_SUFFIXES:
-            continue
+    for p in sources:
         rel = p.relative_to(root).as_posix()
         for n, line in enumerate(p.read_text().splitlines(), 1):
             for m in IMPORT.finditer(line):
@@ -159,13 +167,12 @@ def rule3(root: Path, allow: dict) -> list[Finding]:
                     seen.add(name)
                     todo.extend(helpers[name])
     # A rule that finds nothing to check must not pass: a binding split into
-    # other files, or methods defined another way, would silently skip it.
-    if (root / BINDINGS).is_dir():
-        for method in sorted(set(PER_STEP) - found):
-            out.append(Finding(3, BINDINGS, 0, f"found no body of the per-step method {method} "
-                                               f"(ns[\"{method}\"] = named(...)) under {BINDINGS}/, so "
-                                               f"rule 3 cannot check it: define it that way or teach "
-                                               f"per_step_bodies the new form"))
+    # other files or moved, or methods defined another way, would silently skip it.
+    for method in sorted(set(PER_STEP) - found):
+        out.append(Finding(3, BINDINGS, 0, f"found no body of the per-step method {method} "
+                                           f"(ns[\"{method}\"] = named(...)) under {BINDINGS}/, so "
+                                           f"rule 3 cannot check it: define it that way or teach "
+                                           f"per_step_bodies the new form"))
     return out
 
 

@@ -124,11 +124,14 @@ def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:
             cache.unlink()
 
 
-def run_cpp_tests(session: Session) -> None:
+def run_cpp_tests(session: Session, junit: Path | None = None) -> None:
     """The engine's pure C++ tests (GoogleTest), built with the engine
     against the session's torch (install_engine with cpp_tests)."""
     build = relative(ENGINE_BUILD_DIR)
     ctest = ["ctest", "--test-dir", build, "--output-on-failure", "--no-tests=error"]
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        ctest += ["--output-junit", str(junit.resolve())]
     has_accelerator = session.run(
         "python", "-c", "import torch; print(torch.accelerator.is_available())", silent=True
     ).strip() == "True"
@@ -167,25 +170,29 @@ def run_all_tests(session: Session) -> None:
 
     def phase(name: str, run) -> None:
         start = time.monotonic()
+        counts = LOGS_DIR / f"{name.replace(' ', '-')}.xml"
+        counts.unlink(missing_ok=True)
         try:
-            run()
+            run(counts)
             outcome = "passed"
         except Exception as error:  # a failed command or session.error: the next phase still runs
             outcome = "FAILED"
             session.log(f"{name} failed: {error}")
-        summary[name] = f"{outcome} in {time.monotonic() - start:.0f} s"
+        summary[name] = f"{outcome} in {time.monotonic() - start:.0f} s ({junit_counts(counts)})"
 
-    phase("C++ tests", lambda: run_cpp_tests(session))
-    phase("fast tests", lambda: run_pytest(session, "-m", FAST_TESTS))
+    phase("C++ tests", lambda counts: run_cpp_tests(session, counts))
+    phase("fast tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", FAST_TESTS))
     # The slowest of each slow phase, in every log: where CI's time goes. The
     # vLLM tests run beside the container tests: each side mostly keeps one
     # core busy (a vLLM worker's OpenMP thread; a container stage's compile,
     # install or push), and CI's hosts have two.
     vllm_log = LOGS_DIR / "vllm-tests.log"
-    beside = threading.Thread(target=phase, args=("vLLM tests", lambda: run_pytest_to_log(
-        session, vllm_log, "-m", "vllm", "--durations=20", f"--basetemp={BUILD / 'pytest-vllm'}")))
+    beside = threading.Thread(target=phase, args=("vLLM tests", lambda counts: run_pytest_to_log(
+        session, vllm_log, f"--junitxml={counts}", "-m", "vllm", "--durations=20",
+        f"--basetemp={BUILD / 'pytest-vllm'}")))
     beside.start()
-    phase("container tests", lambda: run_pytest(session, "-m", "container", "--durations=20"))
+    phase("container tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", "container",
+                                                       "--durations=20"))
     beside.join()
     session.log(f"vLLM tests (beside the container tests), from {relative(vllm_log)}:")
     print(vllm_log.read_text(errors="replace"), end="", flush=True)
@@ -193,6 +200,21 @@ def run_all_tests(session: Session) -> None:
     failed = [name for name, outcome in summary.items() if outcome.startswith("FAILED")]
     if failed:
         session.error("failed: " + ", ".join(failed))
+
+
+def junit_counts(path: Path) -> str:
+    """'N passed, N failed, N skipped' from a JUnit XML report (pytest's
+    --junitxml, ctest's --output-junit): the summary line counts skips, so a
+    phase that passed by skipping shows it."""
+    if not path.is_file():
+        return "no report"
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    failed = total["failures"] + total["errors"]
+    return f"{total['tests'] - failed - total['skipped']} passed, {failed} failed, {total['skipped']} skipped"
 
 
 def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=2))
     print(f"\nwrote {report}")
     failed = [c for c in cells if c.result == "FAIL"]
-    problems = expectation_problems([c.as_dict() for c in cells])
+    problems = expectation_problems([c.as_dict() for c in cells], modes=args.modes)
     for problem in problems:
         print(f"parity: {problem}", file=sys.stderr)
     return 1 if failed or problems else 0

@@ -42,8 +42,15 @@ BINDING += "".join(
     for m in intake.PER_STEP if m not in ("wait_for_save", "get_finished"))
 
 
+# A binding whose per-step methods are all native: what a clean tree holds.
+NATIVE_BINDING = "".join(
+    f'py::dict more_{m}() {{\n  ns["{m}"] = named("{m}", [](py::object self) {{\n    return 0;\n  }});\n}}\n'
+    for m in intake.PER_STEP)
+
+
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
+    """A screened tree: these files over a clean native binding."""
+    for rel, text in {"engine/bindings/module.cpp": NATIVE_BINDING, **files}.items():
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
@@ -107,6 +114,20 @@ def test_rule3_checks_every_per_step_method_of_this_repository():
         if path.suffix in intake.CPP_SUFFIXES:
             found |= set(intake.per_step_bodies(path.read_text()))
     assert found == set(intake.PER_STEP)
+
+
+@pytest.mark.parametrize("files, rules", [
+    ({}, [1, 2, 3]),  # nothing at all: no rule may pass by looking at nothing
+    ({"engine/README.md": "no sources\n"}, [2, 3]),
+    ({"engine/src/core.cpp": "int f() { return 1; }\n"}, [3]),  # the bindings moved away
+])
+def test_a_rule_that_finds_nothing_to_check_fails(tmp_path, files, rules):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    findings = intake.screen(tmp_path)
+    assert sorted({f.rule for f in findings}) == rules
+    assert all("found no" in f.message for f in findings)
 
 
 def test_an_allowlist_entry_needs_a_reason(tmp_path):

@@ -58,9 +58,15 @@ def test_new_cells_and_cells_that_gate_again_must_be_listed(expected):
     assert any("exact/mixed batch gates now" in p for p in problems)
 
 
-def test_modes_a_run_did_not_cover_are_not_asked_for(expected):
-    assert expectation_problems([cell("miss", True, mode="compressed")], expected) == [
+def test_modes_a_run_was_not_asked_for_are_not_asked_for(expected):
+    assert expectation_problems([cell("miss", True, mode="compressed")], expected, modes=["compressed"]) == [
         "compressed/miss is a new cell: list it in pipeline/parity/expected.toml"]
+
+
+def test_evidence_that_left_a_mode_out_does_not_pass_the_gate(expected):
+    # The release's gate names no modes: every mode with expected cells must be there.
+    problems = expectation_problems([cell("miss", True, mode="compressed")], expected)
+    assert "exact/miss did not run" in problems and "exact/full hit did not run" in problems
 
 
 def test_a_not_gating_entry_needs_its_reason(tmp_path):

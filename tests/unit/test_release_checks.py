@@ -313,6 +313,13 @@ def test_a_parity_record_with_only_one_gating_cell_fails(tree):
         assemble(tree)
 
 
+def test_a_parity_record_without_one_mode_fails(tree):
+    # Evidence from `--modes exact` proves nothing of compressed mode.
+    edit(tree["cpu"] / "parity.json", lambda p: p.update(cells=[c for c in p["cells"] if c["mode"] == "exact"]))
+    with pytest.raises(ManifestError, match="compressed/miss did not run"):
+        assemble(tree)
+
+
 def test_a_parity_run_that_fails_leaves_no_earlier_record_behind(tree):
     assert (tree["cpu"] / "parity.json").is_file()
     with pytest.raises(ParityError):
