@@ -405,6 +405,8 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
         runtime.remove_image(impostor)
     assert refused.returncode == ManifestError.exit_code
     assert f"error: image {impostor}: its id is " in refused.stderr and "do not run it" in refused.stderr
+    from pipeline.harness.vllm_harness import LOGPROBS
+
     model = tiny_llama(cache_dir)
     port = free_port()
     name = f"activekv-serve-{port}"
@@ -416,14 +418,19 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     try:
         wait_for_health(runtime, name, port)
         prompt = list(range(10, 10 + 8 * 32 + 5))
-        first = completion(port, prompt)
+        completion(port, prompt)  # a miss: computed, and stored
+        # The oracle: vLLM's own prefix-cache hit of the same 8 blocks (the
+        # same shapes as the reload), tokens and top logprobs; the tokens alone
+        # hardly depend on the KV cache.
+        own_hit = completion(port, prompt, logprobs=LOGPROBS)["choices"][0]
         hits_before = metric(port, "vllm:activekv_hit_blocks")
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=30).close()
-        second = completion(port, prompt)
+        reloaded = completion(port, prompt, logprobs=LOGPROBS)["choices"][0]
         assert metric(port, "vllm:activekv_hit_blocks") - hits_before == 8
-        assert second["choices"][0].get("token_ids") == first["choices"][0].get("token_ids")
-        assert first["choices"][0].get("token_ids")
+        assert own_hit.get("token_ids") and reloaded.get("token_ids") == own_hit["token_ids"]
+        assert reloaded["logprobs"]["top_logprobs"] == own_hit["logprobs"]["top_logprobs"], (
+            "the prefix reloaded from the host store gives other logprobs than vLLM's own prefix hit")
     finally:
         runtime.run("rm", "--force", name, check=False)
         runtime.remove_image(remote)

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from pipeline.harness import vllm_harness as h
+from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm
 
@@ -20,6 +21,7 @@ def tp2_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
+@catches_a_wrong_block
 def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     prompt = h.random_tokens(random.Random(11), 9 * h.BLOCK_SIZE + 12)
     with h.TelemetryDelta(tp2_llm) as first:
