@@ -11,10 +11,13 @@ Every image's id is recorded for the release manifest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import DebootstrapBase, PulledBase, Target
@@ -55,7 +58,23 @@ def base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     return debootstrap_base(runtime, base)
 
 
+@contextlib.contextmanager
+def _one_maker(name: str) -> Iterator[None]:
+    """One maker of an image at a time (the tests session runs stages in two
+    processes): a second waits, then finds the image the first made. The
+    kernel drops the lock when its holder exits, however it exits."""
+    IMAGES_DIR.mkdir(parents=True, exist_ok=True)
+    with (IMAGES_DIR / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def debootstrap_base(runtime: ContainerRuntime, base: DebootstrapBase) -> tuple[str, str]:
+    with _one_maker(f"debian-{base.suite}"):
+        return _debootstrap_base(runtime, base)
+
+
+def _debootstrap_base(runtime: ContainerRuntime, base: DebootstrapBase) -> tuple[str, str]:
     ref = f"activekv/debian:{base.suite}-{_digest(base.suite, base.mirror)}"
     if (image := runtime.image_id(ref)) is not None:
         return ref, image
@@ -156,15 +175,16 @@ def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Pat
     inputs = _inputs(target, files)
     repository = f"activekv/{name}-{target.name}"
     ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
-    drop_superseded(runtime, repository, keep=ref)
-    if (image := runtime.image_id(ref)) is None:
-        runtime.prune_untagged(BASE_LABEL)
-        ctx = _context(name, target, inputs)
-        try:
-            image = runtime.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
-                                       build_args=args, labels={BASE_LABEL: f"{base_ref}@{base_id}"})
-        finally:
-            shutil.rmtree(ctx)
+    with _one_maker(f"{name}-{target.name}"):
+        drop_superseded(runtime, repository, keep=ref)
+        if (image := runtime.image_id(ref)) is None:
+            runtime.prune_untagged(BASE_LABEL)
+            ctx = _context(name, target, inputs)
+            try:
+                image = runtime.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
+                                           build_args=args, labels={BASE_LABEL: f"{base_ref}@{base_id}"})
+            finally:
+                shutil.rmtree(ctx)
     return ref, image
 
 

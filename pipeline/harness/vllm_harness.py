@@ -45,6 +45,8 @@ CONNECTORS = {
 PLANTED_BUGS = {
     "wrong-block": {"kv_connector": "WrongBlockReferenceConnector",
                     "kv_connector_module_path": "pipeline.harness.planted_bug"},
+    "swapped-blocks": {"kv_connector": "SwappedBlocksReferenceConnector",
+                       "kv_connector_module_path": "pipeline.harness.planted_bug"},
 }
 # The reference wrapped by the parity recorder (not an implementation under test).
 RECORDER = {"kv_connector": "RecordingReferenceConnector",
@@ -361,11 +363,11 @@ def zero_device_cache(worker) -> None:
         cache.zero_()
 
 
-def device_block_digests(worker) -> list[str]:
+def device_block_digests(worker) -> dict[int, str]:
     """Runs inside a vLLM worker (collective_rpc): SHA-256 over every layer of
-    each device KV block that holds anything (not all zeros), sorted. After
-    zero_device_cache, the blocks the requests since then wrote: what a wrong
-    block changes even where the tokens do not."""
+    each device KV block that holds anything (not all zeros), by block id.
+    After zero_device_cache, the blocks the requests since then wrote: what a
+    wrong block changes even where the tokens do not."""
     import torch
 
     runner = worker.model_runner
@@ -381,7 +383,21 @@ def device_block_digests(worker) -> list[str]:
             block = blocks[b].contiguous()
             used[b] = used[b] or bool(block.any())
             digests[b].update(block.view(-1).view(torch.uint8).numpy().tobytes())
-    return sorted(d.hexdigest() for d, u in zip(digests, used) if u)
+    return {b: d.hexdigest() for b, (d, u) in enumerate(zip(digests, used)) if u}
+
+
+def prefix_cached_blocks(llm) -> dict[object, list[int]]:
+    """The device blocks vLLM's prefix cache holds, by block hash: a hash
+    chains the tokens of every block before it, so it names the block's
+    position in its prompt. Reads the scheduler of an in-process engine
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), the one place vLLM keeps the map."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("prefix_cached_blocks needs the engine in this process (in_process=True)")
+    cached = core.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+    table = getattr(cached, "_cache", cached)  # vLLM 0.32: BlockHashToBlockMap; a plain dict before
+    return {key: sorted(b.block_id for b in (blocks.values() if isinstance(blocks, dict) else [blocks]))
+            for key, blocks in table.items()}
 
 
 def layer_block_bytes(tp_size: int = 1, geometry: dict | None = None) -> int:
