@@ -33,9 +33,10 @@ def tests(session: nox.Session) -> None:
     for the reference and the native engine, then the release pipeline's
     stages in real containers (the parity gate among them: the parity harness
     on the built wheels)."""
+    images = None if session.posargs else sessions.ImagePrep(session)
     sessions.install_cpu_test_env(session)
     sessions.install_engine(session, cpp_tests=not session.posargs)
-    sessions.run_all_tests(session)
+    sessions.run_all_tests(session, images)
 
 
 @nox.session(python=PYTHON)

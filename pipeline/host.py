@@ -6,9 +6,11 @@ hand where it cannot (not root, not Debian).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +18,8 @@ from pathlib import Path
 from pipeline.container import ContainerRuntime
 from pipeline.errors import HostPreparationError
 from pipeline.paths import LOGS_DIR
+
+APT_LOCK = Path(tempfile.gettempdir()) / "activekv-apt.lock"  # every checkout's runs on this host
 
 
 def under_ci() -> bool:
@@ -55,9 +59,17 @@ def ensure_debian_packages(packages: Sequence[str]) -> None:
             f"apt-get install {' '.join(missing)}) or run as root on Debian"
         )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env=env)
+    # One apt-get at a time from our processes (the tests session prepares
+    # images and installs beside each other): a second would fail on dpkg's
+    # lock. Under ours, what the first installed is no longer missing.
+    with open(APT_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [p for p in missing if not package_installed(p)]
+        if not missing:
+            return
+        for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
+            print("+", " ".join(cmd), flush=True)
+            subprocess.run(cmd, check=True, env=env)
 
 
 def start_daemon(cmd: Sequence[str], log: Path) -> int:

@@ -208,3 +208,25 @@ def execute(run: Run) -> None:
     for target in run.targets:
         for ref, image in (builder_image(run.runtime, target), runtime_base_image(run.runtime, target)):
             run.say(f"{target.name}: {ref} ({image})")
+
+
+def prepare(target_names: list[str]) -> None:
+    """Make the targets' base, builder and runtime-base images where they are
+    missing (`python -m pipeline.images cpu`): the tests session runs this in
+    the background while it installs, so a fresh host's image builds (mostly
+    downloads) overlap its own; the container tests then find them made."""
+    from pipeline import config
+    from pipeline.host import prepared_runtime
+
+    cfg = config.load()
+    runtime = prepared_runtime(cfg.container_engine)
+    for name in target_names:
+        target = cfg.target(name)
+        for ref, image in (builder_image(runtime, target), runtime_base_image(runtime, target)):
+            print(f"{name}: {ref} ({image})", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    prepare(sys.argv[1:])

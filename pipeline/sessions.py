@@ -161,7 +161,32 @@ def run_parity(session: Session) -> None:
                 env={"PYTHONPATH": relative(REFERENCE_DIR)})
 
 
-def run_all_tests(session: Session) -> None:
+class ImagePrep:
+    """`python -m pipeline.images cpu` in the background (output in
+    build/logs/images.log): on a fresh host the cpu target's images take
+    minutes of downloads and installs, which overlap the session's own."""
+
+    def __init__(self, session: Session) -> None:
+        self.log = LOGS_DIR / "images.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.out = self.log.open("wb")
+        python = Path(session.virtualenv.location) / "bin" / "python"  # the standard library is enough
+        self.proc = subprocess.Popen([str(python), "-m", "pipeline.images", "cpu"], cwd=ROOT,
+                                     stdout=self.out, stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+
+    def finish(self, session: Session) -> None:
+        code = self.proc.wait()
+        self.out.close()
+        lines = self.log.read_text(errors="replace").splitlines()
+        print("\n".join(lines[-15:]), flush=True)
+        verdict = "made or found" if code == 0 else (
+            f"FAILED (exit {code}); the container tests make them again and say why")
+        session.log(f"the cpu target's images {verdict} in the background, {time.monotonic() - self.started:.0f} s "
+                    f"from the session's start (log: {relative(self.log)})")
+
+
+def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
     """C++ tests, the fast Python tests, then real vLLM beside the release's
     stages in real containers (the parity stage among them); with posargs,
     only pytest with them. The parity harness runs once, inside the container
@@ -194,6 +219,8 @@ def run_all_tests(session: Session) -> None:
     # lanes' pytest processes make the build and patch stages once between
     # them (tests/container/conftest.py stage_output). The slowest of each
     # phase, in every log: where CI's time goes.
+    if images is not None:
+        images.finish(session)
     shutil.rmtree(TEST_RUN_DIR, ignore_errors=True)
     session.env["ACTIVEKV_TEST_RUN_DIR"] = str(TEST_RUN_DIR)
     logs = {"vLLM tests": LOGS_DIR / "vllm-tests.log", "container tests, beside": LOGS_DIR / "container-beside.log"}
