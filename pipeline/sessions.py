@@ -212,6 +212,8 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
 
     phase("C++ tests", lambda counts: run_cpp_tests(session, counts))
     phase("fast tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", FAST_TESTS))
+    if images is not None:
+        images.finish(session)
     # Two lanes, one per core of CI's hosts: the release's container tests on
     # one; on the other the vLLM tests (mostly one core: a worker's OpenMP
     # thread), then the container tests that build no image (the rebuilds,
@@ -219,11 +221,11 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
     # lanes' pytest processes make the build and patch stages once between
     # them (tests/container/conftest.py stage_output). The slowest of each
     # phase, in every log: where CI's time goes.
-    if images is not None:
-        images.finish(session)
     shutil.rmtree(TEST_RUN_DIR, ignore_errors=True)
     session.env["ACTIVEKV_TEST_RUN_DIR"] = str(TEST_RUN_DIR)
     logs = {"vLLM tests": LOGS_DIR / "vllm-tests.log", "container tests, beside": LOGS_DIR / "container-beside.log"}
+    for log in logs.values():
+        log.unlink(missing_ok=True)  # an earlier run's
 
     def other_lane() -> None:
         phase("vLLM tests", lambda counts: run_pytest_to_log(
@@ -250,18 +252,25 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
 
 
 def junit_counts(path: Path) -> str:
-    """'N passed, N failed, N skipped' from a JUnit XML report (pytest's
-    --junitxml, ctest's --output-junit): the summary line counts skips, so a
-    phase that passed by skipping shows it."""
+    """'N passed, N failed, N skipped[, N xfailed]' from a JUnit XML report
+    (pytest's --junitxml, ctest's --output-junit), counted per test case: the
+    summary line counts skips, so a phase that passed by skipping shows it
+    (pytest writes an expected failure as a skip of type pytest.xfail)."""
     if not path.is_file():
         return "no report"
     import xml.etree.ElementTree as ET
 
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    failed = total["failures"] + total["errors"]
-    return f"{total['tests'] - failed - total['skipped']} passed, {failed} failed, {total['skipped']} skipped"
+    counts = dict.fromkeys(("passed", "failed", "skipped", "xfailed"), 0)
+    for case in ET.parse(path).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+        elif (skip := case.find("skipped")) is not None:
+            counts["xfailed" if skip.get("type") == "pytest.xfail" else "skipped"] += 1
+        else:
+            counts["passed"] += 1
+    if not counts["xfailed"]:
+        del counts["xfailed"]
+    return ", ".join(f"{n} {what}" for what, n in counts.items())
 
 
 def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:
