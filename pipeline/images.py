@@ -218,12 +218,16 @@ def prepare(target_names: list[str]) -> None:
     from pipeline import config
     from pipeline.host import prepared_runtime
 
+    import time
+
+    started = time.monotonic()
     cfg = config.load()
     runtime = prepared_runtime(cfg.container_engine)
     for name in target_names:
         target = cfg.target(name)
         for ref, image in (builder_image(runtime, target), runtime_base_image(runtime, target)):
             print(f"{name}: {ref} ({image})", flush=True)
+    print(f"images ready in {time.monotonic() - started:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

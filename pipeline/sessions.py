@@ -173,7 +173,6 @@ class ImagePrep:
         python = Path(session.virtualenv.location) / "bin" / "python"  # the standard library is enough
         self.proc = subprocess.Popen([str(python), "-m", "pipeline.images", "cpu"], cwd=ROOT,
                                      stdout=self.out, stderr=subprocess.STDOUT)
-        self.started = time.monotonic()
 
     def finish(self, session: Session) -> None:
         code = self.proc.wait()
@@ -182,8 +181,7 @@ class ImagePrep:
         print("\n".join(lines[-15:]), flush=True)
         verdict = "made or found" if code == 0 else (
             f"FAILED (exit {code}); the container tests make them again and say why")
-        session.log(f"the cpu target's images {verdict} in the background, {time.monotonic() - self.started:.0f} s "
-                    f"from the session's start (log: {relative(self.log)})")
+        session.log(f"the cpu target's images {verdict} in the background (log: {relative(self.log)})")
 
 
 def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
