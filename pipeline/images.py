@@ -60,9 +60,10 @@ def base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _one_maker(name: str) -> Iterator[None]:
-    """One maker of an image at a time (the tests session runs stages in two
-    processes): a second waits, then finds the image the first made. The
-    kernel drops the lock when its holder exits, however it exits."""
+    """One maker of an image at a time (the tests session makes them in the
+    background; two runs on one host): a second waits, then finds the image
+    the first made. The kernel drops the lock when its holder exits, however
+    it exits."""
     IMAGES_DIR.mkdir(parents=True, exist_ok=True)
     with (IMAGES_DIR / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -34,11 +34,6 @@ PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
 RELEASE_REQUIREMENTS = "packaging/release-requirements.txt"
 # pytest's markers (pytest.ini): the fast tests are the rest.
 FAST_TESTS = "not vllm and not container and not gpu"
-# The container tests that build no image, run in the vLLM tests' lane: an
-# image build beside the release's would race its `image prune` of our
-# untagged images (images._image, the runtime image stage).
-CONTAINER_TESTS_BESIDE = ("tests/container/test_build_audit.py", "tests/container/test_patch_vllm.py")
-TEST_RUN_DIR = BUILD / "test-run"  # the lanes' shared stage outputs, made again each run
 
 
 def install_cpu_test_env(session: Session) -> None:
@@ -212,37 +207,25 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
     phase("fast tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", FAST_TESTS))
     if images is not None:
         images.finish(session)
-    # Two lanes, one per core of CI's hosts: the release's container tests on
-    # one; on the other the vLLM tests (mostly one core: a worker's OpenMP
-    # thread), then the container tests that build no image (the rebuilds,
-    # the patch stage's), which would otherwise wait for the release's. The
-    # lanes' pytest processes make the build and patch stages once between
-    # them (tests/container/conftest.py stage_output). The slowest of each
-    # phase, in every log: where CI's time goes.
-    shutil.rmtree(TEST_RUN_DIR, ignore_errors=True)
-    session.env["ACTIVEKV_TEST_RUN_DIR"] = str(TEST_RUN_DIR)
-    logs = {"vLLM tests": LOGS_DIR / "vllm-tests.log", "container tests, beside": LOGS_DIR / "container-beside.log"}
-    for log in logs.values():
-        log.unlink(missing_ok=True)  # an earlier run's
-
-    def other_lane() -> None:
-        phase("vLLM tests", lambda counts: run_pytest_to_log(
-            session, logs["vLLM tests"], f"--junitxml={counts}", "-m", "vllm", "--durations=20",
-            f"--basetemp={BUILD / 'pytest-vllm'}"))
-        phase("container tests, beside", lambda counts: run_pytest_to_log(
-            session, logs["container tests, beside"], f"--junitxml={counts}", "-m", "container",
-            "--durations=20", f"--basetemp={BUILD / 'pytest-container-beside'}", *CONTAINER_TESTS_BESIDE))
-
-    beside = threading.Thread(target=other_lane)
+    # The vLLM tests run beside the container tests: each side mostly keeps
+    # one core busy (a vLLM worker's OpenMP thread; a container stage's
+    # compile, install or push), and CI's hosts have two. A second container
+    # lane beside both (the rebuilds and the patch stage's tests after the vLLM
+    # tests) made the run slower here, not faster: 3 to 4 processes' OpenMP
+    # threads on 2 cores (load average 8) wait on each other. The slowest of
+    # each phase, in every log: where CI's time goes.
+    vllm_log = LOGS_DIR / "vllm-tests.log"
+    vllm_log.unlink(missing_ok=True)  # an earlier run's
+    beside = threading.Thread(target=phase, args=("vLLM tests", lambda counts: run_pytest_to_log(
+        session, vllm_log, f"--junitxml={counts}", "-m", "vllm", "--durations=20",
+        f"--basetemp={BUILD / 'pytest-vllm'}")))
     beside.start()
-    phase("container tests", lambda counts: run_pytest(
-        session, f"--junitxml={counts}", "-m", "container", "--durations=20",
-        *(f"--ignore={path}" for path in CONTAINER_TESTS_BESIDE)))
+    phase("container tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", "container",
+                                                       "--durations=20"))
     beside.join()
-    for name, log in logs.items():
-        if log.is_file():
-            session.log(f"{name} (the other lane), from {relative(log)}:")
-            print(log.read_text(errors="replace"), end="", flush=True)
+    if vllm_log.is_file():
+        session.log(f"vLLM tests (beside the container tests), from {relative(vllm_log)}:")
+        print(vllm_log.read_text(errors="replace"), end="", flush=True)
     session.log("test phases: " + "; ".join(f"{name} {outcome}" for name, outcome in summary.items()))
     failed = [name for name, outcome in summary.items() if outcome.startswith("FAILED")]
     if failed:

@@ -5,12 +5,7 @@ target's wheels are built once per test run and shared."""
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
-import os
 import re
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,39 +48,12 @@ def drop_loopback_registry_tags(runtime: ContainerRuntime) -> None:
             runtime.remove_image(ref)
 
 
-# Set by the tests session (pipeline/sessions.py) when several pytest
-# processes run the container tests side by side: a folder of this run's own,
-# where a session fixture's stage output is made once for all of them.
-SHARED_RUN_DIR = "ACTIVEKV_TEST_RUN_DIR"
-
-
-def stage_output(tmp_path_factory: pytest.TempPathFactory, name: str,
-                 make: Callable[[Path], dict]) -> tuple[Path, dict]:
-    """(folder, record) of a stage run by `make(folder)`: in this process's
-    temporary folder, or, under SHARED_RUN_DIR, once per test run: the first
-    process to ask makes it under a lock while the others wait, then read its
-    record. A make that failed leaves no record: the next one tries again."""
-    shared = os.environ.get(SHARED_RUN_DIR)
-    if not shared:
-        out = tmp_path_factory.mktemp(name)
-        return out, make(out)
-    root = Path(shared)
-    root.mkdir(parents=True, exist_ok=True)
-    out, done = root / name, root / f"{name}.json"
-    with (root / f"{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, however the make ends
-        if not done.is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            done.write_text(json.dumps(make(out)))
-        return out, json.loads(done.read_text())
-
-
 @pytest.fixture(scope="session")
 def cpu_built(runtime: ContainerRuntime, tmp_path_factory: pytest.TempPathFactory) -> BuiltTarget:
     """The cpu target built by the build stage (in its builder container)."""
     target = config.load().target("cpu")
-    out, record = stage_output(tmp_path_factory, "release-cpu", lambda out: build.build(runtime, target, out=out))
+    out = tmp_path_factory.mktemp("release-cpu")
+    record = build.build(runtime, target, out=out)
     return BuiltTarget(runtime=runtime, target=target, out=out, record=record)
 
 
@@ -94,8 +62,9 @@ def patched_cpu_vllm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Pa
     """The patch-vllm stage's record and folder for the cpu target's vLLM, made
     once for the patch stage's tests and the release's later stages."""
     target = config.load().target("cpu")
-    out_root, record = stage_output(tmp_path_factory, "vllm", lambda out: patch_vllm.patch_vllm(
-        target.vllm_distribution, target.vllm_version, out_root=out, epoch=int(source.source_date_epoch())))
+    out_root = tmp_path_factory.mktemp("vllm")
+    record = patch_vllm.patch_vllm(target.vllm_distribution, target.vllm_version, out_root=out_root,
+                                   epoch=int(source.source_date_epoch()))
     return record, out_root / f"{target.vllm_distribution}-{target.vllm_version}"
 
 
