@@ -17,6 +17,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -218,8 +219,6 @@ def prepare(target_names: list[str]) -> None:
     downloads) overlap its own; the container tests then find them made."""
     from pipeline import config
     from pipeline.host import prepared_runtime
-
-    import time
 
     started = time.monotonic()
     cfg = config.load()
