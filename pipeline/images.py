@@ -206,9 +206,14 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
 
 
+def target_images(runtime: ContainerRuntime, target: Target) -> list[tuple[str, str]]:
+    """(reference, image id) of the target's builder and runtime base, made where missing."""
+    return [builder_image(runtime, target), runtime_base_image(runtime, target)]
+
+
 def execute(run: Run) -> None:
     for target in run.targets:
-        for ref, image in (builder_image(run.runtime, target), runtime_base_image(run.runtime, target)):
+        for ref, image in target_images(run.runtime, target):
             run.say(f"{target.name}: {ref} ({image})")
 
 
@@ -224,8 +229,7 @@ def prepare(target_names: list[str]) -> None:
     cfg = config.load()
     runtime = prepared_runtime(cfg.container_engine)
     for name in target_names:
-        target = cfg.target(name)
-        for ref, image in (builder_image(runtime, target), runtime_base_image(runtime, target)):
+        for ref, image in target_images(runtime, cfg.target(name)):
             print(f"{name}: {ref} ({image})", flush=True)
     print(f"images ready in {time.monotonic() - started:.0f} s", flush=True)
 
