@@ -39,9 +39,12 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "activekv/kv_codec.h"
 #include "bench_device.h"
+#include "activekv/home_rows.h"
 #include "activekv/layer_streaming.h"
 
 #ifdef ACTIVEKV_BENCH_PROFILE
@@ -92,26 +95,38 @@ struct StepShape {
   std::int64_t batch = 1;
   std::int64_t new_tokens = 1;  // per sequence
   std::int64_t shared_prefix = 0;  // tokens every sequence shares (their blocks cross once)
-  // Block ids in order, each sequence's blocks consecutive: what a
-  // per-request home layout would give the copies, for comparison.
+  // Block ids in order, each sequence's blocks consecutive (else a random
+  // permutation, as a long-running server leaves them).
   bool contiguous = false;
 };
 
+// Where the homes keep each block. kBlockIds: the row is the block id, and
+// every block the step reads is staged (the engine before home rows).
+// kExtents: the scheduler's home rows (home_rows.h), each sequence's blocks
+// given rows as its prompt grows in chunks of 2048 tokens, round robin over
+// the batch; blocks the step gives new content are not staged.
+enum class Homes { kBlockIds, kExtents };
+const char* homes_name(Homes h) { return h == Homes::kExtents ? "extents" : "block-ids"; }
+
 struct Step {
   StepShape shape;
+  Homes homes = Homes::kExtents;
   std::vector<std::vector<std::int64_t>> tables;  // per sequence, its blocks in order
-  std::vector<std::int64_t> stage_blocks;         // sorted, unique
-  std::vector<std::int64_t> writeback_blocks;     // sorted, unique
-  double mean_run = 0;                            // consecutive ids per run of stage_blocks
+  std::vector<std::int64_t> stage_blocks, stage_rows;          // in row order
+  std::vector<std::int64_t> writeback_blocks, writeback_rows;  // in row order
+  std::unordered_map<std::int64_t, std::int64_t> row_of;
+  double mean_run = 0;                            // consecutive home rows per run of the staged
   // Device tensors for the layer's compute.
   at::Tensor table;      // [batch * blocks_per_seq]
   at::Tensor slot_block, slot_offset;  // [batch * new_tokens]
   at::Tensor q, k_new, v_new;
 };
 
-Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_blocks, std::uint32_t seed) {
+Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_blocks, std::uint32_t seed,
+               Homes homes = Homes::kExtents) {
   Step s;
   s.shape = shape;
+  s.homes = homes;
   std::vector<std::int64_t> ids(static_cast<std::size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   if (!shape.contiguous) std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
@@ -126,10 +141,34 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
     s.tables.push_back(std::move(t));
   }
   const std::int64_t first_new = shape.context - shape.new_tokens;
+  // Blocks past the last one holding an earlier token are the step's new content.
+  const auto first_fresh = static_cast<std::size_t>(cdiv(first_new, block));
+  if (homes == Homes::kExtents) {
+    HomeRows rows(num_blocks);
+    rows.assign("prefix", prefix);
+    constexpr std::size_t kChunk = 128;  // 2048 tokens of 16
+    std::vector<std::size_t> given(s.tables.size(), prefix.size());
+    for (bool more = true; more;) {
+      more = false;
+      for (std::size_t q = 0; q < s.tables.size(); ++q) {
+        const auto& t = s.tables[q];
+        const std::size_t end = std::min(t.size(), given[q] + kChunk);
+        if (given[q] == end) continue;
+        rows.assign("seq " + std::to_string(q), std::vector<std::int64_t>(t.begin() + static_cast<long>(given[q]),
+                                                                          t.begin() + static_cast<long>(end)));
+        given[q] = end;
+        more = true;
+      }
+    }
+    for (const auto& t : s.tables) for (const auto b : t) s.row_of[b] = rows.row(b);
+  } else {
+    for (const auto& t : s.tables) for (const auto b : t) s.row_of[b] = b;
+  }
   std::set<std::int64_t> stage, wb;
   std::vector<std::int64_t> slot_block, slot_offset;
   for (const auto& t : s.tables) {
-    stage.insert(t.begin(), t.end());
+    const std::size_t staged = homes == Homes::kExtents ? std::min(first_fresh, t.size()) : t.size();
+    stage.insert(t.begin(), t.begin() + static_cast<long>(staged));
     for (std::int64_t pos = first_new; pos < shape.context; ++pos) {
       const std::int64_t b = t[static_cast<std::size_t>(pos / block)];
       wb.insert(b);
@@ -137,13 +176,20 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
       slot_offset.push_back(pos % block);
     }
   }
-  s.stage_blocks.assign(stage.begin(), stage.end());
-  s.writeback_blocks.assign(wb.begin(), wb.end());
+  const auto by_row = [&](const std::set<std::int64_t>& blocks, std::vector<std::int64_t>& out_blocks,
+                          std::vector<std::int64_t>& out_rows) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
+    for (const auto b : blocks) pairs.emplace_back(s.row_of.at(b), b);
+    std::sort(pairs.begin(), pairs.end());
+    for (const auto& [r, b] : pairs) out_blocks.push_back(b), out_rows.push_back(r);
+  };
+  by_row(stage, s.stage_blocks, s.stage_rows);
+  by_row(wb, s.writeback_blocks, s.writeback_rows);
   std::int64_t runs = 0;
-  for (std::size_t i = 0; i < s.stage_blocks.size(); ++i) {
-    if (i == 0 || s.stage_blocks[i] != s.stage_blocks[i - 1] + 1) ++runs;
+  for (std::size_t i = 0; i < s.stage_rows.size(); ++i) {
+    if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1) ++runs;
   }
-  s.mean_run = static_cast<double>(s.stage_blocks.size()) / static_cast<double>(runs);
+  s.mean_run = runs == 0 ? 0 : static_cast<double>(s.stage_rows.size()) / static_cast<double>(runs);
   std::vector<std::int64_t> flat;
   for (const auto& t : s.tables) flat.insert(flat.end(), t.begin(), t.end());
   const auto dev = at::TensorOptions().device(g_device);
@@ -237,7 +283,7 @@ struct Model {
     Telemetry stats;
     const auto t0 = std::chrono::steady_clock::now();
     if (streaming) {
-      streamer->begin_step(s.stage_blocks, s.writeback_blocks);
+      streamer->begin_step(s.stage_blocks, s.stage_rows, s.writeback_blocks, s.writeback_rows);
       streamer->start(stats);
     }
     for (std::int64_t l = 0; l < kLayers; ++l) {
@@ -275,9 +321,9 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
                                  static_cast<double>(m.streamed() * m.layer_bytes);
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
-  std::printf("%-8s %-7s%s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
+  std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
               "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f\n",
-              part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ",
+              part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
               static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
               static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
@@ -286,13 +332,15 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
               "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
               "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
               "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
-              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s}\n",
+              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
+              "\"homes\": \"%s\"}\n",
               part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
               static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
               static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
               step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
-              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false");
+              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false",
+              homes_name(s.homes));
   std::fflush(stdout);
 }
 
@@ -307,7 +355,9 @@ bool verify_step(Model& m, const Step& s) {
     if (!written.count(s.stage_blocks[i])) sample.push_back(s.stage_blocks[i]);
   }
   HostArena& homes = m.streamer->homes();
-  auto home = [&](std::int64_t j, std::int64_t b) { return homes.run_view(j, SlotRun{b, 1, 0}).value().view({-1}); };
+  auto home = [&](std::int64_t j, std::int64_t b) {
+    return homes.run_view(j, SlotRun{s.row_of.at(b), 1, 0}).value().view({-1});
+  };
   for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
     for (const auto b : sample) home(l - m.resident, b).copy_(at::randint(0, 256, {m.layer_bytes}, at::kByte));
   }
@@ -319,12 +369,13 @@ bool verify_step(Model& m, const Step& s) {
     for (const auto b : sample) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
     for (const auto b : s.writeback_blocks) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
   }
-  std::printf("verify: %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
-              s.shape.kind.c_str(), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+  std::printf("verify: %s %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
+              s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
               sample.size(), s.writeback_blocks.size(), static_cast<long long>(kRing),
               ok ? "bitwise equal to their homes" : "DIFFER FROM THEIR HOMES");
-  std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, \"ok\": %s}\n",
-              s.shape.kind.c_str(), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+  std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"homes\": \"%s\", \"context\": %lld, "
+              "\"batch\": %lld, \"ok\": %s}\n",
+              s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
               ok ? "true" : "false");
   return ok;
 }
@@ -367,12 +418,19 @@ void grid(Bench& b) {
   Model m(block, num_blocks, 0);
   std::printf("grid: %lld blocks of %lld tokens, homes %.1f GiB (allocated and zeroed in %.1f s), "
               "copy method %s\n", static_cast<long long>(num_blocks), static_cast<long long>(block),
-              static_cast<double>(num_blocks * kLayers * m.layer_bytes) / (1 << 30), seconds_since(t0),
+              static_cast<double>(m.streamer->homes().num_slots() * kLayers * m.layer_bytes) / (1 << 30), seconds_since(t0),
               method_name(m.streamer->copy_method()));
   std::uint32_t seed = 1;
   for (const auto& shape : fit) {
-    const Step s = make_step(shape, block, num_blocks, seed++);
+    // The same blocks under both home layouts, one after the other.
+    const Step old = make_step(shape, block, num_blocks, seed, Homes::kBlockIds);
+    const Step s = make_step(shape, block, num_blocks, seed++, Homes::kExtents);
     const double attention = m.median_run(s, false, b.o.iters);
+    if (!shape.contiguous) {
+      report(b, "grid", m, old, m.median_run(old, true, b.o.iters), attention,
+             method_name(m.streamer->copy_method()));
+      if (!verify_step(m, old)) b.failed = true;
+    }
     const double step = m.median_run(s, true, b.o.iters);
     report(b, "grid", m, s, step, attention, method_name(m.streamer->copy_method()));
     if (!verify_step(m, s)) b.failed = true;

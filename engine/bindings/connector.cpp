@@ -95,6 +95,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const bool scheduler = role.is(g_classes->scheduler_role);
   std::optional<StreamingGeometry> geometry;
   std::optional<StartupReport> report;
+  const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
   if (config.streaming) {
     if (!g_classes->features.streaming_hooks) {
       throw py::value_error(
@@ -104,7 +105,6 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
           "(python3 ci/run-nox -s patch-vllm) or remove 'streaming' from kv_connector_extra_config");
     }
     geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
-    const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
     report = StartupReport::of(
         *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
         py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
@@ -125,7 +125,9 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
                      layout.block_size,
                      py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
     auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
-                                                num_slots, id.tp_size, geometry.has_value());
+                                                num_slots, id.tp_size,
+                                                geometry ? std::optional<std::int64_t>(num_blocks)
+                                                         : std::nullopt);
     if (report) side->report_streaming(*report);
     self.attr("_activekv_scheduler") = py::cast(SchedulerEngine(std::move(side)));
   } else {

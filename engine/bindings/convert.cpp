@@ -50,7 +50,9 @@ constexpr std::tuple kPlanFields{
     Field{"awaiting_free", &StepPlan::awaiting_free},
     // Absent on metadata made without streaming in mind: nothing to stage.
     Field{"stage_blocks", &StepPlan::stage_blocks, true},
+    Field{"stage_rows", &StepPlan::stage_rows, true},
     Field{"writeback_blocks", &StepPlan::writeback_blocks, true},
+    Field{"writeback_rows", &StepPlan::writeback_rows, true},
 };
 
 // ActiveKVWorkerMetadata, workers -> scheduler.

@@ -134,14 +134,14 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   if (!s.ok()) return "";
   // Slots 10..12 form one run, 40 another: both copy paths.
   step(w, l, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
-                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}},
+                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}, {}, {}},
        layer_hooks);
   w.drain_saves();  // on a device the copies settle after their step
   f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
   Caches before;
   for (const auto& [n, t] : kv) before[n] = t.cpu();
   step(w, l, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
-                          {}, {}, {}, {}}, layer_hooks);
+                          {}, {}, {}, {}, {}, {}}, layer_hooks);
   f.expect(w.take_load_errors().empty(), "the loads reported errors");
   // Each loaded block against the block its slot was saved from.
   const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
@@ -202,7 +202,7 @@ std::string save_fences_complete(c10::Device device, Findings& f) {
     f.expect(!w.arena()->tag(n - 1), "the last block was visible before its copy completed");
     bool refused = false;  // its slots are not written again while the copy runs
     try {
-      w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}});
+      w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
     } catch (const std::invalid_argument&) {
       refused = true;
     }
@@ -266,13 +266,13 @@ std::string fence_timeout_quarantines(c10::Device device, Findings& f) {
   // A quarantined slot is never written again; a fresh one still is.
   bool refused = false;
   try {
-    w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}});
+    w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
   } catch (const std::invalid_argument&) {
     refused = true;
   }
   f.expect(refused, "a quarantined slot was leased again");
   const KVLayout l = big_layout();
-  step(w, l, kv, StepPlan{{}, {SaveOp{n, 0, key(1), "r"}}, {}, {}, {}});
+  step(w, l, kv, StepPlan{{}, {SaveOp{n, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
   w.drain_saves();
   f.expect(w.take_report().saved == Ids{n}, "a fresh slot was not saved after the quarantine");
   return "a 1 ms deadline on a " + std::to_string(n * l.slot_bytes(Mode::kExact) >> 20) +
@@ -334,9 +334,18 @@ std::string streaming_ring(c10::Device device, Findings& f) {
       tuning.copy_engine_run = 2;
     }
     worker.streamer()->set_tuning(tuning);
+    // Home rows as the scheduler gives them (home_rows.h), in row order: the
+    // first half of the blocks in consecutive rows of swapped pairs (a copy
+    // engine's run, scattered in the ring), the rest 4 rows on (runs
+    // consecutive in both).
+    const auto row_of = [](std::int64_t b) { return b < kRingBlocks / 2 ? (b ^ 1) : b + 4; };
+    const auto with_rows = [&](Ids list, Ids& ids, Ids& rows) {
+      std::sort(list.begin(), list.end(), [&](auto a, auto c) { return row_of(a) < row_of(c); });
+      for (const auto b : list) ids.push_back(b), rows.push_back(row_of(b));
+    };
     StepPlan plan;
-    plan.stage_blocks = staged;
-    plan.writeback_blocks = written;
+    with_rows(staged, plan.stage_blocks, plan.stage_rows);
+    with_rows(written, plan.writeback_blocks, plan.writeback_rows);
     worker.bind_plan(std::move(plan));
     worker.start_load();
     for (std::int64_t li = 0; li < static_cast<std::int64_t>(names.size()); ++li) {

@@ -119,7 +119,8 @@ at::Tensor LayerStreamer::as_blocks(const at::Tensor& words, const at::Tensor& l
   return words.view(at::kByte).view(like.scalar_type()).view(shape);
 }
 
-LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks) const {
+LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks,
+                                                       const std::vector<std::int64_t>& rows) const {
   // Uploaded on the current stream (a device stream of ours).
   const auto n = static_cast<std::int64_t>(blocks.size());
   const std::int64_t per_chunk = homes_->slots_per_chunk();
@@ -128,10 +129,10 @@ LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::in
   at::Tensor host = at::empty({4, n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* ids = host.data_ptr<std::int64_t>();
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t b = blocks[static_cast<std::size_t>(i)];
-    const std::int64_t chunk = b / per_chunk;
-    const std::int64_t row = b - chunk * per_chunk;
-    ids[i] = b;
+    const std::int64_t home = rows[static_cast<std::size_t>(i)];
+    const std::int64_t chunk = home / per_chunk;
+    const std::int64_t row = home - chunk * per_chunk;
+    ids[i] = blocks[static_cast<std::size_t>(i)];
     ids[n + i] = row;
     if (out.spans.empty() || out.spans.back().chunk != chunk) out.spans.push_back({chunk, i, 0});
     ++out.spans.back().count;
@@ -160,13 +161,13 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
   c10::impl::VirtualGuardImpl guard_impl(device_.type());
   if (!stage_index_) {
     const c10::StreamGuard on_gather_stream(*gather_stream_);
-    stage_index_ = device_index(piece_order_);
+    stage_index_ = device_index(piece_blocks_, piece_rows_);
     // The copy stream scatters by these ids too (after waiting for a piece
     // read on the gather stream, so after the upload).
     guard_impl.recordDataPtrOnStream(stage_index_->blocks.storage().data_ptr(), *copy_stream_);
   }
   const DeviceIndex& index = *stage_index_;
-  const auto n = static_cast<std::int64_t>(piece_order_.size());
+  const auto n = static_cast<std::int64_t>(piece_blocks_.size());
   const std::int64_t piece_rows = pieces_.front().size(0);
   at::Tensor rows_of_layer;
   if (run_blocks_ < n) {
@@ -213,11 +214,29 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
 }
 
 void LayerStreamer::gather_write_back(std::int64_t streamed) {
-  // On the copy stream (the caller's guard).
+  // On the copy stream (the caller's guard). Long runs of home rows: the
+  // ring's blocks gathered on the device, then one copy-engine copy per run
+  // (no SM writes over the bus). The other blocks: the device writes them
+  // into the mapped homes.
   const auto j = static_cast<std::size_t>(streamed);
-  if (!writeback_index_) writeback_index_ = device_index(writeback_blocks_);
+  const at::Tensor& kv = streamed_kv_[j];
+  if (!writeback_long_blocks_.empty()) {
+    if (!writeback_long_ids_) {  // once per step, from pinned memory (never waits)
+      const auto n = static_cast<std::int64_t>(writeback_long_blocks_.size());
+      at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+      std::copy(writeback_long_blocks_.begin(), writeback_long_blocks_.end(), host.data_ptr<std::int64_t>());
+      writeback_long_ids_ = host.to(device_, /*non_blocking=*/true);
+    }
+    const at::Tensor gathered = kv.index_select(0, *writeback_long_ids_);
+    for (const auto& run : writeback_long_runs_) {
+      home_view(streamed, SlotRun{run.first, run.count, 0})
+          .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
+    }
+  }
+  if (writeback_short_blocks_.empty()) return;
+  if (!writeback_index_) writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
   const DeviceIndex& index = *writeback_index_;
-  const at::Tensor rows = as_words(streamed_kv_[j].index_select(0, index.blocks));
+  const at::Tensor rows = as_words(kv.index_select(0, index.blocks));
   for (const auto& span : index.spans) {
     home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
         0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));

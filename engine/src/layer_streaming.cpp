@@ -3,6 +3,8 @@
 // are device_gather.cpp.
 #include "activekv/layer_streaming.h"
 
+#include "activekv/home_rows.h"
+
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -18,11 +20,11 @@ namespace {
 using detail::current_stream;
 using detail::Stopwatch;
 
-std::int64_t run_bytes(const std::vector<SlotRun>& runs, std::int64_t layer_bytes) {
-  std::int64_t n = 0;
-  for (const auto& run : runs) n += run.count;
-  return n * layer_bytes;
+std::int64_t list_bytes(const std::vector<std::int64_t>& blocks, std::int64_t layer_bytes) {
+  return static_cast<std::int64_t>(blocks.size()) * layer_bytes;
 }
+
+SlotRun rows_of(const auto& run) { return SlotRun{run.row, run.count, run.offset}; }
 
 }  // namespace
 
@@ -47,16 +49,16 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
     streamed_kv.push_back(kv);
   }
   const at::Tensor& first = streamed_kv.front();
-  const std::int64_t num_blocks = first.size(0);
+  const std::int64_t num_rows = home_rows_for(first.size(0));
   const std::int64_t layer_bytes = first[0].numel() * static_cast<std::int64_t>(first.element_size());
   const std::int64_t num_streamed = geometry.num_streamed();
-  auto homes = std::make_unique<HostArena>(num_blocks, num_streamed, layer_bytes,
+  auto homes = std::make_unique<HostArena>(num_rows, num_streamed, layer_bytes,
                                            /*pin=*/first.device().type() != c10::DeviceType::CPU,
                                            chunk_bytes_for(num_streamed));
   // Every home starts as zeros (the reference's homes), allocated now: a step
   // never allocates host memory.
-  std::vector<std::int64_t> all(static_cast<std::size_t>(num_blocks));
-  for (std::int64_t b = 0; b < num_blocks; ++b) all[static_cast<std::size_t>(b)] = b;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(num_rows));
+  for (std::int64_t r = 0; r < num_rows; ++r) all[static_cast<std::size_t>(r)] = r;
   for (const auto& run : homes->runs(all)) {
     for (std::int64_t l = 0; l < num_streamed; ++l) {
       auto view = homes->run_view(l, run);
@@ -111,36 +113,103 @@ at::Tensor LayerStreamer::home_view(std::int64_t streamed, const SlotRun& run) {
   return bytes.value().view(kv.scalar_type()).view(shape);
 }
 
+void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
+                               const std::vector<std::int64_t>& rows) const {
+  if (rows.size() != blocks.size()) {
+    throw std::out_of_range(std::to_string(rows.size()) + " home rows for " +
+                            std::to_string(blocks.size()) + " streamed blocks");
+  }
+  for (const auto row : rows) {
+    if (row < 0 || row >= homes_->num_slots()) {
+      throw std::out_of_range("home row " + std::to_string(row) + " out of range (the homes have " +
+                              std::to_string(homes_->num_slots()) + " rows)");
+    }
+  }
+}
+
+std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(
+    const std::vector<std::int64_t>& blocks, const std::vector<std::int64_t>& rows) const {
+  std::vector<PairRun> out;
+  const std::int64_t per_chunk = homes_->slots_per_chunk();
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (!out.empty()) {
+      PairRun& last = out.back();
+      if (blocks[i] == last.block + last.count && rows[i] == last.row + last.count &&
+          rows[i] / per_chunk == last.row / per_chunk) {
+        ++last.count;
+        continue;
+      }
+    }
+    out.push_back(PairRun{blocks[i], rows[i], 1, static_cast<std::int64_t>(i)});
+  }
+  return out;
+}
+
 void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
-                               std::vector<std::int64_t> writeback_blocks) {
+                               std::vector<std::int64_t> stage_rows,
+                               std::vector<std::int64_t> writeback_blocks,
+                               std::vector<std::int64_t> writeback_rows) {
   settle_writebacks();
   stage_blocks_ = std::move(stage_blocks);
+  stage_rows_ = std::move(stage_rows);
   writeback_blocks_ = std::move(writeback_blocks);
-  stage_runs_ = homes_->runs(stage_blocks_);
-  writeback_runs_ = homes_->runs(writeback_blocks_);
+  writeback_rows_ = std::move(writeback_rows);
+  stage_runs_.clear();
+  writeback_runs_.clear();
   copy_engine_runs_.clear();
-  piece_order_.clear();
+  piece_blocks_.clear();
+  piece_rows_.clear();
+  writeback_long_runs_.clear();
+  writeback_long_blocks_.clear();
+  writeback_short_blocks_.clear();
+  writeback_short_rows_.clear();
   if (copy_method_ == StreamCopy::kDeviceGather) {
-    // The pieces' rows: the long runs' blocks first, then the others.
-    std::vector<std::int64_t> gathered;
-    for (const auto& run : stage_runs_) {
-      auto& to = run.count >= tuning_.copy_engine_run ? piece_order_ : gathered;
-      if (run.count >= tuning_.copy_engine_run) copy_engine_runs_.push_back(run);
-      for (std::int64_t b = run.first; b < run.first + run.count; ++b) to.push_back(b);
+    // The pieces' rows: the long runs of home rows first, then the others.
+    std::vector<std::int64_t> gathered_blocks, gathered_rows;
+    for (const auto& run : homes_->runs(stage_rows_)) {
+      const bool long_run = run.count >= tuning_.copy_engine_run;
+      if (long_run) copy_engine_runs_.push_back(run);
+      auto& to_blocks = long_run ? piece_blocks_ : gathered_blocks;
+      auto& to_rows = long_run ? piece_rows_ : gathered_rows;
+      for (std::int64_t i = run.offset; i < run.offset + run.count; ++i) {
+        to_blocks.push_back(stage_blocks_[static_cast<std::size_t>(i)]);
+        to_rows.push_back(stage_rows_[static_cast<std::size_t>(i)]);
+      }
     }
-    run_blocks_ = static_cast<std::int64_t>(piece_order_.size());
-    piece_order_.insert(piece_order_.end(), gathered.begin(), gathered.end());
+    run_blocks_ = static_cast<std::int64_t>(piece_blocks_.size());
+    piece_blocks_.insert(piece_blocks_.end(), gathered_blocks.begin(), gathered_blocks.end());
+    piece_rows_.insert(piece_rows_.end(), gathered_rows.begin(), gathered_rows.end());
+    for (const auto& run : homes_->runs(writeback_rows_)) {
+      const bool long_run = run.count >= tuning_.copy_engine_run;
+      if (long_run) {
+        writeback_long_runs_.push_back(
+            SlotRun{run.first, run.count, static_cast<std::int64_t>(writeback_long_blocks_.size())});
+      }
+      for (std::int64_t i = run.offset; i < run.offset + run.count; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        if (long_run) {
+          writeback_long_blocks_.push_back(writeback_blocks_[k]);
+        } else {
+          writeback_short_blocks_.push_back(writeback_blocks_[k]);
+          writeback_short_rows_.push_back(writeback_rows_[k]);
+        }
+      }
+    }
+  } else {
+    stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
+    writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
   }
   stage_index_.reset();
   writeback_index_.reset();
+  writeback_long_ids_.reset();
   std::fill(stage_issued_.begin(), stage_issued_.end(), 0);
   std::fill(staged_.begin(), staged_.end(), 0);
   for (auto& fence : stage_fences_) fence.reset();
-  const auto num_blocks = static_cast<std::size_t>(homes_->num_slots());
-  for (const auto block : stage_blocks_) {
+  const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
+  for (std::size_t i = 0; i < stage_rows_.size(); ++i) {
     for (std::size_t l = 0; l < streamed_kv_.size(); ++l) {
-      if (poisoned_[l * num_blocks + static_cast<std::size_t>(block)]) {
-        poisoned_stages_.push_back(block);
+      if (poisoned_[l * num_rows + static_cast<std::size_t>(stage_rows_[i])]) {
+        poisoned_stages_.push_back(stage_blocks_[i]);
         break;
       }
     }
@@ -151,13 +220,13 @@ void LayerStreamer::settle_writebacks() {
   // In issue order (one copy stream). Bounded by each write-back's deadline:
   // the next step's staging reads these homes, so their outcome must be known
   // before it is planned. Simple and correct; overlap is later work.
-  const auto num_blocks = static_cast<std::size_t>(homes_->num_slots());
+  const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
   for (auto& p : pending_writebacks_) {
     const bool done = detail::fence_done_by(p.fence, p.deadline);
-    for (const auto block : p.blocks) {
+    for (const auto row : p.rows) {
       // A write-back that completed rewrote the whole home row, which clears
       // an earlier write-back's poison; one with an unknown outcome poisons it.
-      poisoned_[p.layer * num_blocks + static_cast<std::size_t>(block)] = done ? 0 : 1;
+      poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = done ? 0 : 1;
     }
   }
   pending_writebacks_.clear();
@@ -185,13 +254,13 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kRuns) {
       for (const auto& run : stage_runs_) {
-        kv.narrow(0, run.first, run.count).copy_(home_view(streamed, run), /*non_blocking=*/true);
+        kv.narrow(0, run.block, run.count).copy_(home_view(streamed, rows_of(run)), /*non_blocking=*/true);
       }
     }
     stage_fences_[j].emplace(device_.type());
     stage_fences_[j]->record(*copy_stream_);
   }
-  stats.add(Counter::kStreamedBytesToDevice, run_bytes(stage_runs_, homes_->layer_bytes()));
+  stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
   stats.add(Counter::kStreamUs, t.us());
 }
 
@@ -206,8 +275,8 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     const Stopwatch t;
     at::Tensor& kv = streamed_kv_[ju];
-    for (const auto& run : stage_runs_) kv.narrow(0, run.first, run.count).copy_(home_view(j, run));
-    stats.add(Counter::kStreamedBytesToDevice, run_bytes(stage_runs_, homes_->layer_bytes()));
+    for (const auto& run : stage_runs_) kv.narrow(0, run.block, run.count).copy_(home_view(j, rows_of(run)));
+    stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
   }
@@ -230,8 +299,8 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     if (writeback_blocks_.empty()) return;
     const Stopwatch t;
-    for (const auto& run : writeback_runs_) home_view(j, run).copy_(kv.narrow(0, run.first, run.count));
-    stats.add(Counter::kStreamedBytesToHost, run_bytes(writeback_runs_, homes_->layer_bytes()));
+    for (const auto& run : writeback_runs_) home_view(j, rows_of(run)).copy_(kv.narrow(0, run.block, run.count));
+    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
   }
@@ -242,7 +311,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   attended.block(*copy_stream_);
   if (writeback_blocks_.empty()) return;
   const Stopwatch t;
-  PendingWriteback p{writeback_blocks_, static_cast<std::size_t>(j), c10::Event(device_.type()),
+  PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()),
                      std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_)};
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
@@ -250,13 +319,13 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
       gather_write_back(j);
     } else {
       for (const auto& run : writeback_runs_) {
-        home_view(j, run).copy_(kv.narrow(0, run.first, run.count), /*non_blocking=*/true);
+        home_view(j, rows_of(run)).copy_(kv.narrow(0, run.block, run.count), /*non_blocking=*/true);
       }
     }
     p.fence.record(*copy_stream_);
   }
   pending_writebacks_.push_back(std::move(p));
-  stats.add(Counter::kStreamedBytesToHost, run_bytes(writeback_runs_, homes_->layer_bytes()));
+  stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
   stats.add(Counter::kStreamUs, t.us());
 }
 

@@ -11,14 +11,17 @@ namespace activekv {
 
 SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest,
                              std::int64_t block_size, std::int64_t slot_bytes,
-                             std::int64_t num_slots, std::int64_t tp_size, bool streaming)
+                             std::int64_t num_slots, std::int64_t tp_size,
+                             std::optional<std::int64_t> streaming_blocks)
     : config_(config),
       identity_digest_(identity_digest),
       block_size_(block_size),
       tp_size_(tp_size),
-      streaming_(streaming),
+      streaming_(streaming_blocks.has_value()),
       index_(num_slots),
-      policy_(config, slot_bytes) {}
+      policy_(config, slot_bytes) {
+  if (streaming_blocks) homes_.emplace(*streaming_blocks);
+}
 
 std::int64_t SchedulerSide::known_tokens(const std::string& req_id) const {
   const auto it = requests_.find(req_id);
@@ -130,41 +133,69 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
                                    StepPlan& plan) {
   // A request computed c tokens and computes s now: its attention reads the
   // blocks holding tokens below c + s, and it writes those holding c .. c+s-1.
+  // Its fresh blocks (new content: appended to its table, or past its prefix
+  // hit, or without a row yet: a request never seen from its start) get home
+  // rows first; they and the loaded ones are not staged, since their homes
+  // hold nothing of theirs.
   const auto cdiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
-  std::set<std::int64_t> touched, written;
+  std::set<std::int64_t> loaded;
+  for (const auto& op : plan.loads) loaded.insert(op.block_id);
+  std::set<std::int64_t> touched, written, not_staged(loaded);
   const auto add = [&](const std::vector<std::int64_t>& table, std::int64_t computed,
-                       std::int64_t scheduled) {
+                       std::int64_t scheduled, const std::vector<std::int64_t>& fresh) {
     const auto end = std::min(static_cast<std::size_t>(cdiv(computed + scheduled, block_size_)),
                               table.size());
     const auto begin = std::min(static_cast<std::size_t>(computed / block_size_), end);
     touched.insert(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(end));
     written.insert(table.begin() + static_cast<std::ptrdiff_t>(begin),
                    table.begin() + static_cast<std::ptrdiff_t>(end));
+    not_staged.insert(fresh.begin(), fresh.end());
+  };
+  const auto start_over = [&](const std::string& req_id, std::vector<std::int64_t> table,
+                              std::int64_t computed, std::int64_t scheduled) {
+    homes_->end_request(req_id);
+    std::vector<std::int64_t> fresh;
+    const auto hit = static_cast<std::size_t>(cdiv(computed, block_size_));
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      if (i >= hit || loaded.contains(table[i]) || !homes_->has_row(table[i])) fresh.push_back(table[i]);
+    }
+    homes_->assign(req_id, fresh);
+    auto& stored = block_tables_[req_id] = std::move(table);
+    add(stored, computed, scheduled, fresh);
   };
   for (const auto& r : new_requests) {
-    auto& table = block_tables_[r.req_id];
-    table = r.block_ids;
-    add(table, r.num_computed_tokens, r.num_scheduled_tokens);
+    start_over(r.req_id, r.block_ids, r.num_computed_tokens, r.num_scheduled_tokens);
   }
   for (const auto& r : cached_requests) {
-    const bool known = block_tables_.contains(r.req_id);
-    auto& table = block_tables_[r.req_id];
-    if (r.resumed || !known) {  // after preemption, or never seen
-      table = r.new_block_ids.value_or(std::vector<std::int64_t>{});
-    } else if (r.new_block_ids) {
-      table.insert(table.end(), r.new_block_ids->begin(), r.new_block_ids->end());
+    const auto it = block_tables_.find(r.req_id);
+    if (r.resumed || it == block_tables_.end()) {  // after preemption, or never seen
+      start_over(r.req_id, r.new_block_ids.value_or(std::vector<std::int64_t>{}),
+                 r.num_computed_tokens, r.num_scheduled_tokens);
+      continue;
     }
-    add(table, r.num_computed_tokens, r.num_scheduled_tokens);
+    const auto fresh = r.new_block_ids.value_or(std::vector<std::int64_t>{});
+    it->second.insert(it->second.end(), fresh.begin(), fresh.end());
+    homes_->assign(r.req_id, fresh);
+    add(it->second, r.num_computed_tokens, r.num_scheduled_tokens, fresh);
   }
-  std::set<std::int64_t> loaded;
-  for (const auto& op : plan.loads) loaded.insert(op.block_id);
-  // Written blocks are staged too: their slots past the new tokens then hold
-  // what a device-resident layer would hold there, so a kernel that reads
-  // whole blocks sees the bytes of the full cache.
-  std::set_difference(touched.begin(), touched.end(), loaded.begin(), loaded.end(),
-                      std::back_inserter(plan.stage_blocks));
-  std::set_union(written.begin(), written.end(), loaded.begin(), loaded.end(),
-                 std::back_inserter(plan.writeback_blocks));
+  // In home-row order, each block with its row.
+  const auto by_row = [&](const std::set<std::int64_t>& blocks, std::vector<std::int64_t>& ids,
+                          std::vector<std::int64_t>& rows) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
+    for (const auto b : blocks) pairs.emplace_back(homes_->row(b), b);
+    std::sort(pairs.begin(), pairs.end());
+    for (const auto& [row, block] : pairs) {
+      ids.push_back(block);
+      rows.push_back(row);
+    }
+  };
+  std::set<std::int64_t> stage;
+  std::set_difference(touched.begin(), touched.end(), not_staged.begin(), not_staged.end(),
+                      std::inserter(stage, stage.end()));
+  std::set<std::int64_t> writeback(written);
+  writeback.insert(loaded.begin(), loaded.end());
+  by_row(stage, plan.stage_blocks, plan.stage_rows);
+  by_row(writeback, plan.writeback_blocks, plan.writeback_rows);
 }
 
 void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
@@ -255,6 +286,7 @@ void SchedulerSide::save_settled(std::int64_t slot) {
 
 bool SchedulerSide::request_finished(const std::string& req_id) {
   block_tables_.erase(req_id);
+  if (homes_) homes_->end_request(req_id);
   const auto it = requests_.find(req_id);
   if (it == requests_.end()) return false;
   RequestState st = std::move(it->second);

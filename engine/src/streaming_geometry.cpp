@@ -2,6 +2,8 @@
 // (streaming_geometry.h): plain arithmetic, no torch.
 #include "activekv/streaming_geometry.h"
 
+#include "activekv/home_rows.h"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -109,7 +111,7 @@ StartupReport StartupReport::of(const StreamingGeometry& geometry, std::int64_t 
   r.device_blocks = num_blocks;
   r.device_blocks_without = num_blocks * regions / static_cast<std::int64_t>(geometry.layer_names.size());
   r.block_size = block_size;
-  r.host_bytes = num_blocks * streamed * layer_bytes;
+  r.host_bytes = home_rows_for(num_blocks) * streamed * layer_bytes;
   r.decode_step_bytes = cdiv(max_model_len, block_size) * streamed * layer_bytes;
   return r;
 }

@@ -132,6 +132,10 @@ void WorkerSide::bind_plan(StepPlan plan) {
   for (const auto& ids : {&plan.stage_blocks, &plan.writeback_blocks}) {
     for (const auto block_id : *ids) check_block(block_id);
   }
+  if (streamer_) {
+    streamer_->check_rows(plan.stage_blocks, plan.stage_rows);
+    streamer_->check_rows(plan.writeback_blocks, plan.writeback_rows);
+  }
   for (const auto& op : plan.saves) {
     check(op.slot, op.block_id);
     if (arena_->quarantined(op.slot)) {
@@ -157,7 +161,10 @@ void WorkerSide::bind_plan(StepPlan plan) {
   save_block_ids_ = ids.empty() ? at::Tensor() : block_ids_tensor(ids);
   saved_layers_.clear();
   save_fences_.clear();
-  if (streamer_) streamer_->begin_step(plan.stage_blocks, plan.writeback_blocks);
+  if (streamer_) {
+    streamer_->begin_step(plan.stage_blocks, plan.stage_rows, plan.writeback_blocks,
+                          plan.writeback_rows);
+  }
   // Taken here, not in wait_for_save: vLLM 0.26.0 calls wait_for_save only on
   // steps with a forward, and a request's last saves often settle on an idle
   // step (every request finished), whose plan still names it.

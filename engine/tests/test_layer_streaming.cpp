@@ -3,6 +3,7 @@
 
 #include "streaming_test_geometry.h"
 
+#include "activekv/home_rows.h"
 #include "activekv/layer_streaming.h"
 #include "activekv/worker_side.h"
 
@@ -63,10 +64,23 @@ struct Streaming {
   }
 };
 
+// Home rows are the scheduler's (home_rows.h), not block ids: here block b
+// lives in row kRows - 1 - b, and each list is in row order, as planned.
+const std::int64_t kRows = home_rows_for(kBlocks);
+std::int64_t row_of(std::int64_t block) { return kRows - 1 - block; }
+
+void with_rows(Ids blocks, Ids& ids, Ids& rows) {
+  std::sort(blocks.begin(), blocks.end(), [](auto a, auto b) { return row_of(a) < row_of(b); });
+  for (const auto b : blocks) {
+    ids.push_back(b);
+    rows.push_back(row_of(b));
+  }
+}
+
 StepPlan streaming_plan(Ids stage, Ids writeback) {
   StepPlan plan;
-  plan.stage_blocks = std::move(stage);
-  plan.writeback_blocks = std::move(writeback);
+  with_rows(std::move(stage), plan.stage_blocks, plan.stage_rows);
+  with_rows(std::move(writeback), plan.writeback_blocks, plan.writeback_rows);
   return plan;
 }
 
@@ -107,14 +121,14 @@ TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   }
   s.worker.wait_for_save();
   s.worker.clear_plan();
-  // The homes hold the written bytes, block after block, zeros elsewhere.
+  // The homes hold the written bytes in their blocks' rows, zeros elsewhere.
   const std::string home = s.worker.streamer()->home_bytes("l3");
   const at::Tensor written = content(3, 5, 1).contiguous();
   const auto block_bytes = static_cast<std::size_t>(written.numel()) * 2;
-  ASSERT_EQ(home.size(), block_bytes * static_cast<std::size_t>(kBlocks));
-  EXPECT_EQ(home.substr(5 * block_bytes, block_bytes),
+  ASSERT_EQ(home.size(), block_bytes * static_cast<std::size_t>(kRows));
+  EXPECT_EQ(home.substr(static_cast<std::size_t>(row_of(5)) * block_bytes, block_bytes),
             std::string(reinterpret_cast<const char*>(written.data_ptr()), block_bytes));
-  EXPECT_EQ(home.substr(0, block_bytes), std::string(block_bytes, '\0'));
+  EXPECT_EQ(home.substr(5 * block_bytes, block_bytes), std::string(block_bytes, '\0'));
   const Telemetry t = s.worker.take_telemetry();
   const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
   EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);
@@ -185,6 +199,24 @@ TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
     EXPECT_STREQ(e.what(), "block id 99 out of range (the KV cache has 12 blocks)");
   }
   EXPECT_THROW(s.worker.bind_plan(streaming_plan({-1}, {})), std::out_of_range);
+  StepPlan no_row = streaming_plan({2, 3}, {});
+  no_row.stage_rows.pop_back();
+  try {
+    s.worker.bind_plan(std::move(no_row));
+    FAIL() << "bound a plan with a block and no home row";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "1 home rows for 2 streamed blocks");
+  }
+  StepPlan past = streaming_plan({}, {2});
+  past.writeback_rows = {kRows};
+  try {
+    s.worker.bind_plan(std::move(past));
+    FAIL() << "bound a plan with a home row past the homes";
+  } catch (const std::out_of_range& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "home row " + std::to_string(kRows) + " out of range (the homes have " +
+                  std::to_string(kRows) + " rows)");
+  }
   EXPECT_FALSE(s.worker.has_stream_work());
   EXPECT_FALSE(s.worker.has_layer_work());
   s.worker.bind_plan(streaming_plan({}, {1}));

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "activekv/streaming_geometry.h"
 #include "activekv/scheduler_side.h"
@@ -13,9 +15,10 @@ using Ids = std::vector<std::int64_t>;
 using New = SchedulerSide::NewRequest;
 using Cached = SchedulerSide::CachedRequest;
 
+// 64 device blocks: home extents of 4 rows (home_rows.h).
 SchedulerSide streaming_scheduler() {
   return SchedulerSide(Config{}, Digest{}, kBlockSize, /*slot_bytes=*/64, /*num_slots=*/16,
-                       /*tp_size=*/1, /*streaming=*/true);
+                       /*tp_size=*/1, /*streaming_blocks=*/64);
 }
 
 Ids tokens(std::int64_t n, std::int64_t first = 100) {
@@ -24,12 +27,24 @@ Ids tokens(std::int64_t n, std::int64_t first = 100) {
   return out;
 }
 
-TEST(SchedulerSideStreaming, NewRequestStagesWhatItReadsAndWritesBackWhatItWrites) {
+// Each list's rows are its blocks' home rows, in row order.
+void expect_rows(const SchedulerSide& s, const StepPlan& plan) {
+  for (const auto& [blocks, rows] : {std::pair{&plan.stage_blocks, &plan.stage_rows},
+                                     std::pair{&plan.writeback_blocks, &plan.writeback_rows}}) {
+    ASSERT_EQ(blocks->size(), rows->size());
+    for (std::size_t i = 0; i < blocks->size(); ++i) EXPECT_EQ((*rows)[i], s.homes()->row((*blocks)[i]));
+    EXPECT_TRUE(std::is_sorted(rows->begin(), rows->end()));
+  }
+}
+
+TEST(SchedulerSideStreaming, APrefillWritesItsFreshBlocksInConsecutiveRowsAndStagesNone) {
   auto s = streaming_scheduler();
-  // A prefill of 10 tokens over blocks 7, 3, 9: reads and writes all three.
+  // A prefill of 10 tokens over blocks 7, 3, 9: new content, so nothing staged;
+  // their rows follow the block table, whatever the ids.
   const StepPlan plan = s.build_step({New{"a", {7, 3, 9}, 0, 10}}, {});
-  EXPECT_EQ(plan.stage_blocks, (Ids{3, 7, 9}));
-  EXPECT_EQ(plan.writeback_blocks, (Ids{3, 7, 9}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{}));
+  EXPECT_EQ(plan.writeback_blocks, (Ids{7, 3, 9}));
+  EXPECT_EQ(plan.writeback_rows, (Ids{0, 1, 2}));
 }
 
 TEST(SchedulerSideStreaming, DecodeReadsEveryBlockAndWritesOnlyTheLast) {
@@ -37,46 +52,71 @@ TEST(SchedulerSideStreaming, DecodeReadsEveryBlockAndWritesOnlyTheLast) {
   s.build_step({New{"a", {7, 3, 9}, 0, 10}}, {});
   // Token 10 goes to block 9 (slot 2): every block is read, block 9 written.
   StepPlan plan = s.build_step({}, {Cached{"a", false, std::nullopt, 10, 1}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{3, 7, 9}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{7, 3, 9}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{9}));
-  // Token 12 opens a new block (5), appended to the table.
+  expect_rows(s, plan);
+  // Token 12 opens a new block (5), appended to the table in the next row;
+  // it is written, not staged.
   s.build_step({}, {Cached{"a", false, std::nullopt, 11, 1}});
   plan = s.build_step({}, {Cached{"a", false, Ids{5}, 12, 1}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{3, 5, 7, 9}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{7, 3, 9}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{5}));
+  EXPECT_EQ(plan.writeback_rows, (Ids{3}));
+}
+
+TEST(SchedulerSideStreaming, ARequestOutgrowingItsExtentContinuesWhereTheRowsAreFree) {
+  auto s = streaming_scheduler();
+  s.build_step({New{"a", {7, 3, 9, 1}, 0, 16}}, {});  // rows 0..3: the first extent, full
+  s.build_step({New{"b", {20}, 0, 1}}, {});            // rows 4..7 for b
+  // a's next extent cannot continue at row 4: it takes the next free run.
+  const StepPlan plan = s.build_step({}, {Cached{"a", false, Ids{11}, 16, 1}});
+  EXPECT_EQ(plan.writeback_blocks, (Ids{11}));
+  EXPECT_EQ(plan.writeback_rows, (Ids{8}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{7, 3, 9, 1}));
+  expect_rows(s, plan);
 }
 
 TEST(SchedulerSideStreaming, ChunkedPrefillReadsTheEarlierChunks) {
   auto s = streaming_scheduler();
   // 16 prompt tokens in two chunks of 6 and 10 over blocks 1, 2, 3, 4.
   StepPlan plan = s.build_step({New{"a", {1, 2}, 0, 6}}, {});
-  EXPECT_EQ(plan.stage_blocks, (Ids{1, 2}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{1, 2}));
   plan = s.build_step({}, {Cached{"a", false, Ids{3, 4}, 6, 10}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{1, 2, 3, 4}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{1, 2}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{2, 3, 4}));  // block 2 holds tokens 4..7
+  EXPECT_EQ(plan.writeback_rows, (Ids{1, 2, 3}));
 }
 
 TEST(SchedulerSideStreaming, ResumedOrUnknownRequestsTakeTheirNewTableWhole) {
   auto s = streaming_scheduler();
   s.build_step({New{"a", {1, 2}, 0, 8}}, {});
-  // Preempted and resumed: a fresh table, not appended to the old one.
-  StepPlan plan = s.build_step({}, {Cached{"a", true, Ids{6, 5}, 0, 8}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{5, 6}));
-  EXPECT_EQ(plan.writeback_blocks, (Ids{5, 6}));
-  // A running request never seen as new (no table yet) is planned from its ids.
+  // Preempted and resumed: a fresh table, not appended to the old one. Block 1
+  // is vLLM's prefix hit and keeps its row; block 5 is new content.
+  StepPlan plan = s.build_step({}, {Cached{"a", true, Ids{1, 5}, 4, 4}});
+  EXPECT_EQ(plan.stage_blocks, (Ids{1}));
+  EXPECT_EQ(plan.stage_rows, (Ids{0}));
+  EXPECT_EQ(plan.writeback_blocks, (Ids{5}));
+  expect_rows(s, plan);
+  // A running request never seen as new (no table yet) is planned from its
+  // ids; a block with no row yet counts as new content.
   plan = s.build_step({}, {Cached{"b", false, Ids{8}, 0, 3}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{8}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{8}));
+  expect_rows(s, plan);
 }
 
-TEST(SchedulerSideStreaming, SharedBlocksAreStagedOnce) {
+TEST(SchedulerSideStreaming, SharedBlocksAreStagedOnceFromTheirOneHome) {
   auto s = streaming_scheduler();
-  // Two requests share a prefix block (4) that vLLM's own cache computed.
+  s.build_step({New{"p", {4}, 0, 4}}, {});  // block 4 gets its content, row 0
+  EXPECT_FALSE(s.request_finished("p"));
+  // Two requests share it through vLLM's own prefix cache.
   const StepPlan plan =
       s.build_step({New{"a", {4, 1}, 4, 3}, New{"b", {4, 2}, 4, 4}}, {});
-  EXPECT_EQ(plan.stage_blocks, (Ids{1, 2, 4}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{4}));
+  EXPECT_EQ(plan.stage_rows, (Ids{0}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{1, 2}));
+  expect_rows(s, plan);
 }
 
 TEST(SchedulerSideStreaming, LoadedBlocksAreWrittenBackNotStaged) {
@@ -98,17 +138,26 @@ TEST(SchedulerSideStreaming, LoadedBlocksAreWrittenBackNotStaged) {
   s.update_state_after_alloc("b", Ids{5, 6, 7}, 8);
   const StepPlan plan = s.build_step({New{"b", {5, 6, 7}, 8, 1}}, {});
   ASSERT_EQ(plan.loads.size(), 2u);
-  EXPECT_EQ(plan.stage_blocks, (Ids{7}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{5, 6, 7}));
+  expect_rows(s, plan);
 }
 
-TEST(SchedulerSideStreaming, FinishedRequestsDropTheirTable) {
+TEST(SchedulerSideStreaming, AFreshBlockLeavesItsOldRowAndFinishedRequestsDropTheirTable) {
   auto s = streaming_scheduler();
-  s.build_step({New{"a", {1, 2}, 0, 8}}, {});
+  s.build_step({New{"a", {1, 2}, 0, 8}}, {});  // rows 0 and 1 (2 and 3 reserved)
+  s.build_step({New{"c", {9}, 0, 1}}, {});     // row 4 (5..7 reserved)
+  const std::int64_t old_row = s.homes()->row(2);
   EXPECT_FALSE(s.request_finished("a"));
+  // vLLM gives block 2 new content for b: a new row; block 1 keeps its own.
+  s.build_step({New{"b", {2}, 0, 3}}, {});
+  EXPECT_NE(s.homes()->row(2), old_row);
+  EXPECT_EQ(s.homes()->row(1), 0);
+  EXPECT_FALSE(s.request_finished("b"));
   // Seen again as running (no table): its new ids are its table.
   const StepPlan plan = s.build_step({}, {Cached{"a", false, Ids{3}, 8, 1}});
-  EXPECT_EQ(plan.stage_blocks, (Ids{3}));
+  EXPECT_EQ(plan.stage_blocks, (Ids{}));
+  EXPECT_TRUE(s.homes()->has_row(3));
 }
 
 TEST(SchedulerSideStreaming, TheGeometryIsReportedOnceInTheStats) {

@@ -88,21 +88,21 @@ TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
   const auto r = StartupReport::of(geometry(), /*num_blocks=*/100, /*block_size=*/32,
                                    /*layer_bytes=*/8192, /*max_model_len=*/1000);
   EXPECT_EQ(r.device_blocks_without, 60);  // 100 * (1 + 2) / 5
-  EXPECT_EQ(r.host_bytes, 100 * 4 * 8192);
+  EXPECT_EQ(r.host_bytes, 112 * 4 * 8192);  // home_rows_for(100) rows of 4 layers
   EXPECT_EQ(r.decode_step_bytes, 32 * 4 * 8192);  // ceil(1000 / 32) blocks
   EXPECT_EQ(r.line(),
             "ActiveKV layer streaming: 1 resident + 4 streamed layers, ring of 2; the device "
             "holds 100 blocks (3200 tokens), 60 blocks (1920 tokens) without streaming; host "
-            "memory reserved for the streamed layers 3276800 bytes per worker; a full-context "
+            "memory reserved for the streamed layers 3670016 bytes per worker; a full-context "
             "decode step moves 1048576 bytes host->device per worker");
 }
 
 TEST(StartupReport, RefusesHomesBeyondTheHostsMemory) {
-  const auto r = StartupReport::of(geometry(), 100, 32, 8192, 1000);  // 3276800 bytes of homes
-  EXPECT_TRUE(r.check_host_memory(1000, 1000 + 3276800).ok());
-  EXPECT_EQ(r.check_host_memory(1001, 1000 + 3276800).error(),
+  const auto r = StartupReport::of(geometry(), 100, 32, 8192, 1000);  // 3670016 bytes of homes
+  EXPECT_TRUE(r.check_host_memory(1000, 1000 + 3670016).ok());
+  EXPECT_EQ(r.check_host_memory(1001, 1000 + 3670016).error(),
             "kv_connector_extra_config['capacity_bytes']=1001 plus the streamed layers' homes "
-            "(3276800 bytes for 100 blocks) exceed this host's memory (3277800 bytes); lower "
+            "(3670016 bytes for 100 blocks) exceed this host's memory (3671016 bytes); lower "
             "capacity_bytes, raise kv_connector_extra_config['streaming']['resident_layers'], or "
             "give vLLM fewer KV cache blocks (gpu_memory_utilization, num_gpu_blocks_override)");
 }

@@ -45,10 +45,10 @@ TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
   WorkerSide w(config, layout(), 8, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}, {}, {}});
+  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}, {}, {}, {}, {}});
   auto report = w.take_report();
   EXPECT_EQ(report.saved, (std::vector<std::int64_t>{0, 5}));
-  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}, {}, {}});
+  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}, {}, {}, {}, {}});
   for (const auto& n : layout().layer_names) {
     EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort)));
     EXPECT_TRUE(at::equal(kv[n][2].view(at::kShort), kv[n][3].view(at::kShort)));
@@ -62,10 +62,10 @@ TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}, {}, {}});
+  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}, {}, {}, {}, {}});
   w.take_report();
   const at::Tensor before = kv["l0"][6].clone();
-  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}, {}, {}});
+  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}, {}, {}, {}, {}});
   EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{6}));
   EXPECT_EQ(w.take_report().failed_loads, (std::vector<std::int64_t>{2}));
   EXPECT_TRUE(at::equal(kv["l0"][6], before));
@@ -96,7 +96,7 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}, {}, {}});
+  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
   w.save_layer("l0", kv["l0"]);  // l1, l2: no hook
   w.wait_for_save();
   w.clear_plan();
@@ -105,7 +105,7 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   EXPECT_TRUE(report.failed_saves.empty());
   ASSERT_TRUE(w.arena()->tag(1));
 
-  w.bind_plan(StepPlan{{LoadOp{1, 5, key(1)}}, {}, {}, {}, {}});
+  w.bind_plan(StepPlan{{LoadOp{1, 5, key(1)}}, {}, {}, {}, {}, {}, {}});
   w.start_load(/*layer_hooks=*/false);
   for (const auto& n : layout().layer_names) {  // landed before any wait_for_layer_load
     EXPECT_TRUE(at::equal(kv[n][5].view(at::kShort), kv[n][0].view(at::kShort))) << n;

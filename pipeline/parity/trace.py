@@ -50,7 +50,9 @@ def plain_metadata(meta) -> dict[str, Any]:
         "saves": [op(o) for o in meta.saves],
         "awaiting_free": list(meta.awaiting_free),
         "stage_blocks": list(meta.stage_blocks),
+        "stage_rows": list(getattr(meta, "stage_rows", [])),
         "writeback_blocks": list(meta.writeback_blocks),
+        "writeback_rows": list(getattr(meta, "writeback_rows", [])),
     }
 
 

@@ -103,7 +103,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 slot_bytes,
                 num_slots,
                 identity.tp_size,
-                streaming=geometry is not None,
+                num_blocks=kv_cache_config.num_blocks if geometry is not None else None,
             )
             if geometry is not None:
                 self.scheduler_side.report_streaming(report)

@@ -34,11 +34,14 @@ class ActiveKVMetadata(KVConnectorMetadata):
     # Finished requests whose device blocks stay allocated until the workers
     # report (get_finished) that none of their saves is still running.
     awaiting_free: list[str] = dataclasses.field(default_factory=list)
-    # Layer streaming (streaming.py), sorted block ids: blocks the step's
-    # attention reads and no load fills (staged from their homes), and blocks
-    # the step writes or loads (copied back to their homes).
+    # Layer streaming (streaming.py): blocks the step's attention reads and
+    # whose home holds their bytes (staged from their homes), and blocks the
+    # step writes or loads (copied back to their homes); each list with its
+    # blocks' home rows (homes.py), in row order.
     stage_blocks: list[int] = dataclasses.field(default_factory=list)
+    stage_rows: list[int] = dataclasses.field(default_factory=list)
     writeback_blocks: list[int] = dataclasses.field(default_factory=list)
+    writeback_rows: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

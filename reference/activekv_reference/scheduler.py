@@ -12,9 +12,9 @@ a PENDING slot and a save op. It turns VISIBLE only when every worker reported
 the save sealed (worker metadata), so a lookup never sees a half-written block.
 
 Layer streaming (streaming.py): every step also names the blocks the workers
-stage into the ring (what the step's attention reads and no load fills) and
+stage into the ring (what the step's attention reads and their homes hold) and
 write back (what the step writes or loads), from every scheduled request's
-block table.
+block table, each with its home row (homes.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from .config import ActiveKVConfig
 from .identity import BlockKey, block_keys
+from .homes import HomeRows
 from .index import BlockIndex
 from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
 from .policy import AdmissionPolicy
@@ -54,12 +55,15 @@ class SchedulerSide:
         slot_bytes: int,
         num_slots: int,
         tp_size: int,
-        streaming: bool = False,
+        num_blocks: int | None = None,
     ):
         self.config = config
-        self.streaming = streaming
-        # Streaming: the block table of every scheduled request, as vLLM grows it.
+        # Layer streaming, given vLLM's number of KV cache blocks: the block
+        # table of every scheduled request, as vLLM grows it, and the blocks'
+        # home rows.
+        self.streaming = num_blocks is not None
         self._block_tables: dict[str, list[int]] = {}
+        self.homes = HomeRows(num_blocks) if num_blocks is not None else None
         self.identity_digest = identity_digest
         self.block_size = block_size
         self.slot_bytes = slot_bytes
@@ -151,35 +155,54 @@ class SchedulerSide:
         return meta
 
     def _plan_streaming(self, scheduler_output, meta: ActiveKVMetadata) -> None:
-        """The step's stage and write-back blocks. A request computed c tokens
-        and computes s now: it touches the blocks holding tokens below c + s
-        (all staged, unless a load fills them), and it writes the blocks
-        holding tokens c .. c+s-1 (written back, with the loaded ones)."""
+        """The step's stage and write-back blocks, with their home rows. A
+        request computed c tokens and computes s now: it touches the blocks
+        holding tokens below c + s, and it writes the blocks holding tokens
+        c .. c+s-1 (written back, with the loaded ones). Its fresh blocks (new
+        content: appended to its table, or past its prefix hit) get home rows
+        first (homes.py); they and the loaded ones are not staged, since their
+        homes hold nothing of theirs. A written block's slots past the new
+        tokens then keep the ring's earlier bytes, which no attention reads.
+        A block with no row yet (a request never seen from its start) counts
+        as fresh."""
         bs = self.block_size
         scheduled = scheduler_output.num_scheduled_tokens
+        loaded = {op.block_id for op in meta.loads}
         steps = []
+
+        def start_over(req_id: str, table: list[int], computed: int) -> None:
+            self.homes.end_request(req_id)
+            self._block_tables[req_id] = table
+            hit = cdiv(computed, bs)
+            fresh = [b for i, b in enumerate(table)
+                     if i >= hit or b in loaded or not self.homes.has_row(b)]
+            self.homes.assign(req_id, fresh)
+            steps.append((req_id, computed, scheduled[req_id], fresh))
+
         for new in scheduler_output.scheduled_new_reqs:
-            self._block_tables[new.req_id] = list(new.block_ids[0])
-            steps.append((new.req_id, new.num_computed_tokens, scheduled[new.req_id]))
+            start_over(new.req_id, list(new.block_ids[0]), new.num_computed_tokens)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
+            computed = cached.num_computed_tokens[i]
             if req_id in cached.resumed_req_ids or req_id not in self._block_tables:
-                self._block_tables[req_id] = list(new_ids[0]) if new_ids is not None else []
-            elif new_ids is not None:
-                self._block_tables[req_id].extend(new_ids[0])
-            steps.append((req_id, cached.num_computed_tokens[i], scheduled[req_id]))
-        loaded = {op.block_id for op in meta.loads}
-        touched, written = set(), set()
-        for req_id, computed, num_scheduled in steps:
+                start_over(req_id, list(new_ids[0]) if new_ids is not None else [], computed)
+                continue
+            fresh = list(new_ids[0]) if new_ids is not None else []
+            self._block_tables[req_id].extend(fresh)
+            self.homes.assign(req_id, fresh)
+            steps.append((req_id, computed, scheduled[req_id], fresh))
+        touched, written, not_staged = set(), set(), set(loaded)
+        for req_id, computed, num_scheduled, fresh in steps:
             table = self._block_tables[req_id]
             touched.update(table[: cdiv(computed + num_scheduled, bs)])
             written.update(table[computed // bs : cdiv(computed + num_scheduled, bs)])
-        # Written blocks are staged too: their slots past the new tokens then
-        # hold what a device-resident layer would hold there, so a kernel
-        # that reads whole blocks sees the bytes of the full cache.
-        meta.stage_blocks = sorted(touched - loaded)
-        meta.writeback_blocks = sorted(written | loaded)
+            not_staged.update(fresh)
+        row = self.homes.row
+        meta.stage_blocks = sorted(touched - not_staged, key=row)
+        meta.stage_rows = [row(b) for b in meta.stage_blocks]
+        meta.writeback_blocks = sorted(written | loaded, key=row)
+        meta.writeback_rows = [row(b) for b in meta.writeback_blocks]
 
     def _plan_saves(self, req_id: str, st: _RequestState, computed: int, meta: ActiveKVMetadata):
         known = min(computed, len(st.request.all_token_ids), len(st.block_ids) * self.block_size)
@@ -255,6 +278,8 @@ class SchedulerSide:
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         self._block_tables.pop(request.request_id, None)
+        if self.homes is not None:
+            self.homes.end_request(request.request_id)
         st = self._requests.pop(request.request_id, None)
         if st is None or st.unconfirmed_saves == 0:
             return False, None

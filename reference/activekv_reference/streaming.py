@@ -2,8 +2,9 @@
 
 Geometry. The first R layers of the KV cache group (in vLLM's order) are
 *resident*: their KV stays on the device. The other L - R layers are
-*streamed*: the host holds every block of theirs (the block's *home*, indexed
-by vLLM's block id, always exact bytes), and the device holds a ring of K
+*streamed*: the host holds every block of theirs (the block's *home*, a row
+that the scheduler gives each block, laid out so a request's blocks lie in
+long runs of consecutive rows: homes.py), and the device holds a ring of K
 buffers, each one layer's worth of blocks. Streamed layer j (0-based among the
 streamed) uses buffer j % K: vLLM views its KV cache onto that buffer
 (get_kv_cache_regions; patches/vllm/0.32.0/0002), so its block table, its
@@ -13,19 +14,16 @@ B blocks of L layers now holds B * L / (R + K) blocks.
 Per step and streamed layer, in vLLM's order:
   before the layer's KV cache update (wait_for_layer_load, which vLLM calls
       there for a connector that asks, loads_before_kv_cache_update): copy the
-      layer's home rows of every block the step touches and does not load
-      (stage_blocks) into its buffer -- the blocks it writes too, so their
-      slots past the new tokens hold what a resident layer's would: for every
-      block the step touches, the buffer is byte for byte the full cache
-      (an attention kernel that reads whole blocks sees the same bytes);
-      the step's loads from the host store then land on top, as for a
-      resident layer;
+      layer's home rows of every block the step reads and whose home holds its
+      bytes (stage_blocks: not the blocks the step gives new content, nor the
+      ones it loads) into its buffer; the step's loads from the host store
+      then land on top, as for a resident layer;
   after the layer's attention (save_kv_layer): copy the blocks the step wrote
       or loaded (writeback_blocks) from the buffer back to their homes; the
       buffer then serves the streamed layer K places later.
-The scheduler side decides both lists from the scheduled requests' block
-tables (SchedulerSide.plan_streaming); a block several requests read is
-staged once.
+The scheduler side decides both lists and their rows from the scheduled
+requests' block tables (SchedulerSide._plan_streaming); a block several
+requests read is staged once.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import time
 import torch
 
 from .config import ActiveKVConfigError, StreamingConfig
+from .homes import rows_for
 
 STREAMING_KEY = "kv_connector_extra_config['streaming']"
 
@@ -136,7 +135,7 @@ class StartupReport:
             device_blocks=num_blocks,
             device_blocks_without=num_blocks * regions // len(geometry.layer_names),
             block_size=block_size,
-            host_bytes=num_blocks * streamed * layer_bytes,
+            host_bytes=rows_for(num_blocks) * streamed * layer_bytes,
             decode_step_bytes=cdiv(max_model_len, block_size) * streamed * layer_bytes,
         )
 
@@ -160,14 +159,24 @@ class LayerStreamer:
         self._check_aliasing(kv_caches)
         first = kv_caches[geometry.streamed[0]]
         pin = first.device.type != "cpu"
-        # One home per streamed layer: every block of that layer, by block id.
+        self.num_blocks = first.shape[0]
+        self.num_rows = rows_for(self.num_blocks)
+        # One home per streamed layer: its blocks, by home row.
         self.homes = {
-            name: torch.zeros(first.shape, dtype=first.dtype, pin_memory=pin)
+            name: torch.zeros((self.num_rows, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
             for name in geometry.streamed
         }
-        self._stage: torch.Tensor | None = None
-        self._writeback: torch.Tensor | None = None
+        self._stage: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._writeback: tuple[torch.Tensor, torch.Tensor] | None = None
         self._staged: set[str] = set()
+
+    def check_rows(self, blocks: list[int], rows: list[int]) -> None:
+        """One home row per block, each in range (IndexError otherwise)."""
+        if len(rows) != len(blocks):
+            raise IndexError(f"{len(rows)} home rows for {len(blocks)} streamed blocks")
+        for row in rows:
+            if not 0 <= row < self.num_rows:
+                raise IndexError(f"home row {row} out of range (the homes have {self.num_rows} rows)")
 
     def _check_aliasing(self, kv_caches: dict[str, torch.Tensor]) -> None:
         ring_ptr: dict[int, int] = {}
@@ -180,9 +189,15 @@ class LayerStreamer:
                     "(0002, get_kv_cache_regions) for streaming"
                 )
 
-    def begin_step(self, stage_blocks: list[int], writeback_blocks: list[int]) -> None:
-        self._stage = torch.tensor(stage_blocks, dtype=torch.long) if stage_blocks else None
-        self._writeback = torch.tensor(writeback_blocks, dtype=torch.long) if writeback_blocks else None
+    def begin_step(self, stage_blocks: list[int], stage_rows: list[int],
+                   writeback_blocks: list[int], writeback_rows: list[int]) -> None:
+        def pairs(blocks, rows):
+            if not blocks:
+                return None
+            return torch.tensor(blocks, dtype=torch.long), torch.tensor(rows, dtype=torch.long)
+
+        self._stage = pairs(stage_blocks, stage_rows)
+        self._writeback = pairs(writeback_blocks, writeback_rows)
         self._staged = set()
 
     def stage(self, name: str, kv: torch.Tensor, stats) -> None:
@@ -193,9 +208,10 @@ class LayerStreamer:
         if self._stage is None:
             return
         t0 = time.perf_counter()
-        rows = self.homes[name].index_select(0, self._stage)
-        kv.index_copy_(0, self._stage.to(kv.device), rows.to(kv.device))
-        stats.add("streamed_bytes_to_device", rows.numel() * rows.element_size())
+        blocks, rows = self._stage
+        data = self.homes[name].index_select(0, rows)
+        kv.index_copy_(0, blocks.to(kv.device), data.to(kv.device))
+        stats.add("streamed_bytes_to_device", data.numel() * data.element_size())
         stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))
 
     def write_back(self, name: str, kv: torch.Tensor, stats) -> None:
@@ -203,7 +219,8 @@ class LayerStreamer:
         if self._writeback is None or name not in self.homes:
             return
         t0 = time.perf_counter()
-        rows = kv.index_select(0, self._writeback.to(kv.device)).cpu()
-        self.homes[name].index_copy_(0, self._writeback, rows)
-        stats.add("streamed_bytes_to_host", rows.numel() * rows.element_size())
+        blocks, rows = self._writeback
+        data = kv.index_select(0, blocks.to(kv.device)).cpu()
+        self.homes[name].index_copy_(0, rows, data)
+        stats.add("streamed_bytes_to_host", data.numel() * data.element_size())
         stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))

@@ -110,13 +110,17 @@ class WorkerSide:
                 raise IndexError(
                     f"block id {block} out of range (the KV cache has {num_blocks} blocks)"
                 )
+        if self.streamer is not None:
+            self.streamer.check_rows(meta.stage_blocks, meta.stage_rows)
+            self.streamer.check_rows(meta.writeback_blocks, meta.writeback_rows)
         for op in meta.saves:  # their bytes are about to be rewritten
             self.arena.unseal(op.slot)
         # Here, not in wait_for_save: vLLM 0.26.0 calls wait_for_save only on
         # steps with a forward; a request's last saves may settle on an idle step.
         self._awaiting_free.update(meta.awaiting_free)
         if self.streamer is not None:
-            self.streamer.begin_step(meta.stage_blocks, meta.writeback_blocks)
+            self.streamer.begin_step(meta.stage_blocks, meta.stage_rows,
+                                     meta.writeback_blocks, meta.writeback_rows)
 
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata, layer_hooks: bool = True) -> None:

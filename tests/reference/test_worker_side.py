@@ -133,7 +133,12 @@ def test_streamed_layers_find_their_own_bytes_in_the_shared_ring():
     worker.register_kv_caches(kv)
     written = {n: torch.randn(2, 2, 32, 64).to(torch.bfloat16) for n in kv}
     for step in range(2):
-        meta = ActiveKVMetadata(stage_blocks=[3, 4], writeback_blocks=[3, 4] if step == 0 else [])
+        # Home rows are not block ids (homes.py): blocks 4 and 3 live in the
+        # two rows past the last block id, in row order.
+        rows = [NUM_DEVICE_BLOCKS, NUM_DEVICE_BLOCKS + 1]
+        meta = ActiveKVMetadata(stage_blocks=[4, 3], stage_rows=rows,
+                                writeback_blocks=[4, 3] if step == 0 else [],
+                                writeback_rows=rows if step == 0 else [])
         worker.check_plan(meta)
         worker.start_load_kv(meta)
         for name in layout.layer_names:

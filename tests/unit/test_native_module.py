@@ -102,18 +102,34 @@ def _registered_worker(impl):
     return worker, kv
 
 
-def _metadata(impl, loads=(), saves=(), awaiting=(), stage=(), writeback=()):
+HOME_ROWS = 12  # rows_for(8): the homes of an 8-block cache
+
+
+def _with_rows(blocks):
+    """Blocks with home rows as a scheduler gives them, in row order: here
+    block b lives in row 11 - b (rows are not block ids)."""
+    pairs = sorted((HOME_ROWS - 1 - b, b) for b in blocks)
+    return [b for _, b in pairs], [r for r, _ in pairs]
+
+
+def _metadata(impl, loads=(), saves=(), awaiting=(), stage=(), writeback=(), rows=None):
+    """`rows`: (stage rows, write-back rows) as given, else _with_rows's."""
+    (stage, stage_rows), (writeback, writeback_rows) = _with_rows(stage), _with_rows(writeback)
+    if rows is not None:
+        stage_rows, writeback_rows = rows
     if impl == "native":
         meta = activekv.ActiveKVMetadata.__new__(activekv.ActiveKVMetadata)
         meta.loads, meta.saves, meta.awaiting_free = list(loads), list(saves), list(awaiting)
         if stage or writeback:
-            meta.stage_blocks, meta.writeback_blocks = list(stage), list(writeback)
+            meta.stage_blocks, meta.writeback_blocks = stage, writeback
+            meta.stage_rows, meta.writeback_rows = stage_rows, writeback_rows
         return meta
     from activekv_reference.metadata import ActiveKVMetadata, LoadOp, SaveOp
 
     return ActiveKVMetadata(
         loads=[LoadOp(*op) for op in loads], saves=[SaveOp(*op) for op in saves],
-        awaiting_free=list(awaiting), stage_blocks=list(stage), writeback_blocks=list(writeback),
+        awaiting_free=list(awaiting), stage_blocks=stage, stage_rows=stage_rows,
+        writeback_blocks=writeback, writeback_rows=writeback_rows,
     )
 
 
@@ -275,7 +291,8 @@ def test_startup_report_is_logged_once_by_the_scheduler_with_the_reference_line(
 def test_streaming_metadata_is_plain_picklable_data():
     meta = _metadata("native", stage=[1, 4], writeback=[4])
     back = pickle.loads(pickle.dumps(meta))
-    assert (back.stage_blocks, back.writeback_blocks) == ([1, 4], [4])
+    assert (back.stage_blocks, back.stage_rows) == ([4, 1], [7, 10])
+    assert (back.writeback_blocks, back.writeback_rows) == ([4], [7])
 
 
 def _ring_caches(cfg, seed=3):
@@ -357,6 +374,20 @@ def test_stage_block_out_of_range_is_refused_and_binds_nothing(impl):
     before = {n: t.clone() for n, t in kv.items()}
     with pytest.raises(IndexError, match=r"block id 8 out of range \(the KV cache has 8 blocks\)"):
         worker.bind_connector_metadata(_metadata(impl, stage=[1], writeback=[8]))
+    assert all(torch.equal(kv[n], before[n]) for n in kv)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (([10], []), r"1 home rows for 2 streamed blocks"),
+    (([9, 10], [HOME_ROWS]), rf"home row {HOME_ROWS} out of range \(the homes have {HOME_ROWS} rows\)"),
+])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_home_rows_that_do_not_fit_the_homes_are_refused_and_bind_nothing(impl, rows, message):
+    cfg = standalone.kv_cache_config(num_layers=5, num_blocks=8)
+    worker, kv = _streaming_worker(impl, cfg)
+    before = {n: t.clone() for n, t in kv.items()}
+    with pytest.raises(IndexError, match=message):
+        worker.bind_connector_metadata(_metadata(impl, stage=[1, 2], writeback=[1], rows=rows))
     assert all(torch.equal(kv[n], before[n]) for n in kv)
 
 

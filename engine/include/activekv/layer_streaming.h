@@ -69,12 +69,12 @@ struct StreamingTuning {
 
 // Worker side: the homes of the streamed layers and the copies in and out.
 //
-// Homes: a HostArena with one slot per vLLM block (slot index == block id), one
-// "layer" per streamed layer, layer_bytes = exact bytes of one block of one
-// layer; zeroed at creation (the reference's homes start as zeros), pinned
-// where an accelerator exists. Copies go as copy_method() says: kDeviceGather
-// on CUDA and XPU when the ring buffer's blocks are whole rows, kRuns
-// otherwise.
+// Homes: a HostArena with one slot per home row (home_rows_for(num_blocks)
+// of them; the scheduler gives each block its row, home_rows.h), one "layer"
+// per streamed layer, layer_bytes = exact bytes of one block of one layer;
+// zeroed at creation (the reference's homes start as zeros), pinned where an
+// accelerator exists. Copies go as copy_method() says: kDeviceGather on CUDA
+// and XPU when the ring buffer's blocks are whole rows, kRuns otherwise.
 //
 // On CPU every copy is synchronous: stage copies in wait_for_layer_load's
 // call, write_back in save_kv_layer's. On a device (CUDA, XPU) one copy stream
@@ -120,11 +120,15 @@ class LayerStreamer {
   // Between steps.
   void set_tuning(const StreamingTuning& tuning);
 
-  // Must be called once per step, before start; ids sorted, unique and in
-  // range (the caller checks the range). Settles the previous step's
-  // write-backs first.
-  void begin_step(std::vector<std::int64_t> stage_blocks,
-                  std::vector<std::int64_t> writeback_blocks);
+  // One home row per block, each in range (std::out_of_range, the
+  // reference's message, otherwise).
+  void check_rows(const std::vector<std::int64_t>& blocks, const std::vector<std::int64_t>& rows) const;
+  // Must be called once per step, before start: unique block ids in range
+  // (the caller checks), each list with its blocks' home rows in row order
+  // (check_rows). Settles the previous step's write-backs first.
+  void begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
+                  std::vector<std::int64_t> writeback_blocks,
+                  std::vector<std::int64_t> writeback_rows);
   bool has_work() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
   // Device: issues the staging of the first K streamed layers. CPU: nothing.
   void start(Telemetry& stats);
@@ -138,11 +142,11 @@ class LayerStreamer {
   // Device only, after write_back and the store save's gather of `name`
   // (`gathered`, when there was one): stages the streamed layer K places later.
   void stage_ahead(const std::string& name, const c10::Event* gathered, Telemetry& stats);
-  // The bytes of a streamed layer's home, every block in block order (the
+  // The bytes of a streamed layer's home, every row in row order (the
   // reference's home tensor); waits for the copies in flight. For parity
   // checks and tests. Must be called with a streamed layer.
   std::string home_bytes(const std::string& name);
-  // Blocks staged from a poisoned home since the last call.
+  // Blocks staged from a poisoned home row since the last call.
   std::vector<std::int64_t> take_poisoned_stages();
   // Waits for every issued copy (a device's copy stream). Must be called
   // before the homes or the ring buffers go away.
@@ -157,8 +161,18 @@ class LayerStreamer {
   void issue_stage(std::int64_t streamed, Telemetry& stats);
   void settle_writebacks();
 
-  // kDeviceGather: a step's blocks as the device indexes them. Sorted block
-  // ids group by home chunk; `local` is each block's row inside its chunk.
+  // Consecutive blocks in consecutive home rows of one chunk: one copy on
+  // the CPU path (kRuns). `offset` is the run's place in the step's list.
+  struct PairRun {
+    std::int64_t block;
+    std::int64_t row;
+    std::int64_t count;
+    std::int64_t offset;
+  };
+  std::vector<PairRun> pair_runs(const std::vector<std::int64_t>& blocks,
+                                 const std::vector<std::int64_t>& rows) const;
+  // kDeviceGather: a step's blocks as the device indexes them. Home rows in
+  // order group by home chunk; `local` is each block's row inside its chunk.
   struct ChunkSpan {
     std::int64_t chunk;
     std::int64_t offset;  // into the step's blocks
@@ -173,7 +187,8 @@ class LayerStreamer {
   };
   bool init_device_gather();
   void make_pieces();
-  DeviceIndex device_index(const std::vector<std::int64_t>& blocks) const;
+  DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
+                           const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
   void gather_write_back(std::int64_t streamed);
   // The ring buffer's blocks (or a batch of them) as rows of gather words.
@@ -182,7 +197,7 @@ class LayerStreamer {
 
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
-    std::vector<std::int64_t> blocks;
+    std::vector<std::int64_t> rows;
     std::size_t layer;  // among the streamed
     c10::Event fence;
     std::chrono::steady_clock::time_point deadline;
@@ -210,28 +225,35 @@ class LayerStreamer {
   std::uintptr_t homes_base_ = 0;
   std::vector<std::uintptr_t> chunk_starts_;  // layer 0's first row of each chunk
   StreamingTuning tuning_;
-  // Per step: the stage runs the copy engine moves, and every stage block in
-  // the pieces' row order (those runs' blocks first, then the gathered ones).
+  // Per step: the stage runs of home rows the copy engine moves, and every
+  // stage block and its row in the pieces' order (those runs first, then the
+  // gathered ones); the write-back's long runs of home rows (copied from the
+  // ring by the copy engine, `offset` into writeback_long_blocks_) and its
+  // other blocks (written into the mapped homes by the device).
   std::vector<SlotRun> copy_engine_runs_;
-  std::vector<std::int64_t> piece_order_;
+  std::vector<std::int64_t> piece_blocks_, piece_rows_;
   std::int64_t run_blocks_ = 0;
+  std::vector<SlotRun> writeback_long_runs_;
+  std::vector<std::int64_t> writeback_long_blocks_;
+  std::vector<std::int64_t> writeback_short_blocks_, writeback_short_rows_;
   std::vector<at::Tensor> pieces_;                  // device staging, [piece_rows, words] each
   std::vector<std::optional<c10::Event>> piece_free_;  // recorded on the copy stream after its scatter
   std::size_t next_piece_ = 0;
   std::optional<DeviceIndex> stage_index_;      // per step, made on first use
-  std::optional<DeviceIndex> writeback_index_;
+  std::optional<DeviceIndex> writeback_index_;   // the short write-back blocks
+  std::optional<at::Tensor> writeback_long_ids_;  // device int64: writeback_long_blocks_
 
   // Per step.
-  std::vector<std::int64_t> stage_blocks_;
-  std::vector<std::int64_t> writeback_blocks_;
-  std::vector<SlotRun> stage_runs_;
-  std::vector<SlotRun> writeback_runs_;
+  std::vector<std::int64_t> stage_blocks_, stage_rows_;
+  std::vector<std::int64_t> writeback_blocks_, writeback_rows_;
+  std::vector<PairRun> stage_runs_;  // kRuns
+  std::vector<PairRun> writeback_runs_;
   std::vector<char> stage_issued_;  // per streamed layer (device)
   std::vector<char> staged_;        // per streamed layer: stage() done this step
   std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
 
   std::vector<PendingWriteback> pending_writebacks_;
-  // Per streamed layer and block ([layer * num_blocks + block]): the home's
+  // Per streamed layer and home row ([layer * num_rows + row]): the row's
   // bytes are unknown (a write-back fence with an unknown outcome).
   std::vector<char> poisoned_;
   std::vector<std::int64_t> poisoned_stages_;

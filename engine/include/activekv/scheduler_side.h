@@ -14,6 +14,7 @@
 #include "activekv/admission_policy.h"
 #include "activekv/block_index.h"
 #include "activekv/config.h"
+#include "activekv/home_rows.h"
 #include "activekv/step_plan.h"
 #include "activekv/telemetry.h"
 
@@ -23,12 +24,13 @@ struct StartupReport;  // streaming_geometry.h
 
 class SchedulerSide {
  public:
-  // `streaming`: every step also names the blocks the workers stage into the
+  // `streaming_blocks` (vLLM's number of KV cache blocks, with layer
+  // streaming): every step also names the blocks the workers stage into the
   // ring and write back (layer_streaming.h), from every scheduled request's
-  // block table.
+  // block table, with their home rows (home_rows.h).
   SchedulerSide(const Config& config, const Digest& identity_digest, std::int64_t block_size,
                 std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size,
-                bool streaming = false);
+                std::optional<std::int64_t> streaming_blocks = std::nullopt);
   SchedulerSide(const SchedulerSide&) = delete;
   SchedulerSide& operator=(const SchedulerSide&) = delete;
 
@@ -73,6 +75,8 @@ class SchedulerSide {
   bool has_pending_work() const { return !finished_awaiting_.empty() || !notify_awaiting_.empty(); }
 
   Telemetry take_telemetry() { return stats_.take(); }
+  // Streaming's home rows (nullptr without streaming).
+  const HomeRows* homes() const { return homes_ ? &*homes_ : nullptr; }
   // The streaming geometry, reported once in the stats (see Telemetry).
   void report_streaming(const StartupReport& report);
   const BlockIndex& index() const { return index_; }
@@ -103,8 +107,10 @@ class SchedulerSide {
   std::int64_t block_size_;
   std::int64_t tp_size_;
   bool streaming_;
-  // Streaming: the block table of every scheduled request, as vLLM grows it.
+  // Streaming: the block table of every scheduled request, as vLLM grows it,
+  // and the blocks' home rows.
   std::unordered_map<std::string, std::vector<std::int64_t>> block_tables_;
+  std::optional<HomeRows> homes_;
   BlockIndex index_;
   AdmissionPolicy policy_;
   Telemetry stats_;

@@ -29,11 +29,14 @@ struct StepPlan {
   // Finished requests whose device blocks stay allocated until the workers
   // report that none of their saves is still running.
   std::vector<std::string> awaiting_free;
-  // Layer streaming (layer_streaming.h), sorted unique block ids: blocks the
-  // step's attention reads and no load fills (staged from their homes), and
-  // blocks the step writes or loads (copied back to their homes).
+  // Layer streaming (layer_streaming.h), unique block ids: blocks the step's
+  // attention reads and whose home holds their bytes (staged from their
+  // homes), and blocks the step writes or loads (copied back to their homes);
+  // each list with its blocks' home rows (home_rows.h), in row order.
   std::vector<std::int64_t> stage_blocks;
+  std::vector<std::int64_t> stage_rows;
   std::vector<std::int64_t> writeback_blocks;
+  std::vector<std::int64_t> writeback_rows;
 
   // Whether the step plans nothing at all (idle steps share one metadata).
   bool empty() const {
