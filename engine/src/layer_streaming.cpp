@@ -129,18 +129,16 @@ void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
 
 std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(
     const std::vector<std::int64_t>& blocks, const std::vector<std::int64_t>& rows) const {
+  // The arena's runs of rows, split where the block ids stop being consecutive.
   std::vector<PairRun> out;
-  const std::int64_t per_chunk = homes_->slots_per_chunk();
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (!out.empty()) {
-      PairRun& last = out.back();
-      if (blocks[i] == last.block + last.count && rows[i] == last.row + last.count &&
-          rows[i] / per_chunk == last.row / per_chunk) {
-        ++last.count;
+  for (const auto& run : homes_->runs(rows)) {
+    for (auto i = static_cast<std::size_t>(run.offset); i < static_cast<std::size_t>(run.offset + run.count); ++i) {
+      if (i > static_cast<std::size_t>(run.offset) && blocks[i] == out.back().block + out.back().count) {
+        ++out.back().count;
         continue;
       }
+      out.push_back(PairRun{blocks[i], rows[i], 1, static_cast<std::int64_t>(i)});
     }
-    out.push_back(PairRun{blocks[i], rows[i], 1, static_cast<std::int64_t>(i)});
   }
   return out;
 }

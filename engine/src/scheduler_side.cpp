@@ -17,7 +17,6 @@ SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest
       identity_digest_(identity_digest),
       block_size_(block_size),
       tp_size_(tp_size),
-      streaming_(streaming_blocks.has_value()),
       index_(num_slots),
       policy_(config, slot_bytes) {
   if (streaming_blocks) homes_.emplace(*streaming_blocks);
@@ -100,7 +99,7 @@ StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
   plan.awaiting_free = std::move(notify_awaiting_);
   pending_loads_.clear();
   notify_awaiting_.clear();
-  if (streaming_) plan_streaming(new_requests, cached_requests, plan);
+  if (homes_) plan_streaming(new_requests, cached_requests, plan);
   for (const auto& r : new_requests) {
     const auto it = requests_.find(r.req_id);
     if (it == requests_.end()) continue;  // never looked up: nothing to do

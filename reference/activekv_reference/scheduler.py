@@ -58,10 +58,9 @@ class SchedulerSide:
         num_blocks: int | None = None,
     ):
         self.config = config
-        # Layer streaming, given vLLM's number of KV cache blocks: the block
-        # table of every scheduled request, as vLLM grows it, and the blocks'
-        # home rows.
-        self.streaming = num_blocks is not None
+        # Layer streaming (homes set), given vLLM's number of KV cache blocks:
+        # the block table of every scheduled request, as vLLM grows it, and
+        # the blocks' home rows.
         self._block_tables: dict[str, list[int]] = {}
         self.homes = HomeRows(num_blocks) if num_blocks is not None else None
         self.identity_digest = identity_digest
@@ -127,7 +126,7 @@ class SchedulerSide:
         meta = ActiveKVMetadata(loads=self._pending_loads, awaiting_free=self._notify_awaiting)
         self._pending_loads, self._notify_awaiting = [], []
         scheduled = scheduler_output.num_scheduled_tokens
-        if self.streaming:
+        if self.homes is not None:
             self._plan_streaming(scheduler_output, meta)
         for new in scheduler_output.scheduled_new_reqs:
             st = self._requests.get(new.req_id)

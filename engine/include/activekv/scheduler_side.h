@@ -106,9 +106,8 @@ class SchedulerSide {
   Digest identity_digest_;
   std::int64_t block_size_;
   std::int64_t tp_size_;
-  bool streaming_;
-  // Streaming: the block table of every scheduled request, as vLLM grows it,
-  // and the blocks' home rows.
+  // Streaming (homes_ set): the block table of every scheduled request, as
+  // vLLM grows it, and the blocks' home rows.
   std::unordered_map<std::string, std::vector<std::int64_t>> block_tables_;
   std::optional<HomeRows> homes_;
   BlockIndex index_;
