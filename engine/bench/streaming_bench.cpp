@@ -321,7 +321,7 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
                                  static_cast<double>(m.streamed() * m.layer_bytes);
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
-  std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-6s  step %9.2f ms  bound %9.2f ms "
+  std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-12s  step %9.2f ms  bound %9.2f ms "
               "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f\n",
               part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
               static_cast<long long>(s.shape.context),
@@ -444,28 +444,38 @@ void grid(Bench& b) {
   }
 }
 
-// kDeviceGather's knobs at a few points: the pieces' pool and the gather
-// stream's priority (the defaults are what this measured best).
+// kDeviceGather's knobs at a few points: the pieces' pool, the copy stream's
+// priority and the shortest run the copy engine takes (the gather stream's
+// stays high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
   Model m(block, num_blocks, 0);
   const StreamingTuning defaults = m.streamer->tuning();
   std::uint32_t seed = 21;
-  for (const StepShape& shape : std::vector<StepShape>{{"decode", 16384, 1, 1, 0}, {"decode", 131072, 1, 1, 0},
-                                                       {"decode", 16384, 8, 1, 0}, {"prefill", 65536, 1, 2048, 0}}) {
+  for (const StepShape& shape : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},
+                                                       {"decode", 131072, 1, 1, 0},
+                                                       {"decode", 16384 + block, 16, 1, 16384},
+                                                       {"prefill", 16384, 1, 2048, 0},
+                                                       {"prefill", 65536, 1, 2048, 0},
+                                                       {"prefill", 131072, 1, 2048, 0}}) {
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
-    for (const std::int64_t pieces : {4, 8, 16}) {
-      for (const bool high : {true, false}) {
-        StreamingTuning t = defaults;
-        t.pieces = pieces;
-        t.gather_high_priority = high;
-        m.streamer->set_tuning(t);
-        char label[32];
-        std::snprintf(label, sizeof label, "p%lld%s", static_cast<long long>(pieces), high ? "hi" : "lo");
-        report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, label);
-      }
+    struct Knobs {
+      const char* label;
+      std::int64_t pieces;
+      bool copy_high;
+      std::int64_t copy_engine_run;
+    };
+    for (const Knobs& k : {Knobs{"p4", 4, false, 16}, Knobs{"p8", 8, false, 16}, Knobs{"p16", 16, false, 16},
+                           Knobs{"p32", 32, false, 16}, Knobs{"p8-copy-hi", 8, true, 16},
+                           Knobs{"p8-ce-run-4", 8, false, 4}, Knobs{"p8-ce-run-1", 8, false, 1}}) {
+      StreamingTuning t = defaults;
+      t.pieces = k.pieces;
+      t.copy_high_priority = k.copy_high;
+      t.copy_engine_run = k.copy_engine_run;
+      m.streamer->set_tuning(t);
+      report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
     }
   }
   m.streamer->set_tuning(defaults);

@@ -56,8 +56,11 @@ struct StreamingTuning {
   // Staging pieces: each is read over the bus, then scattered into the ring
   // while the next ones cross. 32 MiB is ~0.6 ms of a PCIe Gen5 link: long
   // enough that a piece's fixed costs (a kernel or a few copies, two events)
-  // vanish; the pool lets the bus run ahead of the ring's turn.
-  std::int64_t pieces = 4;
+  // vanish; the pool lets the bus run ahead of the ring's turn. 8 (256 MiB)
+  // lets the bus read on through a prefill chunk's attention, which holds the
+  // SMs the scatters need: 4 left 64k-128k prefill at 1.13-1.32x the bound,
+  // 8 at 1.05-1.07x (BENCHMARKS.md, 2026-12-03).
+  std::int64_t pieces = 8;
   std::int64_t piece_bytes = std::int64_t{32} << 20;
   // Runs of this many consecutive blocks (1 MiB at 64 KiB blocks) cross by the
   // copy engine, at its peak and without taking SMs from attention.
@@ -65,6 +68,10 @@ struct StreamingTuning {
   // The gather stream's priority: high schedules the gather's thread blocks
   // first as SMs free up.
   bool gather_high_priority = true;
+  // The copy stream's priority: its scatters into the ring free the pieces the
+  // bus waits for, and a compute-bound attention (a prefill chunk's) otherwise
+  // holds the SMs until its last wave.
+  bool copy_high_priority = false;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -190,7 +197,9 @@ class LayerStreamer {
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
-  void gather_write_back(std::int64_t streamed);
+  // Reads the ring on the copy stream, crosses the bus on the write-back
+  // stream; records `fence` there.
+  void gather_write_back(std::int64_t streamed, c10::Event& fence);
   // The ring buffer's blocks (or a batch of them) as rows of gather words.
   at::Tensor as_words(const at::Tensor& blocks) const;
   at::Tensor as_blocks(const at::Tensor& words, const at::Tensor& like) const;
@@ -215,6 +224,9 @@ class LayerStreamer {
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
+  // A write-back's bus half: the ring's next occupant waits only for the
+  // device-side gather of the blocks, not for their crossing.
+  std::optional<c10::Stream> writeback_stream_;
   at::ScalarType word_type_ = at::kByte;   // the widest element a row divides into
   std::vector<std::vector<at::Tensor>> home_rows_;  // [streamed][chunk]: the device's view, in words
   // Every home row of every chunk as rows of one strided device view: a row
