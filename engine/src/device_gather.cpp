@@ -89,9 +89,8 @@ void LayerStreamer::make_pieces() {
   piece_free_.clear();
   piece_free_.resize(pieces_.size());
   next_piece_ = 0;
-  c10::impl::VirtualGuardImpl impl(device_.type());
-  gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
-  writeback_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+  gather_stream_ = c10::impl::VirtualGuardImpl(device_.type())
+                       .getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
 }
 
 void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
@@ -219,16 +218,13 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
   }
 }
 
-void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) {
-  // The ring's blocks are gathered on the copy stream (the caller's guard):
-  // once that is done the buffer may take its next layer. Their crossing goes
-  // on the write-back stream. Long runs of home rows: one copy-engine copy per
-  // run (no SM writes over the bus). The other blocks: the device writes them
+void LayerStreamer::gather_write_back(std::int64_t streamed) {
+  // On the copy stream (the caller's guard). Long runs of home rows: the
+  // ring's blocks gathered on the device, then one copy-engine copy per run
+  // (no SM writes over the bus). The other blocks: the device writes them
   // into the mapped homes.
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
-  c10::impl::VirtualGuardImpl guard_impl(device_.type());
-  std::optional<at::Tensor> long_rows, short_rows;
   if (!writeback_long_blocks_.empty()) {
     if (!writeback_long_ids_) {  // once per step, from pinned memory (never waits)
       const auto n = static_cast<std::int64_t>(writeback_long_blocks_.size());
@@ -236,36 +232,20 @@ void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) 
       std::copy(writeback_long_blocks_.begin(), writeback_long_blocks_.end(), host.data_ptr<std::int64_t>());
       writeback_long_ids_ = host.to(device_, /*non_blocking=*/true);
     }
-    long_rows = kv.index_select(0, *writeback_long_ids_);
-  }
-  if (!writeback_short_blocks_.empty()) {
-    if (!writeback_index_) {
-      writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
-      // Read on the write-back stream too (after the event below).
-      guard_impl.recordDataPtrOnStream(writeback_index_->local.storage().data_ptr(), *writeback_stream_);
-    }
-    short_rows = as_words(kv.index_select(0, writeback_index_->blocks));
-  }
-  c10::Event gathered(device_.type());
-  gathered.record(*copy_stream_);
-  const c10::StreamGuard on_writeback_stream(*writeback_stream_);
-  gathered.block(*writeback_stream_);
-  if (long_rows) {
-    guard_impl.recordDataPtrOnStream(long_rows->storage().data_ptr(), *writeback_stream_);
+    const at::Tensor gathered = kv.index_select(0, *writeback_long_ids_);
     for (const auto& run : writeback_long_runs_) {
       home_view(streamed, SlotRun{run.first, run.count, 0})
-          .copy_(long_rows->narrow(0, run.offset, run.count), /*non_blocking=*/true);
+          .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
     }
   }
-  if (short_rows) {
-    guard_impl.recordDataPtrOnStream(short_rows->storage().data_ptr(), *writeback_stream_);
-    const DeviceIndex& index = *writeback_index_;
-    for (const auto& span : index.spans) {
-      home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
-          0, index.local.narrow(0, span.offset, span.count), short_rows->narrow(0, span.offset, span.count));
-    }
+  if (writeback_short_blocks_.empty()) return;
+  if (!writeback_index_) writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
+  const DeviceIndex& index = *writeback_index_;
+  const at::Tensor rows = as_words(kv.index_select(0, index.blocks));
+  for (const auto& span : index.spans) {
+    home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
+        0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
   }
-  fence.record(*writeback_stream_);
 }
 
 }  // namespace activekv

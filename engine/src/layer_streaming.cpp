@@ -102,7 +102,6 @@ LayerStreamer::~LayerStreamer() {
 void LayerStreamer::synchronize() {
   if (gather_stream_) gather_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
-  if (writeback_stream_) writeback_stream_->synchronize();
 }
 
 at::Tensor LayerStreamer::home_view(std::int64_t streamed, const SlotRun& run) {
@@ -315,13 +314,13 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kDeviceGather) {
-      gather_write_back(j, p.fence);
+      gather_write_back(j);
     } else {
       for (const auto& run : writeback_runs_) {
         home_view(j, rows_of(run)).copy_(kv.narrow(0, run.block, run.count), /*non_blocking=*/true);
       }
-      p.fence.record(*copy_stream_);
     }
+    p.fence.record(*copy_stream_);
   }
   pending_writebacks_.push_back(std::move(p));
   stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));

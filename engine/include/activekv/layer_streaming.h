@@ -197,9 +197,7 @@ class LayerStreamer {
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
-  // Reads the ring on the copy stream, crosses the bus on the write-back
-  // stream; records `fence` there.
-  void gather_write_back(std::int64_t streamed, c10::Event& fence);
+  void gather_write_back(std::int64_t streamed);
   // The ring buffer's blocks (or a batch of them) as rows of gather words.
   at::Tensor as_words(const at::Tensor& blocks) const;
   at::Tensor as_blocks(const at::Tensor& words, const at::Tensor& like) const;
@@ -224,9 +222,6 @@ class LayerStreamer {
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
-  // A write-back's bus half: the ring's next occupant waits only for the
-  // device-side gather of the blocks, not for their crossing.
-  std::optional<c10::Stream> writeback_stream_;
   at::ScalarType word_type_ = at::kByte;   // the widest element a row divides into
   std::vector<std::vector<at::Tensor>> home_rows_;  // [streamed][chunk]: the device's view, in words
   // Every home row of every chunk as rows of one strided device view: a row
