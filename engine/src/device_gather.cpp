@@ -77,7 +77,8 @@ bool LayerStreamer::init_device_gather() {
 }
 
 void LayerStreamer::make_pieces() {
-  synchronize();
+  // Nothing in flight reads the old pieces: the constructor and set_tuning
+  // (which synchronizes first) call this.
   const std::int64_t row_bytes = homes_->layer_bytes();
   const std::int64_t words = row_bytes / static_cast<std::int64_t>(c10::elementSize(word_type_));
   const std::int64_t piece_rows =
