@@ -72,6 +72,8 @@ bool LayerStreamer::init_device_gather() {
                                   .make_tensor());
     }
   }
+  gather_stream_ = c10::impl::VirtualGuardImpl(device_.type())
+                       .getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
   make_pieces();
   return true;
 }
@@ -90,8 +92,6 @@ void LayerStreamer::make_pieces() {
   piece_free_.clear();
   piece_free_.resize(pieces_.size());
   next_piece_ = 0;
-  gather_stream_ = c10::impl::VirtualGuardImpl(device_.type())
-                       .getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
 }
 
 void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
@@ -99,12 +99,19 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
     throw std::invalid_argument("set_tuning: pieces, piece_bytes and copy_engine_run must be positive");
   }
   synchronize();
+  // A stream is fetched again only when its priority changes: the pool hands
+  // out its streams in turn, and a step's speed should not depend on which.
+  const bool new_copy_stream = tuning.copy_high_priority != tuning_.copy_high_priority;
+  const bool new_gather_stream = tuning.gather_high_priority != tuning_.gather_high_priority;
   tuning_ = tuning;
-  if (has_streams()) {
-    copy_stream_ = c10::impl::VirtualGuardImpl(device_.type())
-                       .getStreamFromGlobalPool(device_, tuning_.copy_high_priority);
+  c10::impl::VirtualGuardImpl impl(device_.type());
+  if (has_streams() && new_copy_stream) {
+    copy_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.copy_high_priority);
   }
-  if (device_gather_possible_) make_pieces();
+  if (device_gather_possible_) {
+    if (new_gather_stream) gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
+    make_pieces();
+  }
 }
 
 void LayerStreamer::set_copy_method(StreamCopy method) {
