@@ -266,7 +266,7 @@ struct Model {
     if (resident < kLayers) {
       auto geometry = StreamingGeometry::plan(StreamingConfig{resident, kRing}, names);
       if (!geometry.ok()) throw std::runtime_error(geometry.status().error());
-      auto made = LayerStreamer::create(geometry.value(), by_name, /*fence_timeout_ms=*/60000);
+      auto made = LayerStreamer::create(geometry.value(), by_name, /*fence_timeout_ms=*/60000, kHeadSize);
       if (!made.ok()) throw std::runtime_error(made.status().error());
       streamer = std::move(made.value());
     }

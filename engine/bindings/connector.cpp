@@ -106,7 +106,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     }
     geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
     report = StartupReport::of(
-        *geometry, num_blocks, layout.block_size, layout.layer_bytes(Mode::kExact),
+        *geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
         py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
     if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
       throw py::value_error(s.error());

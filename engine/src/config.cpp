@@ -37,34 +37,8 @@ Status read_int(const std::string& key, const ConfigValue& v, std::int64_t& out,
   return read_int_at(where(key), v, out, in_range, accepts);
 }
 
-// The `streaming` table, key by key in sorted order (as config.py's _streaming).
-Result<StreamingConfig> read_streaming(const ConfigValue& v) {
-  const std::string at = kStreamingWhere;
-  if (v.kind != ConfigValue::Kind::kTable) {
-    return bad(at + ": expected a table {'resident_layers': R, 'ring_size': K}, got " +
-               v.type_name + " " + v.repr);
-  }
-  for (const auto& [key, value] : v.table) {
-    if (key != "resident_layers" && key != "ring_size") {
-      return bad(at + ": unknown key '" + key + "'; accepted keys: resident_layers, ring_size");
-    }
-  }
-  StreamingConfig out;
-  for (const auto& [key, value] : v.table) {
-    const std::string place = at + "['" + key + "']";
-    const Status s =
-        key == "resident_layers"
-            ? read_int_at(place, value, out.resident_layers, [](auto x) { return x >= 0; },
-                          "an integer >= 0 (layers kept on the device)")
-            : read_int_at(place, value, out.ring_size, [](auto x) { return x >= 2; },
-                          "an integer >= 2 (staging buffers on the device)");
-    if (!s.ok()) return s;
-  }
-  return out;
-}
-
 template <class E, std::size_t N>
-Status read_choice(const std::string& key, const ConfigValue& v,
+Status read_choice_at(const std::string& place, const ConfigValue& v,
                    const std::array<std::pair<const char*, E>, N>& choices, E& out) {
   if (v.kind == ConfigValue::Kind::kString) {
     for (const auto& [name, value] : choices) {
@@ -78,7 +52,35 @@ Status read_choice(const std::string& key, const ConfigValue& v,
   for (const auto& [name, value] : choices) {
     accepted += (accepted.empty() ? "'" : ", '") + std::string(name) + "'";
   }
-  return bad(where(key) + ": " + v.repr + " is not accepted; accepted values: " + accepted);
+  return bad(place + ": " + v.repr + " is not accepted; accepted values: " + accepted);
+}
+
+
+// The `streaming` table, key by key in sorted order (as config.py's _streaming).
+Result<StreamingConfig> read_streaming(const ConfigValue& v) {
+  const std::string at = kStreamingWhere;
+  if (v.kind != ConfigValue::Kind::kTable) {
+    return bad(at + ": expected a table {'resident_layers': R, 'ring_size': K}, got " +
+               v.type_name + " " + v.repr);
+  }
+  for (const auto& [key, value] : v.table) {
+    if (key != "homes" && key != "resident_layers" && key != "ring_size") {
+      return bad(at + ": unknown key '" + key + "'; accepted keys: homes, resident_layers, ring_size");
+    }
+  }
+  StreamingConfig out;
+  for (const auto& [key, value] : v.table) {
+    const std::string place = at + "['" + key + "']";
+    const Status s =
+        key == "homes" ? read_choice_at(place, value, kModes, out.homes)
+        : key == "resident_layers"
+            ? read_int_at(place, value, out.resident_layers, [](auto x) { return x >= 0; },
+                          "an integer >= 0 (layers kept on the device)")
+            : read_int_at(place, value, out.ring_size, [](auto x) { return x >= 2; },
+                          "an integer >= 2 (staging buffers on the device)");
+    if (!s.ok()) return s;
+  }
+  return out;
 }
 
 }  // namespace
@@ -129,11 +131,11 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     if (key == "streaming") {
       continue;  // a table: read after every other key, as the reference does
     } else if (key == "mode") {
-      s = read_choice(key, v, kModes, c.mode);
+      s = read_choice_at(where(key), v, kModes, c.mode);
     } else if (key == "store_blocks") {
       constexpr std::array<std::pair<const char*, StoreScope>, 2> kScopes = {
           {{"prompt", StoreScope::kPrompt}, {"prompt_and_decode", StoreScope::kPromptAndDecode}}};
-      s = read_choice(key, v, kScopes, c.store_blocks);
+      s = read_choice_at(where(key), v, kScopes, c.store_blocks);
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {

@@ -122,16 +122,6 @@ void LayerStreamer::set_copy_method(StreamCopy method) {
   copy_method_ = method;
 }
 
-at::Tensor LayerStreamer::as_words(const at::Tensor& blocks) const {
-  return blocks.reshape({blocks.size(0), -1}).view(at::kByte).view(word_type_);
-}
-
-at::Tensor LayerStreamer::as_blocks(const at::Tensor& words, const at::Tensor& like) const {
-  std::vector<std::int64_t> shape = like.sizes().vec();
-  shape[0] = words.size(0);
-  return words.view(at::kByte).view(like.scalar_type()).view(shape);
-}
-
 LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks,
                                                        const std::vector<std::int64_t>& rows) const {
   // Uploaded on the current stream (a device stream of ours).
@@ -220,7 +210,7 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
     }
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     read.block(*copy_stream_);
-    kv.index_copy_(0, index.blocks.narrow(0, first, rows), as_blocks(piece.narrow(0, 0, rows), kv));
+    kv.index_copy_(0, index.blocks.narrow(0, first, rows), decode(piece.narrow(0, 0, rows)));
     piece_free_[k].emplace(device_.type());
     piece_free_[k]->record(*copy_stream_);
   }
@@ -240,16 +230,16 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
       std::copy(writeback_long_blocks_.begin(), writeback_long_blocks_.end(), host.data_ptr<std::int64_t>());
       writeback_long_ids_ = host.to(device_, /*non_blocking=*/true);
     }
-    const at::Tensor gathered = kv.index_select(0, *writeback_long_ids_);
+    const at::Tensor gathered = encode_words(kv.index_select(0, *writeback_long_ids_)).view(at::kByte);
     for (const auto& run : writeback_long_runs_) {
-      home_view(streamed, SlotRun{run.first, run.count, 0})
+      home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
           .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
     }
   }
   if (writeback_short_blocks_.empty()) return;
   if (!writeback_index_) writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
   const DeviceIndex& index = *writeback_index_;
-  const at::Tensor rows = as_words(kv.index_select(0, index.blocks));
+  const at::Tensor rows = encode_words(kv.index_select(0, index.blocks));
   for (const auto& span : index.spans) {
     home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
         0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));

@@ -30,7 +30,7 @@ SlotRun rows_of(const auto& run) { return SlotRun{run.row, run.count, run.offset
 
 Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
     StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
-    std::int64_t fence_timeout_ms) {
+    std::int64_t fence_timeout_ms, std::int64_t head_size) {
   // Every layer of a ring buffer must be a view of the same bytes, or staging
   // into the buffer would not reach the layer vLLM's attention reads.
   std::unordered_map<std::int64_t, const void*> ring_ptr;
@@ -50,7 +50,17 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
   }
   const at::Tensor& first = streamed_kv.front();
   const std::int64_t num_rows = home_rows_for(first.size(0));
-  const std::int64_t layer_bytes = first[0].numel() * static_cast<std::int64_t>(first.element_size());
+  std::unique_ptr<KVCodec> codec;
+  if (geometry.homes == Mode::kCompressed) {
+    try {
+      codec = make_codec(Mode::kCompressed, first.sizes().slice(1).vec(), first.scalar_type(), head_size);
+    } catch (const std::invalid_argument& e) {
+      return Status(ErrorCode::kUnsupportedLayout,
+                    std::string("kv_connector_extra_config['streaming']['homes']='compressed': ") + e.what());
+    }
+  }
+  const std::int64_t layer_bytes =
+      codec ? codec->layer_bytes() : first[0].numel() * static_cast<std::int64_t>(first.element_size());
   const std::int64_t num_streamed = geometry.num_streamed();
   auto homes = std::make_unique<HostArena>(num_rows, num_streamed, layer_bytes,
                                            /*pin=*/first.device().type() != c10::DeviceType::CPU,
@@ -67,14 +77,17 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
     }
   }
   return std::unique_ptr<LayerStreamer>(
-      new LayerStreamer(std::move(geometry), std::move(streamed_kv), std::move(homes), fence_timeout_ms));
+      new LayerStreamer(std::move(geometry), std::move(streamed_kv), std::move(homes), std::move(codec),
+                        fence_timeout_ms));
 }
 
 LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
-                             std::unique_ptr<HostArena> homes, std::int64_t fence_timeout_ms)
+                             std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
+                             std::int64_t fence_timeout_ms)
     : geometry_(std::move(geometry)),
       streamed_kv_(std::move(streamed_kv)),
       homes_(std::move(homes)),
+      codec_(std::move(codec)),
       fence_timeout_ms_(fence_timeout_ms),
       device_(streamed_kv_.front().device()) {
   const auto names = geometry_.streamed();
@@ -104,13 +117,40 @@ void LayerStreamer::synchronize() {
   if (copy_stream_) copy_stream_->synchronize();
 }
 
-at::Tensor LayerStreamer::home_view(std::int64_t streamed, const SlotRun& run) {
+at::Tensor LayerStreamer::home_bytes_of(std::int64_t streamed, const SlotRun& run) {
   auto bytes = homes_->run_view(streamed, run);
   if (!bytes.ok()) throw std::runtime_error(bytes.status().error());
-  const at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
+  return bytes.value();
+}
+
+at::Tensor LayerStreamer::decode(const at::Tensor& rows) const {
+  const at::Tensor bytes = rows.view(at::kByte);  // [n, layer_bytes], from bytes or words
+  if (codec_) return codec_->decode(bytes);
+  const at::Tensor& kv = streamed_kv_.front();  // every streamed layer has its shape
   std::vector<std::int64_t> shape = kv.sizes().vec();
-  shape[0] = run.count;
-  return bytes.value().view(kv.scalar_type()).view(shape);
+  shape[0] = rows.size(0);
+  return bytes.view(kv.scalar_type()).view(shape);
+}
+
+at::Tensor LayerStreamer::encode_words(const at::Tensor& blocks) const {
+  if (codec_) return codec_->encode(blocks).view(word_type_);
+  return blocks.reshape({blocks.size(0), -1}).view(at::kByte).view(word_type_);
+}
+
+void LayerStreamer::copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks) {
+  const at::Tensor home = home_bytes_of(streamed, rows);
+  if (codec_) {
+    home.copy_(codec_->encode(blocks), /*non_blocking=*/has_streams());
+  } else {
+    decode(home).copy_(blocks, /*non_blocking=*/has_streams());  // a view of the home
+  }
+}
+
+void LayerStreamer::copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks) {
+  at::Tensor home = home_bytes_of(streamed, rows);
+  // Compressed rows cross as they are and are decoded where the blocks live.
+  if (codec_ && home.device() != blocks.device()) home = home.to(blocks.device(), /*non_blocking=*/true);
+  blocks.copy_(decode(home), /*non_blocking=*/has_streams());
 }
 
 void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
@@ -252,7 +292,7 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kRuns) {
       for (const auto& run : stage_runs_) {
-        kv.narrow(0, run.block, run.count).copy_(home_view(streamed, rows_of(run)), /*non_blocking=*/true);
+        copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     }
     stage_fences_[j].emplace(device_.type());
@@ -273,7 +313,7 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     const Stopwatch t;
     at::Tensor& kv = streamed_kv_[ju];
-    for (const auto& run : stage_runs_) kv.narrow(0, run.block, run.count).copy_(home_view(j, rows_of(run)));
+    for (const auto& run : stage_runs_) copy_from_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
     stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
@@ -297,7 +337,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     if (writeback_blocks_.empty()) return;
     const Stopwatch t;
-    for (const auto& run : writeback_runs_) home_view(j, rows_of(run)).copy_(kv.narrow(0, run.block, run.count));
+    for (const auto& run : writeback_runs_) copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
@@ -317,7 +357,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
       gather_write_back(j);
     } else {
       for (const auto& run : writeback_runs_) {
-        home_view(j, rows_of(run)).copy_(kv.narrow(0, run.block, run.count), /*non_blocking=*/true);
+        copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     }
     p.fence.record(*copy_stream_);

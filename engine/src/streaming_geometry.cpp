@@ -35,7 +35,7 @@ Result<StreamingGeometry> StreamingGeometry::plan(const StreamingConfig& config,
                " KV cache layers, or streaming holds no more blocks than the device does without "
                "it; lower resident_layers or ring_size");
   }
-  return StreamingGeometry{layer_names, r, k};
+  return StreamingGeometry{layer_names, r, k, config.homes};
 }
 
 std::vector<std::string> StreamingGeometry::resident() const {
@@ -113,6 +113,7 @@ StartupReport StartupReport::of(const StreamingGeometry& geometry, std::int64_t 
   r.block_size = block_size;
   r.host_bytes = home_rows_for(num_blocks) * streamed * layer_bytes;
   r.decode_step_bytes = cdiv(max_model_len, block_size) * streamed * layer_bytes;
+  r.homes = geometry.homes;
   return r;
 }
 
@@ -126,7 +127,9 @@ std::string StartupReport::line() const {
          std::to_string(without / block_size) + " blocks (" + std::to_string(without) +
          " tokens) without streaming; host memory reserved for the streamed layers " +
          std::to_string(host_bytes) + " bytes per worker; a full-context decode step moves " +
-         std::to_string(decode_step_bytes) + " bytes host->device per worker";
+         std::to_string(decode_step_bytes) + " bytes host->device per worker" +
+         (homes == Mode::kCompressed ? "; the homes are compressed (int8 + scales, lossy within the codec's bound)"
+                                     : "");
 }
 
 Status StartupReport::check_host_memory(std::int64_t capacity_bytes,

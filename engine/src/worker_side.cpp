@@ -87,7 +87,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   if (streaming_) {
-    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms);
+    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size);
     if (!streamer.ok()) return streamer.status();
     streamer_ = std::move(streamer.value());
   }

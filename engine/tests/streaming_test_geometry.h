@@ -15,8 +15,9 @@ using Names = std::vector<std::string>;
 
 inline const Names kLayers = {"l0", "l1", "l2", "l3", "l4"};
 
-inline StreamingGeometry geometry(std::int64_t resident = 1, std::int64_t ring = 2) {
-  auto g = StreamingGeometry::plan(StreamingConfig{resident, ring}, kLayers);
+inline StreamingGeometry geometry(std::int64_t resident = 1, std::int64_t ring = 2,
+                                  Mode homes = Mode::kExact) {
+  auto g = StreamingGeometry::plan(StreamingConfig{resident, ring, homes}, kLayers);
   EXPECT_TRUE(g.ok()) << g.status().error();
   return g.value();
 }

@@ -83,7 +83,11 @@ TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
   expect_exact_error({{"streaming", integer(2)}},
                      at + ": expected a table {'resident_layers': R, 'ring_size': K}, got int 2");
   expect_exact_error({{"streaming", table({{"rings", integer(2)}}, "{'rings': 2}")}},
-                     at + ": unknown key 'rings'; accepted keys: resident_layers, ring_size");
+                     at + ": unknown key 'rings'; accepted keys: homes, resident_layers, ring_size");
+  expect_exact_error({{"streaming", table({{"homes", text("int4")}}, "")}},
+                     at + "['homes']: 'int4' is not accepted; accepted values: 'exact', 'compressed'");
+  expect_exact_error({{"streaming", table({{"homes", integer(1)}, {"ring_size", integer(1)}}, "")}},
+                     at + "['homes']: 1 is not accepted; accepted values: 'exact', 'compressed'");
   expect_exact_error({{"streaming", table({{"ring_size", text("2")}}, "")}},
                      at + "['ring_size']: expected an integer, got str '2'");
   expect_exact_error({{"streaming", table({{"ring_size", integer(1)}}, "")}},

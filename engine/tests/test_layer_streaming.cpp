@@ -4,6 +4,7 @@
 #include "streaming_test_geometry.h"
 
 #include "activekv/home_rows.h"
+#include "activekv/kv_codec.h"
 #include "activekv/layer_streaming.h"
 #include "activekv/worker_side.h"
 
@@ -58,7 +59,8 @@ BlockKey key(std::uint8_t i) {
 struct Streaming {
   WorkerSide worker;
   std::unordered_map<std::string, at::Tensor> kv;
-  Streaming() : worker(Config{}, layout(), 8, 0, geometry()), kv(ring_caches()) {
+  explicit Streaming(Mode homes = Mode::kExact)
+      : worker(Config{}, layout(), 8, 0, geometry(1, 2, homes)), kv(ring_caches()) {
     const Status s = worker.register_kv_caches(kv);
     EXPECT_TRUE(s.ok()) << s.error();
   }
@@ -133,6 +135,65 @@ TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
   EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);
   EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), 2 * 4 * 2 * layer_bytes);
+}
+
+std::string bytes_of(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return {reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel() * c.element_size())};
+}
+
+// One step of the streamed layers l1..l4: stage `stage`, then write `written`
+// (block -> content of the layer) and send `writeback` home.
+void streamed_step(Streaming& s, const Ids& stage, const Ids& writeback, std::int64_t step,
+                   const Ids& written) {
+  s.worker.bind_plan(streaming_plan(stage, writeback));
+  s.worker.start_load();
+  for (std::int64_t l = 0; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : written) s.kv[name][b].copy_(content(l, b, step));
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+}
+
+TEST(LayerStreamer, CompressedHomesHoldTheCodecsBytesAndStageTheirDecode) {
+  Streaming s(Mode::kCompressed);
+  const auto codec = make_codec(Mode::kCompressed, {2, 32, 64}, at::kBFloat16, layout().head_size);
+  const std::int64_t exact_bytes = 2 * 32 * 64 * 2;
+  ASSERT_LT(codec->layer_bytes(), exact_bytes * 6 / 10);  // (1 + 4 / 32) / 2 of exact
+  const auto encoded = [&](const at::Tensor& block) { return codec->encode(block.unsqueeze(0)); };
+  streamed_step(s, {}, {2, 5}, 1, {2, 5});
+  // Step 2 stages both: each layer finds the decode of its own encoded bytes.
+  s.worker.bind_plan(streaming_plan({2, 5}, {}));
+  s.worker.start_load();
+  for (std::int64_t l = 1; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : {2, 5}) {
+      const at::Tensor want = codec->decode(encoded(content(l, b, 1)))[0];
+      EXPECT_TRUE(bitwise(s.kv[name][b], want)) << name << " block " << b;
+      EXPECT_FALSE(bitwise(s.kv[name][b], content(l, b, 1))) << "lossless? " << name << " block " << b;
+    }
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+  const auto layer = static_cast<std::size_t>(codec->layer_bytes());
+  std::string home = s.worker.streamer()->home_bytes("l3");
+  ASSERT_EQ(home.size(), layer * static_cast<std::size_t>(kRows));
+  EXPECT_EQ(home.substr(static_cast<std::size_t>(row_of(5)) * layer, layer), bytes_of(encoded(content(3, 5, 1))));
+  EXPECT_EQ(home.substr(5 * layer, layer), std::string(layer, '\0'));
+  // Step 3 stages block 2 and sends it home unchanged: its home is now the
+  // encode of its decode (the reference's write-back, re-encoding).
+  streamed_step(s, {2}, {2}, 3, {});
+  home = s.worker.streamer()->home_bytes("l3");
+  const at::Tensor staged = codec->decode(encoded(content(3, 2, 1)));
+  EXPECT_EQ(home.substr(static_cast<std::size_t>(row_of(2)) * layer, layer), bytes_of(codec->encode(staged)));
+  const Telemetry t = s.worker.take_telemetry();
+  EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), (4 * 2 + 4) * codec->layer_bytes());
+  EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), (4 * 2 + 4) * codec->layer_bytes());
 }
 
 TEST(LayerStreamer, LoadsLandOnTopOfStagingAndTheSecondWaitDoesNothing) {

@@ -166,8 +166,10 @@ def refusal(model, connector, extra, budget: int, max_model_len: int) -> dict[st
             with _stderr_to(log):
                 llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=budget,
                                  max_model_len=max_model_len)
-        except RuntimeError:
-            text = log.read_text(errors="replace")
+        except (RuntimeError, ValueError) as err:
+            # vLLM's in-process engine raises its ValueError here; an engine
+            # process logs it and raises RuntimeError.
+            text = log.read_text(errors="replace") + f"\nValueError: {err}"
             line = next((l for l in text.splitlines() if ESTIMATE.search(l)), None)
             if line is None:
                 sys.stderr.write(text[-4000:])

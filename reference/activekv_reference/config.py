@@ -22,10 +22,14 @@ GIB = 1 << 30
 class StreamingConfig:
     """Layer streaming (streaming.py): the first ``resident_layers`` layers keep
     their KV on the device; the others live in host memory and take turns in
-    a ring of ``ring_size`` device buffers, one layer's worth of blocks each."""
+    a ring of ``ring_size`` device buffers, one layer's worth of blocks each.
+    ``homes`` is how the host holds the streamed layers: ``exact`` bytes, or
+    ``compressed`` (codec.py's int8 + scales, about 0.56x the bytes and the
+    bus time; lossy within the codec's bound, re-encoded at each write-back)."""
 
     resident_layers: int = 0
     ring_size: int = 2
+    homes: Mode = "exact"
 
 
 _STREAMING_RANGES = {
@@ -105,14 +109,22 @@ def _streaming(table: Any) -> StreamingConfig:
             f"{where}: expected a table {{'resident_layers': R, 'ring_size': K}}, "
             f"got {type(table).__name__} {table!r}"
         )
-    unknown = sorted(set(table) - set(_STREAMING_RANGES))
+    accepted_keys = sorted([*_STREAMING_RANGES, "homes"])
+    unknown = sorted(set(table) - set(accepted_keys))
     if unknown:
         raise ActiveKVConfigError(
-            f"{where}: unknown key {unknown[0]!r}; accepted keys: "
-            f"{', '.join(sorted(_STREAMING_RANGES))}"
+            f"{where}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted_keys)}"
         )
     for name in sorted(table):
         value = table[name]
+        if name == "homes":
+            accepted = get_args(Mode)
+            if value not in accepted:
+                raise ActiveKVConfigError(
+                    f"{where}['homes']: {value!r} is not accepted; accepted values: "
+                    f"{', '.join(repr(a) for a in accepted)}"
+                )
+            continue
         check, accepts = _STREAMING_RANGES[name]
         if not isinstance(value, int) or isinstance(value, bool):
             raise ActiveKVConfigError(

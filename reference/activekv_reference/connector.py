@@ -78,7 +78,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             geometry = StreamingGeometry.plan(self.config.streaming, layout.layer_names)
             report = StartupReport.of(
                 geometry, kv_cache_config.num_blocks, layout.block_size,
-                layout.layer_bytes("exact"), vllm_config.model_config.max_model_len,
+                layout.layer_bytes(geometry.homes), vllm_config.model_config.max_model_len,
             )
             # The homes come on top of the host store, in every worker.
             if self.config.capacity_bytes + report.host_bytes > host_bytes:

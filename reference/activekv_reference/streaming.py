@@ -24,6 +24,14 @@ Per step and streamed layer, in vLLM's order:
 The scheduler side decides both lists and their rows from the scheduled
 requests' block tables (SchedulerSide._plan_streaming); a block several
 requests read is staged once.
+
+Homes hold each block as its codec encodes it (codec.py): exact bytes, or with
+``homes = "compressed"`` int8 + scales (about 0.56x the bytes, so the bus time),
+decoded into the buffer at staging and encoded from it at each write-back. A
+compressed block the step writes into (the last, partly filled one) is staged
+decoded, so its earlier tokens are encoded again from their decoded values;
+the test's logprob bound (tests/vllm/test_compressed_homes.py) says what that
+costs.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ import time
 
 import torch
 
-from .config import ActiveKVConfigError, StreamingConfig
+from .codec import make_codec
+from .config import ActiveKVConfigError, Mode, StreamingConfig
 from .homes import rows_for
 
 STREAMING_KEY = "kv_connector_extra_config['streaming']"
@@ -48,6 +57,7 @@ class StreamingGeometry:
     layer_names: tuple[str, ...]
     resident_layers: int
     ring_size: int
+    homes: Mode = "exact"
 
     @classmethod
     def plan(cls, config: StreamingConfig, layer_names) -> StreamingGeometry:
@@ -65,7 +75,7 @@ class StreamingGeometry:
                 f"model's {len(names)} KV cache layers, or streaming holds no more blocks "
                 f"than the device does without it; lower resident_layers or ring_size"
             )
-        return cls(names, r, k)
+        return cls(names, r, k, config.homes)
 
     @property
     def resident(self) -> tuple[str, ...]:
@@ -122,10 +132,12 @@ class StartupReport:
     block_size: int
     host_bytes: int  # the streamed layers' homes, per worker
     decode_step_bytes: int  # host->device bytes of a max_model_len decode step, per worker
+    homes: Mode = "exact"
 
     @classmethod
     def of(cls, geometry: StreamingGeometry, num_blocks: int, block_size: int,
            layer_bytes: int, max_model_len: int) -> StartupReport:
+        """``layer_bytes``: one block of one layer as its home holds it."""
         regions = geometry.resident_layers + geometry.ring_size
         streamed = len(geometry.streamed)
         return cls(
@@ -137,6 +149,7 @@ class StartupReport:
             block_size=block_size,
             host_bytes=rows_for(num_blocks) * streamed * layer_bytes,
             decode_step_bytes=cdiv(max_model_len, block_size) * streamed * layer_bytes,
+            homes=geometry.homes,
         )
 
     def line(self) -> str:
@@ -148,22 +161,27 @@ class StartupReport:
             f"without streaming; host memory reserved for the streamed layers "
             f"{self.host_bytes} bytes per worker; a full-context decode step moves "
             f"{self.decode_step_bytes} bytes host->device per worker"
+            + ("; the homes are compressed (int8 + scales, lossy within the codec's bound)"
+               if self.homes == "compressed" else "")
         )
 
 
 class LayerStreamer:
     """Worker side: the homes of the streamed layers and the copies in and out."""
 
-    def __init__(self, geometry: StreamingGeometry, kv_caches: dict[str, torch.Tensor]):
+    def __init__(self, geometry: StreamingGeometry, kv_caches: dict[str, torch.Tensor],
+                 head_size: int):
         self.geometry = geometry
         self._check_aliasing(kv_caches)
         first = kv_caches[geometry.streamed[0]]
         pin = first.device.type != "cpu"
         self.num_blocks = first.shape[0]
         self.num_rows = rows_for(self.num_blocks)
-        # One home per streamed layer: its blocks, by home row.
+        self.codec = make_codec(geometry.homes, tuple(first.shape[1:]), first.dtype, head_size)
+        # One home per streamed layer: its blocks' encoded bytes, by home row.
         self.homes = {
-            name: torch.zeros((self.num_rows, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
+            name: torch.zeros((self.num_rows, self.codec.layer_bytes()), dtype=torch.uint8,
+                              pin_memory=pin)
             for name in geometry.streamed
         }
         self._stage: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -210,7 +228,7 @@ class LayerStreamer:
         t0 = time.perf_counter()
         blocks, rows = self._stage
         data = self.homes[name].index_select(0, rows)
-        kv.index_copy_(0, blocks.to(kv.device), data.to(kv.device))
+        kv.index_copy_(0, blocks.to(kv.device), self.codec.decode(data.to(kv.device)))
         stats.add("streamed_bytes_to_device", data.numel() * data.element_size())
         stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))
 
@@ -220,7 +238,7 @@ class LayerStreamer:
             return
         t0 = time.perf_counter()
         blocks, rows = self._writeback
-        data = kv.index_select(0, blocks.to(kv.device)).cpu()
+        data = self.codec.encode(kv.index_select(0, blocks.to(kv.device))).cpu()
         self.homes[name].index_copy_(0, rows, data)
         stats.add("streamed_bytes_to_host", data.numel() * data.element_size())
         stats.add("stream_us", int((time.perf_counter() - t0) * 1e6))

@@ -81,7 +81,7 @@ class WorkerSide:
             raise ValueError(f"ActiveKV: KV cache dtype {first.dtype} != spec {self.layout.dtype}")
         self._kv = {n: kv_caches[n] for n in self.layout.layer_names}
         if self.streaming is not None:
-            self.streamer = LayerStreamer(self.streaming, self._kv)
+            self.streamer = LayerStreamer(self.streaming, self._kv, self.layout.head_size)
         self.codec = make_codec(
             self.config.mode, shapes.pop(), self.layout.dtype, self.layout.head_size
         )

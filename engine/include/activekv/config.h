@@ -43,9 +43,12 @@ struct ConfigValue {
 // Layer streaming (layer_streaming.h): the first `resident_layers` layers keep
 // their KV on the device; the others live in host memory and take turns in a
 // ring of `ring_size` device buffers, one layer's worth of blocks each.
+// `homes`: how the host holds the streamed layers (kv_codec.h; compressed is
+// lossy within the codec's bound and re-encoded at each write-back).
 struct StreamingConfig {
   std::int64_t resident_layers = 0;
   std::int64_t ring_size = 2;
+  Mode homes = Mode::kExact;
 };
 
 struct Config {

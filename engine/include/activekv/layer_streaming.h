@@ -27,6 +27,7 @@
 
 #include "activekv/config.h"
 #include "activekv/host_arena.h"
+#include "activekv/kv_codec.h"
 #include "activekv/status.h"
 #include "activekv/streaming_geometry.h"
 #include "activekv/telemetry.h"
@@ -109,9 +110,10 @@ class LayerStreamer {
   // Checks that the streamed layers' KV caches alias their ring buffers (the
   // reference's message) and allocates the homes. `kv_caches` must hold every
   // layer of the geometry, checked by the caller.
+  // `head_size` splits blocks into head vectors for compressed homes.
   static Result<std::unique_ptr<LayerStreamer>> create(
       StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
-      std::int64_t fence_timeout_ms);
+      std::int64_t fence_timeout_ms, std::int64_t head_size);
   ~LayerStreamer();
   LayerStreamer(const LayerStreamer&) = delete;
   LayerStreamer& operator=(const LayerStreamer&) = delete;
@@ -161,10 +163,22 @@ class LayerStreamer {
 
  private:
   LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
-                std::unique_ptr<HostArena> homes, std::int64_t fence_timeout_ms);
+                std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
+                std::int64_t fence_timeout_ms);
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
-  // The home rows of a run, viewed as the KV cache's dtype and block shape.
-  at::Tensor home_view(std::int64_t streamed, const SlotRun& run);
+  // The home rows of a run: their bytes, [count, layer_bytes].
+  at::Tensor home_bytes_of(std::int64_t streamed, const SlotRun& run);
+  // Rows of homes' bytes (or of gather words) as blocks of the KV cache's dtype
+  // and shape: a view of exact homes, the codec's decode of compressed ones
+  // (on the bytes' device).
+  at::Tensor decode(const at::Tensor& rows) const;
+  // Blocks as their homes' rows of gather words: a view when exact, the
+  // codec's encode (on the blocks' device) when compressed.
+  at::Tensor encode_words(const at::Tensor& blocks) const;
+  // A run of ring-buffer blocks to their home rows, and back (CPU: done on
+  // return; device: issued on the current stream, non-blocking).
+  void copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks);
+  void copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks);
   void issue_stage(std::int64_t streamed, Telemetry& stats);
   void settle_writebacks();
 
@@ -198,9 +212,6 @@ class LayerStreamer {
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
   void gather_write_back(std::int64_t streamed);
-  // The ring buffer's blocks (or a batch of them) as rows of gather words.
-  at::Tensor as_words(const at::Tensor& blocks) const;
-  at::Tensor as_blocks(const at::Tensor& words, const at::Tensor& like) const;
 
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
@@ -214,6 +225,7 @@ class LayerStreamer {
   std::unordered_map<std::string, std::int64_t> streamed_index_;
   std::vector<at::Tensor> streamed_kv_;  // per streamed layer: its view onto its ring buffer
   std::unique_ptr<HostArena> homes_;
+  std::unique_ptr<KVCodec> codec_;  // compressed homes only; exact homes are the bytes
   std::int64_t fence_timeout_ms_;
   c10::Device device_{c10::DeviceType::CPU};
   std::optional<c10::Stream> copy_stream_;

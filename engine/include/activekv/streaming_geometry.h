@@ -6,8 +6,9 @@
 //
 // Geometry. The first R layers of the KV cache group (in vLLM's order) are
 // resident: their KV stays on the device. The other L - R layers are streamed:
-// the host holds every block of theirs (the block's home, indexed by vLLM's
-// block id, always exact bytes) and the device holds a ring of K buffers, each
+// the host holds every block of theirs (the block's home, a row the scheduler
+// gives it, home_rows.h; exact bytes or the compressed codec's, as `homes`
+// says) and the device holds a ring of K buffers, each
 // one layer's worth of blocks. Streamed layer j (0-based among the streamed)
 // uses buffer j % K: vLLM views its KV cache onto that buffer
 // (get_kv_cache_regions, patches/vllm/0.32.0/0002), so its block table, its
@@ -30,6 +31,7 @@ struct StreamingGeometry {
   std::vector<std::string> layer_names;  // the KV cache group's, in vLLM's order
   std::int64_t resident_layers = 0;
   std::int64_t ring_size = 2;
+  Mode homes = Mode::kExact;  // how the host holds the streamed layers
 
   // The geometry for these layers; kInvalidConfig (naming the key, the
   // reference's text) when streaming cannot save device memory with them.
@@ -76,7 +78,9 @@ struct StartupReport {
   std::int64_t block_size = 0;
   std::int64_t host_bytes = 0;         // the streamed layers' homes, per worker
   std::int64_t decode_step_bytes = 0;  // host->device bytes of a max_model_len decode step
+  Mode homes = Mode::kExact;
 
+  // `layer_bytes`: one block of one layer as its home holds it.
   static StartupReport of(const StreamingGeometry& geometry, std::int64_t num_blocks,
                           std::int64_t block_size, std::int64_t layer_bytes,
                           std::int64_t max_model_len);
