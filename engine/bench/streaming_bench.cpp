@@ -247,10 +247,12 @@ struct Model {
   std::int64_t block = 16, num_blocks = 0, resident = 0;
   std::vector<at::Tensor> kv;  // per layer: its own buffer (resident) or its ring buffer
   std::unique_ptr<LayerStreamer> streamer;
-  std::int64_t layer_bytes = 0;
+  std::int64_t layer_bytes = 0;  // one block of one layer as its home holds it
+  std::unique_ptr<KVCodec> codec;  // the homes' (exact: a view)
 
-  Model(std::int64_t block_size, std::int64_t blocks, std::int64_t resident_layers)
-      : block(block_size), num_blocks(blocks), resident(resident_layers) {
+  Model(std::int64_t block_size, std::int64_t blocks, std::int64_t resident_layers, Mode homes = Mode::kExact)
+      : block(block_size), num_blocks(blocks), resident(resident_layers),
+        codec(make_codec(homes, {2, block_size, kKvHeads, kHeadSize}, at::kBFloat16, kHeadSize)) {
     const auto dev = at::TensorOptions().device(g_device).dtype(at::kBFloat16);
     std::vector<at::Tensor> ring;
     for (std::int64_t r = 0; r < kRing; ++r) ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
@@ -262,9 +264,9 @@ struct Model {
                                 : ring[static_cast<std::size_t>((l - resident) % kRing)]);
       by_name[names.back()] = kv.back();
     }
-    layer_bytes = kv.front()[0].numel() * 2;
+    layer_bytes = codec->layer_bytes();
     if (resident < kLayers) {
-      auto geometry = StreamingGeometry::plan(StreamingConfig{resident, kRing}, names);
+      auto geometry = StreamingGeometry::plan(StreamingConfig{resident, kRing, homes}, names);
       if (!geometry.ok()) throw std::runtime_error(geometry.status().error());
       auto made = LayerStreamer::create(geometry.value(), by_name, /*fence_timeout_ms=*/60000, kHeadSize);
       if (!made.ok()) throw std::runtime_error(made.status().error());
@@ -358,21 +360,33 @@ bool verify_step(Model& m, const Step& s) {
   auto home = [&](std::int64_t j, std::int64_t b) {
     return homes.run_view(j, SlotRun{s.row_of.at(b), 1, 0}).value().view({-1});
   };
+  // Fresh content in the sampled homes (as the homes' codec writes it); then
+  // the ring holds its decode and the written-back homes the ring's encode,
+  // both as the CPU codec computes them.
+  const auto shape = m.kv.front()[0].sizes().vec();
   for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
-    for (const auto b : sample) home(l - m.resident, b).copy_(at::randint(0, 256, {m.layer_bytes}, at::kByte));
+    for (const auto b : sample) {
+      home(l - m.resident, b).copy_(m.codec->encode(at::randn(shape).to(at::kBFloat16).unsqueeze(0)).view({-1}));
+    }
   }
   m.run(s, true);
   bool ok = true;
+  auto bytes_of = [](const at::Tensor& t) { return t.contiguous().view({-1}).view(at::kByte); };
   for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
     const at::Tensor ring = m.kv[static_cast<std::size_t>(l)];
-    auto ring_bytes = [&](std::int64_t b) { return ring[b].contiguous().view({-1}).view(at::kByte).cpu(); };
-    for (const auto b : sample) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
-    for (const auto b : s.writeback_blocks) ok = ok && at::equal(ring_bytes(b), home(l - m.resident, b));
+    auto ring_block = [&](std::int64_t b) { return ring[b].cpu().unsqueeze(0); };
+    for (const auto b : sample) {
+      const at::Tensor staged = m.codec->decode(home(l - m.resident, b).unsqueeze(0));
+      ok = ok && at::equal(bytes_of(ring_block(b)), bytes_of(staged));
+    }
+    for (const auto b : s.writeback_blocks) {
+      ok = ok && at::equal(bytes_of(m.codec->encode(ring_block(b))), home(l - m.resident, b));
+    }
   }
   std::printf("verify: %s %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
               s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
               sample.size(), s.writeback_blocks.size(), static_cast<long long>(kRing),
-              ok ? "bitwise equal to their homes" : "DIFFER FROM THEIR HOMES");
+              ok ? "bitwise equal to their homes (through the homes' codec)" : "DIFFER FROM THEIR HOMES");
   std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"homes\": \"%s\", \"context\": %lld, "
               "\"batch\": %lld, \"ok\": %s}\n",
               s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
@@ -502,16 +516,15 @@ void resident_curve(Bench& b) {
   }
 }
 
-// Compressed streaming: the homes hold the engine's compressed codec (int8 +
-// one fp32 scale per head row); the device gathers the compressed rows over
-// the bus and the codec dequantizes them on the device into the ring. Not a
-// LayerStreamer mode yet: this loop is the streamer's kDeviceGather with a
-// decode between the bus and the ring (one staging buffer, no pieces).
+// Compressed homes (StreamingConfig::homes): the homes hold the compressed
+// codec (int8 + one fp32 scale per head row); the streamer's pieces carry the
+// compressed rows over the bus and the copy stream decodes each into the ring.
+// Each point twice on the same block ids and rows: exact homes, then
+// compressed; each against its own bound, and compressed's speed-up.
 void compressed(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::vector<std::int64_t> shape{2, block, kKvHeads, kHeadSize};
   const auto codec = make_codec(Mode::kCompressed, shape, at::kBFloat16, kHeadSize);
-  const auto exact_codec = make_codec(Mode::kExact, shape, at::kBFloat16, kHeadSize);
   // Bitwise: the device's decode against the CPU's (the reference codec's
   // bytes, checked by the parity gate), on random blocks.
   {
@@ -533,98 +546,37 @@ void compressed(Bench& b) {
     std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
                 same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
   }
-  const std::int64_t row_bytes = codec->layer_bytes();
-  c10::impl::VirtualGuardImpl impl(g_device.type());
-  const c10::Stream copy = impl.getStreamFromGlobalPool(g_device, false);    // the bus
-  const c10::Stream scatter = impl.getStreamFromGlobalPool(g_device, false); // decode into the ring
-  for (const std::int64_t ctx : {16384, 65536, 131072}) {
-    const std::int64_t num_blocks = cdiv(ctx, block) + cdiv(ctx, block) / 32;
-    Model m(block, num_blocks, kLayers);  // every layer its own buffer: the loop below rings them
+  const std::vector<StepShape> shapes = {{"decode", 16384, 1, 1, 0},   {"decode", 65536, 1, 1, 0},
+                                         {"decode", 131072, 1, 1, 0},  {"decode", 131072, 4, 1, 0},
+                                         {"decode", 16384 + block, 16, 1, 16384},
+                                         {"prefill", 16384, 1, 2048, 0}, {"prefill", 131072, 1, 2048, 0}};
+  std::int64_t tokens = 0;
+  for (const auto& point : shapes) tokens = std::max(tokens, point.batch * cdiv(point.context, block) * block);
+  const std::int64_t num_blocks = cdiv(tokens, block) + cdiv(tokens, block) / 32;
+  std::vector<Step> steps;
+  std::uint32_t seed = 31;
+  for (const auto& point : shapes) steps.push_back(make_step(point, block, num_blocks, seed++, Homes::kExtents));
+  std::vector<double> exact_step(steps.size()), attention(steps.size());
+  for (const Mode homes : {Mode::kExact, Mode::kCompressed}) {
     free_pinned_cache();
-    HostArena homes(num_blocks, kLayers, row_bytes, /*pin=*/true, chunk_bytes_for(kLayers));
-    std::vector<std::vector<at::Tensor>> rows(static_cast<std::size_t>(kLayers));
-    for (std::int64_t l = 0; l < kLayers; ++l) {
-      for (std::int64_t c = 0; c < homes.num_chunks(); ++c) {
-        at::Tensor bytes = homes.chunk_view(l, c).value();
-        bytes.zero_();
-        rows[static_cast<std::size_t>(l)].push_back(
-            at::for_blob(bytes.data_ptr(), bytes.sizes()).options(at::TensorOptions().dtype(at::kByte).device(g_device))
-                .target_device(g_device).make_tensor());
+    Model m(block, num_blocks, 0, homes);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (homes == Mode::kExact) attention[i] = m.median_run(steps[i], false, b.o.iters);
+      const double step = m.median_run(steps[i], true, b.o.iters);
+      report(b, "compressed", m, steps[i], step, attention[i], homes == Mode::kExact ? "exact-homes" : "compressed-homes");
+      if (homes == Mode::kExact) {
+        exact_step[i] = step;
+      } else {
+        std::printf("compressed homes: %s ctx %lld x%lld  %.3fx exact homes' tokens/s\n", steps[i].shape.kind.c_str(),
+                    static_cast<long long>(steps[i].shape.context), static_cast<long long>(steps[i].shape.batch),
+                    exact_step[i] / step);
+        std::printf("RESULT {\"part\": \"compressed-speedup\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
+                    "\"speedup\": %.4f}\n", steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
+                    static_cast<long long>(steps[i].shape.batch), exact_step[i] / step);
       }
+      if (!verify_step(m, steps[i])) b.failed = true;
+      std::fflush(stdout);
     }
-    std::vector<at::Tensor> ring;
-    for (std::int64_t r = 0; r < kRing; ++r) ring.push_back(m.kv[static_cast<std::size_t>(r)]);
-    const Step s = make_step({"decode", ctx, 1, 1, 0}, block, num_blocks, 7);
-    const auto n = static_cast<std::int64_t>(s.stage_blocks.size());
-    std::vector<std::int64_t> local, chunk_of;
-    for (const auto blk : s.stage_blocks) {
-      local.push_back(blk % homes.slots_per_chunk());
-      chunk_of.push_back(blk / homes.slots_per_chunk());
-    }
-    const at::Tensor ids = at::tensor(s.stage_blocks, at::kLong).to(g_device);
-    const at::Tensor local_ids = at::tensor(local, at::kLong).to(g_device);
-    auto run = [&] {
-      device_sync();
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<c10::Event> staged;
-      std::vector<c10::Event> attended;
-      auto stage = [&](std::int64_t l) {
-        at::Tensor packed;
-        c10::Event read(g_device.type());
-        {
-        const c10::StreamGuard g(copy);
-        packed = at::empty({n, row_bytes}, at::TensorOptions().dtype(at::kByte).device(g_device));
-        std::int64_t i = 0;
-        while (i < n) {
-          std::int64_t j = i;
-          while (j < n && chunk_of[static_cast<std::size_t>(j)] == chunk_of[static_cast<std::size_t>(i)]) ++j;
-          at::Tensor out = packed.narrow(0, i, j - i);
-          at::index_select_out(out, rows[static_cast<std::size_t>(l)][static_cast<std::size_t>(chunk_of[static_cast<std::size_t>(i)])],
-                               0, local_ids.narrow(0, i, j - i));
-          i = j;
-        }
-        read.record(copy);
-        }
-        impl.recordDataPtrOnStream(packed.storage().data_ptr(), scatter);
-        const c10::StreamGuard g(scatter);
-        read.block(scatter);
-        if (l >= kRing) attended[static_cast<std::size_t>(l - kRing)].block(scatter);
-        ring[static_cast<std::size_t>(l % kRing)].index_copy_(0, ids, codec->decode(packed));
-        staged.emplace_back(g_device.type());
-        staged.back().record(scatter);
-      };
-      for (std::int64_t l = 0; l < kRing; ++l) stage(l);
-      for (std::int64_t l = 0; l < kLayers; ++l) {
-        staged[static_cast<std::size_t>(l)].block(impl.getStream(g_device));
-        layer_compute(s, ring[static_cast<std::size_t>(l % kRing)]);
-        attended.emplace_back(g_device.type());
-        attended.back().record(impl.getStream(g_device));
-        if (l + kRing < kLayers) stage(l + kRing);
-      }
-      copy.synchronize();
-      scatter.synchronize();
-      device_sync();
-      return seconds_since(t0);
-    };
-    run();
-    std::vector<double> t;
-    for (std::int64_t i = 0; i < b.o.iters; ++i) t.push_back(run());
-    const double step = median(t);
-    const double attention = m.median_run(s, false, b.o.iters);
-    const double bytes = static_cast<double>(n * kLayers * row_bytes);
-    const double bus = bytes / b.h2d_peak;
-    const double exact_bus = static_cast<double>(n * kLayers * exact_codec->layer_bytes()) / b.h2d_peak;
-    std::printf("compressed decode ctx %7lld  step %8.2f ms  bound %8.2f ms (attention %7.2f, bus %7.2f; "
-                "exact streaming's bus %7.2f)  %.3fx  %.2f GiB\n", static_cast<long long>(ctx), step * 1e3,
-                std::max(attention, bus) * 1e3, attention * 1e3, bus * 1e3, exact_bus * 1e3,
-                step / std::max(attention, bus), bytes / (1 << 30));
-    std::printf("RESULT {\"part\": \"compressed\", \"kind\": \"decode\", \"context\": %lld, \"batch\": 1, "
-                "\"block\": %lld, \"step_ms\": %.4f, \"attention_ms\": %.4f, \"bus_ms\": %.4f, "
-                "\"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, \"exact_bus_ms\": %.4f, "
-                "\"h2d_peak_gbs\": %.3f}\n", static_cast<long long>(ctx), static_cast<long long>(block),
-                step * 1e3, attention * 1e3, bus * 1e3, std::max(attention, bus) * 1e3,
-                step / std::max(attention, bus), bytes, exact_bus * 1e3, b.h2d_peak / 1e9);
-    std::fflush(stdout);
   }
 }
 

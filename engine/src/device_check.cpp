@@ -287,7 +287,9 @@ std::string fence_timeout_quarantines(c10::Device device, Findings& f) {
 // there, although the layer sharing its ring buffer overwrote the buffer in
 // between. On a device this exercises the copy stream's order: a layer's
 // write-back before the staging of the layer placed later into the same
-// buffer, and the compute stream's wait on each layer's staging.
+// buffer, and the compute stream's wait on each layer's staging. With
+// compressed homes a staged block holds the CPU codec's decode of its encode
+// (the reference codec's bytes): the device's encode and decode are the CPU's.
 
 constexpr std::int64_t kRingBlocks = 12;
 constexpr std::int64_t kSteps = 24;
@@ -298,10 +300,11 @@ at::Tensor content(std::int64_t layer, std::int64_t block, std::int64_t step) {
   return random({2, kBlockSize, 64}, static_cast<std::uint64_t>(1000 * step + 10 * layer + block));
 }
 
-std::string streaming_ring(c10::Device device, Findings& f) {
+std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
   const KVLayout l = layout(names, 2, 32);
-  auto geometry = StreamingGeometry::plan(StreamingConfig{1, 2}, names);  // l0 resident, a ring of 2
+  // l0 resident, a ring of 2.
+  auto geometry = StreamingGeometry::plan(StreamingConfig{1, 2, homes}, names);
   f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
   if (!geometry.ok()) return "";
   // l1 and l3 view ring buffer 0, l2 and l4 ring buffer 1.
@@ -313,6 +316,10 @@ std::string streaming_ring(c10::Device device, Findings& f) {
   f.expect(s.ok(), "register_kv_caches: " + s.error());
   if (!s.ok()) return "";
   const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
+  const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
+  const auto as_homes_keep = [&](const at::Tensor& block) {  // what staging gives back
+    return codec->decode(codec->encode(block.unsqueeze(0)))[0];
+  };
   std::mt19937 rng(7);
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   std::int64_t checked = 0;
@@ -330,7 +337,7 @@ std::string streaming_ring(c10::Device device, Findings& f) {
     StreamingTuning tuning;
     if (step % 2 == 1) {
       tuning.pieces = 2;
-      tuning.piece_bytes = 3 * l.layer_bytes(Mode::kExact);
+      tuning.piece_bytes = 3 * l.layer_bytes(homes);
       tuning.copy_engine_run = 2;
     }
     worker.streamer()->set_tuning(tuning);
@@ -354,7 +361,7 @@ std::string streaming_ring(c10::Device device, Findings& f) {
       if (li > 0) {  // streamed: the ring holds this layer's last bytes of each staged block
         for (const std::int64_t b : staged) {
           const auto it = last.find({li, b});
-          const at::Tensor want = it == last.end() ? zeros : content(li, b, it->second);
+          const at::Tensor want = it == last.end() ? zeros : as_homes_keep(content(li, b, it->second));
           f.expect(bitwise(kv[name][b], want), block_of(name, b) + " at step " + std::to_string(step) +
                                                    " does not hold its layer's last bytes");
           ++checked;
@@ -370,7 +377,8 @@ std::string streaming_ring(c10::Device device, Findings& f) {
     worker.clear_plan();
   }
   f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
-  return std::to_string(kSteps) + " steps, 4 streamed layers through a ring of 2: " +
+  return std::to_string(kSteps) + " steps, 4 streamed layers through a ring of 2, " + mode_name(homes) +
+         " homes: " +
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 
@@ -414,7 +422,9 @@ const std::vector<Scenario>& scenarios() {
       {"save-load-full-graph", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f, false); }},
       {"save-fences-complete", save_fences_complete},
       {"fence-timeout-quarantines", fence_timeout_quarantines},
-      {"streaming-ring", streaming_ring},
+      {"streaming-ring", [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kExact); }},
+      {"streaming-ring-compressed",
+       [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kCompressed); }},
       {"compressed-decode", compressed_decode},
   };
   return all;

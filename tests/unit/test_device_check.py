@@ -18,6 +18,7 @@ EXPECTED_ON_CPU = {
     # CPU copies are synchronous: no fence can pass its deadline.
     "fence-timeout-quarantines": "skipped",
     "streaming-ring": "passed",
+    "streaming-ring-compressed": "passed",
     "compressed-decode": "passed",
 }
 
