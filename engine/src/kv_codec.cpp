@@ -67,7 +67,11 @@ class CompressedCodec final : public KVCodec {
     const auto n = blocks.size(0);
     const at::Tensor rows = blocks.reshape({n, rows_, head_size_}).to(kScaleType);
     const at::Tensor amax = rows.abs().amax({-1}, /*keepdim=*/true);
-    const at::Tensor scale = at::where(amax > 0, amax / kQMax, at::ones_like(amax));
+    // A tensor divisor on the blocks' device: CUDA divides by a CPU scalar as
+    // a multiply by its reciprocal, which rounds differently from the CPU's
+    // (and the reference's) true division.
+    const at::Tensor qmax = at::scalar_tensor(kQMax, amax.options());
+    const at::Tensor scale = at::where(amax > 0, amax / qmax, at::ones_like(amax));
     const at::Tensor q = at::round(rows / scale).clamp_(-kQMax, kQMax).to(at::kChar);
     return at::cat({q.reshape({n, -1}).view(at::kByte), scale.reshape({n, -1}).view(at::kByte)},
                    1);

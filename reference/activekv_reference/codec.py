@@ -77,7 +77,10 @@ class CompressedCodec:
         n = blocks.shape[0]
         rows = blocks.reshape(n, self._rows, self.head_size).to(_SCALE_DTYPE)
         amax = rows.abs().amax(dim=-1, keepdim=True)
-        scale = torch.where(amax > 0, amax / _QMAX, torch.ones_like(amax))
+        # A tensor divisor on the blocks' device: CUDA divides by a Python
+        # scalar as a multiply by its reciprocal, which rounds differently.
+        qmax = torch.tensor(_QMAX, dtype=_SCALE_DTYPE, device=amax.device)
+        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
         q = torch.round(rows / scale).clamp_(-_QMAX, _QMAX).to(torch.int8)
         return torch.cat(
             [q.reshape(n, -1).view(torch.uint8), scale.reshape(n, -1).view(torch.uint8)],
