@@ -95,6 +95,12 @@ TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
             "holds 100 blocks (3200 tokens), 60 blocks (1920 tokens) without streaming; host "
             "memory reserved for the streamed layers 3670016 bytes per worker; a full-context "
             "decode step moves 1048576 bytes host->device per worker");
+  // Compressed homes: the line says so.
+  const auto c = StartupReport::of(geometry(1, 2, Mode::kCompressed), 100, 32, 4608, 1000);
+  EXPECT_EQ(c.host_bytes, 112 * 4 * 4608);
+  EXPECT_TRUE(c.line().ends_with("; the homes are compressed (int8 + scales, lossy within the codec's bound)"))
+      << c.line();
+  EXPECT_FALSE(r.line().find("compressed") != std::string::npos);
 }
 
 TEST(StartupReport, RefusesHomesBeyondTheHostsMemory) {

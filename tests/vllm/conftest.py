@@ -7,10 +7,15 @@ with a near-tie fails as one (NearTieError), never as a connector bug."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import tiny_llama
+from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+
+# The streaming tests' prompt: it fills the 8x context with the tokens generated.
+STREAMING_PROMPT = h.random_tokens(random.Random(40), h.STREAMING_CONTEXT - h.MAX_TOKENS)
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +86,23 @@ def expected(plain):
 def connector(request):
     """Each connector test module runs once per implementation."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def deep_model(cache_dir):
+    """The tiny model with STREAMING_LAYERS layers: what the streaming tests stream."""
+    return tiny_llama(cache_dir, STREAMING_LAYERS)
+
+
+@pytest.fixture(scope="session")
+def answer_with_8x_memory(deep_model, oracle_margins):
+    """Plain vLLM (no connector) given 8x the streaming tests' budget M, on STREAMING_PROMPT."""
+    llm = h.make_llm(deep_model, connector=None,
+                     kv_cache_bytes=8 * h.streaming_budget_bytes(STREAMING_LAYERS),
+                     max_model_len=h.STREAMING_CONTEXT, env=h.SAME_THREADS)
+    try:
+        answer = h.generate(llm, [STREAMING_PROMPT])
+    finally:
+        h.shutdown(llm)
+    oracle_margins.append(h.require_clear_margins(answer, "plain vLLM with 8x M"))
+    return answer

@@ -7,39 +7,19 @@ given 8x M (both with the same CPU threads: h.SAME_THREADS)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from activekv_reference.homes import rows_for
 from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.harness.tiny_model import STREAMING_LAYERS
+from tests.vllm.conftest import STREAMING_PROMPT
 from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm
 
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)
 CONTEXT = h.STREAMING_CONTEXT
-# The prompt fills the context with the tokens generated.
-PROMPT = h.random_tokens(random.Random(40), CONTEXT - h.MAX_TOKENS)
-
-
-@pytest.fixture(scope="session")
-def deep_model(cache_dir):
-    return tiny_llama(cache_dir, STREAMING_LAYERS)
-
-
-@pytest.fixture(scope="session")
-def answer_with_8x_memory(deep_model, oracle_margins):
-    """Plain vLLM (no connector) given 8x M."""
-    llm = h.make_llm(deep_model, connector=None, kv_cache_bytes=8 * BUDGET, max_model_len=CONTEXT,
-                     env=h.SAME_THREADS)
-    try:
-        answer = h.generate(llm, [PROMPT])
-    finally:
-        h.shutdown(llm)
-    oracle_margins.append(h.require_clear_margins(answer, "plain vLLM with 8x M"))
-    return answer
+PROMPT = STREAMING_PROMPT
 
 
 def test_plain_vllm_refuses_the_context_in_budget_m(deep_model, figures):
