@@ -237,6 +237,16 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
     writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
   }
+  fresh_blocks_.clear();
+  fresh_ids_.reset();
+  if (codec_) {
+    std::vector<std::int64_t> staged = stage_blocks_;
+    std::sort(staged.begin(), staged.end());
+    for (const auto b : writeback_blocks_) {
+      if (!std::binary_search(staged.begin(), staged.end(), b)) fresh_blocks_.push_back(b);
+    }
+    std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
+  }
   stage_index_.reset();
   writeback_index_.reset();
   writeback_long_ids_.reset();
@@ -270,8 +280,24 @@ void LayerStreamer::settle_writebacks() {
   pending_writebacks_.clear();
 }
 
+void LayerStreamer::zero_fresh(std::int64_t streamed) {
+  if (fresh_blocks_.empty()) return;
+  at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
+  if (!has_streams()) {
+    kv.index_fill_(0, at::tensor(fresh_blocks_, at::kLong), 0);
+    return;
+  }
+  if (!fresh_ids_) {  // once per step, from pinned memory (never waits)
+    const auto n = static_cast<std::int64_t>(fresh_blocks_.size());
+    at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    std::copy(fresh_blocks_.begin(), fresh_blocks_.end(), host.data_ptr<std::int64_t>());
+    fresh_ids_ = host.to(device_, /*non_blocking=*/true);
+  }
+  kv.index_fill_(0, *fresh_ids_, 0);
+}
+
 void LayerStreamer::start(Telemetry& stats) {
-  if (!has_streams() || stage_blocks_.empty()) return;
+  if (!has_streams() || !has_stage_work()) return;
   // The ring's previous occupants (the last layers of the previous step, and
   // whatever vLLM did to the cache before this step) are done with it.
   c10::Event compute_done(device_.type());
@@ -284,10 +310,10 @@ void LayerStreamer::start(Telemetry& stats) {
 void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
   const auto j = static_cast<std::size_t>(streamed);
   stage_issued_[j] = 1;
-  if (stage_blocks_.empty()) return;
+  if (!has_stage_work()) return;
   const Stopwatch t;
   at::Tensor& kv = streamed_kv_[j];
-  if (copy_method_ == StreamCopy::kDeviceGather) gather_stage(streamed);
+  if (copy_method_ == StreamCopy::kDeviceGather && !stage_blocks_.empty()) gather_stage(streamed);
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kRuns) {
@@ -295,6 +321,7 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
         copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     }
+    zero_fresh(streamed);
     stage_fences_[j].emplace(device_.type());
     stage_fences_[j]->record(*copy_stream_);
   }
@@ -309,8 +336,9 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   const auto ju = static_cast<std::size_t>(j);
   if (staged_[ju]) return;
   staged_[ju] = 1;
-  if (stage_blocks_.empty()) return;
+  if (!has_stage_work()) return;
   if (!has_streams()) {
+    zero_fresh(j);
     const Stopwatch t;
     at::Tensor& kv = streamed_kv_[ju];
     for (const auto& run : stage_runs_) copy_from_home(j, rows_of(run), kv.narrow(0, run.block, run.count));

@@ -196,6 +196,26 @@ TEST(LayerStreamer, CompressedHomesHoldTheCodecsBytesAndStageTheirDecode) {
   EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), (4 * 2 + 4) * codec->layer_bytes());
 }
 
+TEST(LayerStreamer, CompressedHomesStartAFreshBlockAsZerosInTheRing) {
+  // What the buffer's previous occupant left must not reach a fresh block's
+  // encode (exact homes leave the buffer as it is: their bytes are the slots').
+  for (const Mode homes : {Mode::kExact, Mode::kCompressed}) {
+    Streaming s(homes);
+    const at::Tensor left_over = content(9, 7, 9);
+    s.kv["l1"][7].copy_(left_over);
+    s.worker.bind_plan(streaming_plan({}, {7}));  // block 7 is written, not staged
+    s.worker.start_load();
+    s.worker.wait_for_layer_load("l1");
+    if (homes == Mode::kCompressed) {
+      EXPECT_TRUE(bitwise(s.kv["l1"][7], at::zeros_like(left_over)));
+    } else {
+      EXPECT_TRUE(bitwise(s.kv["l1"][7], left_over));
+    }
+    s.worker.save_layer("l1", s.kv["l1"]);
+    s.worker.clear_plan();
+  }
+}
+
 TEST(LayerStreamer, LoadsLandOnTopOfStagingAndTheSecondWaitDoesNothing) {
   Streaming s;
   // Step 1: blocks 2 and 3 written, block 3 also saved to the store (slot 0).

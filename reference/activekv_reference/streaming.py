@@ -28,10 +28,13 @@ requests read is staged once.
 Homes hold each block as its codec encodes it (codec.py): exact bytes, or with
 ``homes = "compressed"`` int8 + scales (about 0.56x the bytes, so the bus time),
 decoded into the buffer at staging and encoded from it at each write-back. A
-compressed block the step writes into (the last, partly filled one) is staged
-decoded, so its earlier tokens are encoded again from their decoded values;
-the test's logprob bound (tests/vllm/test_compressed_homes.py) says what that
-costs.
+block the step writes into (the last, partly filled one) is staged decoded, so
+its earlier tokens are encoded again from their decoded values: that changes
+nothing where a head_size row is one token's (decode then encode is the
+identity on decoded bytes), and re-quantizes a row that spans tokens (vLLM's
+CPU cache keeps K transposed); tests/vllm/test_compressed_homes.py bounds it. A
+block the step writes and does not stage starts as zeros in the buffer, so its
+encode never sees what the buffer's previous occupant left in unused slots.
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ class LayerStreamer:
             for name in geometry.streamed
         }
         self._stage: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._fresh: torch.Tensor | None = None
         self._writeback: tuple[torch.Tensor, torch.Tensor] | None = None
         self._staged: set[str] = set()
 
@@ -216,6 +220,14 @@ class LayerStreamer:
 
         self._stage = pairs(stage_blocks, stage_rows)
         self._writeback = pairs(writeback_blocks, writeback_rows)
+        # Compressed homes: the blocks the step writes but does not stage (new,
+        # or loaded) start as zeros in the buffer. A head vector of some layouts
+        # (vLLM's CPU cache) spans several tokens, so the encode of a partly
+        # filled block must not see what the buffer's previous occupant left
+        # in its unused slots.
+        fresh = sorted(set(writeback_blocks) - set(stage_blocks))
+        compressed = self.geometry.homes == "compressed"
+        self._fresh = torch.tensor(fresh, dtype=torch.long) if compressed and fresh else None
         self._staged = set()
 
     def stage(self, name: str, kv: torch.Tensor, stats) -> None:
@@ -223,6 +235,8 @@ class LayerStreamer:
         if name in self._staged or name not in self.homes:
             return
         self._staged.add(name)
+        if self._fresh is not None:
+            kv.index_fill_(0, self._fresh.to(kv.device), 0)
         if self._stage is None:
             return
         t0 = time.perf_counter()

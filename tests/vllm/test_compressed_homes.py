@@ -4,13 +4,15 @@ held as int8 + scales (streaming.homes = "compressed").
 
 What it may cost: each staged block is the codec's decode of its encode, so
 every streamed layer's history (all but the step's own new tokens) carries the
-codec's error, at most amax/254 + bf16 rounding per element
-(reference/activekv_reference/codec.py). Re-encoding a decoded block adds
-nothing (decode then encode gives the same bytes back: test_codec.py), so the
-last, partly filled block's tokens, written back at every decode step, keep the
-error of their first encode. That is the error of compressed mode's prefix hits
-(test_compressed_mode.py), here on the whole context: the same bound, half the
-oracles' MIN_MARGIN, so no greedy token can flip."""
+codec's error, at most amax/254 + bf16 rounding per element of a head_size row
+(reference/activekv_reference/codec.py): the error of compressed mode's prefix
+hits (test_compressed_mode.py), here on the whole context. Where a row is one
+token's head vector (the CUDA layouts), re-encoding the last, partly filled
+block at each decode step adds nothing: decode then encode gives the same bytes
+back (test_codec.py). vLLM's CPU cache keeps K transposed, so there a row spans
+a block's 16 tokens and is quantized again as the block fills; measured 0.375
+on this model, within the same bound as compressed mode's: half the oracles'
+MIN_MARGIN, so no greedy token can flip."""
 
 from __future__ import annotations
 

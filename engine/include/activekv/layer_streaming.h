@@ -180,6 +180,11 @@ class LayerStreamer {
   void copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks);
   void copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks);
   void issue_stage(std::int64_t streamed, Telemetry& stats);
+  // Staging work this step: blocks to stage, or fresh blocks to zero.
+  bool has_stage_work() const { return !stage_blocks_.empty() || !fresh_blocks_.empty(); }
+  // Compressed homes: the step's fresh blocks (written, not staged) as zeros in
+  // the buffer (CPU: now; device: on the current stream).
+  void zero_fresh(std::int64_t streamed);
   void settle_writebacks();
 
   // Consecutive blocks in consecutive home rows of one chunk: one copy on
@@ -265,6 +270,12 @@ class LayerStreamer {
   // Per step.
   std::vector<std::int64_t> stage_blocks_, stage_rows_;
   std::vector<std::int64_t> writeback_blocks_, writeback_rows_;
+  // Compressed homes: the blocks the step writes and does not stage. A head
+  // vector of some layouts (vLLM's CPU cache keeps K transposed) spans several
+  // tokens, so a partly filled block's encode must not see the buffer's
+  // previous occupant in its unused slots.
+  std::vector<std::int64_t> fresh_blocks_;
+  std::optional<at::Tensor> fresh_ids_;  // on the device, made on first use
   std::vector<PairRun> stage_runs_;  // kRuns
   std::vector<PairRun> writeback_runs_;
   std::vector<char> stage_issued_;  // per streamed layer (device)
