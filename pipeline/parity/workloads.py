@@ -207,6 +207,10 @@ def streaming_abort(llm):
 
 def sessions(mode: str) -> list[Session]:
     one_block = h.exact_block_bytes()
+    streaming_options = {
+        "kv_cache_bytes": h.streaming_budget_bytes(STREAMING_LAYERS),
+        "max_model_len": h.STREAMING_CONTEXT,
+    }
     return [
         Session("default", {"mode": mode}, [
             ("miss", miss), ("full hit", full_hit), ("partial hit", partial_hit),
@@ -231,10 +235,16 @@ def sessions(mode: str) -> list[Session]:
             ("streaming: preemption and resume", streaming_preemption),
             ("streaming: 48 requests", streaming_many),
             ("streaming: aborted while staging", streaming_abort),
-        ], num_layers=STREAMING_LAYERS, llm_options={
-            "kv_cache_bytes": h.streaming_budget_bytes(STREAMING_LAYERS),
-            "max_model_len": h.STREAMING_CONTEXT,
-        }),
+        ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
+        # The homes as int8 + scales: their bytes, and every staged block's
+        # decode, must be the reference's.
+        Session("streaming-compressed-homes",
+                {"mode": mode, "streaming": {**h.STREAMING, "homes": "compressed"}}, [
+            ("streaming, compressed homes: context 8x the budget", streaming_long_context),
+            ("streaming, compressed homes: prefix hit from the host store", streaming_prefix_hit),
+            ("streaming, compressed homes: preemption and resume", streaming_preemption),
+            ("streaming, compressed homes: aborted while staging", streaming_abort),
+        ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
     ]
 
 
