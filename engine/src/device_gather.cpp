@@ -122,6 +122,14 @@ void LayerStreamer::set_copy_method(StreamCopy method) {
   copy_method_ = method;
 }
 
+at::Tensor LayerStreamer::upload_ids(const std::vector<std::int64_t>& ids) const {
+  // From pinned memory: the upload never waits for the host.
+  at::Tensor host = at::empty({static_cast<std::int64_t>(ids.size())},
+                              at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::copy(ids.begin(), ids.end(), host.data_ptr<std::int64_t>());
+  return host.to(device_, /*non_blocking=*/true);
+}
+
 LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::int64_t>& blocks,
                                                        const std::vector<std::int64_t>& rows) const {
   // Uploaded on the current stream (a device stream of ours).
@@ -224,12 +232,7 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
   if (!writeback_long_blocks_.empty()) {
-    if (!writeback_long_ids_) {  // once per step, from pinned memory (never waits)
-      const auto n = static_cast<std::int64_t>(writeback_long_blocks_.size());
-      at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-      std::copy(writeback_long_blocks_.begin(), writeback_long_blocks_.end(), host.data_ptr<std::int64_t>());
-      writeback_long_ids_ = host.to(device_, /*non_blocking=*/true);
-    }
+    if (!writeback_long_ids_) writeback_long_ids_ = upload_ids(writeback_long_blocks_);  // once per step
     const at::Tensor gathered = encode_words(kv.index_select(0, *writeback_long_ids_)).view(at::kByte);
     for (const auto& run : writeback_long_runs_) {
       home_bytes_of(streamed, SlotRun{run.first, run.count, 0})

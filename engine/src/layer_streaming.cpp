@@ -287,12 +287,7 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
     kv.index_fill_(0, at::tensor(fresh_blocks_, at::kLong), 0);
     return;
   }
-  if (!fresh_ids_) {  // once per step, from pinned memory (never waits)
-    const auto n = static_cast<std::int64_t>(fresh_blocks_.size());
-    at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-    std::copy(fresh_blocks_.begin(), fresh_blocks_.end(), host.data_ptr<std::int64_t>());
-    fresh_ids_ = host.to(device_, /*non_blocking=*/true);
-  }
+  if (!fresh_ids_) fresh_ids_ = upload_ids(fresh_blocks_);  // once per step
   kv.index_fill_(0, *fresh_ids_, 0);
 }
 

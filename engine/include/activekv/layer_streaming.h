@@ -213,6 +213,8 @@ class LayerStreamer {
   };
   bool init_device_gather();
   void make_pieces();
+  // Block ids onto the device, on the current stream.
+  at::Tensor upload_ids(const std::vector<std::int64_t>& ids) const;
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
