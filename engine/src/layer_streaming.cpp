@@ -12,6 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 namespace activekv {
@@ -153,6 +154,40 @@ void LayerStreamer::copy_from_home(std::int64_t streamed, const SlotRun& rows, a
   blocks.copy_(decode(home), /*non_blocking=*/has_streams());
 }
 
+void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home) {
+  at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
+  if (run.consecutive) {
+    const at::Tensor blocks = kv.narrow(0, run.blocks.front(), run.rows.count);
+    if (to_home) {
+      copy_to_home(streamed, run.rows, blocks);
+    } else {
+      copy_from_home(streamed, run.rows, blocks);
+    }
+    return;
+  }
+  const at::Tensor home = home_bytes_of(streamed, run.rows);
+  if (codec_ || !kv.is_contiguous()) {
+    const at::Tensor ids = at::tensor(run.blocks, at::kLong);
+    if (!to_home) {
+      kv.index_copy_(0, ids, decode(home));
+    } else if (codec_) {
+      home.copy_(codec_->encode(kv.index_select(0, ids)));
+    } else {
+      at::Tensor view = decode(home);  // a view of the home
+      at::index_select_out(view, kv, 0, ids);
+    }
+    return;
+  }
+  const auto bytes = static_cast<std::size_t>(homes_->layer_bytes());  // one block of the ring
+  auto* ring = static_cast<char*>(kv.data_ptr());
+  auto* rows = static_cast<char*>(home.data_ptr());
+  for (std::size_t i = 0; i < run.blocks.size(); ++i) {
+    char* block = ring + static_cast<std::size_t>(run.blocks[i]) * bytes;
+    char* row = rows + i * bytes;
+    std::memcpy(to_home ? row : block, to_home ? block : row, bytes);
+  }
+}
+
 void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
                                const std::vector<std::int64_t>& rows) const {
   if (rows.size() != blocks.size()) {
@@ -165,6 +200,19 @@ void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
                               std::to_string(homes_->num_slots()) + " rows)");
     }
   }
+}
+
+std::vector<LayerStreamer::HomeRun> LayerStreamer::home_runs(const std::vector<std::int64_t>& blocks,
+                                                             const std::vector<std::int64_t>& rows) const {
+  std::vector<HomeRun> out;
+  for (const auto& run : homes_->runs(rows)) {
+    const auto first = blocks.begin() + run.offset;
+    std::vector<std::int64_t> ids(first, first + run.count);
+    bool consecutive = true;
+    for (std::size_t i = 1; i < ids.size(); ++i) consecutive = consecutive && ids[i] == ids[i - 1] + 1;
+    out.push_back(HomeRun{run, consecutive, std::move(ids)});
+  }
+  return out;
 }
 
 std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(
@@ -194,6 +242,8 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   writeback_rows_ = std::move(writeback_rows);
   stage_runs_.clear();
   writeback_runs_.clear();
+  stage_home_runs_.clear();
+  writeback_home_runs_.clear();
   copy_engine_runs_.clear();
   piece_blocks_.clear();
   piece_rows_.clear();
@@ -233,6 +283,9 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
         }
       }
     }
+  } else if (!has_streams()) {
+    stage_home_runs_ = home_runs(stage_blocks_, stage_rows_);
+    writeback_home_runs_ = home_runs(writeback_blocks_, writeback_rows_);
   } else {
     stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
     writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
@@ -335,8 +388,7 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     zero_fresh(j);
     const Stopwatch t;
-    at::Tensor& kv = streamed_kv_[ju];
-    for (const auto& run : stage_runs_) copy_from_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
+    for (const auto& run : stage_home_runs_) copy_run_cpu(j, run, /*to_home=*/false);
     stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
@@ -360,7 +412,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   if (!has_streams()) {
     if (writeback_blocks_.empty()) return;
     const Stopwatch t;
-    for (const auto& run : writeback_runs_) copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
+    for (const auto& run : writeback_home_runs_) copy_run_cpu(j, run, /*to_home=*/true);
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;

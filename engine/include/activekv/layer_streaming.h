@@ -195,6 +195,21 @@ class LayerStreamer {
     std::int64_t count;
     std::int64_t offset;
   };
+  // CPU: a step's runs of consecutive home rows (inside a chunk) with their
+  // blocks: one copy of a slice of the ring where the block ids are
+  // consecutive; where not (vLLM hands a new request the blocks of a freed
+  // one tail first, so their ids often run backwards) a memcpy per block of
+  // exact homes (a copy_ per block pays ATen's dispatch each time, index_copy_
+  // moves elements: both ran at 2-5 GB/s), the codec's batch for compressed.
+  struct HomeRun {
+    SlotRun rows;
+    bool consecutive;
+    std::vector<std::int64_t> blocks;
+  };
+  // Between a run's home rows and its blocks in the ring, either way.
+  void copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home);
+  std::vector<HomeRun> home_runs(const std::vector<std::int64_t>& blocks,
+                                 const std::vector<std::int64_t>& rows) const;
   std::vector<PairRun> pair_runs(const std::vector<std::int64_t>& blocks,
                                  const std::vector<std::int64_t>& rows) const;
   // kDeviceGather: a step's blocks as the device indexes them. Home rows in
@@ -278,8 +293,9 @@ class LayerStreamer {
   // previous occupant in its unused slots.
   std::vector<std::int64_t> fresh_blocks_;
   std::optional<at::Tensor> fresh_ids_;  // on the device, made on first use
-  std::vector<PairRun> stage_runs_;  // kRuns
+  std::vector<PairRun> stage_runs_;  // kRuns on a device
   std::vector<PairRun> writeback_runs_;
+  std::vector<HomeRun> stage_home_runs_, writeback_home_runs_;  // CPU
   std::vector<char> stage_issued_;  // per streamed layer (device)
   std::vector<char> staged_;        // per streamed layer: stage() done this step
   std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
