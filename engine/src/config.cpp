@@ -39,7 +39,7 @@ Status read_int(const std::string& key, const ConfigValue& v, std::int64_t& out,
 
 template <class E, std::size_t N>
 Status read_choice_at(const std::string& place, const ConfigValue& v,
-                   const std::array<std::pair<const char*, E>, N>& choices, E& out) {
+                      const std::array<std::pair<const char*, E>, N>& choices, E& out) {
   if (v.kind == ConfigValue::Kind::kString) {
     for (const auto& [name, value] : choices) {
       if (v.string_value == name) {
@@ -54,7 +54,6 @@ Status read_choice_at(const std::string& place, const ConfigValue& v,
   }
   return bad(place + ": " + v.repr + " is not accepted; accepted values: " + accepted);
 }
-
 
 // The `streaming` table, key by key in sorted order (as config.py's _streaming).
 Result<StreamingConfig> read_streaming(const ConfigValue& v) {

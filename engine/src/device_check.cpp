@@ -317,7 +317,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   if (!s.ok()) return "";
   const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
   const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
-  const auto as_homes_keep = [&](const at::Tensor& block) {  // what staging gives back
+  const auto staged_form = [&](const at::Tensor& block) {  // what staging gives back
     return codec->decode(codec->encode(block.unsqueeze(0)))[0];
   };
   std::mt19937 rng(7);
@@ -361,7 +361,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
       if (li > 0) {  // streamed: the ring holds this layer's last bytes of each staged block
         for (const std::int64_t b : staged) {
           const auto it = last.find({li, b});
-          const at::Tensor want = it == last.end() ? zeros : as_homes_keep(content(li, b, it->second));
+          const at::Tensor want = it == last.end() ? zeros : staged_form(content(li, b, it->second));
           f.expect(bitwise(kv[name][b], want), block_of(name, b) + " at step " + std::to_string(step) +
                                                    " does not hold its layer's last bytes");
           ++checked;

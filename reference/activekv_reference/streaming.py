@@ -26,7 +26,8 @@ requests' block tables (SchedulerSide._plan_streaming); a block several
 requests read is staged once.
 
 Homes hold each block as its codec encodes it (codec.py): exact bytes, or with
-``homes = "compressed"`` int8 + scales (about 0.56x the bytes, so the bus time),
+``homes = "compressed"`` int8 + scales (0.52x the bytes at head size 128, so the
+bus time),
 decoded into the buffer at staging and encoded from it at each write-back. A
 block the step writes into (the last, partly filled one) is staged decoded, so
 its earlier tokens are encoded again from their decoded values: that changes
