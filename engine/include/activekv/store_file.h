@@ -1,0 +1,106 @@
+// A host store's slots in a memory-mapped file that outlives the process
+// (issue 24's first part: warm restart). Plain bytes, no torch: the worker
+// side maps its arena onto slot_data().
+//
+// Layout: a 4 KiB header (magic, format, the slot geometry, the identity of
+// what the file holds: model, dtype, block size, layout, mode, ActiveKV's
+// version), one 128-byte record per slot (state, tag, checksum), then the
+// slots' data, page aligned.
+//
+// Crash safety. A slot is served only once sealed, and sealing is ordered:
+//   begin_write    the record says "writing" (durable) before the caller
+//                  touches the data;
+//   commit         the data's checksum and tag into the record, the data and
+//                  the record flushed, then the record says "sealed" and is
+//                  flushed again.
+// A process killed anywhere leaves the slot "writing" or sealed with its
+// checksum; open() verifies every sealed slot's checksum and drops (counts)
+// the rest, so torn or stale bytes are never recovered. The checksum guards
+// against torn writes, not against an adversary.
+//
+// One process at a time holds the file (flock: the kernel releases it when
+// the holder dies, so a crashed process never leaves a stale lock).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "activekv/status.h"
+
+namespace activekv {
+
+// What a sealed slot holds: the block key and the TP rank of the worker that
+// saved it (host_arena.h's tag).
+using StoreTag = std::array<std::uint8_t, 36>;
+
+struct StoreFileOptions {
+  std::string path;
+  std::int64_t num_slots = 0;
+  std::int64_t slot_bytes = 0;
+  // Everything that must match for the bytes to be readable, as one line
+  // (e.g. "model=<digest> dtype=bfloat16 block=16 layout=... mode=exact
+  // activekv=<version>"); a file holding another identity is refused.
+  std::string identity;
+};
+
+struct RecoveredSlot {
+  std::int64_t slot;
+  StoreTag tag;
+};
+
+class StoreFile {
+ public:
+  // Opens the file at options.path, or creates it (all its space reserved, so
+  // a full disk fails here and never mid-save). An existing file is recovered:
+  // sealed slots whose checksum verifies are recovered(), every other slot is
+  // emptied. Errors name the path and what to do: a missing directory, a
+  // read-only path, no space, a file held by a live process, a file of another
+  // format, geometry or identity (left as it is).
+  static Result<std::unique_ptr<StoreFile>> open(const StoreFileOptions& options);
+  ~StoreFile();
+  StoreFile(const StoreFile&) = delete;
+  StoreFile& operator=(const StoreFile&) = delete;
+
+  std::int64_t num_slots() const { return num_slots_; }
+  std::int64_t slot_bytes() const { return slot_bytes_; }
+  std::uint8_t* slot_data(std::int64_t slot) const;
+
+  // The crash-safe write of a slot (see above). Slots must be in range.
+  void begin_write(std::int64_t slot);
+  void commit(std::int64_t slot, const StoreTag& tag);
+  // The slot is no longer served (eviction): empty, durable.
+  void drop(std::int64_t slot);
+  bool sealed(std::int64_t slot) const;
+
+  // What open() found in an existing file.
+  const std::vector<RecoveredSlot>& recovered() const { return recovered_; }
+  std::int64_t dropped_writing() const { return dropped_writing_; }    // killed mid-write
+  std::int64_t dropped_checksum() const { return dropped_checksum_; }  // bytes do not verify
+
+ private:
+  StoreFile() = default;
+  struct Record;
+  Record& record(std::int64_t slot) const;
+  void flush(const void* at, std::size_t bytes) const;
+  Status recover();
+
+  std::string path_;
+  int fd_ = -1;
+  std::uint8_t* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+  std::int64_t num_slots_ = 0;
+  std::int64_t slot_bytes_ = 0;
+  std::size_t data_offset_ = 0;
+  std::vector<RecoveredSlot> recovered_;
+  std::int64_t dropped_writing_ = 0;
+  std::int64_t dropped_checksum_ = 0;
+};
+
+// The checksum of a slot's bytes (64-bit, fast: recovery reads every sealed
+// byte of the file).
+std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes);
+
+}  // namespace activekv

@@ -1,0 +1,212 @@
+// StoreFile (store_file.h): the host store's slots in a memory-mapped file,
+// sealed in an order a crash cannot tear, recovered by checksum.
+#include "activekv/store_file.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace activekv {
+namespace {
+
+constexpr char kMagic[8] = {'A', 'K', 'V', 'S', 'T', 'O', 'R', 'E'};
+constexpr std::uint32_t kFormat = 1;
+constexpr std::size_t kHeaderBytes = 4096;
+constexpr std::size_t kIdentityBytes = 2048;
+
+enum State : std::uint64_t { kEmpty = 0, kWriting = 1, kSealed = 2 };
+
+struct Header {
+  char magic[8];
+  std::uint32_t format;
+  std::uint32_t record_bytes;
+  std::int64_t num_slots;
+  std::int64_t slot_bytes;
+  std::uint64_t data_offset;
+  char identity[kIdentityBytes];  // NUL-terminated
+};
+static_assert(sizeof(Header) <= kHeaderBytes);
+
+std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+Status failed(const std::string& path, const std::string& what) {
+  return {ErrorCode::kInvalidConfig, "ActiveKV store file " + path + ": " + what};
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+struct StoreFile::Record {
+  std::uint64_t state;  // State; read and written through std::atomic_ref
+  std::uint64_t checksum;
+  StoreTag tag;
+  std::uint8_t reserved[128 - 16 - sizeof(StoreTag)];  // one record is 128 bytes
+};
+
+std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
+  std::uint64_t h = 0x243F6A8885A308D3ULL ^ bytes;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    std::uint64_t w = 0;
+    std::memcpy(&w, data + i, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 32;
+  }
+  for (; i < bytes; ++i) h = (h ^ data[i]) * 0x100000001B3ULL;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ULL;
+  return h ^ (h >> 32);
+}
+
+Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
+  if (o.num_slots < 1 || o.slot_bytes < 1) return failed(o.path, "needs at least one slot of at least one byte");
+  if (o.identity.size() >= kIdentityBytes) {
+    return failed(o.path, "identity of " + std::to_string(o.identity.size()) + " bytes is over the header's " +
+                              std::to_string(kIdentityBytes - 1));
+  }
+  std::unique_ptr<StoreFile> f(new StoreFile());
+  f->path_ = o.path;
+  f->num_slots_ = o.num_slots;
+  f->slot_bytes_ = o.slot_bytes;
+  const auto records = static_cast<std::size_t>(o.num_slots) * sizeof(Record);
+  f->data_offset_ = round_up(kHeaderBytes + records, page_bytes());
+  const std::size_t total = f->data_offset_ + static_cast<std::size_t>(o.num_slots * o.slot_bytes);
+
+  struct stat before {};
+  const bool existed = ::stat(o.path.c_str(), &before) == 0;
+  f->fd_ = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (f->fd_ < 0) {
+    if (errno == ENOENT) return failed(o.path, "its directory does not exist; create it or choose another path");
+    return failed(o.path, "cannot be opened for reading and writing (" + errno_text() +
+                              "); choose a writable path");
+  }
+  if (::flock(f->fd_, LOCK_EX | LOCK_NB) != 0) {
+    return failed(o.path, "is in use by another running process; give each vLLM its own store file");
+  }
+  struct stat st {};
+  if (::fstat(f->fd_, &st) != 0) return failed(o.path, "cannot be read (" + errno_text() + ")");
+  const bool fresh = st.st_size == 0;
+  if (fresh) {
+    // All the space now: a full disk fails here, not in the middle of a save.
+    if (const int e = ::posix_fallocate(f->fd_, 0, static_cast<off_t>(total)); e != 0) {
+      if (!existed) ::unlink(o.path.c_str());
+      return failed(o.path, "cannot reserve " + std::to_string(total) + " bytes (" + std::strerror(e) +
+                                "); free space there, lower capacity_bytes or choose another path");
+    }
+  } else if (static_cast<std::size_t>(st.st_size) < kHeaderBytes) {
+    return failed(o.path, "is not an ActiveKV store (" + std::to_string(st.st_size) +
+                              " bytes); remove it or choose another path");
+  }
+  const auto mapped = fresh ? total : static_cast<std::size_t>(st.st_size);
+  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd_, 0);
+  if (map == MAP_FAILED) return failed(o.path, "cannot be mapped (" + errno_text() + ")");
+  f->map_ = static_cast<std::uint8_t*>(map);
+  f->map_bytes_ = mapped;
+  auto* h = reinterpret_cast<Header*>(f->map_);
+  if (fresh) {
+    std::memcpy(h->magic, kMagic, sizeof(kMagic));
+    h->format = kFormat;
+    h->record_bytes = sizeof(Record);
+    h->num_slots = o.num_slots;
+    h->slot_bytes = o.slot_bytes;
+    h->data_offset = f->data_offset_;
+    std::memcpy(h->identity, o.identity.c_str(), o.identity.size() + 1);
+    f->flush(h, kHeaderBytes);
+    return f;
+  }
+  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) {
+    return failed(o.path, "is not an ActiveKV store; remove it or choose another path");
+  }
+  if (h->format != kFormat || h->record_bytes != sizeof(Record)) {
+    return failed(o.path, "was written in store format " + std::to_string(h->format) + "; this ActiveKV reads " +
+                              std::to_string(kFormat) + ": remove it");
+  }
+  const std::string held(h->identity, strnlen(h->identity, kIdentityBytes));
+  if (held != o.identity) {
+    return failed(o.path, "holds '" + held + "', not '" + o.identity +
+                              "'; point this vLLM at another store file, or remove it");
+  }
+  if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || mapped != total) {
+    return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " + std::to_string(h->slot_bytes) +
+                              " bytes; this configuration needs " + std::to_string(o.num_slots) + " of " +
+                              std::to_string(o.slot_bytes) +
+                              " (capacity_bytes changed): restore it, or remove the file");
+  }
+  if (Status s = f->recover(); !s.ok()) return s;
+  return f;
+}
+
+StoreFile::~StoreFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+StoreFile::Record& StoreFile::record(std::int64_t slot) const {
+  return reinterpret_cast<Record*>(map_ + kHeaderBytes)[slot];
+}
+
+std::uint8_t* StoreFile::slot_data(std::int64_t slot) const {
+  return map_ + data_offset_ + static_cast<std::size_t>(slot * slot_bytes_);
+}
+
+void StoreFile::flush(const void* at, std::size_t bytes) const {
+  // msync takes whole pages. Its failure (EIO) cannot be undone here: the
+  // slot then stays unsealed or fails its checksum at the next start.
+  const auto start = reinterpret_cast<std::uintptr_t>(at) / page_bytes() * page_bytes();
+  const auto end = reinterpret_cast<std::uintptr_t>(at) + bytes;
+  ::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC);
+}
+
+void StoreFile::begin_write(std::int64_t slot) {
+  Record& r = record(slot);
+  std::atomic_ref<std::uint64_t>(r.state).store(kWriting, std::memory_order_release);
+  flush(&r, sizeof(Record));  // durable before any byte of the data changes
+}
+
+void StoreFile::commit(std::int64_t slot, const StoreTag& tag) {
+  Record& r = record(slot);
+  r.checksum = store_checksum(slot_data(slot), static_cast<std::size_t>(slot_bytes_));
+  r.tag = tag;
+  flush(slot_data(slot), static_cast<std::size_t>(slot_bytes_));
+  flush(&r, sizeof(Record));
+  std::atomic_ref<std::uint64_t>(r.state).store(kSealed, std::memory_order_release);
+  flush(&r, sizeof(Record));
+}
+
+void StoreFile::drop(std::int64_t slot) {
+  Record& r = record(slot);
+  std::atomic_ref<std::uint64_t>(r.state).store(kEmpty, std::memory_order_release);
+  flush(&r, sizeof(Record));
+}
+
+bool StoreFile::sealed(std::int64_t slot) const {
+  return std::atomic_ref<std::uint64_t>(record(slot).state).load(std::memory_order_acquire) == kSealed;
+}
+
+Status StoreFile::recover() {
+  for (std::int64_t s = 0; s < num_slots_; ++s) {
+    Record& r = record(s);
+    const std::uint64_t state = r.state;
+    if (state == kEmpty) continue;
+    if (state == kSealed &&
+        r.checksum == store_checksum(slot_data(s), static_cast<std::size_t>(slot_bytes_))) {
+      recovered_.push_back({s, r.tag});
+      continue;
+    }
+    ++(state == kSealed ? dropped_checksum_ : dropped_writing_);
+    r.state = kEmpty;
+  }
+  flush(map_ + kHeaderBytes, static_cast<std::size_t>(num_slots_) * sizeof(Record));
+  return Status::Ok();
+}
+
+}  // namespace activekv

@@ -1,0 +1,269 @@
+// StoreFile (store_file.h): recovery after a restart and after a kill, with
+// plain bytes in and out.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "activekv/store_file.h"
+
+namespace activekv {
+namespace {
+
+constexpr std::int64_t kSlots = 64;
+constexpr std::int64_t kSlotBytes = 3000;  // not a page: slots straddle pages
+const std::string kIdentity = "model=tiny dtype=bfloat16 block=16 mode=exact activekv=test";
+
+// On disk by default; `in_memory`: /dev/shm where it exists (a store there
+// survives a process, not a reboot, and its flushes cost nothing).
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(bool in_memory = false) {
+    const std::filesystem::path base = in_memory && std::filesystem::is_directory("/dev/shm")
+                                           ? std::filesystem::path("/dev/shm")
+                                           : std::filesystem::temp_directory_path();
+    std::string t = (base / "activekv-store-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+StoreFileOptions options(const std::filesystem::path& file, std::string identity = kIdentity,
+                         std::int64_t slots = kSlots) {
+  return {file.string(), slots, kSlotBytes, std::move(identity)};
+}
+
+StoreTag tag_of(std::uint32_t n) {
+  StoreTag t{};
+  std::memcpy(t.data(), &n, sizeof(n));
+  t[35] = 7;  // the TP rank's bytes
+  return t;
+}
+
+// The bytes a slot written for tag n holds: a function of n alone, so a
+// recovered slot can be checked against its tag.
+void fill(std::uint8_t* data, std::uint32_t n) {
+  std::mt19937 rng(n);
+  for (std::int64_t i = 0; i < kSlotBytes; ++i) data[i] = static_cast<std::uint8_t>(rng());
+}
+
+bool holds(const std::uint8_t* data, std::uint32_t n) {
+  std::vector<std::uint8_t> want(static_cast<std::size_t>(kSlotBytes));
+  fill(want.data(), n);
+  return std::memcmp(data, want.data(), want.size()) == 0;
+}
+
+std::uint32_t tag_number(const StoreTag& t) {
+  std::uint32_t n = 0;
+  std::memcpy(&n, t.data(), sizeof(n));
+  return n;
+}
+
+std::unique_ptr<StoreFile> open_ok(const StoreFileOptions& o) {
+  auto f = StoreFile::open(o);
+  EXPECT_TRUE(f.ok()) << f.status().error();
+  return f.ok() ? std::move(f.value()) : nullptr;
+}
+
+void write_slot(StoreFile& f, std::int64_t slot, std::uint32_t n) {
+  f.begin_write(slot);
+  fill(f.slot_data(slot), n);
+  f.commit(slot, tag_of(n));
+}
+
+// As a device copy lands: half the bytes, a pause, the rest. A kill then often
+// falls between them, leaving a slot half old and half new.
+void write_slot_slowly(StoreFile& f, std::int64_t slot, std::uint32_t n) {
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(kSlotBytes));
+  fill(bytes.data(), n);
+  f.begin_write(slot);
+  const std::size_t half = bytes.size() / 2;
+  std::memcpy(f.slot_data(slot), bytes.data(), half);
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  std::memcpy(f.slot_data(slot) + half, bytes.data() + half, bytes.size() - half);
+  f.commit(slot, tag_of(n));
+}
+
+TEST(StoreFile, ARestartRecoversEverySealedSlotWithItsTagAndBytes) {
+  TempDir dir;
+  {
+    auto f = open_ok(options(dir.path / "store"));
+    ASSERT_TRUE(f);
+    EXPECT_TRUE(f->recovered().empty());
+    for (std::uint32_t n : {3U, 9U, 27U}) write_slot(*f, n, 1000 + n);
+  }
+  auto f = open_ok(options(dir.path / "store"));
+  ASSERT_TRUE(f);
+  ASSERT_EQ(f->recovered().size(), 3U);
+  for (const auto& r : f->recovered()) {
+    EXPECT_EQ(tag_number(r.tag), 1000 + r.slot);
+    EXPECT_TRUE(holds(f->slot_data(r.slot), 1000 + static_cast<std::uint32_t>(r.slot)));
+    EXPECT_TRUE(f->sealed(r.slot));
+  }
+  EXPECT_EQ(f->dropped_writing() + f->dropped_checksum(), 0);
+}
+
+TEST(StoreFile, AnUnfinishedWriteAndADroppedSlotAreNotRecovered) {
+  TempDir dir;
+  {
+    auto f = open_ok(options(dir.path / "store"));
+    write_slot(*f, 1, 1);
+    write_slot(*f, 2, 2);
+    write_slot(*f, 5, 5);
+    f->begin_write(2);  // rewritten, the process gone before its commit
+    fill(f->slot_data(2), 99);
+    f->drop(5);  // evicted
+  }
+  auto f = open_ok(options(dir.path / "store"));
+  ASSERT_EQ(f->recovered().size(), 1U);
+  EXPECT_EQ(f->recovered()[0].slot, 1);
+  EXPECT_EQ(f->dropped_writing(), 1);
+  EXPECT_FALSE(f->sealed(2));
+  // Counted once: the next start finds the slot empty.
+  f.reset();
+  f = open_ok(options(dir.path / "store"));
+  EXPECT_EQ(f->dropped_writing(), 0);
+}
+
+TEST(StoreFile, BytesChangedBehindASealAreDroppedByTheChecksum) {
+  TempDir dir;
+  const auto file = dir.path / "store";
+  std::size_t slot_at = 0;
+  {
+    auto f = open_ok(options(file));
+    write_slot(*f, 4, 4);
+    write_slot(*f, 6, 6);
+    slot_at = static_cast<std::size_t>(f->slot_data(6) - f->slot_data(0));
+  }
+  // One byte of slot 6 flipped through the file: a torn write the seal did not see.
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(0, std::ios::end);
+  const auto size = static_cast<std::size_t>(io.tellg());
+  const auto at = static_cast<std::streamoff>(size - static_cast<std::size_t>(kSlots * kSlotBytes) + slot_at + 100);
+  io.seekg(at);
+  const auto byte = static_cast<char>(io.get() ^ 0x01);
+  io.seekp(at);
+  io.put(byte);
+  io.close();
+  auto f = open_ok(options(file));
+  ASSERT_EQ(f->recovered().size(), 1U);
+  EXPECT_EQ(f->recovered()[0].slot, 4);
+  EXPECT_EQ(f->dropped_checksum(), 1);
+}
+
+TEST(StoreFile, AnotherIdentityOrGeometryIsRefusedAndTheFileKept) {
+  TempDir dir;
+  const auto file = dir.path / "store";
+  write_slot(*open_ok(options(file)), 0, 42);
+  const auto other = StoreFile::open(options(file, "model=other dtype=bfloat16"));
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().error().find("holds '" + kIdentity + "', not 'model=other dtype=bfloat16'"),
+            std::string::npos)
+      << other.status().error();
+  const auto bigger = StoreFile::open(options(file, kIdentity, 2 * kSlots));
+  ASSERT_FALSE(bigger.ok());
+  EXPECT_NE(bigger.status().error().find("holds 64 slots of 3000 bytes; this configuration needs 128 of 3000"),
+            std::string::npos)
+      << bigger.status().error();
+  auto f = open_ok(options(file));  // untouched by the refusals
+  ASSERT_EQ(f->recovered().size(), 1U);
+  EXPECT_TRUE(holds(f->slot_data(0), 42));
+}
+
+TEST(StoreFile, BadPathsSayWhatIsWrong) {
+  TempDir dir;
+  const auto missing = StoreFile::open(options(dir.path / "no-such-dir" / "store"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().error().find("its directory does not exist"), std::string::npos);
+  {
+    std::ofstream(dir.path / "junk") << "not a store";
+  }
+  const auto junk = StoreFile::open(options(dir.path / "junk"));
+  ASSERT_FALSE(junk.ok());
+  EXPECT_NE(junk.status().error().find("is not an ActiveKV store"), std::string::npos) << junk.status().error();
+  if (::geteuid() != 0) {  // root writes anywhere
+    std::filesystem::create_directory(dir.path / "ro");
+    ::chmod((dir.path / "ro").c_str(), 0500);
+    const auto ro = StoreFile::open(options(dir.path / "ro" / "store"));
+    ASSERT_FALSE(ro.ok());
+    EXPECT_NE(ro.status().error().find("cannot be opened for reading and writing"), std::string::npos);
+  }
+}
+
+TEST(StoreFile, ALiveHolderRefusesASecondAndADeadOneLeavesNoLock) {
+  TempDir dir;
+  const auto file = dir.path / "store";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    auto f = StoreFile::open(options(file));
+    const char c = f.ok() ? 'y' : 'n';
+    (void)!::write(ready[1], &c, 1);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  const auto second = StoreFile::open(options(file));
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().error().find("in use by another running process"), std::string::npos);
+  ::kill(holder, SIGKILL);
+  ::waitpid(holder, nullptr, 0);
+  EXPECT_TRUE(open_ok(options(file)));
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(StoreFile, KilledAtRandomPointsOfASaveStormNothingTornIsRecovered) {
+  TempDir dir(/*in_memory=*/true);  // many saves a millisecond, so kills land mid-save
+  const auto file = dir.path / "store";
+  std::mt19937 rng(24);
+  std::uint32_t next = 1;
+  std::size_t recovered = 0;
+  for (int round = 0; round < 16; ++round) {
+    const std::uint32_t first = next;
+    next += 1u << 20;  // each round writes tags of its own
+    const pid_t writer = ::fork();
+    ASSERT_GE(writer, 0);
+    if (writer == 0) {
+      auto f = StoreFile::open(options(file));
+      if (!f.ok()) ::_exit(3);
+      std::mt19937 slots(first);
+      for (std::uint32_t n = first;; ++n) {  // until killed
+        const auto slot = static_cast<std::int64_t>(slots() % kSlots);
+        if (slots() % 5 == 0) {
+          f.value()->drop(slot);
+        } else {
+          write_slot_slowly(*f.value(), slot, n);
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(2000 + rng() % 20000));
+    ::kill(writer, SIGKILL);
+    int status = 0;
+    ::waitpid(writer, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer stopped by itself (" << status << ")";
+    auto f = open_ok(options(file));
+    ASSERT_TRUE(f);
+    for (const auto& r : f->recovered()) {
+      EXPECT_TRUE(holds(f->slot_data(r.slot), tag_number(r.tag))) << "round " << round << " slot " << r.slot;
+    }
+    recovered += f->recovered().size();
+  }
+  EXPECT_GT(recovered, 0U);  // the storm sealed something: the check above checked
+}
+
+}  // namespace
+}  // namespace activekv
