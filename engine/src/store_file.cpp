@@ -6,6 +6,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -94,6 +96,11 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   }
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) return failed(o.path, "cannot be read (" + errno_text() + ")");
+  // A killed process never loses what it stored into a shared mapping (the
+  // page cache keeps it); flushes are for a disk's durability across a crash
+  // of the machine, which tmpfs does not survive anyway.
+  struct statfs fs {};
+  f->durable_ = ::fstatfs(f->fd_, &fs) != 0 || fs.f_type != TMPFS_MAGIC;
   const bool fresh = st.st_size == 0;
   if (fresh) {
     // All the space now: a full disk fails here, not in the middle of a save.
@@ -107,7 +114,9 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
                               " bytes); remove it or choose another path");
   }
   const auto mapped = fresh ? total : static_cast<std::size_t>(st.st_size);
-  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd_, 0);
+  // Every page mapped now (MAP_POPULATE): a save never pays a page fault (a
+  // 2 MiB slot is 512 of them; without it sealing ran at 0.2-0.4 GB/s).
+  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd_, 0);
   if (map == MAP_FAILED) return failed(o.path, "cannot be mapped (" + errno_text() + ")");
   f->map_ = static_cast<std::uint8_t*>(map);
   f->map_bytes_ = mapped;
@@ -161,6 +170,7 @@ std::uint8_t* StoreFile::slot_data(std::int64_t slot) const {
 void StoreFile::flush(const void* at, std::size_t bytes) const {
   // msync takes whole pages. Its failure (EIO) cannot be undone here: the
   // slot then stays unsealed or fails its checksum at the next start.
+  if (!durable_) return;
   const auto start = reinterpret_cast<std::uintptr_t>(at) / page_bytes() * page_bytes();
   const auto end = reinterpret_cast<std::uintptr_t>(at) + bytes;
   ::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC);

@@ -84,6 +84,7 @@ class StoreFile {
   StoreFile() = default;
   struct Record;
   Record& record(std::int64_t slot) const;
+  // Durable on a disk (msync); nothing on tmpfs.
   void flush(const void* at, std::size_t bytes) const;
   Status recover();
 
@@ -94,6 +95,7 @@ class StoreFile {
   std::int64_t num_slots_ = 0;
   std::int64_t slot_bytes_ = 0;
   std::size_t data_offset_ = 0;
+  bool durable_ = true;  // flushes reach a disk (not tmpfs)
   std::vector<RecoveredSlot> recovered_;
   std::int64_t dropped_writing_ = 0;
   std::int64_t dropped_checksum_ = 0;
