@@ -166,15 +166,14 @@ void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool
     return;
   }
   const at::Tensor home = home_bytes_of(streamed, run.rows);
-  if (codec_ || !kv.is_contiguous()) {
-    const at::Tensor ids = at::tensor(run.blocks, at::kLong);
+  if (run.ids) {  // compressed homes, or a ring whose blocks are not rows
     if (!to_home) {
-      kv.index_copy_(0, ids, decode(home));
+      kv.index_copy_(0, *run.ids, decode(home));
     } else if (codec_) {
-      home.copy_(codec_->encode(kv.index_select(0, ids)));
+      home.copy_(codec_->encode(kv.index_select(0, *run.ids)));
     } else {
       at::Tensor view = decode(home);  // a view of the home
-      at::index_select_out(view, kv, 0, ids);
+      at::index_select_out(view, kv, 0, *run.ids);
     }
     return;
   }
@@ -204,13 +203,17 @@ void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
 
 std::vector<LayerStreamer::HomeRun> LayerStreamer::home_runs(const std::vector<std::int64_t>& blocks,
                                                              const std::vector<std::int64_t>& rows) const {
+  // Made once a step, used by every streamed layer.
+  const bool by_index = codec_ || !streamed_kv_.front().is_contiguous();
   std::vector<HomeRun> out;
   for (const auto& run : homes_->runs(rows)) {
     const auto first = blocks.begin() + run.offset;
     std::vector<std::int64_t> ids(first, first + run.count);
     bool consecutive = true;
     for (std::size_t i = 1; i < ids.size(); ++i) consecutive = consecutive && ids[i] == ids[i - 1] + 1;
-    out.push_back(HomeRun{run, consecutive, std::move(ids)});
+    HomeRun r{run, consecutive, std::move(ids), std::nullopt};
+    if (!consecutive && by_index) r.ids = at::tensor(r.blocks, at::kLong);
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -336,11 +339,9 @@ void LayerStreamer::settle_writebacks() {
 void LayerStreamer::zero_fresh(std::int64_t streamed) {
   if (fresh_blocks_.empty()) return;
   at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
-  if (!has_streams()) {
-    kv.index_fill_(0, at::tensor(fresh_blocks_, at::kLong), 0);
-    return;
+  if (!fresh_ids_) {  // once per step
+    fresh_ids_ = has_streams() ? upload_ids(fresh_blocks_) : at::tensor(fresh_blocks_, at::kLong);
   }
-  if (!fresh_ids_) fresh_ids_ = upload_ids(fresh_blocks_);  // once per step
   kv.index_fill_(0, *fresh_ids_, 0);
 }
 

@@ -86,6 +86,27 @@ StepPlan streaming_plan(Ids stage, Ids writeback) {
   return plan;
 }
 
+std::string bytes_of(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return {reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel() * c.element_size())};
+}
+
+// One step of every layer: stage `stage`, write `written` (each layer's
+// content for the step) and send `writeback` home.
+void streamed_step(Streaming& s, const Ids& stage, const Ids& writeback, std::int64_t step,
+                   const Ids& written) {
+  s.worker.bind_plan(streaming_plan(stage, writeback));
+  s.worker.start_load();
+  for (std::int64_t l = 0; l < 5; ++l) {
+    const auto& name = kLayers[static_cast<std::size_t>(l)];
+    s.worker.wait_for_layer_load(name);
+    for (const std::int64_t b : written) s.kv[name][b].copy_(content(l, b, step));
+    s.worker.save_layer(name, s.kv[name]);
+  }
+  s.worker.wait_for_save();
+  s.worker.clear_plan();
+}
+
 TEST(LayerStreamer, RefusesCachesThatDoNotAliasTheirRing) {
   WorkerSide w(Config{}, layout(), 8, 0, geometry());
   auto kv = ring_caches();
@@ -99,16 +120,7 @@ TEST(LayerStreamer, RefusesCachesThatDoNotAliasTheirRing) {
 TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   Streaming s;
   // Step 1: every layer writes blocks 2 and 5, which go home.
-  s.worker.bind_plan(streaming_plan({2, 5}, {2, 5}));
-  s.worker.start_load();
-  for (std::int64_t l = 0; l < 5; ++l) {
-    const auto& name = kLayers[static_cast<std::size_t>(l)];
-    s.worker.wait_for_layer_load(name);
-    for (const std::int64_t b : {2, 5}) s.kv[name][b].copy_(content(l, b, 1));
-    s.worker.save_layer(name, s.kv[name]);
-  }
-  s.worker.wait_for_save();
-  s.worker.clear_plan();
+  streamed_step(s, {2, 5}, {2, 5}, 1, {2, 5});
   // Step 2: each streamed layer finds its own bytes in the ring, though the
   // layer sharing its buffer overwrote it in between.
   s.worker.bind_plan(streaming_plan({2, 5}, {}));
@@ -135,27 +147,6 @@ TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
   EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);
   EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), 2 * 4 * 2 * layer_bytes);
-}
-
-std::string bytes_of(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return {reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel() * c.element_size())};
-}
-
-// One step of the streamed layers l1..l4: stage `stage`, then write `written`
-// (block -> content of the layer) and send `writeback` home.
-void streamed_step(Streaming& s, const Ids& stage, const Ids& writeback, std::int64_t step,
-                   const Ids& written) {
-  s.worker.bind_plan(streaming_plan(stage, writeback));
-  s.worker.start_load();
-  for (std::int64_t l = 0; l < 5; ++l) {
-    const auto& name = kLayers[static_cast<std::size_t>(l)];
-    s.worker.wait_for_layer_load(name);
-    for (const std::int64_t b : written) s.kv[name][b].copy_(content(l, b, step));
-    s.worker.save_layer(name, s.kv[name]);
-  }
-  s.worker.wait_for_save();
-  s.worker.clear_plan();
 }
 
 TEST(LayerStreamer, CompressedHomesHoldTheCodecsBytesAndStageTheirDecode) {

@@ -3,16 +3,14 @@ half of the KV heads through its own ring and homes."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from pipeline.harness import vllm_harness as h
 from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
 
 pytestmark = pytest.mark.vllm
 
-PROMPT = h.random_tokens(random.Random(40), h.STREAMING_CONTEXT - h.MAX_TOKENS)
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS, tp_size=2)  # per worker
 
 

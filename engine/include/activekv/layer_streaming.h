@@ -205,6 +205,7 @@ class LayerStreamer {
     SlotRun rows;
     bool consecutive;
     std::vector<std::int64_t> blocks;
+    std::optional<at::Tensor> ids;  // the blocks for an index copy (compressed homes)
   };
   // Between a run's home rows and its blocks in the ring, either way.
   void copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home);
@@ -292,7 +293,7 @@ class LayerStreamer {
   // tokens, so a partly filled block's encode must not see the buffer's
   // previous occupant in its unused slots.
   std::vector<std::int64_t> fresh_blocks_;
-  std::optional<at::Tensor> fresh_ids_;  // on the device, made on first use
+  std::optional<at::Tensor> fresh_ids_;  // on the ring's device, made on first use
   std::vector<PairRun> stage_runs_;  // kRuns on a device
   std::vector<PairRun> writeback_runs_;
   std::vector<HomeRun> stage_home_runs_, writeback_home_runs_;  // CPU
