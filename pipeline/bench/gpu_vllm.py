@@ -3,7 +3,8 @@ Llama-3-8B-geometry model with random weights made on the device (vLLM's
 load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
 
     python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
-    python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072] [--out FILE.json]
+    python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
+                                                [--homes exact,compressed] [--resident-layers R] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
 
 Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
@@ -20,8 +21,9 @@ measured in the same run, plus the same request's GPU prefix hit.
 
 streaming: decode step time with layer streaming in a device KV budget, from
 the time of generate(N tokens) minus generate(1 token) on the same prompt,
-against the bus bound (the streamed bytes of a step over the same peak) and
-plain vLLM's decode step with all KV on the device.
+against the bus bound (the streamed bytes of a step, exact or compressed as the
+homes hold them, over the same peak) and plain vLLM's decode step with all KV
+on the device. --contexts 0: the longest context the budget serves.
 
 decode: what a connector costs each decode step with all KV on the device
 (no streaming): for each engine, the step time from generate(N) minus
@@ -48,7 +50,7 @@ LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 1 << 20, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 1 << 21, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
     "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
 }
 BLOCK = 16  # vLLM's default on CUDA
@@ -191,26 +193,43 @@ def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]
 
 
 # Resident layers per budget: the homes of the streamed layers hold every
-# device block (blocks x streamed layers x page of host memory), and the GPU
-# machine has 128 GiB: both budgets then hold 16384 blocks (262,144 tokens).
+# device block (blocks x streamed layers x page of host memory, plus the
+# rows' slack), and the GPU machine has 128 GiB: both budgets then hold 16384
+# blocks (262,144 tokens). --resident-layers overrides (R = 0 for the longest
+# contexts: a 5.5 GiB budget then holds 45,056 blocks, 720k tokens, whose
+# exact homes take 93.5 GiB).
 STREAMING_GEOMETRY = {4: {"resident_layers": 2, "ring_size": 2},
                       16: {"resident_layers": 14, "ring_size": 2}}
+ELEMENTS_PER_LAYER_BLOCK = BLOCK * KV_BYTES_PER_TOKEN_LAYER // 2
+# Host bytes of one layer's block in the homes: the codec's (reference
+# codec.layer_bytes): bf16, or int8 with a float32 scale per head_size row.
+HOME_BYTES = {"exact": 2 * ELEMENTS_PER_LAYER_BLOCK,
+              "compressed": ELEMENTS_PER_LAYER_BLOCK + ELEMENTS_PER_LAYER_BLOCK // 128 * 4}
 
 
-def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -> dict[str, Any]:
+def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
+              homes: list[str], resident_layers: int | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
     peak = out["peak_h2d_gbps"] * 1e9
     layers = LLAMA3_8B["num_hidden_layers"]
     page = BLOCK * KV_BYTES_PER_TOKEN_LAYER
     for budget in budgets_gib:
-        for geometry in (STREAMING_GEOMETRY[budget],):
-            max_len = max(contexts) + decode_tokens + 64 if 0 not in contexts else 262144 - 2 * BLOCK
+        geometry = dict(STREAMING_GEOMETRY.get(budget, {"resident_layers": 0, "ring_size": 2}))
+        if resident_layers is not None:
+            geometry["resident_layers"] = resident_layers
+        budget_bytes = int(budget * GIB)
+        regions = geometry["resident_layers"] + geometry["ring_size"]
+        expected_blocks = budget_bytes // (regions * page)
+        longest = (expected_blocks - 2) * BLOCK
+        max_len = max(contexts) + decode_tokens + 64 if 0 not in contexts else longest
+        for kind in homes:
+            config = {**geometry, "homes": kind}
             t0 = time.perf_counter()
-            llm = make_llm("ActiveKVConnector", {"streaming": geometry, "capacity_bytes": 1 * GIB},
-                           max_model_len=max_len, kv_cache_bytes=budget * GIB)
+            llm = make_llm("ActiveKVConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
+                           max_model_len=max_len, kv_cache_bytes=budget_bytes)
             start_s = round(time.perf_counter() - t0, 1)
             blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
-            plain_blocks = budget * GIB // (layers * page)
+            plain_blocks = budget_bytes // (layers * page)
             for n in contexts:
                 if n == 0:  # the longest context the budget serves
                     n = (blocks - 2) * BLOCK - decode_tokens
@@ -219,8 +238,8 @@ def streaming(budgets_gib: list[int], contexts: list[int], decode_tokens: int) -
                 one = timed_generate(llm, prompt, f"s{n}", 1)  # prefix hit + 1 token
                 many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
                 step = (many - one) / (decode_tokens - 1)
-                streamed = (layers - geometry["resident_layers"]) * n * KV_BYTES_PER_TOKEN_LAYER
-                measured = {"budget_gib": budget, **geometry, "context": n, "start_s": start_s,
+                streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * HOME_BYTES[kind]
+                measured = {"budget_gib": budget, **config, "context": n, "start_s": start_s,
                             "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
                             "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
                             "cudagraph_mode": cudagraph_mode(llm),
@@ -284,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(e for e in ENGINES if e != "plain-piecewise"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets-gib", default="4,16")
+    parser.add_argument("--homes", default="exact", help="exact,compressed: streaming's homes, one LLM each")
+    parser.add_argument("--resident-layers", type=int, help="streaming's R for every budget")
     parser.add_argument("--contexts", default="32768,131072",
                         help="0 for the longest context the budget serves")
     parser.add_argument("--decode-tokens", type=int, default=17)
@@ -296,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         result = decode([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","),
                         args.decode_tokens)
     else:
-        result = streaming([int(x) for x in args.budgets_gib.split(",")],
-                           [int(x) for x in args.contexts.split(",")], args.decode_tokens)
+        result = streaming([float(x) for x in args.budgets_gib.split(",")],
+                           [int(x) for x in args.contexts.split(",")], args.decode_tokens,
+                           args.homes.split(","), args.resident_layers)
     import torch
     import vllm
 

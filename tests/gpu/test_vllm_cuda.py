@@ -268,6 +268,51 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
                    f"rounds of {len(SUFFIXES)} requests sharing a prefix")
 
 
+# Compressed homes: every streamed layer's history is the codec's decode of its
+# encode, so the answers are not plain vLLM's bits but within the bound
+# tests/vllm/test_compressed_homes.py derives (half the oracles' MIN_MARGIN,
+# so no greedy token flips). On CUDA's layout a codec row is one token's head
+# vector, so the last block's re-encode adds no error (tests/reference/test_codec.py).
+COMPRESSED_HOMES = {**h.STREAMING, "homes": "compressed"}
+COMPRESSED_HOMES_MAX_GAP = 0.5
+assert COMPRESSED_HOMES_MAX_GAP < h.MIN_MARGIN
+
+
+def compressed_homes_long(llms, setting, connector):
+    llm = connector_llm(llms, setting, {"streaming": COMPRESSED_HOMES}, connector=connector,
+                        kv_cache_bytes=budget(setting), max_model_len=CONTEXT, **STREAMING_SCHEDULING)
+    runs = []
+    for salt in ("homes-1", "homes-2"):  # each computed and streamed again: the same path
+        with h.TelemetryDelta(llm) as moved:
+            runs.append(h.generate(llm, [LONG], salt=salt))
+        assert moved["streamed_bytes_to_device"] > 0 and moved["streamed_bytes_to_host"] > 0
+    bitwise(runs[1], runs[0], f"compressed homes ({connector}) on a second run")
+    return runs[0]
+
+
+def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, answers_with_8x_memory,
+                                                                figures):
+    got = compressed_homes_long(llms, setting, "native")
+    want = answers_with_8x_memory["long"]
+    gap = h.largest_logprob_gap(got, want)
+    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.tokens, w.tokens))
+    total = sum(len(w.tokens) for w in want)
+    figures.append(f"{setting['name']} compressed homes: {CONTEXT} tokens in the budget, {same}/{total} "
+                   f"tokens plain vLLM's with 8x, top logprobs within {gap:.3f} "
+                   f"(bound {COMPRESSED_HOMES_MAX_GAP})")
+    assert same == total, f"compressed homes changed {total - same} of {total} greedy tokens"
+    assert gap <= COMPRESSED_HOMES_MAX_GAP, f"compressed homes moved a top logprob by {gap:.3f}"
+    assert gap > 0, "compressed homes gave exact's logprobs: were the homes compressed at all?"
+
+
+def test_compressed_homes_native_is_the_reference_bit_for_bit(llms, setting):
+    """The device's decode into the ring and encode of write-backs are the
+    reference's CPU codec (the readable definition), bit for bit in vLLM."""
+    native = compressed_homes_long(llms, setting, "native")
+    bitwise(native, compressed_homes_long(llms, setting, "reference"),
+            "compressed homes, native against the reference")
+
+
 # -- refusals (eager, one geometry: they stop at start-up) ----------------------------
 
 @pytest.fixture(scope="module")
