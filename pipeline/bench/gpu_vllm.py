@@ -208,7 +208,8 @@ HOME_BYTES = {"exact": 2 * ELEMENTS_PER_LAYER_BLOCK,
 
 
 def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
-              homes: list[str], resident_layers: int | None = None) -> dict[str, Any]:
+              homes: list[str], resident_layers: int | None = None,
+              with_plain: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
     peak = out["peak_h2d_gbps"] * 1e9
     layers = LLAMA3_8B["num_hidden_layers"]
@@ -251,7 +252,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                 print(json.dumps(measured), flush=True)
             shutdown(llm)
     # Plain vLLM's decode step with all KV on the device, at the same contexts.
-    plain_contexts = [n for n in contexts if n]
+    plain_contexts = [n for n in contexts if n] if with_plain else []
     if not plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
         return out
     llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64)
@@ -305,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets-gib", default="4,16")
     parser.add_argument("--homes", default="exact", help="exact,compressed: streaming's homes, one LLM each")
     parser.add_argument("--resident-layers", type=int, help="streaming's R for every budget")
+    parser.add_argument("--no-plain", action="store_true",
+                        help="streaming: leave out plain vLLM's decode step with all KV on the device")
     parser.add_argument("--contexts", default="32768,131072",
                         help="0 for the longest context the budget serves")
     parser.add_argument("--decode-tokens", type=int, default=17)
@@ -319,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = streaming([float(x) for x in args.budgets_gib.split(",")],
                            [int(x) for x in args.contexts.split(",")], args.decode_tokens,
-                           args.homes.split(","), args.resident_layers)
+                           args.homes.split(","), args.resident_layers, not args.no_plain)
     import torch
     import vllm
 
