@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "activekv/host_arena.h"
 #include "activekv/store_file.h"
 
 namespace {
@@ -43,7 +44,14 @@ int main(int argc, char** argv) {
   for (const std::int64_t g : gib) {
     const std::filesystem::path path = std::filesystem::path(dir) / ("activekv-store-bench-" + std::to_string(g));
     std::filesystem::remove(path);
-    const activekv::StoreFileOptions o{path.string(), (g << 30) / slot_bytes, slot_bytes, "bench"};
+    // The arena's layout at 32 layers: 256 MiB chunks, so a slot is 32 pieces.
+    activekv::StoreFileOptions o;
+    o.path = path.string();
+    o.num_slots = (g << 30) / slot_bytes;
+    o.slot_bytes = slot_bytes;
+    o.num_layers = 32;
+    o.slots_per_chunk = std::max<std::int64_t>(1, activekv::chunk_bytes_for(32) / slot_bytes);
+    o.identity = "bench";
     auto t0 = std::chrono::steady_clock::now();
     double fill_s = 0;
     {
@@ -56,7 +64,10 @@ int main(int argc, char** argv) {
       t0 = std::chrono::steady_clock::now();
       for (std::int64_t s = 0; s < o.num_slots; ++s) {
         f.value()->begin_write(s);
-        std::memset(f.value()->slot_data(s), static_cast<int>(s & 0xff), static_cast<std::size_t>(slot_bytes));
+        for (std::int64_t l = 0; l < o.num_layers; ++l) {
+          std::memset(f.value()->layer_data(s, l), static_cast<int>((s + l) & 0xff),
+                      static_cast<std::size_t>(slot_bytes / o.num_layers));
+        }
         activekv::StoreTag tag{};
         std::memcpy(tag.data(), &s, sizeof(s));
         f.value()->commit(s, tag);

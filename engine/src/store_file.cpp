@@ -10,6 +10,7 @@
 #include <linux/magic.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -18,7 +19,7 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'S', 'T', 'O', 'R', 'E'};
-constexpr std::uint32_t kFormat = 1;
+constexpr std::uint32_t kFormat = 2;  // 2: the data in the arena's chunks
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::size_t kIdentityBytes = 2048;
 
@@ -30,6 +31,8 @@ struct Header {
   std::uint32_t record_bytes;
   std::int64_t num_slots;
   std::int64_t slot_bytes;
+  std::int64_t num_layers;
+  std::int64_t slots_per_chunk;
   std::uint64_t data_offset;
   char identity[kIdentityBytes];  // NUL-terminated
 };
@@ -71,6 +74,10 @@ std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
 
 Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   if (o.num_slots < 1 || o.slot_bytes < 1) return failed(o.path, "needs at least one slot of at least one byte");
+  if (o.num_layers < 1 || o.slot_bytes % o.num_layers != 0 || o.slots_per_chunk < 0) {
+    return failed(o.path, "slots of " + std::to_string(o.slot_bytes) + " bytes do not split into " +
+                              std::to_string(o.num_layers) + " layers");
+  }
   if (o.identity.size() >= kIdentityBytes) {
     return failed(o.path, "identity of " + std::to_string(o.identity.size()) + " bytes is over the header's " +
                               std::to_string(kIdentityBytes - 1));
@@ -79,6 +86,9 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   f->path_ = o.path;
   f->num_slots_ = o.num_slots;
   f->slot_bytes_ = o.slot_bytes;
+  f->num_layers_ = o.num_layers;
+  f->layer_bytes_ = o.slot_bytes / o.num_layers;
+  f->slots_per_chunk_ = o.slots_per_chunk == 0 ? o.num_slots : std::min(o.slots_per_chunk, o.num_slots);
   const auto records = static_cast<std::size_t>(o.num_slots) * sizeof(Record);
   f->data_offset_ = round_up(kHeaderBytes + records, page_bytes());
   const std::size_t total = f->data_offset_ + static_cast<std::size_t>(o.num_slots * o.slot_bytes);
@@ -127,6 +137,8 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     h->record_bytes = sizeof(Record);
     h->num_slots = o.num_slots;
     h->slot_bytes = o.slot_bytes;
+    h->num_layers = f->num_layers_;
+    h->slots_per_chunk = f->slots_per_chunk_;
     h->data_offset = f->data_offset_;
     std::memcpy(h->identity, o.identity.c_str(), o.identity.size() + 1);
     f->flush(h, kHeaderBytes);
@@ -144,11 +156,15 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     return failed(o.path, "holds '" + held + "', not '" + o.identity +
                               "'; point this vLLM at another store file, or remove it");
   }
-  if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || mapped != total) {
+  if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || h->num_layers != f->num_layers_ ||
+      h->slots_per_chunk != f->slots_per_chunk_ || mapped != total) {
     return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " + std::to_string(h->slot_bytes) +
-                              " bytes; this configuration needs " + std::to_string(o.num_slots) + " of " +
-                              std::to_string(o.slot_bytes) +
-                              " (capacity_bytes changed): restore it, or remove the file");
+                              " bytes (" + std::to_string(h->num_layers) + " layers, chunks of " +
+                              std::to_string(h->slots_per_chunk) + " slots); this configuration needs " +
+                              std::to_string(o.num_slots) + " of " + std::to_string(o.slot_bytes) + " (" +
+                              std::to_string(f->num_layers_) + " layers, chunks of " +
+                              std::to_string(f->slots_per_chunk_) +
+                              " slots; capacity_bytes or the model changed): restore it, or remove the file");
   }
   if (Status s = f->recover(); !s.ok()) return s;
   return f;
@@ -163,8 +179,31 @@ StoreFile::Record& StoreFile::record(std::int64_t slot) const {
   return reinterpret_cast<Record*>(map_ + kHeaderBytes)[slot];
 }
 
-std::uint8_t* StoreFile::slot_data(std::int64_t slot) const {
-  return map_ + data_offset_ + static_cast<std::size_t>(slot * slot_bytes_);
+std::uint8_t* StoreFile::chunk_data(std::int64_t chunk) const {
+  // Every chunk before the last is full.
+  return map_ + data_offset_ + static_cast<std::size_t>(chunk * slots_per_chunk_ * slot_bytes_);
+}
+
+std::int64_t StoreFile::chunk_rows(std::int64_t chunk) const {
+  return std::min(slots_per_chunk_, num_slots_ - chunk * slots_per_chunk_);
+}
+
+std::uint8_t* StoreFile::layer_data(std::int64_t slot, std::int64_t layer) const {
+  const std::int64_t chunk = slot / slots_per_chunk_;
+  const std::int64_t row = slot - chunk * slots_per_chunk_;
+  return chunk_data(chunk) + static_cast<std::size_t>((layer * chunk_rows(chunk) + row) * layer_bytes_);
+}
+
+std::uint64_t StoreFile::slot_checksum(std::int64_t slot) const {
+  std::uint64_t h = 0;
+  for (std::int64_t l = 0; l < num_layers_; ++l) {
+    h = (h ^ store_checksum(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_))) * 0x9E3779B97F4A7C15ULL;
+  }
+  return h ^ (h >> 31);
+}
+
+void StoreFile::flush_slot(std::int64_t slot) const {
+  for (std::int64_t l = 0; l < num_layers_; ++l) flush(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_));
 }
 
 void StoreFile::flush(const void* at, std::size_t bytes) const {
@@ -184,9 +223,9 @@ void StoreFile::begin_write(std::int64_t slot) {
 
 void StoreFile::commit(std::int64_t slot, const StoreTag& tag) {
   Record& r = record(slot);
-  r.checksum = store_checksum(slot_data(slot), static_cast<std::size_t>(slot_bytes_));
+  r.checksum = slot_checksum(slot);
   r.tag = tag;
-  flush(slot_data(slot), static_cast<std::size_t>(slot_bytes_));
+  flush_slot(slot);
   flush(&r, sizeof(Record));
   std::atomic_ref<std::uint64_t>(r.state).store(kSealed, std::memory_order_release);
   flush(&r, sizeof(Record));
@@ -207,8 +246,7 @@ Status StoreFile::recover() {
     Record& r = record(s);
     const std::uint64_t state = r.state;
     if (state == kEmpty) continue;
-    if (state == kSealed &&
-        r.checksum == store_checksum(slot_data(s), static_cast<std::size_t>(slot_bytes_))) {
+    if (state == kSealed && r.checksum == slot_checksum(s)) {
       recovered_.push_back({s, r.tag});
       continue;
     }

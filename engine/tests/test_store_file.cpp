@@ -39,7 +39,12 @@ struct TempDir {
 
 StoreFileOptions options(const std::filesystem::path& file, std::string identity = kIdentity,
                          std::int64_t slots = kSlots) {
-  return {file.string(), slots, kSlotBytes, std::move(identity)};
+  StoreFileOptions o;
+  o.path = file.string();
+  o.num_slots = slots;
+  o.slot_bytes = kSlotBytes;
+  o.identity = std::move(identity);
+  return o;
 }
 
 StoreTag tag_of(std::uint32_t n) {
@@ -76,7 +81,7 @@ std::unique_ptr<StoreFile> open_ok(const StoreFileOptions& o) {
 
 void write_slot(StoreFile& f, std::int64_t slot, std::uint32_t n) {
   f.begin_write(slot);
-  fill(f.slot_data(slot), n);
+  fill(f.layer_data(slot, 0), n);
   f.commit(slot, tag_of(n));
 }
 
@@ -87,9 +92,9 @@ void write_slot_slowly(StoreFile& f, std::int64_t slot, std::uint32_t n) {
   fill(bytes.data(), n);
   f.begin_write(slot);
   const std::size_t half = bytes.size() / 2;
-  std::memcpy(f.slot_data(slot), bytes.data(), half);
+  std::memcpy(f.layer_data(slot, 0), bytes.data(), half);
   std::this_thread::sleep_for(std::chrono::microseconds(200));
-  std::memcpy(f.slot_data(slot) + half, bytes.data() + half, bytes.size() - half);
+  std::memcpy(f.layer_data(slot, 0) + half, bytes.data() + half, bytes.size() - half);
   f.commit(slot, tag_of(n));
 }
 
@@ -106,7 +111,7 @@ TEST(StoreFile, ARestartRecoversEverySealedSlotWithItsTagAndBytes) {
   ASSERT_EQ(f->recovered().size(), 3U);
   for (const auto& r : f->recovered()) {
     EXPECT_EQ(tag_number(r.tag), 1000 + r.slot);
-    EXPECT_TRUE(holds(f->slot_data(r.slot), 1000 + static_cast<std::uint32_t>(r.slot)));
+    EXPECT_TRUE(holds(f->layer_data(r.slot, 0), 1000 + static_cast<std::uint32_t>(r.slot)));
     EXPECT_TRUE(f->sealed(r.slot));
   }
   EXPECT_EQ(f->dropped_writing() + f->dropped_checksum(), 0);
@@ -120,7 +125,7 @@ TEST(StoreFile, AnUnfinishedWriteAndADroppedSlotAreNotRecovered) {
     write_slot(*f, 2, 2);
     write_slot(*f, 5, 5);
     f->begin_write(2);  // rewritten, the process gone before its commit
-    fill(f->slot_data(2), 99);
+    fill(f->layer_data(2, 0), 99);
     f->drop(5);  // evicted
   }
   auto f = open_ok(options(dir.path / "store"));
@@ -142,7 +147,7 @@ TEST(StoreFile, BytesChangedBehindASealAreDroppedByTheChecksum) {
     auto f = open_ok(options(file));
     write_slot(*f, 4, 4);
     write_slot(*f, 6, 6);
-    slot_at = static_cast<std::size_t>(f->slot_data(6) - f->slot_data(0));
+    slot_at = static_cast<std::size_t>(f->layer_data(6, 0) - f->layer_data(0, 0));
   }
   // One byte of slot 6 flipped through the file: a torn write the seal did not see.
   std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -171,12 +176,48 @@ TEST(StoreFile, AnotherIdentityOrGeometryIsRefusedAndTheFileKept) {
       << other.status().error();
   const auto bigger = StoreFile::open(options(file, kIdentity, 2 * kSlots));
   ASSERT_FALSE(bigger.ok());
-  EXPECT_NE(bigger.status().error().find("holds 64 slots of 3000 bytes; this configuration needs 128 of 3000"),
-            std::string::npos)
-      << bigger.status().error();
+  for (const char* part : {"holds 64 slots of 3000 bytes", "needs 128 of 3000"}) {
+    EXPECT_NE(bigger.status().error().find(part), std::string::npos) << bigger.status().error();
+  }
+  auto layered = options(file);
+  layered.num_layers = 3;
+  const auto other_layout = StoreFile::open(layered);
+  ASSERT_FALSE(other_layout.ok());
+  EXPECT_NE(other_layout.status().error().find("3 layers"), std::string::npos) << other_layout.status().error();
   auto f = open_ok(options(file));  // untouched by the refusals
   ASSERT_EQ(f->recovered().size(), 1U);
-  EXPECT_TRUE(holds(f->slot_data(0), 42));
+  EXPECT_TRUE(holds(f->layer_data(0, 0), 42));
+}
+
+// The host arena's layout: chunks of slots, layer-major inside each, the last
+// chunk partly filled; a slot is one piece per layer, and the checksum covers
+// every piece.
+TEST(StoreFile, ASlotIsOnePiecePerLayerInTheArenasChunks) {
+  TempDir dir;
+  StoreFileOptions o = options(dir.path / "store", kIdentity, 10);
+  o.num_layers = 3;
+  o.slots_per_chunk = 4;  // chunks of 4, 4 and 2 slots
+  const std::int64_t piece = kSlotBytes / 3;
+  {
+    auto f = open_ok(o);
+    ASSERT_EQ(f->layer_bytes(), piece);
+    // Chunk c is [layers, rows, piece]: slot 9 is row 1 of the last chunk (2 rows).
+    EXPECT_EQ(f->layer_data(9, 2) - f->chunk_data(2), (2 * 2 + 1) * piece);
+    EXPECT_EQ(f->chunk_data(1) - f->chunk_data(0), 4 * kSlotBytes);
+    EXPECT_EQ(f->chunk_rows(2), 2);
+    for (const std::int64_t slot : {0, 5, 9}) {
+      f->begin_write(slot);
+      for (std::int64_t l = 0; l < 3; ++l) std::memset(f->layer_data(slot, l), static_cast<int>(slot + l), piece);
+      f->commit(slot, tag_of(static_cast<std::uint32_t>(slot)));
+    }
+    f->layer_data(5, 2)[piece - 1] ^= 1;  // slot 5's last layer torn after sealing
+  }
+  auto f = open_ok(o);
+  std::vector<std::int64_t> recovered;
+  for (const auto& r : f->recovered()) recovered.push_back(r.slot);
+  EXPECT_EQ(recovered, (std::vector<std::int64_t>{0, 9}));
+  EXPECT_EQ(f->dropped_checksum(), 1);
+  EXPECT_EQ(f->layer_data(9, 2)[0], 11);
 }
 
 TEST(StoreFile, BadPathsSayWhatIsWrong) {
@@ -258,7 +299,7 @@ TEST(StoreFile, KilledAtRandomPointsOfASaveStormNothingTornIsRecovered) {
     auto f = open_ok(options(file));
     ASSERT_TRUE(f);
     for (const auto& r : f->recovered()) {
-      EXPECT_TRUE(holds(f->slot_data(r.slot), tag_number(r.tag))) << "round " << round << " slot " << r.slot;
+      EXPECT_TRUE(holds(f->layer_data(r.slot, 0), tag_number(r.tag))) << "round " << round << " slot " << r.slot;
     }
     recovered += f->recovered().size();
   }

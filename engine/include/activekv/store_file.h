@@ -1,11 +1,14 @@
 // A host store's slots in a memory-mapped file that outlives the process
-// (issue 24's first part: warm restart). Plain bytes, no torch: the worker
-// side maps its arena onto slot_data().
+// (issue 24's first part: warm restart). Plain bytes, no torch: the host
+// arena (host_arena.h) maps its chunks onto chunk_data().
 //
 // Layout: a 4 KiB header (magic, format, the slot geometry, the identity of
 // what the file holds: model, dtype, block size, layout, mode, ActiveKV's
 // version), one 128-byte record per slot (state, tag, checksum), then the
-// slots' data, page aligned.
+// slots' data, page aligned, in the arena's chunks: chunk c holds slots
+// [c * slots_per_chunk, ...) layer-major ([layers, rows, layer_bytes]), so a
+// run of slots of one layer stays one contiguous range, and a slot's bytes
+// are one piece per layer. The checksum covers a slot's pieces in layer order.
 //
 // Crash safety. A slot is served only once sealed, and sealing is ordered:
 //   begin_write    the record says "writing" (durable) before the caller
@@ -39,7 +42,9 @@ using StoreTag = std::array<std::uint8_t, 36>;
 struct StoreFileOptions {
   std::string path;
   std::int64_t num_slots = 0;
-  std::int64_t slot_bytes = 0;
+  std::int64_t slot_bytes = 0;  // all layers of a slot: num_layers x a layer's bytes
+  std::int64_t num_layers = 1;
+  std::int64_t slots_per_chunk = 0;  // 0: one chunk of every slot
   // Everything that must match for the bytes to be readable, as one line
   // (e.g. "model=<digest> dtype=bfloat16 block=16 layout=... mode=exact
   // activekv=<version>"); a file holding another identity is refused.
@@ -66,7 +71,14 @@ class StoreFile {
 
   std::int64_t num_slots() const { return num_slots_; }
   std::int64_t slot_bytes() const { return slot_bytes_; }
-  std::uint8_t* slot_data(std::int64_t slot) const;
+  std::int64_t layer_bytes() const { return layer_bytes_; }
+  std::int64_t num_layers() const { return num_layers_; }
+  std::int64_t slots_per_chunk() const { return slots_per_chunk_; }
+  // The [layers, rows, layer_bytes] bytes of a chunk (rows: slots_per_chunk,
+  // fewer in the last chunk), and one layer's piece of a slot.
+  std::uint8_t* chunk_data(std::int64_t chunk) const;
+  std::int64_t chunk_rows(std::int64_t chunk) const;
+  std::uint8_t* layer_data(std::int64_t slot, std::int64_t layer) const;
 
   // The crash-safe write of a slot (see above). Slots must be in range.
   void begin_write(std::int64_t slot);
@@ -87,6 +99,8 @@ class StoreFile {
   // Durable on a disk (msync); nothing on tmpfs.
   void flush(const void* at, std::size_t bytes) const;
   Status recover();
+  std::uint64_t slot_checksum(std::int64_t slot) const;
+  void flush_slot(std::int64_t slot) const;
 
   std::string path_;
   int fd_ = -1;
@@ -94,6 +108,9 @@ class StoreFile {
   std::size_t map_bytes_ = 0;
   std::int64_t num_slots_ = 0;
   std::int64_t slot_bytes_ = 0;
+  std::int64_t layer_bytes_ = 0;
+  std::int64_t num_layers_ = 1;
+  std::int64_t slots_per_chunk_ = 0;
   std::size_t data_offset_ = 0;
   bool durable_ = true;  // flushes reach a disk (not tmpfs)
   std::vector<RecoveredSlot> recovered_;
