@@ -53,8 +53,9 @@ std::string errno_text() { return std::strerror(errno); }
 struct StoreFile::Record {
   std::uint64_t state;  // State; read and written through std::atomic_ref
   std::uint64_t checksum;
+  std::uint64_t sequence;
   StoreTag tag;
-  std::uint8_t reserved[128 - 16 - sizeof(StoreTag)];  // one record is 128 bytes
+  std::uint8_t reserved[128 - 24 - sizeof(StoreTag)];  // one record is 128 bytes
 };
 
 std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
@@ -176,6 +177,7 @@ StoreFile::~StoreFile() {
 }
 
 StoreFile::Record& StoreFile::record(std::int64_t slot) const {
+  static_assert(sizeof(Record) == 128);
   return reinterpret_cast<Record*>(map_ + kHeaderBytes)[slot];
 }
 
@@ -224,6 +226,7 @@ void StoreFile::begin_write(std::int64_t slot) {
 void StoreFile::commit(std::int64_t slot, const StoreTag& tag) {
   Record& r = record(slot);
   r.checksum = slot_checksum(slot);
+  r.sequence = ++last_sequence_;
   r.tag = tag;
   flush_slot(slot);
   flush(&r, sizeof(Record));
@@ -247,14 +250,46 @@ Status StoreFile::recover() {
     const std::uint64_t state = r.state;
     if (state == kEmpty) continue;
     if (state == kSealed && r.checksum == slot_checksum(s)) {
-      recovered_.push_back({s, r.tag});
+      recovered_.push_back({s, r.tag, r.sequence});
+      last_sequence_ = std::max(last_sequence_, r.sequence);
       continue;
     }
     ++(state == kSealed ? dropped_checksum_ : dropped_writing_);
     r.state = kEmpty;
   }
   flush(map_ + kHeaderBytes, static_cast<std::size_t>(num_slots_) * sizeof(Record));
+  std::sort(recovered_.begin(), recovered_.end(),
+            [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.sequence < b.sequence; });
   return Status::Ok();
+}
+
+Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& path, const std::string& identity) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return failed(path, "cannot be read (" + errno_text() + ")");
+  struct stat st {};
+  Header h{};
+  const bool headed = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kHeaderBytes &&
+                      ::pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h));
+  if (!headed || std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.format != kFormat) {
+    ::close(fd);
+    return failed(path, "is not an ActiveKV store of format " + std::to_string(kFormat));
+  }
+  const std::string held(h.identity, strnlen(h.identity, kIdentityBytes));
+  if (held != identity) {
+    ::close(fd);
+    return failed(path, "holds '" + held + "', not '" + identity + "'");
+  }
+  std::vector<Record> records(static_cast<std::size_t>(h.num_slots));
+  const auto bytes = static_cast<ssize_t>(records.size() * sizeof(Record));
+  const bool read = ::pread(fd, records.data(), static_cast<std::size_t>(bytes), kHeaderBytes) == bytes;
+  ::close(fd);
+  if (!read) return failed(path, "is shorter than its header says");
+  std::vector<RecoveredSlot> out;
+  for (std::size_t s = 0; s < records.size(); ++s) {
+    if (records[s].state == kSealed) out.push_back({static_cast<std::int64_t>(s), records[s].tag, records[s].sequence});
+  }
+  std::sort(out.begin(), out.end(), [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.sequence < b.sequence; });
+  return out;
 }
 
 }  // namespace activekv

@@ -306,5 +306,33 @@ TEST(StoreFile, KilledAtRandomPointsOfASaveStormNothingTornIsRecovered) {
   EXPECT_GT(recovered, 0U);  // the storm sealed something: the check above checked
 }
 
+// The scheduler's process reads the sealed slots while a worker holds the
+// file, in commit order (the LRU order across restarts), and a file of
+// another identity is refused there too.
+TEST(StoreFile, TheSealedSlotsAreReadInCommitOrderWhileHeld) {
+  TempDir dir;
+  const auto file = dir.path / "store";
+  {
+    auto f = open_ok(options(file));
+    for (const std::int64_t slot : {3, 1, 2}) write_slot(*f, slot, 500 + static_cast<std::uint32_t>(slot));
+  }
+  auto held = open_ok(options(file));
+  write_slot(*held, 0, 500);  // committed after the restart: the newest
+  std::vector<std::int64_t> order;
+  for (const auto& r : held->recovered()) order.push_back(r.slot);
+  EXPECT_EQ(order, (std::vector<std::int64_t>{3, 1, 2}));
+  const auto sealed = StoreFile::read_sealed(file.string(), kIdentity);
+  ASSERT_TRUE(sealed.ok()) << sealed.status().error();
+  order.clear();
+  for (const auto& r : sealed.value()) {
+    order.push_back(r.slot);
+    EXPECT_EQ(tag_number(r.tag), 500 + static_cast<std::uint32_t>(r.slot));
+  }
+  EXPECT_EQ(order, (std::vector<std::int64_t>{3, 1, 2, 0}));
+  const auto other = StoreFile::read_sealed(file.string(), "model=other");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().error().find("not 'model=other'"), std::string::npos) << other.status().error();
+}
+
 }  // namespace
 }  // namespace activekv

@@ -54,6 +54,7 @@ struct StoreFileOptions {
 struct RecoveredSlot {
   std::int64_t slot;
   StoreTag tag;
+  std::uint64_t sequence;  // commit order across restarts: the oldest is evicted first
 };
 
 class StoreFile {
@@ -87,7 +88,13 @@ class StoreFile {
   void drop(std::int64_t slot);
   bool sealed(std::int64_t slot) const;
 
-  // What open() found in an existing file.
+  // The sealed slots of the file at `path`, oldest commit first, read without
+  // taking it (the scheduler's process rebuilds its index from them while a
+  // worker holds the file, after that worker's open() verified them). Errors
+  // as open() for a file that is not this identity's.
+  static Result<std::vector<RecoveredSlot>> read_sealed(const std::string& path, const std::string& identity);
+
+  // What open() found in an existing file, oldest commit first.
   const std::vector<RecoveredSlot>& recovered() const { return recovered_; }
   std::int64_t dropped_writing() const { return dropped_writing_; }    // killed mid-write
   std::int64_t dropped_checksum() const { return dropped_checksum_; }  // bytes do not verify
@@ -116,6 +123,7 @@ class StoreFile {
   std::vector<RecoveredSlot> recovered_;
   std::int64_t dropped_writing_ = 0;
   std::int64_t dropped_checksum_ = 0;
+  std::uint64_t last_sequence_ = 0;
 };
 
 // The checksum of a slot's bytes (64-bit, fast: recovery reads every sealed
