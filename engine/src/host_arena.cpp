@@ -19,6 +19,22 @@ HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64
       generations_(static_cast<std::size_t>(num_slots), 0),
       quarantined_(static_cast<std::size_t>(num_slots), 0) {}
 
+HostArena::HostArena(std::int64_t num_layers, std::int64_t layer_bytes, std::shared_ptr<StoreFile> file)
+    : HostArena(file->num_slots(), num_layers, layer_bytes, /*pin=*/false,
+                file->slots_per_chunk() * num_layers * layer_bytes) {
+  if (file->num_layers() != num_layers || file->layer_bytes() != layer_bytes ||
+      file->slots_per_chunk() != slots_per_chunk_) {
+    throw std::invalid_argument("the store file holds " + std::to_string(file->num_layers()) + " layers of " +
+                                std::to_string(file->layer_bytes()) + " bytes in chunks of " +
+                                std::to_string(file->slots_per_chunk()) + " slots, not the arena's " +
+                                std::to_string(num_layers) + " of " + std::to_string(layer_bytes));
+  }
+  file_ = std::move(file);
+  for (const auto& r : file_->recovered()) {
+    tags_[static_cast<std::size_t>(r.slot)].assign(r.tag.begin(), r.tag.end());
+  }
+}
+
 SlotLease HostArena::lease(const std::vector<std::int64_t>& slots) {
   SlotLease out;
   out.slots = slots;
@@ -29,6 +45,7 @@ SlotLease HostArena::lease(const std::vector<std::int64_t>& slots) {
     }
     tags_[static_cast<std::size_t>(slot)].clear();  // keeps its buffer for the next seal
     out.generations.push_back(++generations_[static_cast<std::size_t>(slot)]);
+    if (file_) file_->begin_write(slot);  // not served after a crash from here on
   }
   return out;
 }
@@ -42,6 +59,10 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
     if (tags[i].empty()) {
       throw std::invalid_argument("seal: an empty tag for slot " + std::to_string(lease.slots[i]));
     }
+    if (file_ && tags[i].size() != std::tuple_size_v<StoreTag>) {
+      throw std::invalid_argument("seal: a store file's tag is " + std::to_string(std::tuple_size_v<StoreTag>) +
+                                  " bytes, not " + std::to_string(tags[i].size()));
+    }
     const auto slot = lease.slots[i];
     if (generations_[static_cast<std::size_t>(slot)] != lease.generations[i]) {
       return {ErrorCode::kStale, "slot " + std::to_string(slot) + " was leased at generation " +
@@ -50,6 +71,11 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
     }
   }
   for (std::size_t i = 0; i < lease.slots.size(); ++i) {
+    if (file_) {
+      StoreTag t{};
+      std::copy(tags[i].begin(), tags[i].end(), t.begin());
+      file_->commit(lease.slots[i], t);
+    }
     tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
   }
   return Status::Ok();
@@ -96,6 +122,10 @@ Status HostArena::ensure_chunk(std::int64_t chunk) {
   auto& c = chunks_[static_cast<std::size_t>(chunk)];
   if (c.defined()) return Status::Ok();
   const std::int64_t rows = std::min(slots_per_chunk_, num_slots_ - chunk * slots_per_chunk_);
+  if (file_) {  // the file outlives its views: the arena holds it
+    c = at::from_blob(file_->chunk_data(chunk), {num_layers_, rows, layer_bytes_}, at::TensorOptions().dtype(at::kByte));
+    return Status::Ok();
+  }
   try {
     c = at::empty({num_layers_, rows, layer_bytes_},
                   at::TensorOptions().dtype(at::kByte).pinned_memory(pin_));

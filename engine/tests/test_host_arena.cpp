@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <stdlib.h>
+
+#include <filesystem>
 
 #include "activekv/host_arena.h"
 
@@ -108,6 +111,70 @@ TEST(HostArena, HoldsAndSealedSlotsFollowSealsAndLeases) {
   EXPECT_FALSE(arena.holds(7, "x"));
   EXPECT_EQ(arena.sealed_slots(), (std::vector<std::int64_t>{2}));
   EXPECT_THROW(arena.seal(arena.lease({4}), {""}), std::invalid_argument);
+}
+
+// -- on a store file (store_file.h): a warm restart ------------------------------
+
+std::shared_ptr<StoreFile> store_file(const std::filesystem::path& path, std::int64_t slots,
+                                      std::int64_t layers, std::int64_t layer_bytes, std::int64_t per_chunk) {
+  StoreFileOptions o;
+  o.path = path.string();
+  o.num_slots = slots;
+  o.slot_bytes = layers * layer_bytes;
+  o.num_layers = layers;
+  o.slots_per_chunk = per_chunk;
+  o.identity = "model=tiny mode=exact";
+  auto f = StoreFile::open(o);
+  if (!f.ok()) throw std::runtime_error(f.status().error());
+  return std::shared_ptr<StoreFile>(std::move(f.value()));
+}
+
+std::string tag_for(std::int64_t slot) {
+  std::string t(36, '\0');
+  t[0] = static_cast<char>('a' + slot);
+  t[35] = 1;  // the TP rank's bytes
+  return t;
+}
+
+// What slot `slot` holds in layer `layer` when it was saved.
+at::Tensor saved_bytes(std::int64_t slot, std::int64_t layer, std::int64_t count, std::int64_t bytes) {
+  return (at::arange(count * bytes, at::kLong).reshape({count, bytes}) + 7 * slot + 31 * layer).to(at::kByte);
+}
+
+TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot) {
+  char pattern[] = "/tmp/activekv-arena-XXXXXX";
+  const std::filesystem::path dir = ::mkdtemp(pattern);
+  const auto path = dir / "store";
+  constexpr std::int64_t kLayers = 3, kBytes = 40;
+  {
+    HostArena arena(kLayers, kBytes, store_file(path, 10, kLayers, kBytes, 4));
+    EXPECT_EQ(arena.slots_per_chunk(), 4);
+    EXPECT_TRUE(arena.sealed_slots().empty());
+    const SlotLease saved = arena.lease({5, 6});  // one run of chunk 1
+    const SlotLease unsealed = arena.lease({0});  // killed before its seal
+    const SlotLease quarantined = arena.lease({9});  // a copy of unknown outcome
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      arena.run_view(l, SlotRun{5, 2, 0}).value().copy_(saved_bytes(5, l, 2, kBytes));
+      arena.run_view(l, SlotRun{0, 1, 0}).value().copy_(saved_bytes(0, l, 1, kBytes));
+    }
+    ASSERT_TRUE(arena.seal(saved, {tag_for(5), tag_for(6)}).ok());
+    arena.quarantine(quarantined);
+    EXPECT_THROW((void)arena.seal(unsealed, {"short"}), std::invalid_argument);  // and nothing sealed
+  }
+  {
+    HostArena arena(kLayers, kBytes, store_file(path, 10, kLayers, kBytes, 4));
+    EXPECT_EQ(arena.sealed_slots(), (std::vector<std::int64_t>{5, 6}));
+    EXPECT_TRUE(arena.holds(5, tag_for(5)));
+    EXPECT_TRUE(arena.holds(6, tag_for(6)));
+    EXPECT_FALSE(arena.holds(0, tag_for(0)));
+    EXPECT_EQ(arena.file()->dropped_writing(), 2);  // slots 0 and 9
+    for (std::int64_t l = 0; l < kLayers; ++l) {
+      EXPECT_TRUE(at::equal(arena.run_view(l, SlotRun{5, 2, 0}).value(), saved_bytes(5, l, 2, kBytes))) << l;
+    }
+  }
+  // Another arena geometry on the same file is refused, not misread.
+  EXPECT_THROW(HostArena(kLayers, kBytes / 2, store_file(path, 10, kLayers, kBytes, 4)), std::invalid_argument);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "activekv/status.h"
+#include "activekv/store_file.h"
 
 namespace activekv {
 
@@ -55,6 +57,12 @@ class HostArena {
  public:
   HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64_t layer_bytes, bool pin,
             std::int64_t chunk_bytes = kDefaultChunkBytes);
+  // The arena on a store file (store_file.h) of its geometry (throws
+  // std::invalid_argument otherwise): its chunks are the file's, a lease
+  // marks its slots "writing" there and a seal commits them, and the slots
+  // the file recovered are sealed with their tags from the start. Not pinned:
+  // the device reads the mapping as pageable memory.
+  HostArena(std::int64_t num_layers, std::int64_t layer_bytes, std::shared_ptr<StoreFile> file);
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
@@ -69,6 +77,8 @@ class HostArena {
   // save into fresh pinned chunks made a prompt's miss 2.6-3.6x slower).
   // Errors: kOutOfMemory, naming the bytes of the chunk refused.
   Status allocate_all();
+  // The store file under the arena, or null (the arena lives in process memory).
+  const StoreFile* file() const { return file_.get(); }
 
   // Splits a batch of slots into runs of consecutive slots within a chunk.
   std::vector<SlotRun> runs(const std::vector<std::int64_t>& slots) const;
@@ -112,7 +122,8 @@ class HostArena {
   std::int64_t layer_bytes_;
   bool pin_;
   std::int64_t slots_per_chunk_;
-  std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory
+  std::shared_ptr<StoreFile> file_;  // null: chunks in process memory
+  std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory or views the file's
   // Per slot, indexed by slot: dense (under 100 bytes a slot, against the
   // slot's own bytes), and no hashing or allocation on a step's path.
   std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty)
