@@ -81,6 +81,22 @@ void BlockIndex::commit(std::int64_t slot) {
   entry.lru_pos = lru_.insert(lru_.end(), entry.key);
 }
 
+std::int64_t BlockIndex::restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) {
+  std::vector<char> is_free(static_cast<std::size_t>(num_slots_), 0);
+  for (const auto slot : free_) is_free[static_cast<std::size_t>(slot)] = 1;
+  std::int64_t restored = 0;
+  for (const auto& [key, slot] : blocks) {
+    if (slot < 0 || slot >= num_slots_ || !is_free[static_cast<std::size_t>(slot)] || contains(key)) continue;
+    is_free[static_cast<std::size_t>(slot)] = 0;
+    by_key_.emplace(key, Entry{key, slot, SlotState::kPending, 0, {}});
+    key_of_slot_.emplace(slot, key);
+    commit(slot);
+    ++restored;
+  }
+  std::erase_if(free_, [&](std::int64_t slot) { return !is_free[static_cast<std::size_t>(slot)]; });
+  return restored;
+}
+
 void BlockIndex::discard(std::int64_t slot) {
   const auto it = key_of_slot_.find(slot);
   if (it == key_of_slot_.end()) return;

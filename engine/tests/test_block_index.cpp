@@ -69,5 +69,26 @@ TEST(BlockIndex, BrokenContractsThrow) {
   EXPECT_THROW(index.commit(slot), std::logic_error);
 }
 
+// A restart with a store file: the blocks come back visible in their slots,
+// in their LRU order (the oldest is evicted first); duplicates and slots out
+// of range are skipped, and new blocks take only the free slots.
+TEST(BlockIndex, RestoredBlocksAreVisibleInTheirSlotsAndKeepTheirLruOrder) {
+  BlockIndex index(4);
+  EXPECT_EQ(index.restore({{k(7), 2}, {k(5), 0}, {k(5), 1}, {k(6), 0}, {k(8), 9}}), 2);
+  EXPECT_EQ(index.lookup(k(7)), 2);
+  EXPECT_EQ(index.lookup(k(5)), 0);
+  EXPECT_FALSE(index.contains(k(6)));
+  EXPECT_FALSE(index.contains(k(8)));
+  const auto a = index.reserve(k(1)), b = index.reserve(k(2));
+  ASSERT_TRUE(a.slot && b.slot);
+  EXPECT_EQ((std::vector<std::int64_t>{*a.slot, *b.slot}), (std::vector<std::int64_t>{1, 3}));
+  index.commit(*a.slot);
+  index.commit(*b.slot);
+  const auto c = index.reserve(k(3));  // full: the oldest restored block goes first
+  ASSERT_EQ(c.evicted.size(), 1u);
+  EXPECT_EQ(c.evicted[0], k(7));
+  EXPECT_EQ(c.slot, 2);
+}
+
 }  // namespace
 }  // namespace activekv

@@ -10,6 +10,7 @@
 #include <list>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "activekv/block_key.h"
@@ -52,6 +53,10 @@ class BlockIndex {
   void discard(std::int64_t slot);
   // Takes `slot` out of service for good (a copy into it may still land).
   void retire(std::int64_t slot);
+  // The blocks a store file kept across a restart (store_file.h), oldest
+  // first: each visible in its slot, in that LRU order. One taken already
+  // (its key or its slot) or out of range is skipped. Returns how many came back.
+  std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks);
 
  private:
   struct Entry {
