@@ -15,6 +15,7 @@
 #include "activekv/kv_layout.h"
 #include "activekv/layer_streaming.h"
 #include "activekv/scheduler_side.h"
+#include "activekv/store_file.h"
 #include "activekv/worker_side.h"
 #include "attributes.h"
 #include "convert.h"
@@ -116,25 +117,41 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());
     }
   }
+  const ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
+                         dtype_name(layout.dtype),
+                         static_cast<std::int64_t>(layout.layer_names.size()),
+                         layout.num_kv_heads,
+                         layout.head_size,
+                         layout.block_size,
+                         py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
+  const py::object logger = py::module_::import("logging").attr("getLogger")("vllm.activekv");
   if (scheduler) {
-    ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
-                     dtype_name(layout.dtype),
-                     static_cast<std::int64_t>(layout.layer_names.size()),
-                     layout.num_kv_heads,
-                     layout.head_size,
-                     layout.block_size,
-                     py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
     auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
                                                 num_slots, id.tp_size,
                                                 geometry ? std::optional<std::int64_t>(num_blocks)
                                                          : std::nullopt);
     if (report) side->report_streaming(*report);
+    // vLLM makes the scheduler's connector after its workers registered their
+    // KV caches, so every rank's store file is open and verified by now.
+    const auto restored = side->restore_from_store_files();
+    if (!restored.ok()) throw py::value_error(restored.status().error());
+    if (!restored.value().empty()) logger.attr("info")("%s", restored.value());
     self.attr("_activekv_scheduler") = py::cast(SchedulerEngine(std::move(side)));
   } else {
     const auto rank = py::cast<std::int64_t>(
         py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());
-    self.attr("_activekv_worker") =
-        py::cast(std::make_unique<WorkerSide>(config, layout, num_slots, rank, std::move(geometry)));
+    auto worker = std::make_unique<WorkerSide>(config, layout, num_slots, rank, std::move(geometry));
+    if (!config.store_path.empty()) {
+      // What must match for the file's bytes to be read back (the blocks'
+      // shape and strides are added at register_kv_caches).
+      std::string digest;
+      for (const auto b : id.digest()) digest += "0123456789abcdef"[b >> 4], digest += "0123456789abcdef"[b & 15];
+      worker->use_store_file(store_file_of_rank(config.store_path, rank, id.tp_size),
+                             "activekv-store model=" + digest + " mode=" + mode_name(config.mode) +
+                                 " dtype=" + dtype_name(layout.dtype) + " rank=" + std::to_string(rank) + "/" +
+                                 std::to_string(id.tp_size));
+    }
+    self.attr("_activekv_worker") = py::cast(std::move(worker));
   }
 }
 
@@ -162,8 +179,12 @@ py::dict connector_namespace() {
   ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
     std::unordered_map<std::string, at::Tensor> caches;
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
-    const Status s = worker_of(self).register_kv_caches(caches);
+    WorkerSide& worker = worker_of(self);
+    const Status s = worker.register_kv_caches(caches);
     if (!s.ok()) throw py::value_error(s.error());
+    if (const std::string line = worker.store_file_line(); !line.empty()) {
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
+    }
   });
   ns["bind_connector_metadata"] = named("bind_connector_metadata", [](py::object self, py::object meta) {
     set_metadata(self, meta);

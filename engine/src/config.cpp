@@ -8,9 +8,9 @@
 namespace activekv {
 namespace {
 
-constexpr std::array<const char*, 7> kKeys = {
+constexpr std::array<const char*, 8> kKeys = {
     "capacity_bytes", "fence_timeout_ms", "max_bytes_per_request", "mode",
-    "store_blocks",   "store_threshold",  "streaming"};
+    "store_blocks",   "store_path",       "store_threshold",       "streaming"};
 constexpr const char* kStreamingWhere = "kv_connector_extra_config['streaming']";
 
 std::string where(const std::string& key) {
@@ -135,6 +135,11 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
       constexpr std::array<std::pair<const char*, StoreScope>, 2> kScopes = {
           {{"prompt", StoreScope::kPrompt}, {"prompt_and_decode", StoreScope::kPromptAndDecode}}};
       s = read_choice_at(where(key), v, kScopes, c.store_blocks);
+    } else if (key == "store_path") {
+      if (v.kind != ConfigValue::Kind::kString || v.string_value.empty()) {
+        s = bad(where(key) + ": expected a file path (a non-empty string), got " + v.type_name + " " + v.repr);
+      }
+      c.store_path = v.string_value;
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {

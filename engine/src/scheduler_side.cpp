@@ -1,5 +1,6 @@
 #include "activekv/scheduler_side.h"
 
+#include "activekv/store_file.h"
 #include "activekv/streaming_geometry.h"
 
 #include <algorithm>
@@ -20,6 +21,39 @@ SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest
       index_(num_slots),
       policy_(config, slot_bytes) {
   if (streaming_blocks) homes_.emplace(*streaming_blocks);
+}
+
+Result<std::string> SchedulerSide::restore_from_store_files() {
+  if (config_.store_path.empty()) return std::string();
+  // Rank 0's order is the LRU order; the other ranks must agree slot by slot.
+  std::vector<std::vector<RecoveredSlot>> ranks;
+  for (std::int64_t r = 0; r < tp_size_; ++r) {
+    auto sealed = StoreFile::read_sealed(store_file_of_rank(config_.store_path, r, tp_size_), "");
+    if (!sealed.ok()) return sealed.status();
+    ranks.push_back(std::move(sealed.value()));
+  }
+  const auto key_of = [](const StoreTag& tag) {
+    BlockKey key;
+    std::copy(tag.begin(), tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
+    return key;
+  };
+  std::vector<std::unordered_map<std::int64_t, BlockKey>> by_slot(ranks.size());
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    for (const auto& s : ranks[r]) by_slot[r].emplace(s.slot, key_of(s.tag));
+  }
+  std::vector<std::pair<BlockKey, std::int64_t>> blocks;
+  for (const auto& s : ranks.front()) {
+    const BlockKey key = key_of(s.tag);
+    bool everywhere = true;
+    for (std::size_t r = 1; r < ranks.size() && everywhere; ++r) {
+      const auto it = by_slot[r].find(s.slot);
+      everywhere = it != by_slot[r].end() && it->second == key;
+    }
+    if (everywhere) blocks.emplace_back(key, s.slot);
+  }
+  const std::int64_t restored = index_.restore(blocks);
+  return "ActiveKV host store: " + std::to_string(restored) + " blocks restored from " + config_.store_path +
+         (tp_size_ > 1 ? " (" + std::to_string(tp_size_) + " ranks' files)" : "");
 }
 
 std::int64_t SchedulerSide::known_tokens(const std::string& req_id) const {

@@ -58,6 +58,10 @@ struct StoreFile::Record {
   std::uint8_t reserved[128 - 24 - sizeof(StoreTag)];  // one record is 128 bytes
 };
 
+std::string store_file_of_rank(const std::string& store_path, std::int64_t tp_rank, std::int64_t tp_size) {
+  return tp_size == 1 ? store_path : store_path + ".rank" + std::to_string(tp_rank);
+}
+
 std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
   std::uint64_t h = 0x243F6A8885A308D3ULL ^ bytes;
   std::size_t i = 0;
@@ -275,7 +279,7 @@ Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& pat
     return failed(path, "is not an ActiveKV store of format " + std::to_string(kFormat));
   }
   const std::string held(h.identity, strnlen(h.identity, kIdentityBytes));
-  if (held != identity) {
+  if (!identity.empty() && held != identity) {
     ::close(fd);
     return failed(path, "holds '" + held + "', not '" + identity + "'");
   }

@@ -91,8 +91,15 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     if (!streamer.ok()) return streamer.status();
     streamer_ = std::move(streamer.value());
   }
+  if (has_streams()) {
+    c10::impl::VirtualGuardImpl impl(device_.type());
+    load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+    save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+    gather_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+  }
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
   const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
+  if (!store_path_.empty()) return open_store_file(block_shape);
   arena_ = std::make_unique<HostArena>(num_slots_, num_layers, layer_bytes_, /*pin=*/has_streams(),
                                        chunk_bytes_for(num_layers));
   if (has_streams()) {  // pinned: allocated at start-up, never by a step's first save
@@ -103,13 +110,42 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
                                   "; lower capacity_bytes"};
     }
   }
-  if (has_streams()) {
-    c10::impl::VirtualGuardImpl impl(device_.type());
-    load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
-    save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
-    gather_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
-  }
   return Status::Ok();
+}
+
+Status WorkerSide::open_store_file(const std::vector<std::int64_t>& block_shape) {
+  // What the bytes mean: the identity, and the device blocks' shape and
+  // strides (another layout of the same model must not read them).
+  const at::Tensor& first = kv_.at(layout_.layer_names.front());
+  std::string identity = store_identity_ + " block=";
+  for (const auto d : block_shape) identity += std::to_string(d) + ",";
+  identity += " strides=";
+  for (std::size_t d = 1; d < static_cast<std::size_t>(first.dim()); ++d) {
+    identity += std::to_string(first.stride(static_cast<std::int64_t>(d))) + ",";
+  }
+  const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
+  StoreFileOptions o;
+  o.path = store_path_;
+  o.num_slots = num_slots_;
+  o.slot_bytes = num_layers * layer_bytes_;
+  o.num_layers = num_layers;
+  o.slots_per_chunk = std::max<std::int64_t>(1, chunk_bytes_for(num_layers) / o.slot_bytes);
+  o.identity = identity;
+  auto file = StoreFile::open(o);
+  if (!file.ok()) {
+    return {file.status().error_code(), file.status().error() + " (kv_connector_extra_config['store_path'])"};
+  }
+  arena_ = std::make_unique<HostArena>(num_layers, layer_bytes_, std::shared_ptr<StoreFile>(std::move(file.value())));
+  return Status::Ok();
+}
+
+std::string WorkerSide::store_file_line() const {
+  const StoreFile* f = arena_ ? arena_->file() : nullptr;
+  if (f == nullptr) return "";
+  return "ActiveKV host store file " + store_path_ + " (rank " + std::to_string(tp_rank_) + "): " +
+         std::to_string(f->recovered().size()) + " blocks came back; dropped " +
+         std::to_string(f->dropped_writing()) + " unfinished and " + std::to_string(f->dropped_checksum()) +
+         " whose bytes did not verify";
 }
 
 void WorkerSide::bind_plan(StepPlan plan) {

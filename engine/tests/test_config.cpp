@@ -53,6 +53,14 @@ TEST(Config, BadValuesNameTheKey) {
   expect_error({{"mode", text("lossy")}}, "accepted values: 'exact', 'compressed'");
   ConfigValue flag{ConfigValue::Kind::kBool, 0, "", "bool", "True", {}};
   expect_error({{"capacity_bytes", flag}}, "got bool True");
+  expect_error({{"store_path", integer(3)}},
+               "['store_path']: expected a file path (a non-empty string), got int 3");
+  expect_error({{"store_path", text("")}}, "['store_path']: expected a file path");
+}
+
+TEST(Config, AStorePathIsKeptAsGiven) {
+  EXPECT_EQ(Config::parse({}).value().store_path, "");
+  EXPECT_EQ(Config::parse({{"store_path", text("/dev/shm/activekv")}}).value().store_path, "/dev/shm/activekv");
 }
 
 TEST(Config, StreamingIsOffUnlessATableIsGiven) {
@@ -103,7 +111,7 @@ TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
   expect_exact_error({{"bogus", integer(1)}},
                      "kv_connector_extra_config: unknown key 'bogus'; accepted keys: "
                      "capacity_bytes, fence_timeout_ms, max_bytes_per_request, mode, "
-                     "store_blocks, store_threshold, streaming");
+                     "store_blocks, store_path, store_threshold, streaming");
 }
 
 TEST(Config, ModesAreFoundByTheirNamesOnly) {

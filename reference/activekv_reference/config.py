@@ -62,6 +62,10 @@ class ActiveKVConfig:
     # Layer streaming: a table {"resident_layers": R, "ring_size": K}; absent
     # or None: every layer's KV stays on the device (no streaming).
     streaming: StreamingConfig | None = None
+    # A file that holds the host store across restarts (the native engine's
+    # store file; this reference keeps its store in process memory and
+    # refuses it at start-up). None: in process memory.
+    store_path: str | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ActiveKVConfig:
@@ -150,6 +154,12 @@ def _check_value(name: str, annotation: str, value: Any) -> None:
     where = f"kv_connector_extra_config[{name!r}]"
     if annotation == "StreamingConfig | None":
         return  # a table: checked key by key in _streaming
+    if annotation == "str | None":
+        if not isinstance(value, str) or not value:
+            raise ActiveKVConfigError(
+                f"{where}: expected a file path (a non-empty string), got {type(value).__name__} {value!r}"
+            )
+        return
     if annotation in _LITERALS:
         accepted = get_args(_LITERALS[annotation])
         if value not in accepted:

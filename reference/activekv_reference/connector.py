@@ -14,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from .config import ActiveKVConfig, physical_memory_bytes
+from .config import ActiveKVConfig, ActiveKVConfigError, physical_memory_bytes
 from .identity import ModelIdentity
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata
@@ -68,6 +68,11 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         self.config = ActiveKVConfig.from_extra_config(
             self._kv_transfer_config.kv_connector_extra_config
         )
+        if self.config.store_path is not None:
+            raise ActiveKVConfigError(
+                "kv_connector_extra_config['store_path']: the reference engine keeps its host store "
+                "in process memory; a store file is the native engine's (ActiveKVConnector)"
+            )
         layout = KVLayout.from_kv_cache_config(kv_cache_config)
         slot_bytes = layout.slot_bytes(self.config.mode)
         host_bytes = physical_memory_bytes()

@@ -18,6 +18,7 @@ def test_every_key_is_read():
         "max_bytes_per_request": 10_000,
         "store_blocks": "prompt_and_decode",
         "fence_timeout_ms": 250,
+        "store_path": "/dev/shm/activekv-store",
     }
     cfg = ActiveKVConfig.from_extra_config(extra)
     assert {k: getattr(cfg, k) for k in extra} == extra
@@ -38,6 +39,8 @@ def test_every_key_is_read():
         ({"mode": "lossy"}, ["'mode'", "'lossy'", "'exact', 'compressed'"]),
         ({"mode": 1}, ["'mode'", "'exact', 'compressed'"]),
         ({"store_blocks": "all"}, ["'store_blocks'", "'prompt', 'prompt_and_decode'"]),
+        ({"store_path": 3}, ["['store_path']: expected a file path (a non-empty string), got int 3"]),
+        ({"store_path": ""}, ["['store_path']: expected a file path"]),
     ],
 )
 def test_bad_config_names_the_key_and_what_it_accepts(extra, fragments):

@@ -62,6 +62,9 @@ struct Config {
   std::int64_t fence_timeout_ms = 30000;
   // Absent (or None in Python): every layer's KV stays on the device.
   std::optional<StreamingConfig> streaming;
+  // A file that holds the host store across restarts (store_file.h; a path
+  // in /dev/shm or on a disk). Empty: the store lives in process memory.
+  std::string store_path;
 
   // Validates every key; the error names the key and what it accepts.
   static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);

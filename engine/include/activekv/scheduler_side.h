@@ -79,6 +79,11 @@ class SchedulerSide {
   const HomeRows* homes() const { return homes_ ? &*homes_ : nullptr; }
   // The streaming geometry, reported once in the stats (see Telemetry).
   void report_streaming(const StartupReport& report);
+  // With config.store_path: the blocks every rank's store file kept (read
+  // after the workers opened and verified them), restored into the index in
+  // their LRU order; a block counts only where every rank holds it in the
+  // same slot. Returns the line start-up prints. Errors name the file.
+  Result<std::string> restore_from_store_files();
   const BlockIndex& index() const { return index_; }
 
  private:

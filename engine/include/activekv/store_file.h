@@ -91,7 +91,7 @@ class StoreFile {
   // The sealed slots of the file at `path`, oldest commit first, read without
   // taking it (the scheduler's process rebuilds its index from them while a
   // worker holds the file, after that worker's open() verified them). Errors
-  // as open() for a file that is not this identity's.
+  // for a file that is not a store, or (identity not empty) not this identity's.
   static Result<std::vector<RecoveredSlot>> read_sealed(const std::string& path, const std::string& identity);
 
   // What open() found in an existing file, oldest commit first.
@@ -125,6 +125,10 @@ class StoreFile {
   std::int64_t dropped_checksum_ = 0;
   std::uint64_t last_sequence_ = 0;
 };
+
+// The file of one tensor-parallel rank: store_path itself with one rank,
+// "<store_path>.rank<r>" with several (each rank's shard once).
+std::string store_file_of_rank(const std::string& store_path, std::int64_t tp_rank, std::int64_t tp_size);
 
 // The checksum of a slot's bytes (64-bit, fast: recovery reads every sealed
 // byte of the file).

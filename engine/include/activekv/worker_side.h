@@ -73,8 +73,20 @@ class WorkerSide {
   WorkerSide(const WorkerSide&) = delete;
   WorkerSide& operator=(const WorkerSide&) = delete;
 
-  // Must be called once, before any step. Errors name the layer or shape.
+  // The host store goes into this rank's store file at `path`
+  // (store_file.h, store_file_of_rank), whose header must say `identity` (the
+  // model's identity digest, mode, dtype; register_kv_caches adds the blocks'
+  // shape and strides). Call before register_kv_caches; without it the store
+  // lives in process memory.
+  void use_store_file(std::string path, std::string identity) {
+    store_path_ = std::move(path);
+    store_identity_ = std::move(identity);
+  }
+  // Must be called once, before any step. Errors name the layer or shape, or
+  // the store file and what to do.
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
+  // One line on the store file's recovery (empty without a store file).
+  std::string store_file_line() const;
 
   // The step's plan, bound before the forward and cleared after wait_for_save.
   // Throws std::out_of_range (and binds nothing) for a block id or slot
@@ -114,12 +126,14 @@ class WorkerSide {
   WorkerReport take_report();
   Telemetry take_telemetry() { return stats_.take(); }
 
-  // What a sealed slot records: the block key and this worker's TP rank.
+  // What a sealed slot records: the block key and this worker's TP rank
+  // (36 bytes: a store file's tag).
   std::string tag(const BlockKey& key) const;
   HostArena* arena() { return arena_.get(); }
   LayerStreamer* streamer() { return streamer_.get(); }
 
  private:
+  Status open_store_file(const std::vector<std::int64_t>& block_shape);
   // A step's save after wait_for_save, until its fences settle it.
   struct PendingSave {
     SlotLease lease;
@@ -148,6 +162,8 @@ class WorkerSide {
   KVLayout layout_;
   std::int64_t num_slots_;
   std::int64_t tp_rank_;
+  std::string store_path_;  // empty: the store lives in process memory
+  std::string store_identity_;
   std::int64_t layer_bytes_;
   std::unordered_map<std::string, std::int64_t> layer_index_;
   std::unordered_map<std::string, at::Tensor> kv_;
