@@ -124,7 +124,6 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
                          layout.head_size,
                          layout.block_size,
                          py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
-  const py::object logger = py::module_::import("logging").attr("getLogger")("vllm.activekv");
   if (scheduler) {
     auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
                                                 num_slots, id.tp_size,
@@ -135,7 +134,9 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     // KV caches, so every rank's store file is open and verified by now.
     const auto restored = side->restore_from_store_files();
     if (!restored.ok()) throw py::value_error(restored.status().error());
-    if (!restored.value().empty()) logger.attr("info")("%s", restored.value());
+    if (!restored.value().empty()) {
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", restored.value());
+    }
     self.attr("_activekv_scheduler") = py::cast(SchedulerEngine(std::move(side)));
   } else {
     const auto rank = py::cast<std::int64_t>(

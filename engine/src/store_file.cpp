@@ -48,6 +48,31 @@ Status failed(const std::string& path, const std::string& what) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// A file's header against what this ActiveKV reads: its magic, format and
+// record size, and (identity not null) what it holds.
+Status check_header(const Header& h, const std::string& path, const std::string* identity,
+                    std::size_t record_bytes) {
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) {
+    return failed(path, "is not an ActiveKV store; remove it or choose another path");
+  }
+  if (h.format != kFormat || h.record_bytes != record_bytes) {
+    return failed(path, "was written in store format " + std::to_string(h.format) + "; this ActiveKV reads " +
+                            std::to_string(kFormat) + ": remove it");
+  }
+  const std::string held(h.identity, strnlen(h.identity, kIdentityBytes));
+  if (identity != nullptr && held != *identity) {
+    return failed(path, "holds '" + held + "', not '" + *identity +
+                            "'; point this vLLM at another store file, or remove it");
+  }
+  return Status::Ok();
+}
+
+// Oldest commit first: the LRU order across restarts.
+void sort_by_commit(std::vector<RecoveredSlot>& slots) {
+  std::sort(slots.begin(), slots.end(),
+            [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.sequence < b.sequence; });
+}
+
 }  // namespace
 
 struct StoreFile::Record {
@@ -149,18 +174,7 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     f->flush(h, kHeaderBytes);
     return f;
   }
-  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) {
-    return failed(o.path, "is not an ActiveKV store; remove it or choose another path");
-  }
-  if (h->format != kFormat || h->record_bytes != sizeof(Record)) {
-    return failed(o.path, "was written in store format " + std::to_string(h->format) + "; this ActiveKV reads " +
-                              std::to_string(kFormat) + ": remove it");
-  }
-  const std::string held(h->identity, strnlen(h->identity, kIdentityBytes));
-  if (held != o.identity) {
-    return failed(o.path, "holds '" + held + "', not '" + o.identity +
-                              "'; point this vLLM at another store file, or remove it");
-  }
+  if (Status s = check_header(*h, o.path, &o.identity, sizeof(Record)); !s.ok()) return s;
   if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || h->num_layers != f->num_layers_ ||
       h->slots_per_chunk != f->slots_per_chunk_ || mapped != total) {
     return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " + std::to_string(h->slot_bytes) +
@@ -262,8 +276,7 @@ Status StoreFile::recover() {
     r.state = kEmpty;
   }
   flush(map_ + kHeaderBytes, static_cast<std::size_t>(num_slots_) * sizeof(Record));
-  std::sort(recovered_.begin(), recovered_.end(),
-            [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.sequence < b.sequence; });
+  sort_by_commit(recovered_);
   return Status::Ok();
 }
 
@@ -274,14 +287,13 @@ Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& pat
   Header h{};
   const bool headed = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kHeaderBytes &&
                       ::pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h));
-  if (!headed || std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.format != kFormat) {
+  if (!headed) {
     ::close(fd);
-    return failed(path, "is not an ActiveKV store of format " + std::to_string(kFormat));
+    return failed(path, "is not an ActiveKV store; remove it or choose another path");
   }
-  const std::string held(h.identity, strnlen(h.identity, kIdentityBytes));
-  if (!identity.empty() && held != identity) {
+  if (Status s = check_header(h, path, identity.empty() ? nullptr : &identity, sizeof(Record)); !s.ok()) {
     ::close(fd);
-    return failed(path, "holds '" + held + "', not '" + identity + "'");
+    return s;
   }
   std::vector<Record> records(static_cast<std::size_t>(h.num_slots));
   const auto bytes = static_cast<ssize_t>(records.size() * sizeof(Record));
@@ -292,7 +304,7 @@ Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& pat
   for (std::size_t s = 0; s < records.size(); ++s) {
     if (records[s].state == kSealed) out.push_back({static_cast<std::int64_t>(s), records[s].tag, records[s].sequence});
   }
-  std::sort(out.begin(), out.end(), [](const RecoveredSlot& a, const RecoveredSlot& b) { return a.sequence < b.sequence; });
+  sort_by_commit(out);
   return out;
 }
 

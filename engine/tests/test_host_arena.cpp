@@ -1,11 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
-#include <stdlib.h>
 
 #include <filesystem>
 
 #include "activekv/host_arena.h"
+#include "temp_dir.h"
 
 namespace activekv {
 namespace {
@@ -142,9 +142,8 @@ at::Tensor saved_bytes(std::int64_t slot, std::int64_t layer, std::int64_t count
 }
 
 TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot) {
-  char pattern[] = "/tmp/activekv-arena-XXXXXX";
-  const std::filesystem::path dir = ::mkdtemp(pattern);
-  const auto path = dir / "store";
+  const test::TempDir dir;
+  const auto path = dir.path / "store";
   constexpr std::int64_t kLayers = 3, kBytes = 40;
   {
     HostArena arena(kLayers, kBytes, store_file(path, 10, kLayers, kBytes, 4));
@@ -174,7 +173,6 @@ TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot
   }
   // Another arena geometry on the same file is refused, not misread.
   EXPECT_THROW(HostArena(kLayers, kBytes / 2, store_file(path, 10, kLayers, kBytes, 4)), std::invalid_argument);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

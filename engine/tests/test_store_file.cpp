@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "activekv/store_file.h"
+#include "temp_dir.h"
 
 namespace activekv {
 namespace {
@@ -23,19 +24,7 @@ constexpr std::int64_t kSlots = 64;
 constexpr std::int64_t kSlotBytes = 3000;  // not a page: slots straddle pages
 const std::string kIdentity = "model=tiny dtype=bfloat16 block=16 mode=exact activekv=test";
 
-// On disk by default; `in_memory`: /dev/shm where it exists (a store there
-// survives a process, not a reboot, and its flushes cost nothing).
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(bool in_memory = false) {
-    const std::filesystem::path base = in_memory && std::filesystem::is_directory("/dev/shm")
-                                           ? std::filesystem::path("/dev/shm")
-                                           : std::filesystem::temp_directory_path();
-    std::string t = (base / "activekv-store-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using test::TempDir;
 
 StoreFileOptions options(const std::filesystem::path& file, std::string identity = kIdentity,
                          std::int64_t slots = kSlots) {

@@ -200,11 +200,18 @@ def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]
 # exact homes take 93.5 GiB).
 STREAMING_GEOMETRY = {4: {"resident_layers": 2, "ring_size": 2},
                       16: {"resident_layers": 14, "ring_size": 2}}
-ELEMENTS_PER_LAYER_BLOCK = BLOCK * KV_BYTES_PER_TOKEN_LAYER // 2
-# Host bytes of one layer's block in the homes: the codec's (reference
-# codec.layer_bytes): bf16, or int8 with a float32 scale per head_size row.
-HOME_BYTES = {"exact": 2 * ELEMENTS_PER_LAYER_BLOCK,
-              "compressed": ELEMENTS_PER_LAYER_BLOCK + ELEMENTS_PER_LAYER_BLOCK // 128 * 4}
+
+
+def home_bytes(homes: str) -> int:
+    """Host bytes of one layer's block in the homes, as the codec lays them out."""
+    import torch
+
+    from pipeline.harness import vllm_harness as h
+
+    h.reference_on_path()
+    from activekv_reference.codec import layer_bytes
+
+    return layer_bytes(homes, BLOCK * KV_BYTES_PER_TOKEN_LAYER // 2, torch.bfloat16, LLAMA3_8B["head_dim"])
 
 
 def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
@@ -225,6 +232,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
         max_len = max(contexts) + decode_tokens + 64 if 0 not in contexts else longest
         for kind in homes:
             config = {**geometry, "homes": kind}
+            block_bytes = home_bytes(kind)
             t0 = time.perf_counter()
             llm = make_llm("ActiveKVConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
                            max_model_len=max_len, kv_cache_bytes=budget_bytes)
@@ -239,7 +247,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                 one = timed_generate(llm, prompt, f"s{n}", 1)  # prefix hit + 1 token
                 many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
                 step = (many - one) / (decode_tokens - 1)
-                streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * HOME_BYTES[kind]
+                streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * block_bytes
                 measured = {"budget_gib": budget, **config, "context": n, "start_s": start_s,
                             "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
                             "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
