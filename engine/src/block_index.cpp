@@ -32,7 +32,7 @@ void BlockIndex::touch(const BlockKey& key) {
   lru_.splice(lru_.end(), lru_, it->second.lru_pos);
 }
 
-std::int64_t BlockIndex::pin(const BlockKey& key) {
+std::optional<std::int64_t> BlockIndex::pin(const BlockKey& key) {
   auto& entry = by_key_.at(key);
   if (entry.state != SlotState::kVisible) {
     throw std::logic_error("pinning a block whose save has not completed");

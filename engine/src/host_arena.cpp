@@ -29,10 +29,7 @@ HostArena::HostArena(std::int64_t num_layers, std::int64_t layer_bytes, std::sha
                                 std::to_string(file->slots_per_chunk()) + " slots, not the arena's " +
                                 std::to_string(num_layers) + " of " + std::to_string(layer_bytes));
   }
-  file_ = std::move(file);
-  for (const auto& r : file_->recovered()) {
-    tags_[static_cast<std::size_t>(r.slot)].assign(r.tag.begin(), r.tag.end());
-  }
+  file_ = std::move(file);  // from here on the file's records are the tags: other processes seal there too
 }
 
 SlotLease HostArena::lease(const std::vector<std::int64_t>& slots) {
@@ -75,8 +72,9 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
       StoreTag t{};
       std::copy(tags[i].begin(), tags[i].end(), t.begin());
       file_->commit(lease.slots[i], t);
+    } else {
+      tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
     }
-    tags_[static_cast<std::size_t>(lease.slots[i])] = tags[i];
   }
   return Status::Ok();
 }
@@ -162,18 +160,25 @@ Result<at::Tensor> HostArena::chunk_view(std::int64_t layer, std::int64_t chunk)
 
 std::optional<std::string> HostArena::tag(std::int64_t slot) const {
   if (slot < 0 || slot >= num_slots_) return std::nullopt;
+  if (file_) {
+    if (quarantined(slot)) return std::nullopt;  // this process's copies into it may still land
+    const auto t = file_->sealed_tag(slot);
+    return t ? std::optional<std::string>(std::string(t->begin(), t->end())) : std::nullopt;
+  }
   const std::string& t = tags_[static_cast<std::size_t>(slot)];
   return t.empty() ? std::nullopt : std::optional<std::string>(t);
 }
 
 bool HostArena::holds(std::int64_t slot, const std::string& tag) const {
-  return slot >= 0 && slot < num_slots_ && !tag.empty() && tags_[static_cast<std::size_t>(slot)] == tag;
+  if (tag.empty()) return false;
+  if (file_) return tag == this->tag(slot);
+  return slot >= 0 && slot < num_slots_ && tags_[static_cast<std::size_t>(slot)] == tag;
 }
 
 std::vector<std::int64_t> HostArena::sealed_slots() const {
   std::vector<std::int64_t> out;
-  for (std::size_t i = 0; i < tags_.size(); ++i) {
-    if (!tags_[i].empty()) out.push_back(static_cast<std::int64_t>(i));
+  for (std::int64_t s = 0; s < num_slots_; ++s) {
+    if (tag(s)) out.push_back(s);
   }
   return out;
 }

@@ -1,5 +1,6 @@
 #include "activekv/scheduler_side.h"
 
+#include "activekv/shared_block_index.h"
 #include "activekv/store_file.h"
 #include "activekv/streaming_geometry.h"
 
@@ -18,42 +19,59 @@ SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest
       identity_digest_(identity_digest),
       block_size_(block_size),
       tp_size_(tp_size),
-      index_(num_slots),
+      index_(std::make_unique<BlockIndex>(num_slots)),
       policy_(config, slot_bytes) {
   if (streaming_blocks) homes_.emplace(*streaming_blocks);
 }
 
 Result<std::string> SchedulerSide::restore_from_store_files() {
   if (config_.store_path.empty()) return std::string();
-  // Rank 0's order is the LRU order; the other ranks must agree slot by slot.
-  std::vector<std::vector<RecoveredSlot>> ranks;
-  for (std::int64_t r = 0; r < tp_size_; ++r) {
-    auto sealed = StoreFile::read_sealed(store_file_of_rank(config_.store_path, r, tp_size_), "");
-    if (!sealed.ok()) return sealed.status();
-    ranks.push_back(std::move(sealed.value()));
-  }
-  const auto key_of = [](const StoreTag& tag) {
-    BlockKey key;
-    std::copy(tag.begin(), tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
-    return key;
-  };
-  std::vector<std::unordered_map<std::int64_t, BlockKey>> by_slot(ranks.size());
-  for (std::size_t r = 1; r < ranks.size(); ++r) {
-    for (const auto& s : ranks[r]) by_slot[r].emplace(s.slot, key_of(s.tag));
-  }
-  std::vector<std::pair<BlockKey, std::int64_t>> blocks;
-  for (const auto& s : ranks.front()) {
-    const BlockKey key = key_of(s.tag);
-    bool everywhere = true;
-    for (std::size_t r = 1; r < ranks.size() && everywhere; ++r) {
-      const auto it = by_slot[r].find(s.slot);
-      everywhere = it != by_slot[r].end() && it->second == key;
+  // What the files hold, for the first instance to attach: rank 0's order is
+  // the LRU order; the other ranks must agree slot by slot.
+  const auto sealed_blocks = [this]() -> Result<std::vector<std::pair<BlockKey, std::int64_t>>> {
+    std::vector<std::vector<RecoveredSlot>> ranks;
+    for (std::int64_t r = 0; r < tp_size_; ++r) {
+      auto sealed = StoreFile::read_sealed(store_file_of_rank(config_.store_path, r, tp_size_), "");
+      if (!sealed.ok()) return sealed.status();
+      ranks.push_back(std::move(sealed.value()));
     }
-    if (everywhere) blocks.emplace_back(key, s.slot);
+    const auto key_of = [](const StoreTag& tag) {
+      BlockKey key;
+      std::copy(tag.begin(), tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
+      return key;
+    };
+    std::vector<std::unordered_map<std::int64_t, BlockKey>> by_slot(ranks.size());
+    for (std::size_t r = 1; r < ranks.size(); ++r) {
+      for (const auto& s : ranks[r]) by_slot[r].emplace(s.slot, key_of(s.tag));
+    }
+    std::vector<std::pair<BlockKey, std::int64_t>> blocks;
+    for (const auto& s : ranks.front()) {
+      const BlockKey key = key_of(s.tag);
+      bool everywhere = true;
+      for (std::size_t r = 1; r < ranks.size() && everywhere; ++r) {
+        const auto it = by_slot[r].find(s.slot);
+        everywhere = it != by_slot[r].end() && it->second == key;
+      }
+      if (everywhere) blocks.emplace_back(key, s.slot);
+    }
+    return blocks;
+  };
+  auto shared = SharedBlockIndex::open(config_.store_path + ".index", index_->num_slots(), sealed_blocks);
+  if (!shared.ok()) {
+    return Status(shared.status().error_code(),
+                  shared.status().error() + " (kv_connector_extra_config['store_path'])");
   }
-  const std::int64_t restored = index_.restore(blocks);
-  return "ActiveKV host store: " + std::to_string(restored) + " blocks restored from " + config_.store_path +
-         (tp_size_ > 1 ? " (" + std::to_string(tp_size_) + " ranks' files)" : "");
+  const SharedBlockIndex& ix = *shared.value();
+  const std::string files = tp_size_ > 1 ? " (" + std::to_string(tp_size_) + " ranks' files)" : "";
+  std::string line =
+      ix.joined()
+          ? "ActiveKV host store " + config_.store_path + files + ": shared with " +
+                std::to_string(ix.live_instances() - 1) + " running vLLM instance(s), " +
+                std::to_string(ix.visible_blocks()) + " blocks stored"
+          : "ActiveKV host store: " + std::to_string(ix.restored()) + " blocks restored from " +
+                config_.store_path + files;
+  index_ = std::move(shared.value());
+  return line;
 }
 
 std::int64_t SchedulerSide::known_tokens(const std::string& req_id) const {
@@ -103,7 +121,7 @@ std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id
   const auto& keys = keys_upto(st, limit);
   std::int64_t hits = 0;
   for (std::int64_t i = first; i < limit; ++i) {
-    if (!index_.lookup(keys[static_cast<std::size_t>(i)])) break;
+    if (!index_->lookup(keys[static_cast<std::size_t>(i)])) break;
     ++hits;
   }
   st.lookup_start = first;
@@ -119,7 +137,9 @@ void SchedulerSide::update_state_after_alloc(const std::string& req_id,
   const std::int64_t n = num_external_tokens / block_size_;
   for (std::int64_t i = st.lookup_start; i < st.lookup_start + n; ++i) {
     const BlockKey& key = st.keys.at(static_cast<std::size_t>(i));
-    const std::int64_t slot = index_.pin(key);
+    // Another vLLM sharing the store may have evicted it since the lookup:
+    // the worker then reports the load failed, and vLLM computes the block.
+    const std::int64_t slot = index_->pin(key).value_or(kNoSlot);
     pending_loads_.push_back(LoadOp{slot, block_ids[static_cast<std::size_t>(i)], key});
   }
   stats_.add(Counter::kHitBlocks, n);
@@ -243,8 +263,8 @@ void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std:
   for (std::int64_t i = st.save_cursor; i < full; ++i) {
     const BlockKey& key = keys[static_cast<std::size_t>(i)];
     if (i >= prompt_blocks) policy_.sight(key);  // decode blocks are sighted when they fill
-    if (index_.contains(key)) {
-      index_.touch(key);
+    if (index_->contains(key)) {
+      index_->touch(key);
       continue;
     }
     if (!policy_.admits(key)) {
@@ -255,7 +275,8 @@ void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std:
       stats_.add(Counter::kRejectedRequestCap, 1);
       continue;
     }
-    auto r = index_.reserve(key);
+    auto r = index_->reserve(key);
+    if (r.stored_elsewhere) continue;  // another vLLM sharing the store is saving it
     stats_.add(Counter::kEvictedBlocks, static_cast<std::int64_t>(r.evicted.size()));
     if (!r.slot) {
       stats_.add(Counter::kRejectedFull, 1);
@@ -273,31 +294,33 @@ void SchedulerSide::apply_report(const WorkerReport& report) {
   for (const auto slot : report.saved) {
     if (++confirmations_[slot] == tp_size_) {  // every rank sealed it
       confirmations_.erase(slot);
-      index_.commit(slot);
+      index_->commit(slot);
       stats_.add(Counter::kStoredBlocks, 1);
       save_settled(slot);
     }
   }
   for (const auto slot : report.failed_saves) {
     confirmations_.erase(slot);
-    index_.discard(slot);
+    index_->discard(slot);
     save_settled(slot);
   }
   for (const auto slot : report.quarantined) {
     confirmations_.erase(slot);
-    index_.retire(slot);
+    index_->retire(slot);
     stats_.add(Counter::kQuarantinedFences, 1);
     save_settled(slot);
   }
-  for (const auto slot : report.loaded) ++load_reports_[slot];
+  for (const auto slot : report.loaded) {
+    if (slot != kNoSlot) ++load_reports_[slot];
+  }
   for (auto it = load_reports_.begin(); it != load_reports_.end();) {
     while (it->second >= tp_size_) {  // one load done on every rank
       it->second -= tp_size_;
-      index_.unpin(it->first);
+      index_->unpin(it->first);
     }
     it = it->second == 0 ? load_reports_.erase(it) : std::next(it);
   }
-  for (const auto slot : report.failed_loads) index_.discard(slot);  // slot lost its block
+  for (const auto slot : report.failed_loads) index_->discard(slot);  // slot lost its block
 }
 
 void SchedulerSide::save_settled(std::int64_t slot) {

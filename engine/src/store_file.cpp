@@ -19,7 +19,7 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'S', 'T', 'O', 'R', 'E'};
-constexpr std::uint32_t kFormat = 2;  // 2: the data in the arena's chunks
+constexpr std::uint32_t kFormat = 3;  // 2: the data in the arena's chunks; 3: shared, one commit counter
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::size_t kIdentityBytes = 2048;
 
@@ -34,6 +34,7 @@ struct Header {
   std::int64_t num_layers;
   std::int64_t slots_per_chunk;
   std::uint64_t data_offset;
+  std::uint64_t last_sequence;  // the last commit's, of every process sharing the file (atomic_ref)
   char identity[kIdentityBytes];  // NUL-terminated
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
@@ -65,6 +66,25 @@ Status check_header(const Header& h, const std::string& path, const std::string*
                             "'; point this vLLM at another store file, or remove it");
   }
   return Status::Ok();
+}
+
+// Open file description locks (the kernel drops them when the last
+// descriptor of the open closes, so with its holder's death) on two bytes,
+// far past the data: the gate serializes attaching, and every process that
+// uses the file holds the attach byte shared.
+constexpr off_t kGateByte = off_t{1} << 62;
+constexpr off_t kAttachByte = kGateByte + 1;
+
+bool ofd_lock(int fd, short type, off_t byte, bool wait) {
+  struct flock l {};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = byte;
+  l.l_len = 1;
+  while (::fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &l) != 0) {
+    if (errno != EINTR) return false;
+  }
+  return true;
 }
 
 // Oldest commit first: the LRU order across restarts.
@@ -131,9 +151,16 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     return failed(o.path, "cannot be opened for reading and writing (" + errno_text() +
                               "); choose a writable path");
   }
-  if (::flock(f->fd_, LOCK_EX | LOCK_NB) != 0) {
-    return failed(o.path, "is in use by another running process; give each vLLM its own store file");
+  // Attach under the gate: the first process (nobody holds the attach byte)
+  // recovers the file, the others join it as it is.
+  if (!ofd_lock(f->fd_, F_WRLCK, kGateByte, /*wait=*/true)) {
+    return failed(o.path, "cannot be locked (" + errno_text() + "); choose a path on a local file system");
   }
+  f->joined_ = !ofd_lock(f->fd_, F_WRLCK, kAttachByte, /*wait=*/false);
+  const auto attached = [&f] {  // shared from here on; converting is atomic
+    ofd_lock(f->fd_, F_RDLCK, kAttachByte, /*wait=*/true);
+    ofd_lock(f->fd_, F_UNLCK, kGateByte, /*wait=*/false);
+  };
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) return failed(o.path, "cannot be read (" + errno_text() + ")");
   // A killed process never loses what it stored into a shared mapping (the
@@ -170,8 +197,10 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     h->num_layers = f->num_layers_;
     h->slots_per_chunk = f->slots_per_chunk_;
     h->data_offset = f->data_offset_;
+    h->last_sequence = 0;
     std::memcpy(h->identity, o.identity.c_str(), o.identity.size() + 1);
     f->flush(h, kHeaderBytes);
+    attached();
     return f;
   }
   if (Status s = check_header(*h, o.path, &o.identity, sizeof(Record)); !s.ok()) return s;
@@ -185,13 +214,18 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
                               std::to_string(f->slots_per_chunk_) +
                               " slots; capacity_bytes or the model changed): restore it, or remove the file");
   }
-  if (Status s = f->recover(); !s.ok()) return s;
+  // A live process holds the file: its slots are as it left them (sealed
+  // ones verified when the first process recovered them).
+  if (!f->joined_) {
+    if (Status s = f->recover(); !s.ok()) return s;
+  }
+  attached();
   return f;
 }
 
 StoreFile::~StoreFile() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  if (fd_ >= 0) ::close(fd_);  // releases the locks
 }
 
 StoreFile::Record& StoreFile::record(std::int64_t slot) const {
@@ -244,7 +278,7 @@ void StoreFile::begin_write(std::int64_t slot) {
 void StoreFile::commit(std::int64_t slot, const StoreTag& tag) {
   Record& r = record(slot);
   r.checksum = slot_checksum(slot);
-  r.sequence = ++last_sequence_;
+  r.sequence = std::atomic_ref<std::uint64_t>(last_sequence()).fetch_add(1) + 1;
   r.tag = tag;
   flush_slot(slot);
   flush(&r, sizeof(Record));
@@ -262,6 +296,13 @@ bool StoreFile::sealed(std::int64_t slot) const {
   return std::atomic_ref<std::uint64_t>(record(slot).state).load(std::memory_order_acquire) == kSealed;
 }
 
+std::optional<StoreTag> StoreFile::sealed_tag(std::int64_t slot) const {
+  if (slot < 0 || slot >= num_slots_ || !sealed(slot)) return std::nullopt;
+  return record(slot).tag;
+}
+
+std::uint64_t& StoreFile::last_sequence() const { return reinterpret_cast<Header*>(map_)->last_sequence; }
+
 Status StoreFile::recover() {
   for (std::int64_t s = 0; s < num_slots_; ++s) {
     Record& r = record(s);
@@ -269,7 +310,7 @@ Status StoreFile::recover() {
     if (state == kEmpty) continue;
     if (state == kSealed && r.checksum == slot_checksum(s)) {
       recovered_.push_back({s, r.tag, r.sequence});
-      last_sequence_ = std::max(last_sequence_, r.sequence);
+      last_sequence() = std::max(last_sequence(), r.sequence);
       continue;
     }
     ++(state == kSealed ? dropped_checksum_ : dropped_writing_);

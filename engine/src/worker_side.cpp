@@ -142,8 +142,13 @@ Status WorkerSide::open_store_file(const std::vector<std::int64_t>& block_shape)
 std::string WorkerSide::store_file_line() const {
   const StoreFile* f = arena_ ? arena_->file() : nullptr;
   if (f == nullptr) return "";
-  return "ActiveKV host store file " + store_path_ + " (rank " + std::to_string(tp_rank_) + "): " +
-         std::to_string(f->recovered().size()) + " blocks came back; dropped " +
+  const std::string head = "ActiveKV host store file " + store_path_ + " (rank " + std::to_string(tp_rank_) + "): ";
+  if (f->joined()) {  // a live vLLM recovered it; its slots are as that one keeps them
+    std::int64_t sealed = 0;
+    for (std::int64_t s = 0; s < f->num_slots(); ++s) sealed += f->sealed(s) ? 1 : 0;
+    return head + "joined the running vLLM instance(s) that hold it, " + std::to_string(sealed) + " blocks sealed";
+  }
+  return head + std::to_string(f->recovered().size()) + " blocks came back; dropped " +
          std::to_string(f->dropped_writing()) + " unfinished and " + std::to_string(f->dropped_checksum()) +
          " whose bytes did not verify";
 }
@@ -164,7 +169,9 @@ void WorkerSide::bind_plan(StepPlan plan) {
                               std::to_string(num_slots_) + " slots)");
     }
   };
-  for (const auto& op : plan.loads) check(op.slot, op.block_id);
+  for (const auto& op : plan.loads) {
+    if (op.slot == kNoSlot) check_block(op.block_id); else check(op.slot, op.block_id);
+  }
   for (const auto& ids : {&plan.stage_blocks, &plan.writeback_blocks}) {
     for (const auto block_id : *ids) check_block(block_id);
   }

@@ -42,7 +42,7 @@ TEST(BlockIndex, NeverEvictsPinnedOrPending) {
   BlockIndex index(2);
   store(index, {1});
   index.reserve(k(2));  // pending
-  const auto slot1 = index.pin(k(1));
+  const auto slot1 = *index.pin(k(1));
   EXPECT_FALSE(index.reserve(k(3)).slot);
   index.unpin(slot1);
   const auto r = index.reserve(k(3));

@@ -175,5 +175,27 @@ TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot
   EXPECT_THROW(HostArena(kLayers, kBytes / 2, store_file(path, 10, kLayers, kBytes, 4)), std::invalid_argument);
 }
 
+TEST(HostArena, TwoArenasOnOneStoreFileSeeEachOthersSealsAndLeases) {
+  // Two vLLM instances sharing a store: each its own open of the file (in one
+  // process here; the file's locks are per open, as across processes).
+  const test::TempDir dir;
+  const auto path = dir.path / "store";
+  constexpr std::int64_t kLayers = 2, kBytes = 16;
+  HostArena a(kLayers, kBytes, store_file(path, 6, kLayers, kBytes, 3));
+  HostArena b(kLayers, kBytes, store_file(path, 6, kLayers, kBytes, 3));
+  EXPECT_TRUE(b.file()->joined());
+  const SlotLease lease = a.lease({4});
+  for (std::int64_t l = 0; l < kLayers; ++l) a.run_view(l, SlotRun{4, 1, 0}).value().copy_(saved_bytes(4, l, 1, kBytes));
+  EXPECT_FALSE(b.holds(4, tag_for(4))) << "a slot being written must not be served by another instance";
+  ASSERT_TRUE(a.seal(lease, {tag_for(4)}).ok());
+  EXPECT_TRUE(b.holds(4, tag_for(4)));
+  EXPECT_EQ(b.sealed_slots(), (std::vector<std::int64_t>{4}));
+  for (std::int64_t l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(at::equal(b.run_view(l, SlotRun{4, 1, 0}).value(), saved_bytes(4, l, 1, kBytes))) << l;
+  }
+  b.lease({4});  // b evicts it to write another block there
+  EXPECT_FALSE(a.holds(4, tag_for(4))) << "a slot another instance rewrites must not be served";
+}
+
 }  // namespace
 }  // namespace activekv

@@ -2,6 +2,7 @@
 // plain bytes in and out.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -229,16 +230,21 @@ TEST(StoreFile, BadPathsSayWhatIsWrong) {
   }
 }
 
-TEST(StoreFile, ALiveHolderRefusesASecondAndADeadOneLeavesNoLock) {
+TEST(StoreFile, ASecondProcessJoinsALiveHoldersFileAndADeadOneLeavesNoLock) {
   TempDir dir;
   const auto file = dir.path / "store";
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   const pid_t holder = ::fork();
   ASSERT_GE(holder, 0);
-  if (holder == 0) {
+  if (holder == 0) {  // another vLLM: one slot sealed, one killed mid-write
     auto f = StoreFile::open(options(file));
-    const char c = f.ok() ? 'y' : 'n';
+    char c = 'n';
+    if (f.ok() && !f.value()->joined()) {
+      write_slot(*f.value(), 3, 3);
+      f.value()->begin_write(4);
+      c = 'y';
+    }
     (void)!::write(ready[1], &c, 1);
     ::pause();  // until killed
     ::_exit(0);
@@ -246,14 +252,51 @@ TEST(StoreFile, ALiveHolderRefusesASecondAndADeadOneLeavesNoLock) {
   char c = 0;
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   ASSERT_EQ(c, 'y');
-  const auto second = StoreFile::open(options(file));
-  ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().error().find("in use by another running process"), std::string::npos);
-  ::kill(holder, SIGKILL);
-  ::waitpid(holder, nullptr, 0);
-  EXPECT_TRUE(open_ok(options(file)));
+  {
+    auto joined = open_ok(options(file));
+    ASSERT_TRUE(joined);
+    EXPECT_TRUE(joined->joined());
+    EXPECT_TRUE(joined->recovered().empty()) << "a joining process must not recover a live holder's file";
+    ASSERT_TRUE(joined->sealed_tag(3));
+    EXPECT_EQ(tag_number(*joined->sealed_tag(3)), 3u);
+    EXPECT_TRUE(holds(joined->layer_data(3, 0), 3)) << "one mapping: the holder's bytes are the joiner's";
+    EXPECT_FALSE(joined->sealed(4));
+    write_slot(*joined, 5, 5);
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+    EXPECT_TRUE(open_ok(options(file))->joined()) << "this process still holds it";
+  }
+  // Nobody holds it now (the kernel dropped the dead holder's locks): the next
+  // open recovers it.
+  auto again = open_ok(options(file));
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again->joined());
+  std::vector<std::uint32_t> recovered;
+  for (const auto& r : again->recovered()) recovered.push_back(tag_number(r.tag));
+  EXPECT_EQ(recovered, (std::vector<std::uint32_t>{3, 5})) << "in commit order, across both processes";
+  EXPECT_EQ(again->dropped_writing(), 1);
   ::close(ready[0]);
   ::close(ready[1]);
+}
+
+TEST(StoreFile, AFullDiskIsRefusedAtOpenAndLeavesNoFile) {
+  TempDir dir;
+  const auto file = dir.path / "store";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // a file system with 64 KiB free, as the file size limit makes it
+    ::signal(SIGXFSZ, SIG_IGN);
+    const struct rlimit limit {65536, 65536};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    const auto f = StoreFile::open(options(file));
+    const bool said = !f.ok() && f.status().error().find("cannot reserve") != std::string::npos &&
+                      f.status().error().find("lower capacity_bytes") != std::string::npos;
+    ::_exit(said ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the open did not fail saying what to do";
+  EXPECT_FALSE(std::filesystem::exists(file)) << "a refused open left a file behind";
 }
 
 TEST(StoreFile, KilledAtRandomPointsOfASaveStormNothingTornIsRecovered) {

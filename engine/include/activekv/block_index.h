@@ -19,44 +19,64 @@ namespace activekv {
 
 enum class SlotState { kPending, kVisible };
 
-class BlockIndex {
+// What the scheduler asks of a host store's index: BlockIndex (this process's
+// own store) and SharedBlockIndex (one store for every vLLM on the host,
+// shared_block_index.h) answer alike.
+class StoreIndex {
+ public:
+  virtual ~StoreIndex() = default;
+  virtual std::int64_t num_slots() const = 0;
+  // Slot of a visible block; nullopt when absent or its save is pending.
+  virtual std::optional<std::int64_t> lookup(const BlockKey& key) const = 0;
+  // True if the block is stored or being stored.
+  virtual bool contains(const BlockKey& key) const = 0;
+  virtual void touch(const BlockKey& key) = 0;
+  // Protects a visible block from eviction while a load reads it; returns its
+  // slot, or nullopt where it is no longer visible (another process sharing
+  // the store evicted it since the lookup).
+  virtual std::optional<std::int64_t> pin(const BlockKey& key) = 0;
+  // Must be called once per pin, when the load finished.
+  virtual void unpin(std::int64_t slot) = 0;
+  struct Reservation {
+    std::optional<std::int64_t> slot;  // nullopt: every slot pending or pinned, or (stored_elsewhere) not needed
+    std::vector<BlockKey> evicted;
+    bool stored_elsewhere = false;  // another process took the block since contains()
+  };
+  // Takes a PENDING slot for a block not in the index.
+  virtual Reservation reserve(const BlockKey& key) = 0;
+  // The save into `slot` completed: the block becomes visible (most recent).
+  virtual void commit(std::int64_t slot) = 0;
+  // Forgets the block in `slot` (failed save or load); no-op if gone or pinned.
+  virtual void discard(std::int64_t slot) = 0;
+  // Takes `slot` out of service for good (a copy into it may still land).
+  virtual void retire(std::int64_t slot) = 0;
+  // The blocks a store file kept across a restart (store_file.h), oldest
+  // first: each visible in its slot, in that LRU order. One taken already
+  // (its key or its slot) or out of range is skipped. Returns how many came back.
+  virtual std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) = 0;
+};
+
+class BlockIndex final : public StoreIndex {
  public:
   explicit BlockIndex(std::int64_t num_slots);  // throws if num_slots <= 0
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
 
-  std::int64_t num_slots() const { return num_slots_; }
+  std::int64_t num_slots() const override { return num_slots_; }
   std::size_t size() const { return by_key_.size(); }
 
-  // Slot of a visible block; nullopt when absent or its save is pending.
-  std::optional<std::int64_t> lookup(const BlockKey& key) const;
-  // True if the block is stored or being stored.
-  bool contains(const BlockKey& key) const { return by_key_.count(key) != 0; }
+  std::optional<std::int64_t> lookup(const BlockKey& key) const override;
+  bool contains(const BlockKey& key) const override { return by_key_.count(key) != 0; }
   std::optional<SlotState> state(const BlockKey& key) const;
-  void touch(const BlockKey& key);
-
-  // Protects a visible block from eviction while a load reads it; returns its
-  // slot. Must only be called for a visible block.
-  std::int64_t pin(const BlockKey& key);
-  // Must be called once per pin, when the load finished.
-  void unpin(std::int64_t slot);
-
-  struct Reservation {
-    std::optional<std::int64_t> slot;  // nullopt: every slot pending or pinned
-    std::vector<BlockKey> evicted;
-  };
-  // Takes a PENDING slot for a block not in the index.
-  Reservation reserve(const BlockKey& key);
-  // The save into `slot` completed: the block becomes visible (most recent).
-  void commit(std::int64_t slot);
-  // Forgets the block in `slot` (failed save or load); no-op if gone or pinned.
-  void discard(std::int64_t slot);
-  // Takes `slot` out of service for good (a copy into it may still land).
-  void retire(std::int64_t slot);
-  // The blocks a store file kept across a restart (store_file.h), oldest
-  // first: each visible in its slot, in that LRU order. One taken already
-  // (its key or its slot) or out of range is skipped. Returns how many came back.
-  std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks);
+  void touch(const BlockKey& key) override;
+  // Must only be called for a visible block (std::logic_error otherwise).
+  std::optional<std::int64_t> pin(const BlockKey& key) override;
+  void unpin(std::int64_t slot) override;
+  Reservation reserve(const BlockKey& key) override;
+  void commit(std::int64_t slot) override;
+  void discard(std::int64_t slot) override;
+  void retire(std::int64_t slot) override;
+  std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) override;
 
  private:
   struct Entry {

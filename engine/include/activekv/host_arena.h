@@ -59,9 +59,10 @@ class HostArena {
             std::int64_t chunk_bytes = kDefaultChunkBytes);
   // The arena on a store file (store_file.h) of its geometry (throws
   // std::invalid_argument otherwise): its chunks are the file's, a lease
-  // marks its slots "writing" there and a seal commits them, and the slots
-  // the file recovered are sealed with their tags from the start. Not pinned:
-  // the device reads the mapping as pageable memory.
+  // marks its slots "writing" there and a seal commits them, and a slot's tag
+  // is its record's, so slots the file recovered, or that another process
+  // sharing the file sealed, are sealed with their tags. Not pinned: the
+  // device reads the mapping as pageable memory.
   HostArena(std::int64_t num_layers, std::int64_t layer_bytes, std::shared_ptr<StoreFile> file);
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -126,7 +127,7 @@ class HostArena {
   std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory or views the file's
   // Per slot, indexed by slot: dense (under 100 bytes a slot, against the
   // slot's own bytes), and no hashing or allocation on a step's path.
-  std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty)
+  std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty); unused on a file
   std::vector<std::uint32_t> generations_;
   std::vector<char> quarantined_;
   std::int64_t quarantined_count_ = 0;

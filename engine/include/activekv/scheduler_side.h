@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -79,12 +80,13 @@ class SchedulerSide {
   const HomeRows* homes() const { return homes_ ? &*homes_ : nullptr; }
   // The streaming geometry, reported once in the stats (see Telemetry).
   void report_streaming(const StartupReport& report);
-  // With config.store_path: the blocks every rank's store file kept (read
-  // after the workers opened and verified them), restored into the index in
-  // their LRU order; a block counts only where every rank holds it in the
-  // same slot. Returns the line start-up prints. Errors name the file.
+  // With config.store_path: the index becomes the store's shared one
+  // (shared_block_index.h, "<store_path>.index"). The first vLLM to attach
+  // fills it with the blocks every rank's store file kept (read after the
+  // workers opened and verified them), in their LRU order, a block counting
+  // only where every rank holds it in the same slot; later ones join it.
+  // Returns the line start-up prints. Errors name the file.
   Result<std::string> restore_from_store_files();
-  const BlockIndex& index() const { return index_; }
 
  private:
   struct RequestState {
@@ -115,7 +117,7 @@ class SchedulerSide {
   // vLLM grows it, and the blocks' home rows.
   std::unordered_map<std::string, std::vector<std::int64_t>> block_tables_;
   std::optional<HomeRows> homes_;
-  BlockIndex index_;
+  std::unique_ptr<StoreIndex> index_;  // BlockIndex, or SharedBlockIndex with a store_path
   AdmissionPolicy policy_;
   Telemetry stats_;
   std::unordered_map<std::string, RequestState> requests_;

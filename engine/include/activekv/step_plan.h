@@ -9,8 +9,12 @@
 
 namespace activekv {
 
+// A load's slot when its block was evicted between the lookup and the pin
+// (by another vLLM sharing the store): the worker reports it failed.
+inline constexpr std::int64_t kNoSlot = -1;
+
 struct LoadOp {
-  std::int64_t slot;      // host slot to read
+  std::int64_t slot;      // host slot to read, or kNoSlot
   std::int64_t block_id;  // device block to fill
   BlockKey key;           // block the slot must hold
 };

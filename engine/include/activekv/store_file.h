@@ -21,13 +21,19 @@
 // the rest, so torn or stale bytes are never recovered. The checksum guards
 // against torn writes, not against an adversary.
 //
-// One process at a time holds the file (flock: the kernel releases it when
-// the holder dies, so a crashed process never leaves a stale lock).
+// Shared. Every vLLM that names the file maps it (MAP_SHARED: the page cache
+// holds one copy) and holds an open file description lock on it, which the
+// kernel drops when the holder dies (no stale lock). The first process to
+// attach (nobody else holds it) recovers the file; the others join it as it
+// is. Which process writes which slot is the shared index's decision
+// (shared_block_index.h): a slot is written by one process at a time and never
+// while another reads it.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +93,11 @@ class StoreFile {
   // The slot is no longer served (eviction): empty, durable.
   void drop(std::int64_t slot);
   bool sealed(std::int64_t slot) const;
+  // The tag of a sealed slot, whichever process sealed it; nullopt otherwise.
+  std::optional<StoreTag> sealed_tag(std::int64_t slot) const;
+  // Whether open() joined a file other live processes hold (then it did not
+  // recover it: recovered() is empty).
+  bool joined() const { return joined_; }
 
   // The sealed slots of the file at `path`, oldest commit first, read without
   // taking it (the scheduler's process rebuilds its index from them while a
@@ -102,6 +113,7 @@ class StoreFile {
  private:
   StoreFile() = default;
   struct Record;
+  std::uint64_t& last_sequence() const;  // in the header: one counter for every process
   Record& record(std::int64_t slot) const;
   // Durable on a disk (msync); nothing on tmpfs.
   void flush(const void* at, std::size_t bytes) const;
@@ -123,7 +135,7 @@ class StoreFile {
   std::vector<RecoveredSlot> recovered_;
   std::int64_t dropped_writing_ = 0;
   std::int64_t dropped_checksum_ = 0;
-  std::uint64_t last_sequence_ = 0;
+  bool joined_ = false;
 };
 
 // The file of one tensor-parallel rank: store_path itself with one rank,

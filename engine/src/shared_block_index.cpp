@@ -1,0 +1,467 @@
+// SharedBlockIndex (shared_block_index.h): the host store's index in a
+// memory-mapped file every instance on the host shares, under one robust
+// process-shared mutex.
+#include "activekv/shared_block_index.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+namespace activekv {
+namespace {
+
+constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
+constexpr std::uint32_t kFormat = 1;
+constexpr std::size_t kHeaderBytes = 4096;
+constexpr std::int32_t kEmpty = -1;      // hash table: never used
+constexpr std::int32_t kTombstone = -2;  // hash table: erased
+
+// Open file description locks on bytes far past the data (see store_file.cpp):
+// the gate serializes attaching, and instance i holds byte kFirstInstance + i.
+constexpr off_t kGateByte = off_t{1} << 62;
+constexpr off_t kFirstInstance = kGateByte + 16;
+
+enum State : std::uint32_t { kFree = 0, kPending = 1, kVisible = 2, kRetired = 3 };
+
+bool ofd(int fd, int cmd, short type, off_t start, off_t len, struct flock* out = nullptr) {
+  struct flock l {};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = start;
+  l.l_len = len;
+  while (::fcntl(fd, cmd, &l) != 0) {
+    if (errno != EINTR) return false;
+  }
+  if (out != nullptr) *out = l;
+  return true;
+}
+
+Status failed(const std::string& path, const std::string& what) {
+  return {ErrorCode::kInvalidConfig, "ActiveKV shared store index " + path + ": " + what};
+}
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+struct SharedBlockIndex::Header {
+  char magic[8];
+  std::uint32_t format;
+  std::uint32_t max_instances;
+  std::int64_t num_slots;
+  std::int64_t table_size;
+  std::uint64_t clock;  // the last use's tick: LRU order across instances
+  std::int64_t free_top;
+  std::int64_t tombstones;
+  pthread_mutex_t mutex;
+};
+
+struct SharedBlockIndex::Slot {
+  std::uint32_t state;   // State
+  std::int32_t owner;    // pending: the instance saving it
+  std::uint64_t last_use;
+  std::uint64_t pinned_by;  // bit i: instance i has a load from it in flight
+  BlockKey key;
+};
+
+// The index's mutex, held for the scope. A holder that died inside it left
+// the derived tables possibly half-updated: they are rebuilt from the slots,
+// and the dead holder's pending saves and pins dropped.
+class SharedBlockIndex::Locked {
+ public:
+  explicit Locked(const SharedBlockIndex& index) : mutex_(&index.header().mutex) {
+    const int e = pthread_mutex_lock(mutex_);
+    if (e == EOWNERDEAD) {
+      index.rebuild_derived();
+      index.reclaim_dead();
+      pthread_mutex_consistent(mutex_);
+    } else if (e != 0) {
+      throw std::runtime_error("ActiveKV shared store index " + index.path_ + ": its lock failed (" +
+                               std::strerror(e) + "); restart every vLLM that shares it");
+    }
+  }
+  ~Locked() { pthread_mutex_unlock(mutex_); }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+
+ private:
+  pthread_mutex_t* mutex_;
+};
+
+SharedBlockIndex::Header& SharedBlockIndex::header() const { return *reinterpret_cast<Header*>(map_); }
+
+SharedBlockIndex::Slot& SharedBlockIndex::slot_at(std::int64_t slot) const {
+  return reinterpret_cast<Slot*>(map_ + kHeaderBytes)[slot];
+}
+
+std::int32_t* SharedBlockIndex::free_stack() const {
+  return reinterpret_cast<std::int32_t*>(map_ + kHeaderBytes + static_cast<std::size_t>(num_slots_) * sizeof(Slot));
+}
+
+std::int32_t* SharedBlockIndex::table() const { return free_stack() + num_slots_; }
+
+Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
+    const std::string& path, std::int64_t num_slots,
+    const std::function<Result<std::vector<std::pair<BlockKey, std::int64_t>>>()>& sealed_blocks) {
+  if (num_slots < 1 || num_slots > std::numeric_limits<std::int32_t>::max()) {
+    return failed(path, "cannot index " + std::to_string(num_slots) + " slots");
+  }
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  std::unique_ptr<SharedBlockIndex> ix(new SharedBlockIndex());
+  ix->path_ = path;
+  ix->num_slots_ = num_slots;
+  ix->table_size_ = 16;
+  while (ix->table_size_ < 2 * num_slots) ix->table_size_ *= 2;  // at most half full
+  const std::size_t bytes = kHeaderBytes + static_cast<std::size_t>(num_slots) * sizeof(Slot) +
+                            static_cast<std::size_t>(num_slots + ix->table_size_) * sizeof(std::int32_t);
+  ix->map_bytes_ = round_up(bytes, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+
+  ix->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (ix->fd_ < 0) {
+    if (errno == ENOENT) return failed(path, "its directory does not exist; create it or choose another path");
+    return failed(path, std::string("cannot be opened for reading and writing (") + std::strerror(errno) +
+                            "); choose a writable path");
+  }
+  if (!ofd(ix->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte, 1)) {
+    return failed(path, std::string("cannot be locked (") + std::strerror(errno) +
+                            "); choose a path on a local file system");
+  }
+  struct flock held {};
+  ofd(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
+  ix->joined_ = held.l_type != F_UNLCK;
+  if (!ix->joined_) {  // nobody uses it: (re)made from the store files
+    if (::ftruncate(ix->fd_, 0) != 0 || ::ftruncate(ix->fd_, static_cast<off_t>(ix->map_bytes_)) != 0) {
+      return failed(path, std::string("cannot be sized (") + std::strerror(errno) + ")");
+    }
+    if (const int e = ::posix_fallocate(ix->fd_, 0, static_cast<off_t>(ix->map_bytes_)); e != 0) {
+      return failed(path, std::string("cannot reserve its ") + std::to_string(ix->map_bytes_) + " bytes (" +
+                              std::strerror(e) + "); free space there or choose another path");
+    }
+  } else {
+    struct stat st {};
+    if (::fstat(ix->fd_, &st) != 0 || static_cast<std::size_t>(st.st_size) != ix->map_bytes_) {
+      return failed(path, "is in use for a store of another size (" + std::to_string(st.st_size) +
+                              " bytes, this store's index takes " + std::to_string(ix->map_bytes_) +
+                              "): give every vLLM that shares a store the same capacity_bytes");
+    }
+  }
+  void* map = ::mmap(nullptr, ix->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ix->fd_, 0);
+  if (map == MAP_FAILED) return failed(path, std::string("cannot be mapped (") + std::strerror(errno) + ")");
+  ix->map_ = static_cast<std::uint8_t*>(map);
+  Header& h = ix->header();
+  if (!ix->joined_) {
+    std::memset(ix->map_, 0, ix->map_bytes_);  // every slot kFree
+    std::memcpy(h.magic, kMagic, sizeof(kMagic));
+    h.format = kFormat;
+    h.max_instances = kMaxInstances;
+    h.num_slots = num_slots;
+    h.table_size = ix->table_size_;
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&h.mutex, &attr);
+    pthread_mutexattr_destroy(&attr);
+    for (std::int64_t s = 0; s < num_slots; ++s) ix->slot_at(s).owner = -1;
+    ix->rebuild_derived();
+  } else if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.format != kFormat ||
+             h.num_slots != num_slots || h.table_size != ix->table_size_) {
+    return failed(path, "is in use by vLLM instances with another store (" + std::to_string(h.num_slots) +
+                            " slots, this one has " + std::to_string(num_slots) +
+                            "): give every vLLM that shares a store the same capacity_bytes");
+  }
+  for (int i = 0; i < kMaxInstances && ix->instance_ < 0; ++i) {
+    if (ofd(ix->fd_, F_OFD_SETLK, F_WRLCK, kFirstInstance + i, 1)) ix->instance_ = i;
+  }
+  if (ix->instance_ < 0) {
+    return failed(path, "is shared by " + std::to_string(kMaxInstances) + " running vLLM instances already");
+  }
+  {
+    Locked lock(*ix);
+    // What a dead earlier holder of this instance's number left, then the
+    // other dead instances'.
+    const std::uint64_t mine = std::uint64_t{1} << ix->instance_;
+    for (std::int64_t s = 0; s < num_slots; ++s) {
+      Slot& e = ix->slot_at(s);
+      e.pinned_by &= ~mine;
+      if (e.state == kPending && e.owner == ix->instance_) {
+        ix->erase(e.key);
+        ix->free_slot(s);
+      }
+    }
+    ix->reclaim_dead();
+  }
+  if (!ix->joined_) {
+    auto blocks = sealed_blocks();
+    if (!blocks.ok()) return blocks.status();
+    ix->restored_ = ix->restore(blocks.value());
+  }
+  ofd(ix->fd_, F_OFD_SETLK, F_UNLCK, kGateByte, 1);
+  return ix;
+}
+
+SharedBlockIndex::~SharedBlockIndex() {
+  if (map_ != nullptr && instance_ >= 0) {
+    try {  // saves that never completed and loads that never finished: not this instance's any more
+      Locked lock(*this);
+      const std::uint64_t mine = std::uint64_t{1} << instance_;
+      for (std::int64_t s = 0; s < num_slots_; ++s) {
+        Slot& e = slot_at(s);
+        e.pinned_by &= ~mine;
+        if (e.state == kPending && e.owner == instance_) {
+          erase(e.key);
+          free_slot(s);
+        }
+      }
+    } catch (const std::exception&) {  // the others rebuild what is left
+    }
+  }
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);  // drops this instance's lock
+}
+
+std::uint64_t SharedBlockIndex::tick() const { return ++header().clock; }
+
+bool SharedBlockIndex::alive(int instance) const {
+  if (instance == instance_) return true;
+  if (instance < 0 || instance >= kMaxInstances) return false;
+  struct flock held {};
+  if (!ofd(fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance + instance, 1, &held)) return true;  // unknown: keep
+  return held.l_type != F_UNLCK;
+}
+
+int SharedBlockIndex::live_instances() const {
+  int n = 0;
+  for (int i = 0; i < kMaxInstances; ++i) n += alive(i) ? 1 : 0;
+  return n;
+}
+
+std::int64_t SharedBlockIndex::find(const BlockKey& key) const {
+  const auto mask = static_cast<std::size_t>(table_size_ - 1);
+  for (std::size_t i = BlockKeyHash{}(key) & mask, n = 0; n < static_cast<std::size_t>(table_size_);
+       i = (i + 1) & mask, ++n) {
+    const std::int32_t s = table()[i];
+    if (s == kEmpty) return -1;
+    if (s >= 0 && slot_at(s).key == key) return s;
+  }
+  return -1;
+}
+
+void SharedBlockIndex::insert(const BlockKey& key, std::int64_t slot) const {
+  const auto mask = static_cast<std::size_t>(table_size_ - 1);
+  std::size_t i = BlockKeyHash{}(key) & mask;
+  while (table()[i] >= 0) i = (i + 1) & mask;  // at most half full: always ends
+  if (table()[i] == kTombstone) --header().tombstones;
+  table()[i] = static_cast<std::int32_t>(slot);
+}
+
+void SharedBlockIndex::erase(const BlockKey& key) const {
+  const auto mask = static_cast<std::size_t>(table_size_ - 1);
+  for (std::size_t i = BlockKeyHash{}(key) & mask, n = 0; n < static_cast<std::size_t>(table_size_);
+       i = (i + 1) & mask, ++n) {
+    const std::int32_t s = table()[i];
+    if (s == kEmpty) return;
+    if (s >= 0 && slot_at(s).key == key) {
+      table()[i] = kTombstone;
+      ++header().tombstones;
+      return;
+    }
+  }
+}
+
+void SharedBlockIndex::free_slot(std::int64_t slot) const {
+  Slot& e = slot_at(slot);
+  e.state = kFree;
+  e.owner = -1;
+  e.pinned_by = 0;
+  free_stack()[header().free_top++] = static_cast<std::int32_t>(slot);
+}
+
+void SharedBlockIndex::rebuild_derived() const {
+  Header& h = header();
+  std::fill(table(), table() + table_size_, kEmpty);
+  h.tombstones = 0;
+  h.free_top = 0;
+  for (std::int64_t s = num_slots_ - 1; s >= 0; --s) {  // slot 0 handed out first, as BlockIndex
+    Slot& e = slot_at(s);
+    if (e.state == kFree) {
+      free_stack()[h.free_top++] = static_cast<std::int32_t>(s);
+    } else if (e.state == kPending || e.state == kVisible) {
+      if (find(e.key) >= 0) {  // a half-made entry of a holder that died: one slot per key
+        e.state = kFree;
+        free_stack()[h.free_top++] = static_cast<std::int32_t>(s);
+      } else {
+        insert(e.key, s);
+      }
+    }
+  }
+}
+
+void SharedBlockIndex::reclaim_dead() const {
+  std::uint64_t dead = 0;
+  for (int i = 0; i < kMaxInstances; ++i) dead |= alive(i) ? 0 : std::uint64_t{1} << i;
+  for (std::int64_t s = 0; s < num_slots_; ++s) {
+    Slot& e = slot_at(s);
+    e.pinned_by &= ~dead;
+    if (e.state == kPending && (e.owner < 0 || (dead >> e.owner & 1) != 0)) {  // its bytes never became visible
+      erase(e.key);
+      free_slot(s);
+    }
+  }
+}
+
+std::optional<std::int64_t> SharedBlockIndex::lookup(const BlockKey& key) const {
+  Locked lock(*this);
+  const std::int64_t s = find(key);
+  if (s < 0 || slot_at(s).state != kVisible) return std::nullopt;
+  slot_at(s).last_use = tick();
+  return s;
+}
+
+bool SharedBlockIndex::contains(const BlockKey& key) const {
+  Locked lock(*this);
+  const std::int64_t s = find(key);
+  if (s < 0) return false;
+  const Slot& e = slot_at(s);
+  if (e.state == kPending && !alive(e.owner)) {  // its saver died: take the save over
+    reclaim_dead();
+    return find(key) >= 0;
+  }
+  return true;
+}
+
+void SharedBlockIndex::touch(const BlockKey& key) {
+  Locked lock(*this);
+  const std::int64_t s = find(key);
+  if (s >= 0 && slot_at(s).state == kVisible) slot_at(s).last_use = tick();
+}
+
+std::optional<std::int64_t> SharedBlockIndex::pin(const BlockKey& key) {
+  Locked lock(*this);
+  const std::int64_t s = find(key);
+  if (s < 0 || slot_at(s).state != kVisible) return std::nullopt;
+  Slot& e = slot_at(s);
+  e.pinned_by |= std::uint64_t{1} << instance_;
+  e.last_use = tick();
+  ++pins_[s];
+  return s;
+}
+
+void SharedBlockIndex::unpin(std::int64_t slot) {
+  const auto it = pins_.find(slot);
+  if (it == pins_.end()) {
+    throw std::logic_error("unpin of slot " + std::to_string(slot) + " without a load in flight");
+  }
+  if (--it->second > 0) return;
+  pins_.erase(it);
+  Locked lock(*this);
+  slot_at(slot).pinned_by &= ~(std::uint64_t{1} << instance_);
+}
+
+SharedBlockIndex::Reservation SharedBlockIndex::reserve(const BlockKey& key) {
+  Locked lock(*this);
+  Reservation r;
+  // Probes get long as tombstones pile up: past a quarter, the table is made again.
+  if (header().tombstones > table_size_ / 4) rebuild_derived();
+  if (find(key) >= 0) {
+    r.stored_elsewhere = true;
+    return r;
+  }
+  Header& h = header();
+  const auto victim = [this] {  // the least recently used visible slot no instance is loading
+    std::int64_t best = -1;
+    for (std::int64_t s = 0; s < num_slots_; ++s) {
+      const Slot& e = slot_at(s);
+      if (e.state == kVisible && e.pinned_by == 0 && (best < 0 || e.last_use < slot_at(best).last_use)) best = s;
+    }
+    return best;
+  };
+  if (h.free_top == 0) {
+    std::int64_t v = victim();
+    if (v < 0) {  // every slot pending or pinned: some may be a dead instance's
+      reclaim_dead();
+      if (h.free_top == 0) v = victim();
+    }
+    if (h.free_top == 0) {
+      if (v < 0) return r;
+      r.evicted.push_back(slot_at(v).key);
+      erase(slot_at(v).key);
+      free_slot(v);
+    }
+  }
+  const std::int64_t s = free_stack()[--h.free_top];
+  Slot& e = slot_at(s);
+  e.key = key;
+  e.owner = instance_;
+  e.pinned_by = 0;
+  e.state = kPending;
+  insert(key, s);
+  r.slot = s;
+  return r;
+}
+
+void SharedBlockIndex::commit(std::int64_t slot) {
+  Locked lock(*this);
+  Slot& e = slot_at(slot);
+  if (e.state != kPending || e.owner != instance_) {
+    throw std::logic_error("slot " + std::to_string(slot) + " committed but not pending for this instance");
+  }
+  e.state = kVisible;
+  e.owner = -1;
+  e.last_use = tick();
+}
+
+void SharedBlockIndex::discard(std::int64_t slot) {
+  if (slot < 0 || slot >= num_slots_) return;
+  Locked lock(*this);
+  Slot& e = slot_at(slot);
+  if ((e.state != kPending && e.state != kVisible) || e.pinned_by != 0) return;
+  erase(e.key);
+  free_slot(slot);
+}
+
+void SharedBlockIndex::retire(std::int64_t slot) {
+  if (slot < 0 || slot >= num_slots_) return;
+  Locked lock(*this);
+  Slot& e = slot_at(slot);
+  if (e.state != kPending && e.state != kVisible) return;
+  erase(e.key);
+  e.state = kRetired;  // never handed out again while the index lives
+  e.owner = -1;
+}
+
+std::int64_t SharedBlockIndex::restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) {
+  Locked lock(*this);
+  std::int64_t restored = 0;
+  for (const auto& [key, slot] : blocks) {
+    if (slot < 0 || slot >= num_slots_ || slot_at(slot).state != kFree || find(key) >= 0) continue;
+    Slot& e = slot_at(slot);
+    e.key = key;
+    e.owner = -1;
+    e.pinned_by = 0;
+    e.state = kVisible;
+    e.last_use = tick();  // oldest first: the LRU order the files kept
+    insert(key, slot);
+    ++restored;
+  }
+  // The free stack still lists the restored slots: made again from the slots.
+  rebuild_derived();
+  return restored;
+}
+
+std::int64_t SharedBlockIndex::visible_blocks() const {
+  Locked lock(*this);
+  std::int64_t n = 0;
+  for (std::int64_t s = 0; s < num_slots_; ++s) n += slot_at(s).state == kVisible ? 1 : 0;
+  return n;
+}
+
+}  // namespace activekv
