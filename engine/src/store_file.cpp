@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace activekv {
 namespace {
@@ -304,11 +305,29 @@ std::optional<StoreTag> StoreFile::sealed_tag(std::int64_t slot) const {
 std::uint64_t& StoreFile::last_sequence() const { return reinterpret_cast<Header*>(map_)->last_sequence; }
 
 Status StoreFile::recover() {
+  // Verifying reads every sealed byte (one thread: 2.6 GB/s, 26 s for 64 GiB
+  // on the H200's host): the checksums are computed on up to 16 threads, each
+  // over its own range of slots, and the records settled in slot order after.
+  std::vector<char> verified(static_cast<std::size_t>(num_slots_), 0);
+  const auto threads = static_cast<std::int64_t>(
+      std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
+  const std::int64_t per = (num_slots_ + threads - 1) / threads;
+  {
+    std::vector<std::jthread> workers;
+    for (std::int64_t first = 0; first < num_slots_; first += per) {
+      workers.emplace_back([this, &verified, first, last = std::min(num_slots_, first + per)] {
+        for (std::int64_t s = first; s < last; ++s) {
+          const Record& r = record(s);
+          verified[static_cast<std::size_t>(s)] = r.state == kSealed && r.checksum == slot_checksum(s);
+        }
+      });
+    }
+  }  // joined
   for (std::int64_t s = 0; s < num_slots_; ++s) {
     Record& r = record(s);
     const std::uint64_t state = r.state;
     if (state == kEmpty) continue;
-    if (state == kSealed && r.checksum == slot_checksum(s)) {
+    if (verified[static_cast<std::size_t>(s)] != 0) {
       recovered_.push_back({s, r.tag, r.sequence});
       last_sequence() = std::max(last_sequence(), r.sequence);
       continue;
