@@ -6,6 +6,7 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
     python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
                                                 [--homes exact,compressed] [--resident-layers R] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
+    python -m pipeline.bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
 
 Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
 default mode (compiled, FULL_AND_PIECEWISE CUDA graphs; PIECEWISE for a
@@ -24,6 +25,14 @@ the time of generate(N tokens) minus generate(1 token) on the same prompt,
 against the bus bound (the streamed bytes of a step, exact or compressed as the
 homes hold them, over the same peak) and plain vLLM's decode step with all KV
 on the device. --contexts 0: the longest context the budget serves.
+
+restart: the first request after a restart, with the host store in a file
+(store_path): one vLLM with ActiveKV exact serves each prompt once (a miss:
+recomputed, and stored), is shut down, and a new vLLM on the same file serves
+the same prompts (each its first request for that prompt: from the file),
+then a prompt nobody stored (recompute). Start times of both say what the
+restart's reopen costs (every sealed slot verified). The file's mapping is
+pageable memory (not registered with the device).
 
 decode: what a connector costs each decode step with all KV on the device
 (no streaming): for each engine, the step time from generate(N) minus
@@ -304,10 +313,48 @@ def decode(lengths: list[int], repeats: int, engines: list[str], decode_tokens: 
     return out
 
 
+def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
+    path = Path(store_dir) / "activekv-bench-restart-store"
+    for stale in (path, Path(f"{path}.index")):
+        stale.unlink(missing_ok=True)
+    capacity = sum(lengths) * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"] + GIB
+    extra = {"mode": "exact", "capacity_bytes": capacity, "store_path": str(path)}
+    max_len = max(lengths) + 64
+    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,
+                           "capacity_gib": round(capacity / GIB, 2), "store": str(path), "by_length": {}}
+    t0 = time.perf_counter()
+    llm = make_llm("ActiveKVConnector", extra, max_model_len=max_len)
+    out["first_start_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        timed_generate(llm, prompt_of(2048, 0), "warm-up")
+        for n in lengths:
+            out["by_length"][str(n)] = {"recompute_ms": round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)}
+    finally:
+        shutdown(llm)
+    t0 = time.perf_counter()
+    llm = make_llm("ActiveKVConnector", extra, max_model_len=max_len)
+    out["restart_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        timed_generate(llm, prompt_of(2048, 1), "warm-up")  # not stored before: a recompute
+        for n in lengths:
+            cell = out["by_length"][str(n)]
+            cell["from_store_ms"] = round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)
+            cell["recompute_after_restart_ms"] = round(1000 * timed_generate(llm, prompt_of(n, n + 1), "restart"), 1)
+            kv = (n - 1) // BLOCK * BLOCK * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"]
+            cell["kv_gib"] = round(kv / GIB, 2)
+            cell["x_faster"] = round(cell["recompute_ms"] / cell["from_store_ms"], 2)
+            print(f"  restart {n}: {cell}", flush=True)
+    finally:
+        shutdown(llm)
+    for stale in (path, Path(f"{path}.index")):
+        stale.unlink(missing_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_vllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["ttft", "streaming", "decode"])
+    parser.add_argument("what", choices=["ttft", "streaming", "decode", "restart"])
     parser.add_argument("--lengths", default="8192,32768,131072")
     parser.add_argument("--engines", default=",".join(e for e in ENGINES if e != "plain-piecewise"))
     parser.add_argument("--repeats", type=int, default=3)
@@ -319,11 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", default="32768,131072",
                         help="0 for the longest context the budget serves")
     parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if args.what == "ttft":
         result = ttft([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","))
+    elif args.what == "restart":
+        result = restart([int(x) for x in args.lengths.split(",")], args.store_dir)
     elif args.what == "decode":
         result = decode([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","),
                         args.decode_tokens)
