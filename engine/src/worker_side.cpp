@@ -139,6 +139,8 @@ Status WorkerSide::open_store_file(const std::vector<std::int64_t>& block_shape)
   return Status::Ok();
 }
 
+const StoreFile* WorkerSide::store_file() const { return arena_ ? arena_->file() : nullptr; }
+
 std::string WorkerSide::store_file_line() const {
   const StoreFile* f = arena_ ? arena_->file() : nullptr;
   if (f == nullptr) return "";

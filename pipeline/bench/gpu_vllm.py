@@ -31,8 +31,8 @@ restart: the first request after a restart, with the host store in a file
 recomputed, and stored), is shut down, and a new vLLM on the same file serves
 the same prompts (each its first request for that prompt: from the file),
 then a prompt nobody stored (recompute). Start times of both say what the
-restart's reopen costs (every sealed slot verified). The file's mapping is
-pageable memory (not registered with the device).
+restart's reopen costs (every sealed slot verified). The worker's start-up line
+says whether the file's mapping is pinned for the device.
 
 decode: what a connector costs each decode step with all KV on the device
 (no streaming): for each engine, the step time from generate(N) minus
@@ -317,7 +317,9 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     path = Path(store_dir) / "activekv-bench-restart-store"
     for stale in (path, Path(f"{path}.index")):
         stale.unlink(missing_ok=True)
-    capacity = sum(lengths) * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"] + GIB
+    # Room for every prompt twice (the restarted vLLM stores the prompts nobody
+    # stored too) and the warm-ups: no eviction, so every hit is whole.
+    capacity = 2 * sum(lengths) * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"] + GIB
     extra = {"mode": "exact", "capacity_bytes": capacity, "store_path": str(path)}
     max_len = max(lengths) + 64
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,

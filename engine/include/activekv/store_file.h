@@ -98,6 +98,11 @@ class StoreFile {
   // Whether open() joined a file other live processes hold (then it did not
   // recover it: recovered() is empty).
   bool joined() const { return joined_; }
+  // Every slot's bytes: one range of the mapping, which a device can register
+  // (page-lock) for its copies. Whoever registers it must undo that before
+  // the StoreFile goes (its destructor unmaps it).
+  std::uint8_t* data() const { return map_ + data_offset_; }
+  std::size_t data_bytes() const { return map_bytes_ - data_offset_; }
 
   // The sealed slots of the file at `path`, oldest commit first, read without
   // taking it (the scheduler's process rebuilds its index from them while a

@@ -87,6 +87,9 @@ class WorkerSide {
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
   // One line on the store file's recovery (empty without a store file).
   std::string store_file_line() const;
+  // The store file's data (StoreFile::data), or nullptr without store_path:
+  // the binding registers it with the device where the device can.
+  const StoreFile* store_file() const;
 
   // The step's plan, bound before the forward and cleared after wait_for_save.
   // Throws std::out_of_range (and binds nothing) for a block id or slot
