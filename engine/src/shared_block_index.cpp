@@ -188,15 +188,7 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     Locked lock(*ix);
     // What a dead earlier holder of this instance's number left, then the
     // other dead instances'.
-    const std::uint64_t mine = std::uint64_t{1} << ix->instance_;
-    for (std::int64_t s = 0; s < num_slots; ++s) {
-      Slot& e = ix->slot_at(s);
-      e.pinned_by &= ~mine;
-      if (e.state == kPending && e.owner == ix->instance_) {
-        ix->erase(e.key);
-        ix->free_slot(s);
-      }
-    }
+    ix->abandon(ix->instance_);
     ix->reclaim_dead();
   }
   if (!ix->joined_) {
@@ -212,16 +204,8 @@ SharedBlockIndex::~SharedBlockIndex() {
   if (map_ != nullptr && instance_ >= 0) {
     try {  // saves that never completed and loads that never finished: not this instance's any more
       Locked lock(*this);
-      const std::uint64_t mine = std::uint64_t{1} << instance_;
-      for (std::int64_t s = 0; s < num_slots_; ++s) {
-        Slot& e = slot_at(s);
-        e.pinned_by &= ~mine;
-        if (e.state == kPending && e.owner == instance_) {
-          erase(e.key);
-          free_slot(s);
-        }
-      }
-    } catch (const std::exception&) {  // the others rebuild what is left
+      abandon(instance_);
+    } catch (const std::exception&) {  // the others reclaim it once this instance's lock is gone
     }
   }
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
@@ -306,14 +290,32 @@ void SharedBlockIndex::rebuild_derived() const {
 }
 
 void SharedBlockIndex::reclaim_dead() const {
-  std::uint64_t dead = 0;
-  for (int i = 0; i < kMaxInstances; ++i) dead |= alive(i) ? 0 : std::uint64_t{1} << i;
+  for (int i = 0; i < kMaxInstances; ++i) {
+    if (!alive(i)) abandon(i);
+  }
+  for (std::int64_t s = 0; s < num_slots_; ++s) {  // a holder that died between reserve's writes
+    Slot& e = slot_at(s);
+    if (e.state == kPending && e.owner < 0) {
+      erase(e.key);
+      e.state = kRetired;
+    }
+  }
+}
+
+void SharedBlockIndex::abandon(int instance) const {
+  const std::uint64_t bit = std::uint64_t{1} << instance;
   for (std::int64_t s = 0; s < num_slots_; ++s) {
     Slot& e = slot_at(s);
-    e.pinned_by &= ~dead;
-    if (e.state == kPending && (e.owner < 0 || (dead >> e.owner & 1) != 0)) {  // its bytes never became visible
+    e.pinned_by &= ~bit;  // a load's late read harms only the instance that is gone
+    if (e.state == kPending && e.owner == instance) {
+      // Its bytes never became visible, but a copy into the slot may still
+      // land (a worker outliving its scheduler, or a closing instance's save
+      // in flight): the slot is retired, never handed out again while the
+      // index lives. The files' recovery frees it at the next full restart
+      // (the record says "writing").
       erase(e.key);
-      free_slot(s);
+      e.state = kRetired;
+      e.owner = -1;
     }
   }
 }
@@ -423,6 +425,9 @@ void SharedBlockIndex::discard(std::int64_t slot) {
   if (slot < 0 || slot >= num_slots_) return;
   Locked lock(*this);
   Slot& e = slot_at(slot);
+  // Another instance may have evicted the block since this one's report and
+  // reserved the slot for its own save: that save is not this one's to drop.
+  if (e.state == kPending && e.owner != instance_) return;
   if ((e.state != kPending && e.state != kVisible) || e.pinned_by != 0) return;
   erase(e.key);
   free_slot(slot);

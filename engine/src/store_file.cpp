@@ -88,6 +88,14 @@ bool ofd_lock(int fd, short type, off_t byte, bool wait) {
   return true;
 }
 
+// Whether the file's header was never written: no magic (all zeros, as
+// posix_fallocate leaves it).
+bool never_headed(int fd) {
+  char magic[sizeof(kMagic)] = {};
+  if (::pread(fd, magic, sizeof(magic), 0) != static_cast<ssize_t>(sizeof(magic))) return false;
+  return std::all_of(std::begin(magic), std::end(magic), [](char c) { return c == 0; });
+}
+
 // Oldest commit first: the LRU order across restarts.
 void sort_by_commit(std::vector<RecoveredSlot>& slots) {
   std::sort(slots.begin(), slots.end(),
@@ -169,11 +177,16 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   // of the machine, which tmpfs does not survive anyway.
   struct statfs fs {};
   f->durable_ = ::fstatfs(f->fd_, &fs) != 0 || fs.f_type != TMPFS_MAGIC;
-  const bool fresh = st.st_size == 0;
+  // A first attacher also remakes a file whose header was never written (a
+  // creation cut off after reserving the space): nothing in it was ever served.
+  const bool fresh = st.st_size == 0 || (!f->joined_ && never_headed(f->fd_));
   if (fresh) {
     // All the space now: a full disk fails here, not in the middle of a save.
     if (const int e = ::posix_fallocate(f->fd_, 0, static_cast<off_t>(total)); e != 0) {
-      if (!existed) ::unlink(o.path.c_str());
+      // Emptied, not unlinked: a process waiting at the gate holds this file
+      // (it then finds it empty and tries for itself), and a path some other
+      // process made meanwhile is not ours to remove.
+      if (!existed) (void)!::ftruncate(f->fd_, 0);
       return failed(o.path, "cannot reserve " + std::to_string(total) + " bytes (" + std::strerror(e) +
                                 "); free space there, lower capacity_bytes or choose another path");
     }
@@ -354,6 +367,13 @@ Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& pat
   if (Status s = check_header(h, path, identity.empty() ? nullptr : &identity, sizeof(Record)); !s.ok()) {
     ::close(fd);
     return s;
+  }
+  // The records must fit in the file before they are read (a damaged header
+  // must not ask for a huge buffer).
+  if (h.num_slots < 1 || static_cast<std::uint64_t>(h.num_slots) >
+                             (static_cast<std::uint64_t>(st.st_size) - kHeaderBytes) / sizeof(Record)) {
+    ::close(fd);
+    return failed(path, "is shorter than its header says");
   }
   std::vector<Record> records(static_cast<std::size_t>(h.num_slots));
   const auto bytes = static_cast<ssize_t>(records.size() * sizeof(Record));

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <set>
 #include <stdexcept>
 
 #include "activekv/shared_block_index.h"
@@ -94,13 +95,13 @@ TEST(SharedBlockIndex, EvictionIsGloballyLeastRecentlyUsedAndSparesOtherInstance
   EXPECT_FALSE(a->pin(k(1))) << "a pin of a block evicted since its lookup must fail, not serve";
 }
 
-TEST(SharedBlockIndex, ADeadInstancesPendingSavesAndPinsAreReclaimed) {
+TEST(SharedBlockIndex, ADeadInstancesPinsAreDroppedAndItsPendingSlotsRetired) {
   Store s;
-  auto a = s.attach(2);
+  auto a = s.attach(3);
   store(*a, 1);
   const pid_t child = ::fork();
   if (child == 0) {  // another vLLM: pins a's block, starts a save, and is killed
-    auto c = s.attach(2);
+    auto c = s.attach(3);
     const bool ok = c->joined() && c->pin(k(1)) && c->reserve(k(2)).slot;
     ::raise(ok ? SIGKILL : SIGTERM);
   }
@@ -109,12 +110,36 @@ TEST(SharedBlockIndex, ADeadInstancesPendingSavesAndPinsAreReclaimed) {
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child did not pin and reserve";
   EXPECT_EQ(a->live_instances(), 1);
   EXPECT_FALSE(a->contains(k(2))) << "a dead instance's save must be taken over";
-  const auto r = a->reserve(k(2));
+  const auto r = a->reserve(k(2));  // the third, free slot
   ASSERT_TRUE(r.slot);
   a->commit(*r.slot);
   const auto evicting = a->reserve(k(3));
   ASSERT_EQ(evicting.evicted.size(), 1u) << "a dead instance's pin must not hold a slot for ever";
   EXPECT_EQ(evicting.evicted[0], k(1));
+  a->commit(*evicting.slot);
+  // The dead instance's pending slot may still take a late copy from its
+  // worker: it is never handed out again, so the two live slots circulate.
+  std::set<std::int64_t> used{*r.slot, *evicting.slot};
+  for (std::uint8_t i = 4; i < 10; ++i) {
+    const auto again = a->reserve(k(i));
+    ASSERT_TRUE(again.slot);
+    EXPECT_TRUE(used.count(*again.slot)) << "slot " << *again.slot << " was the dead instance's pending save";
+    a->commit(*again.slot);
+  }
+}
+
+TEST(SharedBlockIndex, AnInstanceNeverDiscardsASaveAnotherInstanceStartedInTheSameSlot) {
+  Store s;
+  auto a = s.attach(1);
+  auto b = s.attach(1);
+  store(*a, 1);
+  const auto slot = *a->lookup(k(1));  // a's failed load would discard this slot...
+  const auto r = b->reserve(k(2));     // ...but b evicted the block and is saving into it
+  ASSERT_EQ(r.slot, slot);
+  a->discard(slot);
+  EXPECT_TRUE(b->contains(k(2))) << "a dropped b's save in flight";
+  b->commit(*r.slot);
+  EXPECT_EQ(a->lookup(k(2)), slot);
 }
 
 TEST(SharedBlockIndex, WhenTheLastInstanceLeavesTheNextRebuildsAndAClosedOnesSavesAreDropped) {
@@ -140,7 +165,7 @@ TEST(SharedBlockIndex, RetiredAndDiscardedSlots) {
   auto a = s.attach(2);
   auto b = s.attach(2);
   const auto r = a->reserve(k(1));
-  a->retire(*r.slot);
+  a->retire(*r.slot);  // a fence of unknown outcome
   EXPECT_FALSE(b->contains(k(1)));
   store(*b, 2);
   const auto full = b->reserve(k(3));  // the retired slot is never handed out

@@ -15,8 +15,10 @@
 //     from the slots' own entries;
 //   - a dead instance's pending saves and load pins: every instance holds an
 //     open file description lock on its own byte of the index file, which the
-//     kernel drops with the process; an instance found dead has its pending
-//     slots freed (its bytes never became visible) and its pins cleared;
+//     kernel drops with the process; an instance found dead has its pins
+//     cleared and its pending slots retired (their bytes never became visible,
+//     but a worker of it may still be copying into them: they are not handed
+//     out again until the next full restart recovers them from the files);
 //   - the whole host restarting: the first instance to attach (no instance
 //     byte held) rebuilds the index from the store files' sealed slots.
 // cache_salt isolation needs nothing here: the salt is in the block key.
@@ -92,6 +94,7 @@ class SharedBlockIndex final : public StoreIndex {
   void free_slot(std::int64_t slot) const;
   void rebuild_derived() const;       // free stack and hash table from the slots
   void reclaim_dead() const;          // dead instances' pending slots and pins
+  void abandon(int instance) const;   // an instance's pins dropped, its pending slots retired
   bool alive(int instance) const;
   std::uint64_t tick() const;
 
