@@ -19,7 +19,7 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
-constexpr std::uint32_t kFormat = 1;
+constexpr std::uint32_t kFormat = 2;  // 2: the LRU list in the slots
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::int32_t kEmpty = -1;      // hash table: never used
 constexpr std::int32_t kTombstone = -2;  // hash table: erased
@@ -61,14 +61,18 @@ struct SharedBlockIndex::Header {
   std::uint64_t clock;  // the last use's tick: LRU order across instances
   std::int64_t free_top;
   std::int64_t tombstones;
+  std::int32_t lru_head;  // the least recently used visible slot, or -1
+  std::int32_t lru_tail;  // the most recently used, or -1
   pthread_mutex_t mutex;
 };
 
 struct SharedBlockIndex::Slot {
   std::uint32_t state;   // State
   std::int32_t owner;    // pending: the instance saving it
-  std::uint64_t last_use;
+  std::uint64_t last_use;  // the LRU list's order as ticks: it is rebuilt from them
   std::uint64_t pinned_by;  // bit i: instance i has a load from it in flight
+  std::int32_t lru_prev;    // visible slots only: the LRU list, oldest first
+  std::int32_t lru_next;
   BlockKey key;
 };
 
@@ -263,6 +267,7 @@ void SharedBlockIndex::erase(const BlockKey& key) const {
 
 void SharedBlockIndex::free_slot(std::int64_t slot) const {
   Slot& e = slot_at(slot);
+  if (e.state == kVisible) unlink(slot);
   e.state = kFree;
   e.owner = -1;
   e.pinned_by = 0;
@@ -274,6 +279,7 @@ void SharedBlockIndex::rebuild_derived() const {
   std::fill(table(), table() + table_size_, kEmpty);
   h.tombstones = 0;
   h.free_top = 0;
+  h.lru_head = h.lru_tail = -1;
   for (std::int64_t s = num_slots_ - 1; s >= 0; --s) {  // slot 0 handed out first, as BlockIndex
     Slot& e = slot_at(s);
     if (e.state == kFree) {
@@ -287,6 +293,36 @@ void SharedBlockIndex::rebuild_derived() const {
       }
     }
   }
+  // The LRU list in the order of the slots' last uses.
+  std::vector<std::int32_t> visible;
+  for (std::int64_t s = 0; s < num_slots_; ++s) {
+    if (slot_at(s).state == kVisible) visible.push_back(static_cast<std::int32_t>(s));
+  }
+  std::sort(visible.begin(), visible.end(),
+            [this](std::int32_t a, std::int32_t b) { return slot_at(a).last_use < slot_at(b).last_use; });
+  for (const auto s : visible) link_newest(s);
+}
+
+void SharedBlockIndex::link_newest(std::int64_t slot) const {
+  Header& h = header();
+  Slot& e = slot_at(slot);
+  e.lru_prev = h.lru_tail;
+  e.lru_next = -1;
+  (h.lru_tail >= 0 ? slot_at(h.lru_tail).lru_next : h.lru_head) = static_cast<std::int32_t>(slot);
+  h.lru_tail = static_cast<std::int32_t>(slot);
+}
+
+void SharedBlockIndex::unlink(std::int64_t slot) const {
+  Header& h = header();
+  const Slot& e = slot_at(slot);
+  (e.lru_prev >= 0 ? slot_at(e.lru_prev).lru_next : h.lru_head) = e.lru_next;
+  (e.lru_next >= 0 ? slot_at(e.lru_next).lru_prev : h.lru_tail) = e.lru_prev;
+}
+
+void SharedBlockIndex::used(std::int64_t slot) const {
+  slot_at(slot).last_use = tick();
+  unlink(slot);
+  link_newest(slot);
 }
 
 void SharedBlockIndex::reclaim_dead() const {
@@ -324,7 +360,7 @@ std::optional<std::int64_t> SharedBlockIndex::lookup(const BlockKey& key) const 
   Locked lock(*this);
   const std::int64_t s = find(key);
   if (s < 0 || slot_at(s).state != kVisible) return std::nullopt;
-  slot_at(s).last_use = tick();
+  used(s);
   return s;
 }
 
@@ -343,7 +379,7 @@ bool SharedBlockIndex::contains(const BlockKey& key) const {
 void SharedBlockIndex::touch(const BlockKey& key) {
   Locked lock(*this);
   const std::int64_t s = find(key);
-  if (s >= 0 && slot_at(s).state == kVisible) slot_at(s).last_use = tick();
+  if (s >= 0 && slot_at(s).state == kVisible) used(s);
 }
 
 std::optional<std::int64_t> SharedBlockIndex::pin(const BlockKey& key) {
@@ -352,7 +388,7 @@ std::optional<std::int64_t> SharedBlockIndex::pin(const BlockKey& key) {
   if (s < 0 || slot_at(s).state != kVisible) return std::nullopt;
   Slot& e = slot_at(s);
   e.pinned_by |= std::uint64_t{1} << instance_;
-  e.last_use = tick();
+  used(s);
   ++pins_[s];
   return s;
 }
@@ -378,13 +414,10 @@ SharedBlockIndex::Reservation SharedBlockIndex::reserve(const BlockKey& key) {
     return r;
   }
   Header& h = header();
-  const auto victim = [this] {  // the least recently used visible slot no instance is loading
-    std::int64_t best = -1;
-    for (std::int64_t s = 0; s < num_slots_; ++s) {
-      const Slot& e = slot_at(s);
-      if (e.state == kVisible && e.pinned_by == 0 && (best < 0 || e.last_use < slot_at(best).last_use)) best = s;
-    }
-    return best;
+  const auto victim = [this, &h] {  // the least recently used visible slot no instance is loading
+    std::int64_t s = h.lru_head;
+    while (s >= 0 && slot_at(s).pinned_by != 0) s = slot_at(s).lru_next;
+    return s;
   };
   if (h.free_top == 0) {
     std::int64_t v = victim();
@@ -419,6 +452,7 @@ void SharedBlockIndex::commit(std::int64_t slot) {
   e.state = kVisible;
   e.owner = -1;
   e.last_use = tick();
+  link_newest(slot);
 }
 
 void SharedBlockIndex::discard(std::int64_t slot) {
@@ -439,6 +473,7 @@ void SharedBlockIndex::retire(std::int64_t slot) {
   Slot& e = slot_at(slot);
   if (e.state != kPending && e.state != kVisible) return;
   erase(e.key);
+  if (e.state == kVisible) unlink(slot);
   e.state = kRetired;  // never handed out again while the index lives
   e.owner = -1;
 }
