@@ -12,6 +12,7 @@ instance's blocks and have the shapes of a whole reload."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -97,13 +98,32 @@ class OtherInstance:
         self.proc.stdout.close()
 
 
+class StartupLines(logging.Handler):
+    """ActiveKV's start-up lines (logger vllm.activekv) while inside `with`:
+    where vLLM's own handlers print them depends on what ran before."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        logging.getLogger("vllm.activekv").addHandler(self)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("vllm.activekv").removeHandler(self)
+
+
 def oracle(llm, prompt):
     """This engine's cold answer and own prefix hits, under a salt of its own."""
     cold = h.generate(llm, [prompt], salt="oracle")[0]
     return cold, h.own_prefix_hits(llm, [prompt], salt="oracle")
 
 
-def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures):
+def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, figures):
     path = tmp_path / "store"
     capacity = STORE_BLOCKS * h.exact_block_bytes()
     reusable = [h.reusable_tokens(len(p)) for p in PROMPTS]
@@ -113,8 +133,9 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
         saved_by_other = other.generate(0)
         tenant_b = other.generate(1, salt="tenant-b")
         assert saved_by_other["hit_tokens"] == 0 and tenant_b["hit_tokens"] == 0
-        llm = store_llm(tiny_model, path, capacity_bytes=capacity)
-        started = "".join(capfd.readouterr())
+        with StartupLines() as lines:
+            llm = store_llm(tiny_model, path, capacity_bytes=capacity)
+        started = "\n".join(lines)
         assert f"ActiveKV host store {path}: shared with 1 running vLLM instance(s)" in started, started[-3000:]
         assert "joined the running vLLM instance(s)" in started, started[-3000:]
 
