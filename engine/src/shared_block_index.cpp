@@ -19,7 +19,7 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
-constexpr std::uint32_t kFormat = 2;  // 2: the LRU list in the slots
+constexpr std::uint32_t kFormat = 3;  // 2: the LRU list in the slots; 3: dead holders counted
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::int32_t kEmpty = -1;      // hash table: never used
 constexpr std::int32_t kTombstone = -2;  // hash table: erased
@@ -61,6 +61,7 @@ struct SharedBlockIndex::Header {
   std::uint64_t clock;  // the last use's tick: LRU order across instances
   std::int64_t free_top;
   std::int64_t tombstones;
+  std::uint64_t dead_holders;  // times a holder died inside the lock and the tables were rebuilt
   std::int32_t lru_head;  // the least recently used visible slot, or -1
   std::int32_t lru_tail;  // the most recently used, or -1
   pthread_mutex_t mutex;
@@ -84,6 +85,7 @@ class SharedBlockIndex::Locked {
   explicit Locked(const SharedBlockIndex& index) : mutex_(&index.header().mutex) {
     const int e = pthread_mutex_lock(mutex_);
     if (e == EOWNERDEAD) {
+      ++index.header().dead_holders;
       index.rebuild_derived();
       index.reclaim_dead();
       pthread_mutex_consistent(mutex_);
@@ -495,6 +497,11 @@ std::int64_t SharedBlockIndex::restore(const std::vector<std::pair<BlockKey, std
   // The free stack still lists the restored slots: made again from the slots.
   rebuild_derived();
   return restored;
+}
+
+std::uint64_t SharedBlockIndex::dead_holders() const {
+  Locked lock(*this);
+  return header().dead_holders;
 }
 
 std::int64_t SharedBlockIndex::visible_blocks() const {

@@ -76,6 +76,9 @@ class SharedBlockIndex final : public StoreIndex {
   int live_instances() const;
   // Visible blocks, of every instance (a scan: for tests and start-up lines).
   std::int64_t visible_blocks() const;
+  // How often a holder died inside the lock and the next one rebuilt the
+  // index's tables, since the index was made.
+  std::uint64_t dead_holders() const;
 
  private:
   struct Header;
