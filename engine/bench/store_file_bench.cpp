@@ -98,11 +98,7 @@ int main(int argc, char** argv) {
       auto sealed = activekv::StoreFile::read_sealed(o.path, "");
       if (!sealed.ok()) return sealed.status();
       Blocks blocks;
-      for (const auto& r : sealed.value()) {
-        activekv::BlockKey key{};
-        std::copy(r.tag.begin(), r.tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
-        blocks.emplace_back(key, r.slot);
-      }
+      for (const auto& r : sealed.value()) blocks.emplace_back(activekv::key_of(r.tag), r.slot);
       return blocks;
     };
     t0 = std::chrono::steady_clock::now();

@@ -35,11 +35,6 @@ Result<std::string> SchedulerSide::restore_from_store_files() {
       if (!sealed.ok()) return sealed.status();
       ranks.push_back(std::move(sealed.value()));
     }
-    const auto key_of = [](const StoreTag& tag) {
-      BlockKey key;
-      std::copy(tag.begin(), tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
-      return key;
-    };
     std::vector<std::unordered_map<std::int64_t, BlockKey>> by_slot(ranks.size());
     for (std::size_t r = 1; r < ranks.size(); ++r) {
       for (const auto& s : ranks[r]) by_slot[r].emplace(s.slot, key_of(s.tag));

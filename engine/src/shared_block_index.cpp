@@ -15,6 +15,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "ofd_lock.h"
+
 namespace activekv {
 namespace {
 
@@ -24,25 +26,12 @@ constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::int32_t kEmpty = -1;      // hash table: never used
 constexpr std::int32_t kTombstone = -2;  // hash table: erased
 
-// Open file description locks on bytes far past the data (see store_file.cpp):
-// the gate serializes attaching, and instance i holds byte kFirstInstance + i.
-constexpr off_t kGateByte = off_t{1} << 62;
+// Open file description locks (ofd_lock.h): the gate serializes attaching,
+// and instance i holds byte kFirstInstance + i.
+constexpr off_t kGateByte = detail::kFirstLockByte;
 constexpr off_t kFirstInstance = kGateByte + 16;
 
 enum State : std::uint32_t { kFree = 0, kPending = 1, kVisible = 2, kRetired = 3 };
-
-bool ofd(int fd, int cmd, short type, off_t start, off_t len, struct flock* out = nullptr) {
-  struct flock l {};
-  l.l_type = type;
-  l.l_whence = SEEK_SET;
-  l.l_start = start;
-  l.l_len = len;
-  while (::fcntl(fd, cmd, &l) != 0) {
-    if (errno != EINTR) return false;
-  }
-  if (out != nullptr) *out = l;
-  return true;
-}
 
 Status failed(const std::string& path, const std::string& what) {
   return {ErrorCode::kInvalidConfig, "ActiveKV shared store index " + path + ": " + what};
@@ -136,12 +125,12 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     return failed(path, std::string("cannot be opened for reading and writing (") + std::strerror(errno) +
                             "); choose a writable path");
   }
-  if (!ofd(ix->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte, 1)) {
+  if (!detail::ofd_lock(ix->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte)) {
     return failed(path, std::string("cannot be locked (") + std::strerror(errno) +
                             "); choose a path on a local file system");
   }
   struct flock held {};
-  ofd(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
+  detail::ofd_lock(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
   ix->joined_ = held.l_type != F_UNLCK;
   if (!ix->joined_) {  // nobody uses it: (re)made from the store files
     if (::ftruncate(ix->fd_, 0) != 0 || ::ftruncate(ix->fd_, static_cast<off_t>(ix->map_bytes_)) != 0) {
@@ -185,7 +174,7 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
                             "): give every vLLM that shares a store the same capacity_bytes");
   }
   for (int i = 0; i < kMaxInstances && ix->instance_ < 0; ++i) {
-    if (ofd(ix->fd_, F_OFD_SETLK, F_WRLCK, kFirstInstance + i, 1)) ix->instance_ = i;
+    if (detail::ofd_lock(ix->fd_, F_OFD_SETLK, F_WRLCK, kFirstInstance + i)) ix->instance_ = i;
   }
   if (ix->instance_ < 0) {
     return failed(path, "is shared by " + std::to_string(kMaxInstances) + " running vLLM instances already");
@@ -202,7 +191,7 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     if (!blocks.ok()) return blocks.status();
     ix->restored_ = ix->restore(blocks.value());
   }
-  ofd(ix->fd_, F_OFD_SETLK, F_UNLCK, kGateByte, 1);
+  detail::ofd_lock(ix->fd_, F_OFD_SETLK, F_UNLCK, kGateByte);
   return ix;
 }
 
@@ -224,7 +213,7 @@ bool SharedBlockIndex::alive(int instance) const {
   if (instance == instance_) return true;
   if (instance < 0 || instance >= kMaxInstances) return false;
   struct flock held {};
-  if (!ofd(fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance + instance, 1, &held)) return true;  // unknown: keep
+  if (!detail::ofd_lock(fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance + instance, 1, &held)) return true;  // unknown: keep
   return held.l_type != F_UNLCK;
 }
 

@@ -3,7 +3,6 @@
 #include "activekv/store_file.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -15,6 +14,8 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+
+#include "ofd_lock.h"
 
 namespace activekv {
 namespace {
@@ -69,24 +70,11 @@ Status check_header(const Header& h, const std::string& path, const std::string*
   return Status::Ok();
 }
 
-// Open file description locks (the kernel drops them when the last
-// descriptor of the open closes, so with its holder's death) on two bytes,
-// far past the data: the gate serializes attaching, and every process that
-// uses the file holds the attach byte shared.
-constexpr off_t kGateByte = off_t{1} << 62;
+// Open file description locks (ofd_lock.h) on two bytes: the gate
+// serializes attaching, and every process that uses the file holds the attach
+// byte shared.
+constexpr off_t kGateByte = detail::kFirstLockByte;
 constexpr off_t kAttachByte = kGateByte + 1;
-
-bool ofd_lock(int fd, short type, off_t byte, bool wait) {
-  struct flock l {};
-  l.l_type = type;
-  l.l_whence = SEEK_SET;
-  l.l_start = byte;
-  l.l_len = 1;
-  while (::fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &l) != 0) {
-    if (errno != EINTR) return false;
-  }
-  return true;
-}
 
 // Whether the file's header was never written: no magic (all zeros, as
 // posix_fallocate leaves it).
@@ -162,13 +150,13 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   }
   // Attach under the gate: the first process (nobody holds the attach byte)
   // recovers the file, the others join it as it is.
-  if (!ofd_lock(f->fd_, F_WRLCK, kGateByte, /*wait=*/true)) {
+  if (!detail::ofd_lock(f->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte)) {
     return failed(o.path, "cannot be locked (" + errno_text() + "); choose a path on a local file system");
   }
-  f->joined_ = !ofd_lock(f->fd_, F_WRLCK, kAttachByte, /*wait=*/false);
+  f->joined_ = !detail::ofd_lock(f->fd_, F_OFD_SETLK, F_WRLCK, kAttachByte);
   const auto attached = [&f] {  // shared from here on; converting is atomic
-    ofd_lock(f->fd_, F_RDLCK, kAttachByte, /*wait=*/true);
-    ofd_lock(f->fd_, F_UNLCK, kGateByte, /*wait=*/false);
+    detail::ofd_lock(f->fd_, F_OFD_SETLKW, F_RDLCK, kAttachByte);
+    detail::ofd_lock(f->fd_, F_OFD_SETLK, F_UNLCK, kGateByte);
   };
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) return failed(o.path, "cannot be read (" + errno_text() + ")");

@@ -102,33 +102,31 @@ def two_instances(model: Path, store: str | None, capacity: int, prompts: int) -
 
 def restart(model: Path, path: str, capacity: int) -> dict[str, Any]:
     """TTFT of the first request after a restart, from the file and recomputed."""
-    import time as t
-
     prompt = h.random_tokens(random.Random(0), PROMPT_TOKENS)
     fresh = h.random_tokens(random.Random(1), PROMPT_TOKENS)
     extra = {"mode": "exact", "capacity_bytes": capacity, "store_path": path}
     row: dict[str, Any] = {}
-    t0 = t.perf_counter()
+    t0 = time.perf_counter()
     llm = h.make_llm(model, extra, connector="native")
-    row["first_start_s"] = round(t.perf_counter() - t0, 2)
+    row["first_start_s"] = round(time.perf_counter() - t0, 2)
     try:
-        t0 = t.perf_counter()
+        t0 = time.perf_counter()
         h.generate(llm, [prompt], logprobs=None)
-        row["recompute_first_request_s"] = round(t.perf_counter() - t0, 3)
+        row["recompute_first_request_s"] = round(time.perf_counter() - t0, 3)
     finally:
         h.shutdown(llm)
-    t0 = t.perf_counter()
+    t0 = time.perf_counter()
     llm = h.make_llm(model, extra, connector="native")
-    row["restart_s"] = round(t.perf_counter() - t0, 2)
+    row["restart_s"] = round(time.perf_counter() - t0, 2)
     try:
         with h.TelemetryDelta(llm) as moved:
-            t0 = t.perf_counter()
+            t0 = time.perf_counter()
             h.generate(llm, [prompt], logprobs=None)
-            row["from_store_first_request_s"] = round(t.perf_counter() - t0, 3)
+            row["from_store_first_request_s"] = round(time.perf_counter() - t0, 3)
         row["hit_tokens"] = moved["hit_tokens"]
-        t0 = t.perf_counter()
+        t0 = time.perf_counter()
         h.generate(llm, [fresh], logprobs=None)
-        row["recompute_after_restart_s"] = round(t.perf_counter() - t0, 3)
+        row["recompute_after_restart_s"] = round(time.perf_counter() - t0, 3)
     finally:
         h.shutdown(llm)
     return row

@@ -30,6 +30,7 @@
 // while another reads it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "activekv/block_key.h"
 #include "activekv/status.h"
 
 namespace activekv {
@@ -44,6 +46,13 @@ namespace activekv {
 // What a sealed slot holds: the block key and the TP rank of the worker that
 // saved it (host_arena.h's tag).
 using StoreTag = std::array<std::uint8_t, 36>;
+
+// The block key a tag begins with.
+inline BlockKey key_of(const StoreTag& tag) {
+  BlockKey key;
+  std::copy(tag.begin(), tag.begin() + static_cast<std::ptrdiff_t>(key.size()), key.begin());
+  return key;
+}
 
 struct StoreFileOptions {
   std::string path;
