@@ -99,8 +99,11 @@ class OtherInstance:
 
 
 class StartupLines(logging.Handler):
-    """ActiveKV's start-up lines (logger vllm.activekv) while inside `with`:
-    where vLLM's own handlers print them depends on what ran before."""
+    """ActiveKV's start-up lines (logger vllm.activekv) while inside `with`.
+    Where they land depends on what ran before in the process: once vLLM has
+    configured logging, its handlers do not print them to the captured output,
+    so this handler takes them; the first LLM of a process configures logging
+    as it starts, which removes this handler and prints them (capfd)."""
 
     def __init__(self):
         super().__init__(logging.DEBUG)
@@ -123,7 +126,7 @@ def oracle(llm, prompt):
     return cold, h.own_prefix_hits(llm, [prompt], salt="oracle")
 
 
-def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, figures):
+def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures):
     path = tmp_path / "store"
     capacity = STORE_BLOCKS * h.exact_block_bytes()
     reusable = [h.reusable_tokens(len(p)) for p in PROMPTS]
@@ -135,7 +138,7 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, figures):
         assert saved_by_other["hit_tokens"] == 0 and tenant_b["hit_tokens"] == 0
         with StartupLines() as lines:
             llm = store_llm(tiny_model, path, capacity_bytes=capacity)
-        started = "\n".join(lines)
+        started = "\n".join(lines) + "".join(capfd.readouterr())
         assert f"ActiveKV host store {path}: shared with 1 running vLLM instance(s)" in started, started[-3000:]
         assert "joined the running vLLM instance(s)" in started, started[-3000:]
 
