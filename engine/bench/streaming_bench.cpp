@@ -394,8 +394,6 @@ bool verify_step(Model& m, const Step& s) {
   return ok;
 }
 
-const char* method_name(StreamCopy m) { return m == StreamCopy::kDeviceGather ? "gather" : "runs"; }
-
 // Decode at 16k..256k, batch 1, 4, 16 (distinct contexts); prefill chunks of
 // 2048 at 16k..128k; batch 16 sharing one 16k prefix. One model for all:
 // blocks for the largest point that fits the host budget.
@@ -433,28 +431,34 @@ void grid(Bench& b) {
   std::printf("grid: %lld blocks of %lld tokens, homes %.1f GiB (allocated and zeroed in %.1f s), "
               "copy method %s\n", static_cast<long long>(num_blocks), static_cast<long long>(block),
               static_cast<double>(m.streamer->homes().num_slots() * kLayers * m.layer_bytes) / (1 << 30), seconds_since(t0),
-              method_name(m.streamer->copy_method()));
+              copy_method_name(m.streamer->copy_method()));
   std::uint32_t seed = 1;
+  const StreamCopy chosen = m.streamer->copy_method();
   for (const auto& shape : fit) {
     // The same blocks under both home layouts, one after the other.
     const Step old = make_step(shape, block, num_blocks, seed, Homes::kBlockIds);
     const Step s = make_step(shape, block, num_blocks, seed++, Homes::kExtents);
     const double attention = m.median_run(s, false, b.o.iters);
-    if (!shape.contiguous) {
-      report(b, "grid", m, old, m.median_run(old, true, b.o.iters), attention,
-             method_name(m.streamer->copy_method()));
-      if (!verify_step(m, old)) b.failed = true;
+    // Block-id homes as the engine copied them before extents (the device
+    // gather), then extents by each device method.
+    const auto run = [&](const Step& step, StreamCopy method) {
+      m.streamer->set_copy_method(method);
+      report(b, "grid", m, step, m.median_run(step, true, b.o.iters), attention, copy_method_name(method));
+      if (!verify_step(m, step)) b.failed = true;
+    };
+    const StreamCopy first = m.streamer->can_copy_by(StreamCopy::kDeviceGather) ? StreamCopy::kDeviceGather : chosen;
+    if (!shape.contiguous) run(old, first);
+    for (const StreamCopy method : {StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
+      if (m.streamer->can_copy_by(method)) run(s, method);
     }
-    const double step = m.median_run(s, true, b.o.iters);
-    report(b, "grid", m, s, step, attention, method_name(m.streamer->copy_method()));
-    if (!verify_step(m, s)) b.failed = true;
+    if (!m.streamer->can_copy_by(StreamCopy::kDeviceGather)) run(s, chosen);  // a CPU or a device without mapping
     // The engine's per-run copies at one point, for comparison.
     if (shape.kind == "decode" && shape.context == 16384 && shape.batch == 1 && shape.shared_prefix == 0 &&
-        m.streamer->copy_method() == StreamCopy::kDeviceGather) {
+        chosen != StreamCopy::kRuns) {
       m.streamer->set_copy_method(StreamCopy::kRuns);
       report(b, "grid", m, s, m.median_run(s, true, b.o.iters), attention, "runs");
-      m.streamer->set_copy_method(StreamCopy::kDeviceGather);
     }
+    m.streamer->set_copy_method(chosen);
   }
 }
 
@@ -465,6 +469,7 @@ void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
   Model m(block, num_blocks, 0);
+  if (m.streamer->can_copy_by(StreamCopy::kDeviceGather)) m.streamer->set_copy_method(StreamCopy::kDeviceGather);
   const StreamingTuning defaults = m.streamer->tuning();
   std::uint32_t seed = 21;
   for (const StepShape& shape : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},
@@ -507,7 +512,7 @@ void resident_curve(Bench& b) {
     const Step s = make_step(shape, block, num_blocks, 99);
     if (attention == 0) attention = m.median_run(s, false, b.o.iters);
     const double step = r < kLayers ? m.median_run(s, true, b.o.iters) : m.median_run(s, false, b.o.iters);
-    report(b, "curve", m, s, step, attention, r < kLayers ? method_name(m.streamer->copy_method()) : "none");
+    report(b, "curve", m, s, step, attention, r < kLayers ? copy_method_name(m.streamer->copy_method()) : "none");
     const double device_gib = static_cast<double>((r + std::min<std::int64_t>(kRing, kLayers - r)) *
                                                   num_blocks * m.layer_bytes) / (1 << 30);
     std::printf("CURVE {\"resident\": %lld, \"device_kv_gib\": %.3f, \"host_homes_gib\": %.3f}\n",

@@ -320,6 +320,15 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const auto staged_form = [&](const at::Tensor& block) {  // what staging gives back
     return codec->decode(codec->encode(block.unsqueeze(0)))[0];
   };
+  // Every copy method this device allows, in turn from step to step: a block
+  // one method wrote home, the next one stages.
+  std::vector<StreamCopy> methods;
+  std::string method_names;
+  for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
+    if (!worker.streamer()->can_copy_by(m)) continue;
+    methods.push_back(m);
+    method_names += std::string(methods.size() > 1 ? ", " : "") + copy_method_name(m);
+  }
   std::mt19937 rng(7);
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   std::int64_t checked = 0;
@@ -341,6 +350,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
       tuning.copy_engine_run = 2;
     }
     worker.streamer()->set_tuning(tuning);
+    worker.streamer()->set_copy_method(methods[static_cast<std::size_t>(step) % methods.size()]);
     // Home rows as the scheduler gives them (home_rows.h), in row order: the
     // first half of the blocks in consecutive rows of swapped pairs (a copy
     // engine's run, scattered in the ring), the rest 4 rows on (runs
@@ -378,7 +388,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   }
   f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
   return std::to_string(kSteps) + " steps, 4 streamed layers through a ring of 2, " + mode_name(homes) +
-         " homes: " +
+         " homes, copies by " + method_names + " in turn: " +
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 

@@ -1,7 +1,11 @@
-// LayerStreamer's kDeviceGather copies (layer_streaming.h): the device reads
-// and writes the pinned homes itself, through one strided view over every home
-// chunk, in staging pieces the copy stream scatters into the ring.
+// LayerStreamer's device copies (layer_streaming.h). kDeviceGather: the device
+// reads and writes the pinned homes itself, through one strided view over
+// every home chunk, in staging pieces the copy stream scatters into the ring.
+// kCopyEngineBatch: the copy engines move each run between the homes and the
+// ring, a layer's runs in one batch.
 #include "activekv/layer_streaming.h"
+
+#include "cuda_batch_copy.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
@@ -114,10 +118,31 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
   }
 }
 
+const char* copy_method_name(StreamCopy method) {
+  switch (method) {
+    case StreamCopy::kRuns: return "runs";
+    case StreamCopy::kDeviceGather: return "gather";
+    case StreamCopy::kCopyEngineBatch: return "batch";
+  }
+  return "?";
+}
+
+bool LayerStreamer::can_copy_by(StreamCopy method) const {
+  switch (method) {
+    case StreamCopy::kRuns: return true;
+    case StreamCopy::kDeviceGather: return device_gather_possible_;
+    case StreamCopy::kCopyEngineBatch: return batch_copy_possible_;
+  }
+  return false;
+}
+
 void LayerStreamer::set_copy_method(StreamCopy method) {
-  if (method == StreamCopy::kDeviceGather && !device_gather_possible_) {
+  if (!can_copy_by(method)) {
     throw std::invalid_argument(
-        "kDeviceGather needs a CUDA or XPU device and ring buffers whose blocks are whole rows");
+        method == StreamCopy::kDeviceGather
+            ? "kDeviceGather needs a CUDA or XPU device and ring buffers whose blocks are whole rows"
+            : "kCopyEngineBatch needs what kDeviceGather needs, on CUDA with a driver that has "
+              "cuMemcpyBatchAsync (12.8 or later), and exact homes");
   }
   copy_method_ = method;
 }
@@ -247,6 +272,49 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
     home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
         0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
   }
+}
+
+bool LayerStreamer::init_batch_copy() {
+  // Exact homes only: compressed rows are decoded on the device, which the
+  // copy engines cannot do.
+  if (device_.type() != c10::DeviceType::CUDA || codec_ || !detail::cuda_batch_copy_available()) return false;
+  batch_ = std::make_unique<detail::CopyBatch>();
+  // One copy through the driver before any step relies on it: the first home
+  // row (zeros) onto a device row of ones, compared.
+  try {
+    const c10::StreamGuard on_copy_stream(*copy_stream_);
+    const at::Tensor row = homes_->run_view(0, SlotRun{0, 1, 0}).value();  // host bytes [1, layer_bytes]
+    const at::Tensor scratch = at::full(row.sizes(), 1, row.options().device(device_));
+    batch_->add(reinterpret_cast<std::uintptr_t>(scratch.data_ptr()), reinterpret_cast<std::uintptr_t>(row.data_ptr()),
+                static_cast<std::size_t>(row.numel()));
+    detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/true);
+    batch_->clear();
+    return at::equal(scratch.cpu(), row);
+  } catch (const std::exception&) {
+    return false;  // the device gather serves instead
+  }
+}
+
+void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home) {
+  if (runs.empty()) return;
+  const auto j = static_cast<std::size_t>(streamed);
+  const std::int64_t row_bytes = homes_->layer_bytes();  // one block of the ring, exact homes
+  const std::int64_t per_chunk = homes_->slots_per_chunk();
+  const auto ring = reinterpret_cast<std::uintptr_t>(streamed_kv_[j].data_ptr());
+  batch_->clear();
+  for (const auto& run : runs) {  // inside one home chunk (HostArena::runs)
+    const std::int64_t chunk = run.row / per_chunk;
+    const auto home = reinterpret_cast<std::uintptr_t>(home_rows_[j][static_cast<std::size_t>(chunk)].data_ptr()) +
+                      static_cast<std::uintptr_t>((run.row - chunk * per_chunk) * row_bytes);
+    const auto block = ring + static_cast<std::uintptr_t>(run.block * row_bytes);
+    const auto bytes = static_cast<std::size_t>(run.count * row_bytes);
+    if (to_home) {
+      batch_->add(home, block, bytes);
+    } else {
+      batch_->add(block, home, bytes);
+    }
+  }
+  detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/!to_home);
 }
 
 }  // namespace activekv

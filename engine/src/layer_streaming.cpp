@@ -5,6 +5,7 @@
 
 #include "activekv/home_rows.h"
 
+#include "cuda_batch_copy.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -103,6 +104,10 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
                        .getStreamFromGlobalPool(device_, tuning_.copy_high_priority);
     device_gather_possible_ = init_device_gather();
     if (device_gather_possible_) copy_method_ = StreamCopy::kDeviceGather;
+    batch_copy_possible_ = device_gather_possible_ && init_batch_copy();
+    if (batch_copy_possible_ && homes_->layer_bytes() >= detail::kMinBatchCopyBytes) {
+      copy_method_ = StreamCopy::kCopyEngineBatch;
+    }
   }
 }
 
@@ -369,6 +374,8 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
       for (const auto& run : stage_runs_) {
         copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
       }
+    } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
+      batch_copy(streamed, stage_runs_, /*to_home=*/false);
     }
     zero_fresh(streamed);
     stage_fences_[j].emplace(device_.type());
@@ -431,6 +438,8 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kDeviceGather) {
       gather_write_back(j);
+    } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
+      batch_copy(j, writeback_runs_, /*to_home=*/true);
     } else {
       for (const auto& run : writeback_runs_) {
         copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));

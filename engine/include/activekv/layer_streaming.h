@@ -33,6 +33,9 @@
 #include "activekv/telemetry.h"
 
 namespace activekv {
+namespace detail {
+struct CopyBatch;
+}
 
 // How staged and written-back blocks cross between the homes and the ring.
 enum class StreamCopy {
@@ -49,7 +52,20 @@ enum class StreamCopy {
   // next piece crosses. Long runs fill pieces by the copy engine, which needs
   // no SM (StreamingTuning). Write-backs index_copy_ into the homes.
   kDeviceGather,
+  // CUDA with exact homes: every run of consecutive home rows and block ids is
+  // one copy, and a layer's copies go as one batch of the driver's batched
+  // copy (cuMemcpyBatchAsync, CUDA 12.8 and later), straight between the homes
+  // and the ring's blocks, both ways. The copy engines do it all, so nothing
+  // waits for SMs a compute-bound attention holds (an SM scatter did: 1.11x
+  // the bus time beside a prefill chunk's attention, the batch 1.00x,
+  // BENCHMARKS.md 2026-12-04). The host pays about 0.5 us a copy to issue
+  // them, and copies under 32 KiB cross slower than a gather kernel's, so
+  // create() chooses it for blocks of 32 KiB and more.
+  kCopyEngineBatch,
 };
+
+// "runs", "gather", "batch": for reports and benchmarks.
+const char* copy_method_name(StreamCopy method);
 
 // kDeviceGather's knobs (defaults measured on an H200, BENCHMARKS.md "Layer
 // streaming on a GPU"); benchmarks sweep them, vLLM runs the defaults.
@@ -81,8 +97,9 @@ struct StreamingTuning {
 // of them; the scheduler gives each block its row, home_rows.h), one "layer"
 // per streamed layer, layer_bytes = exact bytes of one block of one layer;
 // zeroed at creation (the reference's homes start as zeros), pinned where an
-// accelerator exists. Copies go as copy_method() says: kDeviceGather on CUDA
-// and XPU when the ring buffer's blocks are whole rows, kRuns otherwise.
+// accelerator exists. Copies go as copy_method() says: kCopyEngineBatch on
+// CUDA with exact homes of 32 KiB blocks and more, kDeviceGather on CUDA and
+// XPU otherwise when the ring buffer's blocks are whole rows, kRuns otherwise.
 //
 // On CPU every copy is synchronous: stage copies in wait_for_layer_load's
 // call, write_back in save_kv_layer's. On a device (CUDA, XPU) one copy stream
@@ -121,9 +138,12 @@ class LayerStreamer {
   const StreamingGeometry& geometry() const { return geometry_; }
   HostArena& homes() { return *homes_; }
   StreamCopy copy_method() const { return copy_method_; }
-  // For benchmarks and tests comparing the methods; kDeviceGather only where
-  // create chose it (a device that maps pinned memory, whole-row blocks).
-  // Must be called between steps.
+  // Whether this streamer's device, homes and ring allow `method`
+  // (kDeviceGather: a device that maps pinned memory, whole-row blocks;
+  // kCopyEngineBatch: that on CUDA with the batched copy, exact homes).
+  bool can_copy_by(StreamCopy method) const;
+  // For benchmarks and tests comparing the methods; std::invalid_argument
+  // where !can_copy_by(method). Must be called between steps.
   void set_copy_method(StreamCopy method);
   const StreamingTuning& tuning() const { return tuning_; }
   // Between steps.
@@ -235,6 +255,10 @@ class LayerStreamer {
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
   void gather_write_back(std::int64_t streamed);
+  // kCopyEngineBatch: a layer's runs between its homes and its ring buffer as
+  // one batch, on the current stream (the copy stream).
+  bool init_batch_copy();
+  void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home);
 
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
@@ -254,6 +278,8 @@ class LayerStreamer {
   std::optional<c10::Stream> copy_stream_;
   StreamCopy copy_method_ = StreamCopy::kRuns;
   bool device_gather_possible_ = false;
+  bool batch_copy_possible_ = false;
+  std::unique_ptr<detail::CopyBatch> batch_;  // kCopyEngineBatch: a layer's copies, reused
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;

@@ -1,0 +1,213 @@
+"""Can the copy engine alone scatter a step's blocks between pinned homes and the ring?
+
+A probe for issue 21 on a CUDA machine (no vLLM, no engine): the driver's
+batched copy (cuMemcpyBatchAsync, CUDA 12.8 and later) takes thousands of
+block-sized copies in one call and runs them on the copy engines, so no SM
+work would be left in a step's staging. It answers, each figure beside the
+pinned peak of one large copy:
+
+- how fast batches of N-byte copies cross, home rows in order and ring blocks
+  in a random order, both ways (64 KiB is a Llama-3-8B block of one layer,
+  33 KiB its compressed rows);
+- what the batch costs the host (the call itself);
+- whether the copies and a compute-bound attention (a prefill chunk's) run
+  side by side: each alone, then both at once.
+
+    python -m pipeline.bench.batch_copy_probe [--mib 512]
+
+Prints one line per figure and a final "RESULT {json}" line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+
+import torch
+
+CUDA_SUCCESS = 0
+# CUmemcpySrcAccessOrder, CUmemLocationType, CUmemcpyFlags (cuda.h, 12.8).
+ORDER_STREAM, ORDER_ANY = 1, 3
+LOC_DEVICE, LOC_HOST = 1, 2
+FLAG_PREFER_OVERLAP = 1
+
+
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class MemcpyAttributes(ctypes.Structure):
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", MemLocation),
+        ("dstLocHint", MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+def batch_copy_fn():
+    """cuMemcpyBatchAsync in its CUDA 12.8 form (with failIdx), from the driver."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    get = driver.cuGetProcAddress_v2
+    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
+                    ctypes.POINTER(ctypes.c_int)]
+    fn = ctypes.c_void_p()
+    status = ctypes.c_int()
+    rc = get(b"cuMemcpyBatchAsync", ctypes.byref(fn), 12080, 0, ctypes.byref(status))
+    if rc != CUDA_SUCCESS or not fn.value:
+        raise SystemExit(f"cuMemcpyBatchAsync not in this driver (cuGetProcAddress {rc}, status {status.value})")
+    proto = ctypes.CFUNCTYPE(
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t, ctypes.POINTER(MemcpyAttributes), ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p)
+    return proto(fn.value)
+
+
+class Batch:
+    """One batch of copies, its descriptor arrays made once (as a step would)."""
+
+    def __init__(self, fn, dsts, srcs, size, order, flags, to_device):
+        n = len(dsts)
+        self.fn, self.n = fn, n
+        self.dsts = (ctypes.c_uint64 * n)(*dsts)
+        self.srcs = (ctypes.c_uint64 * n)(*srcs)
+        self.sizes = (ctypes.c_size_t * n)(*([size] * n))
+        host, dev = MemLocation(LOC_HOST, 0), MemLocation(LOC_DEVICE, 0)
+        self.attrs = MemcpyAttributes(order, host if to_device else dev, dev if to_device else host, flags)
+        self.idx = (ctypes.c_size_t * 1)(0)
+        self.fail = ctypes.c_size_t(0)
+
+    def issue(self, stream):
+        rc = self.fn(self.dsts, self.srcs, self.sizes, self.n, ctypes.byref(self.attrs), self.idx, 1,
+                     ctypes.byref(self.fail), ctypes.c_void_p(stream.cuda_stream))
+        if rc != CUDA_SUCCESS:
+            raise SystemExit(f"cuMemcpyBatchAsync: CUresult {rc} at copy {self.fail.value}")
+
+
+def timed(stream, work, iters):
+    """Mean ms of `work` on `stream` over iters, after one warm-up."""
+    with torch.cuda.stream(stream):
+        work()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            work()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=512, help="bytes a batch moves")
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    torch.cuda.init()
+    fn = batch_copy_fn()
+    total = args.mib << 20
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    host.random_(0, 255)
+    ring = torch.empty(total, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    result: dict = {"gpu": torch.cuda.get_device_name(), "mib": args.mib}
+
+    peak_ms = timed(stream, lambda: ring.copy_(host, non_blocking=True), args.iters)
+    peak = total / peak_ms / 1e6
+    result["peak_gbps"] = peak
+    print(f"one {args.mib} MiB copy, host to device: {peak:.1f} GB/s")
+    down_ms = timed(stream, lambda: host.copy_(ring, non_blocking=True), args.iters)
+    result["peak_d2h_gbps"] = total / down_ms / 1e6
+    print(f"one {args.mib} MiB copy, device to host: {result['peak_d2h_gbps']:.1f} GB/s")
+
+    gen = torch.Generator().manual_seed(0)
+    result["batches"] = []
+    for size in (16 << 10, 33 << 10, 64 << 10, 256 << 10, 1 << 20):
+        n = total // size
+        perm = torch.randperm(n, generator=gen).tolist()
+        rows = [host.data_ptr() + i * size for i in range(n)]
+        blocks = [ring.data_ptr() + p * size for p in perm]
+        for to_device in (True, False):
+            for order, flags, name in ((ORDER_STREAM, 0, "stream"), (ORDER_ANY, 0, "any"),
+                                       (ORDER_STREAM, FLAG_PREFER_OVERLAP, "stream+overlap")):
+                if not to_device and order == ORDER_ANY:
+                    continue
+                b = (Batch(fn, blocks, rows, size, order, flags, True) if to_device
+                     else Batch(fn, rows, blocks, size, order, flags, False))
+                ms = timed(stream, lambda b=b: b.issue(stream), args.iters)
+                t = time.perf_counter()
+                for _ in range(args.iters):
+                    b.issue(stream)
+                call_us = (time.perf_counter() - t) / args.iters * 1e6
+                stream.synchronize()
+                gbps = total / ms / 1e6
+                row = {"bytes": size, "copies": n, "to_device": to_device, "order": name,
+                       "gbps": gbps, "x_peak": gbps / (peak if to_device else result["peak_d2h_gbps"]),
+                       "call_us": call_us}
+                result["batches"].append(row)
+                print(f"{n:6d} copies of {size >> 10:5d} KiB {'h->d' if to_device else 'd->h'} {name:15s}"
+                      f" {gbps:6.1f} GB/s ({row['x_peak']:.3f} of peak), the call {call_us:8.0f} us")
+
+    # Copies beside a compute-bound attention: 2048 queries x 32 heads over 16k keys (a prefill chunk).
+    q = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 32, 16384, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    compute = torch.cuda.Stream()
+    attn_reps = 8
+
+    def attention():
+        for _ in range(attn_reps):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    size = 64 << 10
+    n = total // size
+    perm = torch.randperm(n, generator=gen).tolist()
+    batch = Batch(fn, [ring.data_ptr() + p * size for p in perm],
+                  [host.data_ptr() + i * size for i in range(n)], size, ORDER_STREAM, 0, True)
+    # The way the engine stages today, for comparison: the copy engine reads the
+    # rows into a piece, an SM kernel scatters the piece into the ring.
+    piece = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    ring_blocks = ring.view(n, size)
+    ids = torch.tensor(perm, device="cuda")
+    rows_per_piece = piece.numel() // size
+
+    def piece_and_scatter():
+        for first in range(0, n, rows_per_piece):
+            piece.copy_(host[first * size:(first + rows_per_piece) * size], non_blocking=True)
+            ring_blocks.index_copy_(0, ids[first:first + rows_per_piece], piece.view(rows_per_piece, size))
+
+    attn_ms = timed(compute, attention, 2)
+    overlap = Batch(fn, batch.dsts, batch.srcs, size, ORDER_STREAM, FLAG_PREFER_OVERLAP, True)
+    variants = (("batched copy", lambda: batch.issue(stream)),
+                ("batched copy, prefer overlap", lambda: overlap.issue(stream)),
+                ("piece + SM scatter", piece_and_scatter))
+    for name, work in variants:
+        copy_ms = timed(stream, work, 2)
+        torch.cuda.synchronize()
+        # Both streams wait behind a sleeping kernel while the host issues their
+        # work (a batch call takes milliseconds), so both start at its end.
+        with torch.cuda.stream(compute):
+            torch.cuda._sleep(100_000_000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(compute)
+        stream.wait_event(start)
+        with torch.cuda.stream(compute):
+            attention()
+        with torch.cuda.stream(stream):
+            work()
+        compute.wait_stream(stream)
+        end.record(compute)
+        end.synchronize()
+        both_ms = start.elapsed_time(end)
+        row = {"copies": name, "attention_ms": attn_ms, "copy_ms": copy_ms, "both_ms": both_ms,
+               "x_longer": both_ms / max(attn_ms, copy_ms)}
+        result.setdefault("beside_attention", []).append(row)
+        print(f"beside attention, {name}: attention {attn_ms:.1f} ms, copies {copy_ms:.1f} ms, "
+              f"both {both_ms:.1f} ms ({row['x_longer']:.3f}x the longer)")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
