@@ -462,14 +462,15 @@ void grid(Bench& b) {
   }
 }
 
-// kDeviceGather's knobs at a few points: the pieces' pool, the copy stream's
-// priority and the shortest run the copy engine takes (the gather stream's
-// stays high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
+// The device methods and their knobs at the points hardest to hold at the bus's
+// bound: the gather's pieces and the copy stream's priority, the batch's
+// write-back stream (the gather stream's priority stays high: the 2026-12-01
+// sweep found it changed no step by more than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
   Model m(block, num_blocks, 0);
-  if (m.streamer->can_copy_by(StreamCopy::kDeviceGather)) m.streamer->set_copy_method(StreamCopy::kDeviceGather);
+  const StreamCopy chosen = m.streamer->copy_method();
   const StreamingTuning defaults = m.streamer->tuning();
   std::uint32_t seed = 21;
   for (const StepShape& shape : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},
@@ -482,22 +483,29 @@ void tuning(Bench& b) {
     const double attention = m.median_run(s, false, b.o.iters);
     struct Knobs {
       const char* label;
+      StreamCopy method;
       std::int64_t pieces;
       bool copy_high;
-      std::int64_t copy_engine_run;
+      bool writeback_stream;
     };
-    for (const Knobs& k : {Knobs{"p4", 4, false, 16}, Knobs{"p8", 8, false, 16}, Knobs{"p16", 16, false, 16},
-                           Knobs{"p32", 32, false, 16}, Knobs{"p8-copy-hi", 8, true, 16},
-                           Knobs{"p8-ce-run-4", 8, false, 4}, Knobs{"p8-ce-run-1", 8, false, 1}}) {
+    for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true},
+                           Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true},
+                           Knobs{"gather-p8-copy-hi", StreamCopy::kDeviceGather, 8, true, true},
+                           Knobs{"batch", StreamCopy::kCopyEngineBatch, 8, false, true},
+                           Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false},
+                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true}}) {
+      if (!m.streamer->can_copy_by(k.method)) continue;
       StreamingTuning t = defaults;
       t.pieces = k.pieces;
       t.copy_high_priority = k.copy_high;
-      t.copy_engine_run = k.copy_engine_run;
+      t.writeback_stream = k.writeback_stream;
       m.streamer->set_tuning(t);
+      m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
     }
   }
   m.streamer->set_tuning(defaults);
+  m.streamer->set_copy_method(chosen);
 }
 
 // 128k decode, batch 1: the step as resident layers grow (R = L: no streaming).

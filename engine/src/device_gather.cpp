@@ -289,13 +289,16 @@ bool LayerStreamer::init_batch_copy() {
                 static_cast<std::size_t>(row.numel()));
     detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/true);
     batch_->clear();
-    return at::equal(scratch.cpu(), row);
+    if (!at::equal(scratch.cpu(), row)) return false;
+    writeback_stream_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_, false);
+    return true;
   } catch (const std::exception&) {
     return false;  // the device gather serves instead
   }
 }
 
-void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home) {
+void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
+                               const c10::Stream& stream) {
   if (runs.empty()) return;
   const auto j = static_cast<std::size_t>(streamed);
   const std::int64_t row_bytes = homes_->layer_bytes();  // one block of the ring, exact homes
@@ -314,7 +317,7 @@ void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>
       batch_->add(block, home, bytes);
     }
   }
-  detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/!to_home);
+  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home);
 }
 
 }  // namespace activekv

@@ -120,6 +120,7 @@ LayerStreamer::~LayerStreamer() {
 
 void LayerStreamer::synchronize() {
   if (gather_stream_) gather_stream_->synchronize();
+  if (writeback_stream_) writeback_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
 }
 
@@ -375,7 +376,7 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
         copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
-      batch_copy(streamed, stage_runs_, /*to_home=*/false);
+      batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_);
     }
     zero_fresh(streamed);
     stage_fences_[j].emplace(device_.type());
@@ -434,12 +435,27 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const Stopwatch t;
   PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()),
                      std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_)};
+  if (copy_method_ == StreamCopy::kCopyEngineBatch && tuning_.writeback_stream) {
+    attended.block(*writeback_stream_);
+    {
+      const c10::StreamGuard on_writeback_stream(*writeback_stream_);
+      batch_copy(j, writeback_runs_, /*to_home=*/true, *writeback_stream_);
+      p.fence.record(*writeback_stream_);
+    }
+    // Whatever the copy stream issues next (the buffer's next occupant, the
+    // next step's staging of these homes) waits for this write-back.
+    p.fence.block(*copy_stream_);
+    pending_writebacks_.push_back(std::move(p));
+    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
+    stats.add(Counter::kStreamUs, t.us());
+    return;
+  }
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kDeviceGather) {
       gather_write_back(j);
     } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
-      batch_copy(j, writeback_runs_, /*to_home=*/true);
+      batch_copy(j, writeback_runs_, /*to_home=*/true, *copy_stream_);
     } else {
       for (const auto& run : writeback_runs_) {
         copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));

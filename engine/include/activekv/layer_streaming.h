@@ -89,6 +89,10 @@ struct StreamingTuning {
   // bus waits for, and a compute-bound attention (a prefill chunk's) otherwise
   // holds the SMs until its last wave.
   bool copy_high_priority = false;
+  // kCopyEngineBatch: write-backs (device to host) cross on a stream of their
+  // own, beside the staging (host to device), so the bus's two directions
+  // overlap instead of queueing on the copy stream.
+  bool writeback_stream = true;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -258,7 +262,8 @@ class LayerStreamer {
   // kCopyEngineBatch: a layer's runs between its homes and its ring buffer as
   // one batch, on the current stream (the copy stream).
   bool init_batch_copy();
-  void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home);
+  void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
+                  const c10::Stream& stream);
 
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
@@ -280,6 +285,7 @@ class LayerStreamer {
   bool device_gather_possible_ = false;
   bool batch_copy_possible_ = false;
   std::unique_ptr<detail::CopyBatch> batch_;  // kCopyEngineBatch: a layer's copies, reused
+  std::optional<c10::Stream> writeback_stream_;  // kCopyEngineBatch with tuning_.writeback_stream
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
