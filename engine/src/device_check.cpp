@@ -333,12 +333,15 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   std::int64_t checked = 0;
   for (std::int64_t step = 1; step <= kSteps; ++step) {
+    // A written block is staged too (a decode step's last block holds earlier
+    // tokens), but every 4th step writes fresh blocks only (a prefill
+    // chunk's), so its write-backs and the ring's next staging share no block.
+    const bool fresh_step = step % 4 == 0;
     Ids written, staged;
     for (std::int64_t b = 0; b < kRingBlocks; ++b) {
-      if (rng() % 3 == 0) written.push_back(b);
-      if (rng() % 2 == 0 || std::find(written.begin(), written.end(), b) != written.end()) {
-        staged.push_back(b);
-      }
+      const bool writes = rng() % 3 == 0;
+      if (writes) written.push_back(b);
+      if (fresh_step ? !writes && rng() % 2 == 0 : writes || rng() % 2 == 0) staged.push_back(b);
     }
     // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
     // the copy engine, so on a device one step cycles the pieces and mixes

@@ -1,7 +1,10 @@
 // A directory for one test, removed with everything in it when the test ends.
 #pragma once
 
+#include <ftw.h>
 #include <stdlib.h>
+
+#include <cstdio>
 
 #include <filesystem>
 #include <string>
@@ -19,7 +22,14 @@ struct TempDir {
     std::string t = (base / "activekv-store-XXXXXX").string();
     path = ::mkdtemp(t.data());
   }
-  ~TempDir() { std::filesystem::remove_all(path); }
+  // POSIX, not std::filesystem::remove_all: the CUDA torch 2.11 wheel's
+  // libtorch exports std::filesystem symbols of its own, and its remove_all
+  // crashed the tests there (a call through a null pointer, on the H200
+  // machine). Tests keep to POSIX for what touches the disk.
+  ~TempDir() {
+    ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
+           FTW_DEPTH | FTW_PHYS);
+  }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };

@@ -326,6 +326,7 @@ class LayerStreamer {
   // previous occupant in its unused slots.
   std::vector<std::int64_t> fresh_blocks_;
   std::optional<at::Tensor> fresh_ids_;  // on the ring's device, made on first use
+  bool stages_written_blocks_ = false;   // a block both staged and written back this step
   std::vector<PairRun> stage_runs_;  // kRuns on a device
   std::vector<PairRun> writeback_runs_;
   std::vector<HomeRun> stage_home_runs_, writeback_home_runs_;  // CPU
