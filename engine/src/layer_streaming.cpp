@@ -301,17 +301,19 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   }
   fresh_blocks_.clear();
   fresh_ids_.reset();
-  std::vector<std::int64_t> staged = stage_blocks_;
-  std::sort(staged.begin(), staged.end());
   stages_written_blocks_ = false;
-  for (const auto b : writeback_blocks_) {
-    if (std::binary_search(staged.begin(), staged.end(), b)) {
-      stages_written_blocks_ = true;
-    } else if (codec_) {
-      fresh_blocks_.push_back(b);
+  if (codec_ || copy_method_ == StreamCopy::kCopyEngineBatch) {  // the only users of either
+    std::vector<std::int64_t> staged = stage_blocks_;
+    std::sort(staged.begin(), staged.end());
+    for (const auto b : writeback_blocks_) {
+      if (std::binary_search(staged.begin(), staged.end(), b)) {
+        stages_written_blocks_ = true;
+      } else if (codec_) {
+        fresh_blocks_.push_back(b);
+      }
     }
+    std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
   }
-  std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
   stage_index_.reset();
   writeback_index_.reset();
   writeback_long_ids_.reset();
