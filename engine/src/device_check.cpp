@@ -334,8 +334,8 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   std::int64_t checked = 0;
   for (std::int64_t step = 1; step <= kSteps; ++step) {
     // A written block is staged too (a decode step's last block holds earlier
-    // tokens), but every 4th step writes fresh blocks only (a prefill
-    // chunk's), so its write-backs and the ring's next staging share no block.
+    // tokens), but every 4th step writes fresh blocks only, unstaged (a
+    // prefill chunk's).
     const bool fresh_step = step % 4 == 0;
     Ids written, staged;
     for (std::int64_t b = 0; b < kRingBlocks; ++b) {

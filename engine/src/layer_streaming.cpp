@@ -301,16 +301,11 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   }
   fresh_blocks_.clear();
   fresh_ids_.reset();
-  stages_written_blocks_ = false;
-  if (codec_ || copy_method_ == StreamCopy::kCopyEngineBatch) {  // the only users of either
+  if (codec_) {
     std::vector<std::int64_t> staged = stage_blocks_;
     std::sort(staged.begin(), staged.end());
     for (const auto b : writeback_blocks_) {
-      if (std::binary_search(staged.begin(), staged.end(), b)) {
-        stages_written_blocks_ = true;
-      } else if (codec_) {
-        fresh_blocks_.push_back(b);
-      }
+      if (!std::binary_search(staged.begin(), staged.end(), b)) fresh_blocks_.push_back(b);
     }
     std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
   }
@@ -447,12 +442,10 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
       batch_copy(j, writeback_runs_, /*to_home=*/true, *writeback_stream_);
       p.fence.record(*writeback_stream_);
     }
-    // The buffer's next occupant (staged on the copy stream) must not land on
-    // a block this write-back still reads; where the step stages none of the
-    // blocks it writes back (a prefill chunk's), the two cross side by side.
-    // The next step's staging of these homes waits anyway: begin_step settles
-    // every write-back first.
-    if (stages_written_blocks_) p.fence.block(*copy_stream_);
+    // Whatever the copy stream issues next waits for this write-back: the
+    // buffer's next occupant lands on it, and that layer's compute (waiting
+    // for its staging) writes the blocks this write-back reads.
+    p.fence.block(*copy_stream_);
     pending_writebacks_.push_back(std::move(p));
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());

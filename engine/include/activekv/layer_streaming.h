@@ -118,7 +118,10 @@ struct StreamingTuning {
 //                  stream came);
 //   stage          the compute stream waits for the layer's stage fence;
 //   write_back     the copy stream waits for the compute stream (the layer's
-//                  attention), then copies the write-back rows home;
+//                  attention), then copies the write-back rows home
+//                  (kCopyEngineBatch: a write-back stream does, beside the
+//                  staging crossing the other way, and the copy stream's next
+//                  work waits for it);
 //   stage_ahead    after the store save's gather of layer j (the copy stream
 //                  waits for it: the gather reads the buffer), stage layer
 //                  j + K into the buffer.
@@ -260,7 +263,7 @@ class LayerStreamer {
   void gather_stage(std::int64_t streamed);
   void gather_write_back(std::int64_t streamed);
   // kCopyEngineBatch: a layer's runs between its homes and its ring buffer as
-  // one batch, on the current stream (the copy stream).
+  // one batch, on `stream` (the copy stream, or the write-back stream).
   bool init_batch_copy();
   void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
                   const c10::Stream& stream);
@@ -326,7 +329,6 @@ class LayerStreamer {
   // previous occupant in its unused slots.
   std::vector<std::int64_t> fresh_blocks_;
   std::optional<at::Tensor> fresh_ids_;  // on the ring's device, made on first use
-  bool stages_written_blocks_ = false;   // a block both staged and written back this step
   std::vector<PairRun> stage_runs_;  // kRuns on a device
   std::vector<PairRun> writeback_runs_;
   std::vector<HomeRun> stage_home_runs_, writeback_home_runs_;  // CPU
