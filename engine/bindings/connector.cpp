@@ -209,6 +209,9 @@ py::dict connector_namespace() {
     WorkerSide& worker = worker_of(self);
     const Status s = worker.register_kv_caches(caches);
     if (!s.ok()) throw py::value_error(s.error());
+    if (const std::string line = worker.streaming_copies_line(); !line.empty()) {
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
+    }
     if (const std::string line = worker.store_file_line(); !line.empty()) {
       const bool on_cuda = !caches.empty() && caches.begin()->second.is_cuda();
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")(

@@ -155,6 +155,30 @@ std::string WorkerSide::store_file_line() const {
          " whose bytes did not verify";
 }
 
+std::string WorkerSide::streaming_copies_line() const {
+  if (!streamer_) return "";
+  const std::string head = "ActiveKV layer streaming (rank " + std::to_string(tp_rank_) + "): ";
+  switch (streamer_->copy_method()) {
+    case StreamCopy::kCopyEngineBatch:
+      return head + "the copy engines move the homes' blocks, one batched copy a layer each way";
+    case StreamCopy::kDeviceGather: {
+      std::string why;
+      if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
+        why = " (blocks under 32 KiB cross faster so)";
+      } else if (streamer_->geometry().homes == Mode::kCompressed) {
+        why = " (compressed homes are decoded on the device)";
+      } else if (device_.is_cuda()) {
+        why = " (this CUDA driver has no batched copy; 12.8 and later have it)";
+      }
+      return head + "a gather kernel reads the homes into staging pieces" + why;
+    }
+    case StreamCopy::kRuns:
+      return head + "one copy per run of home rows and blocks" +
+             (device_.is_cpu() ? "" : " (the ring's blocks are not whole rows)");
+  }
+  return head;
+}
+
 void WorkerSide::bind_plan(StepPlan plan) {
   settle_saves(/*wait=*/false);  // frees the slots of saves that landed meanwhile
   auto check_block = [this](std::int64_t block_id) {

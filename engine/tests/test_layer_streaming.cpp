@@ -251,6 +251,15 @@ TEST(LayerStreamer, LoadsLandOnTopOfStagingAndTheSecondWaitDoesNothing) {
   s.worker.clear_plan();
 }
 
+TEST(LayerStreamer, TheWorkersLineSaysHowTheHomesCross) {
+  Streaming s;  // on CPU: a copy per run (on CUDA the device check's ring takes every method)
+  EXPECT_EQ(s.worker.streaming_copies_line(),
+            "ActiveKV layer streaming (rank 0): one copy per run of home rows and blocks");
+  WorkerSide plain(Config{}, layout(), 8, 0, std::nullopt);
+  ASSERT_TRUE(plain.register_kv_caches(ring_caches()).ok());
+  EXPECT_EQ(plain.streaming_copies_line(), "");
+}
+
 TEST(LayerStreamer, ResidentLayersAreNeverStaged) {
   Streaming s;
   s.kv["l0"][4].fill_(3);

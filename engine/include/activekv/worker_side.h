@@ -87,6 +87,10 @@ class WorkerSide {
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
   // One line on the store file's recovery (empty without a store file).
   std::string store_file_line() const;
+  // One line on how layer streaming's homes and ring cross (empty without
+  // streaming): on CUDA it says whether the copy engines do it all or the
+  // driver lacked the batched copy.
+  std::string streaming_copies_line() const;
   // The store file's data (StoreFile::data), or nullptr without store_path:
   // the binding registers it with the device where the device can.
   const StoreFile* store_file() const;
