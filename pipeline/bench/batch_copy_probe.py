@@ -166,7 +166,7 @@ def main() -> None:
     perm = torch.randperm(n, generator=gen).tolist()
     batch = Batch(fn, [ring.data_ptr() + p * size for p in perm],
                   [host.data_ptr() + i * size for i in range(n)], size, ORDER_STREAM, 0, True)
-    # The way the engine stages today, for comparison: the copy engine reads the
+    # The engine's gather method, for comparison: the copy engine reads the
     # rows into a piece, an SM kernel scatters the piece into the ring.
     piece = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
     ring_blocks = ring.view(n, size)
