@@ -164,7 +164,7 @@ std::string WorkerSide::streaming_copies_line() const {
     case StreamCopy::kDeviceGather: {
       std::string why;
       if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
-        why = " (blocks under 32 KiB cross faster so)";
+        why = " (blocks under 32 KiB, which a gather moves faster)";
       } else if (streamer_->geometry().homes == Mode::kCompressed) {
         why = " (compressed homes are decoded on the device)";
       } else if (device_.is_cuda()) {
