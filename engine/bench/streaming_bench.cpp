@@ -22,7 +22,7 @@
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 //
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--only probe,tuning,grid,compressed,curve]
-//   streaming_bench_profiled --profile-dir DIR   (the same, built with torch's profiler)
+//   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Event.h>
@@ -67,6 +67,7 @@ struct Options {
   std::int64_t block = 16;
   double host_gib = 72;  // the most pinned homes a point may use
   std::string profile_dir;  // streaming_bench_profiled: where the traces go
+  std::string profile_homes = "exact";  // or "compressed"
   std::set<std::string> only;
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
 };
@@ -571,21 +572,34 @@ void compressed(Bench& b) {
   for (const auto& point : shapes) steps.push_back(make_step(point, block, num_blocks, seed++, Homes::kExtents));
   std::vector<double> exact_step(steps.size()), attention(steps.size());
   // Compressed homes put SM work on the copy stream (a decode per piece, an
-  // encode per write-back), so they run with its priority low and high.
+  // encode per write-back): by the codec's ATen operations, and by the fused
+  // kernels (the default on CUDA), on the same homes.
   struct Variant {
     const char* label;
     Mode homes;
-    bool copy_high;
+    bool fused;
   };
+  std::unique_ptr<Model> compressed_model;
   for (const Variant v : {Variant{"exact-homes", Mode::kExact, false},
-                          Variant{"compressed-homes", Mode::kCompressed, false},
-                          Variant{"compressed-copy-hi", Mode::kCompressed, true}}) {
+                          Variant{"compressed-aten", Mode::kCompressed, false},
+                          Variant{"compressed-fused", Mode::kCompressed, true}}) {
     const Mode homes = v.homes;
-    free_pinned_cache();
-    Model m(block, num_blocks, 0, homes);
+    std::unique_ptr<Model> exact_model;
+    if (homes == Mode::kExact) {
+      free_pinned_cache();
+      exact_model = std::make_unique<Model>(block, num_blocks, 0, homes);
+    } else if (!compressed_model) {
+      free_pinned_cache();
+      compressed_model = std::make_unique<Model>(block, num_blocks, 0, homes);
+    }
+    Model& m = homes == Mode::kExact ? *exact_model : *compressed_model;
     StreamingTuning tuning = m.streamer->tuning();
-    tuning.copy_high_priority = v.copy_high;
+    tuning.fused_codec = v.fused;
     m.streamer->set_tuning(tuning);
+    if (v.fused && !m.streamer->has_fused_codec()) {
+      std::printf("compressed-fused: no fused kernels here (%s)\n", m.streamer->fused_codec_missing().c_str());
+      continue;
+    }
     for (std::size_t i = 0; i < steps.size(); ++i) {
       if (homes == Mode::kExact) attention[i] = m.median_run(steps[i], false, b.o.iters);
       const double step = m.median_run(steps[i], true, b.o.iters);
@@ -678,11 +692,17 @@ void profile(Bench& b, const std::string& dir) {
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
   const std::int64_t block = b.o.block;
-  const std::vector<StepShape> shapes{{"decode", 16384, 1, 1, 0, false}, {"decode", 131072, 1, 1, 0, false},
-                                      {"prefill", 65536, 1, 2048, 0, false}, {"decode", 131072, 1, 1, 0, true},
-                                      {"prefill", 65536, 1, 2048, 0, true}};
-  const std::int64_t num_blocks = cdiv(131072, block) + cdiv(131072, block) / 32;
-  Model m(block, num_blocks, 0);
+  const bool compressed = b.o.profile_homes == "compressed";
+  // Compressed homes: the points where their device decode and encode meet a
+  // compute-bound attention.
+  const std::vector<StepShape> shapes =
+      compressed ? std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"prefill", 16384, 1, 2048, 0, false},
+                                          {"decode", 16384 + block, 16, 1, 16384, false}}
+                 : std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"decode", 131072, 1, 1, 0, false},
+                                          {"prefill", 65536, 1, 2048, 0, false}, {"decode", 131072, 1, 1, 0, true},
+                                          {"prefill", 65536, 1, 2048, 0, true}};
+  const std::int64_t num_blocks = 2 * cdiv(131072, block);
+  Model m(block, num_blocks, 0, compressed ? Mode::kCompressed : Mode::kExact);
   for (const auto& shape : shapes) {
     const Step s = make_step(shape, block, num_blocks, 11);
     m.run(s, true);
@@ -691,7 +711,8 @@ void profile(Bench& b, const std::string& dir) {
     prof::prepareProfiler(config, activities);
     prof::enableProfiler(config, activities);
     const double t = m.run(s, true);
-    const std::string path = dir + "/trace-" + shape.kind + "-" + std::to_string(shape.context) +
+    const std::string path = dir + "/trace-" + (compressed ? "compressed-" : "") + shape.kind + "-" +
+                             std::to_string(shape.context) + "x" + std::to_string(shape.batch) +
                              (shape.contiguous ? "-contiguous" : "") + ".json";
     prof::disableProfiler()->save(path);
     std::printf("profile: %s ctx %lld step %.2f ms under the profiler -> %s\n", shape.kind.c_str(),
@@ -711,6 +732,7 @@ int main(int argc, char** argv) {
     else if (k == "--block") b.o.block = std::stoll(v);
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
+    else if (k == "--profile-homes") b.o.profile_homes = v;
     else if (k == "--only") {
       std::stringstream ss(v);
       for (std::string part; std::getline(ss, part, ',');) b.o.only.insert(part);

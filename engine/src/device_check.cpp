@@ -347,6 +347,9 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     // the copy engine, so on a device one step cycles the pieces and mixes
     // copied with gathered rows in a piece (CPU copies ignore the tuning).
     StreamingTuning tuning;
+    // Compressed homes on CUDA: the fused codec kernels and the codec's ATen
+    // operations in turn, so each stages what the other wrote home.
+    tuning.fused_codec = step % 3 != 0;
     if (step % 2 == 1) {
       tuning.pieces = 2;
       tuning.piece_bytes = 3 * l.layer_bytes(homes);
@@ -391,7 +394,8 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   }
   f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
   return std::to_string(kSteps) + " steps, 4 streamed layers through a ring of 2, " + mode_name(homes) +
-         " homes, copies by " + method_names + " in turn: " +
+         " homes, copies by " + method_names + " in turn" +
+         (worker.streamer()->has_fused_codec() ? ", the fused codec kernels every 2 steps of 3" : "") + ": " +
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 

@@ -6,6 +6,8 @@
 #include "activekv/layer_streaming.h"
 
 #include "cuda_batch_copy.h"
+#include "cuda_codec_kernels.h"
+#include "step_timing.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
@@ -243,10 +245,27 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
     }
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     read.block(*copy_stream_);
-    kv.index_copy_(0, index.blocks.narrow(0, first, rows), decode(piece.narrow(0, 0, rows)));
+    decode_into_ring(kv, index.blocks.narrow(0, first, rows), piece.narrow(0, 0, rows));
     piece_free_[k].emplace(device_.type());
     piece_free_[k]->record(*copy_stream_);
   }
+}
+
+at::Tensor LayerStreamer::encode_ring_words(const at::Tensor& kv, const at::Tensor& ids) const {
+  if (!fused_codec_in_use()) return encode_words(kv.index_select(0, ids));
+  at::Tensor rows = at::empty({ids.size(0), homes_->layer_bytes()}, kv.options().dtype(at::kByte));
+  codec_kernels_->encode_gather(kv.data_ptr(), ids.data_ptr<std::int64_t>(), ids.size(0), rows.data_ptr(),
+                                detail::current_stream(device_).native_handle());
+  return rows.view(word_type_);
+}
+
+void LayerStreamer::decode_into_ring(at::Tensor& kv, const at::Tensor& ids, const at::Tensor& rows) const {
+  if (!fused_codec_in_use()) {
+    kv.index_copy_(0, ids, decode(rows));
+    return;
+  }
+  codec_kernels_->decode_scatter(rows.data_ptr(), rows.size(0), ids.data_ptr<std::int64_t>(), kv.data_ptr(),
+                                 detail::current_stream(device_).native_handle());
 }
 
 void LayerStreamer::gather_write_back(std::int64_t streamed) {
@@ -258,7 +277,7 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
   const at::Tensor& kv = streamed_kv_[j];
   if (!writeback_long_blocks_.empty()) {
     if (!writeback_long_ids_) writeback_long_ids_ = upload_ids(writeback_long_blocks_);  // once per step
-    const at::Tensor gathered = encode_words(kv.index_select(0, *writeback_long_ids_)).view(at::kByte);
+    const at::Tensor gathered = encode_ring_words(kv, *writeback_long_ids_).view(at::kByte);
     for (const auto& run : writeback_long_runs_) {
       home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
           .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
@@ -267,7 +286,7 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
   if (writeback_short_blocks_.empty()) return;
   if (!writeback_index_) writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
   const DeviceIndex& index = *writeback_index_;
-  const at::Tensor rows = encode_words(kv.index_select(0, index.blocks));
+  const at::Tensor rows = encode_ring_words(kv, index.blocks);
   for (const auto& span : index.spans) {
     home_rows_[j][static_cast<std::size_t>(span.chunk)].index_copy_(
         0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));

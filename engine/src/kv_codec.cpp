@@ -63,6 +63,8 @@ class CompressedCodec final : public KVCodec {
                              head_size_);
   }
 
+  // The reference's operations with fewer kernels and the same bytes. On
+  // CUDA, streaming uses fused kernels instead (cuda_codec_kernels.h).
   at::Tensor encode(const at::Tensor& blocks) const override {
     const auto n = blocks.size(0);
     const at::Tensor rows = blocks.reshape({n, rows_, head_size_}).to(kScaleType);
@@ -71,18 +73,29 @@ class CompressedCodec final : public KVCodec {
     // a multiply by its reciprocal, which rounds differently from the CPU's
     // (and the reference's) true division.
     const at::Tensor qmax = at::scalar_tensor(kQMax, amax.options());
-    const at::Tensor scale = at::where(amax > 0, amax / qmax, at::ones_like(amax));
-    const at::Tensor q = at::round(rows / scale).clamp_(-kQMax, kQMax).to(at::kChar);
-    return at::cat({q.reshape({n, -1}).view(at::kByte), scale.reshape({n, -1}).view(at::kByte)},
-                   1);
+    const at::Tensor scale = at::where(amax > 0, amax / qmax, at::Scalar(1.0));
+    // The int8 and the scales land in their bytes of the row (no cat).
+    at::Tensor out = at::empty({n, qbytes_ + rows_ * static_cast<std::int64_t>(sizeof(float))},
+                               blocks.options().dtype(at::kByte));
+    out.slice(1, 0, qbytes_).view(at::kChar).view({n, rows_, head_size_})
+        .copy_(at::round(rows / scale).clamp_(-kQMax, kQMax));
+    out.slice(1, qbytes_).view(kScaleType).view({n, rows_, 1}).copy_(scale);
+    return out;
   }
 
   at::Tensor decode(const at::Tensor& data) const override {
     const auto n = data.size(0);
-    const at::Tensor q = data.slice(1, 0, qbytes_).contiguous().view(at::kChar);
-    const at::Tensor scale = data.slice(1, qbytes_).contiguous().view(kScaleType);
-    const at::Tensor rows = q.reshape({n, rows_, head_size_}).to(kScaleType) * scale.unsqueeze(-1);
-    return rows.to(dtype_).reshape(with_batch(n, shape_));
+    // The scales are read as floats in place: each row's must start 4-aligned.
+    const bool aligned = data.stride(0) % 4 == 0 && data.storage_offset() % 4 == 0;
+    const at::Tensor bytes = aligned ? data : data.clone(at::MemoryFormat::Contiguous);
+    const at::Tensor q = bytes.slice(1, 0, qbytes_).view(at::kChar).view({n, rows_, head_size_});
+    const at::Tensor scale = bytes.slice(1, qbytes_).view(kScaleType).unsqueeze(-1);
+    // One kernel: int8 x float multiplied in float, rounded once into the KV
+    // dtype, as the reference's widen, multiply, narrow.
+    at::Tensor out = at::empty(with_batch(n, shape_), data.options().dtype(dtype_));
+    at::Tensor out_rows = out.view({n, rows_, head_size_});
+    at::mul_out(out_rows, q, scale);
+    return out;
   }
 
  private:

@@ -6,6 +6,7 @@
 #include "activekv/home_rows.h"
 
 #include "cuda_batch_copy.h"
+#include "cuda_codec_kernels.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -80,12 +81,12 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
   }
   return std::unique_ptr<LayerStreamer>(
       new LayerStreamer(std::move(geometry), std::move(streamed_kv), std::move(homes), std::move(codec),
-                        fence_timeout_ms));
+                        fence_timeout_ms, head_size));
 }
 
 LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
                              std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
-                             std::int64_t fence_timeout_ms)
+                             std::int64_t fence_timeout_ms, std::int64_t head_size)
     : geometry_(std::move(geometry)),
       streamed_kv_(std::move(streamed_kv)),
       homes_(std::move(homes)),
@@ -107,6 +108,17 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     batch_copy_possible_ = device_gather_possible_ && init_batch_copy();
     if (batch_copy_possible_ && homes_->layer_bytes() >= detail::kMinBatchCopyBytes) {
       copy_method_ = StreamCopy::kCopyEngineBatch;
+    }
+    if (codec_ && device_gather_possible_ && device_.is_cuda()) {
+      const at::Tensor& kv = streamed_kv_.front();
+      if (kv.scalar_type() != at::kBFloat16) {
+        codec_kernels_missing_ = std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
+      } else {
+        const c10::DeviceGuard on_device(device_);
+        codec_kernels_ = detail::CudaCodecKernels::load(
+            device_.index(), detail::CompressedRows{kv[0].numel(), head_size, homes_->layer_bytes()},
+            codec_kernels_missing_);
+      }
     }
   }
 }

@@ -166,7 +166,14 @@ std::string WorkerSide::streaming_copies_line() const {
       if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
         why = " (blocks under 32 KiB, which a gather moves faster)";
       } else if (streamer_->geometry().homes == Mode::kCompressed) {
-        why = " (compressed homes are decoded on the device)";
+        why = " (compressed homes are decoded on the device";
+        if (streamer_->has_fused_codec()) {
+          why += ", by fused kernels compiled at start)";
+        } else if (!streamer_->fused_codec_missing().empty()) {
+          why += ", by ATen operations: no fused kernels, " + streamer_->fused_codec_missing() + ")";
+        } else {
+          why += ")";
+        }
       } else if (device_.is_cuda()) {
         why = " (this CUDA driver has no batched copy; 12.8 and later have it)";
       }

@@ -35,6 +35,7 @@
 namespace activekv {
 namespace detail {
 struct CopyBatch;
+class CudaCodecKernels;
 }
 
 // How staged and written-back blocks cross between the homes and the ring.
@@ -93,6 +94,10 @@ struct StreamingTuning {
   // own, beside the staging (host to device), so the bus's two directions
   // overlap instead of queueing on the copy stream.
   bool writeback_stream = true;
+  // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
+  // at start by NVRTC) rather than the codec's ATen operations, which queue
+  // about ten kernels a layer between two layers' attention.
+  bool fused_codec = true;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -153,6 +158,10 @@ class LayerStreamer {
   // where !can_copy_by(method). Must be called between steps.
   void set_copy_method(StreamCopy method);
   const StreamingTuning& tuning() const { return tuning_; }
+  // Compressed homes on CUDA: whether the fused codec kernels were compiled,
+  // and if not, why (empty where they do not apply).
+  bool has_fused_codec() const { return codec_kernels_ != nullptr; }
+  const std::string& fused_codec_missing() const { return codec_kernels_missing_; }
   // Between steps.
   void set_tuning(const StreamingTuning& tuning);
 
@@ -191,7 +200,7 @@ class LayerStreamer {
  private:
   LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
                 std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
-                std::int64_t fence_timeout_ms);
+                std::int64_t fence_timeout_ms, std::int64_t head_size);
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
   // The home rows of a run: their bytes, [count, layer_bytes].
   at::Tensor home_bytes_of(std::int64_t streamed, const SlotRun& run);
@@ -202,6 +211,12 @@ class LayerStreamer {
   // Blocks as their homes' rows of gather words: a view when exact, the
   // codec's encode (on the blocks' device) when compressed.
   at::Tensor encode_words(const at::Tensor& blocks) const;
+  // Device: ring blocks `ids` of `kv` as their homes' rows of gather words,
+  // and rows of homes' bytes or words into ring blocks `ids`; on the current
+  // stream, by the fused codec kernels where in use.
+  bool fused_codec_in_use() const { return codec_kernels_ && tuning_.fused_codec; }
+  at::Tensor encode_ring_words(const at::Tensor& kv, const at::Tensor& ids) const;
+  void decode_into_ring(at::Tensor& kv, const at::Tensor& ids, const at::Tensor& rows) const;
   // A run of ring-buffer blocks to their home rows, and back (CPU: done on
   // return; device: issued on the current stream, non-blocking).
   void copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks);
@@ -281,6 +296,8 @@ class LayerStreamer {
   std::vector<at::Tensor> streamed_kv_;  // per streamed layer: its view onto its ring buffer
   std::unique_ptr<HostArena> homes_;
   std::unique_ptr<KVCodec> codec_;  // compressed homes only; exact homes are the bytes
+  std::unique_ptr<detail::CudaCodecKernels> codec_kernels_;  // compressed homes, CUDA, bf16
+  std::string codec_kernels_missing_;
   std::int64_t fence_timeout_ms_;
   c10::Device device_{c10::DeviceType::CPU};
   std::optional<c10::Stream> copy_stream_;
