@@ -109,6 +109,9 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     if (batch_copy_possible_ && homes_->layer_bytes() >= detail::kMinBatchCopyBytes) {
       copy_method_ = StreamCopy::kCopyEngineBatch;
     }
+    if (codec_ && device_gather_possible_ && !writeback_stream_) {
+      writeback_stream_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_, false);
+    }
     if (codec_ && device_gather_possible_ && device_.is_cuda()) {
       const at::Tensor& kv = streamed_kv_.front();
       if (kv.scalar_type() != at::kBFloat16) {
@@ -360,7 +363,12 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
   if (!fresh_ids_) {  // once per step
     fresh_ids_ = has_streams() ? upload_ids(fresh_blocks_) : at::tensor(fresh_blocks_, at::kLong);
   }
-  kv.index_fill_(0, *fresh_ids_, 0);
+  // Whole blocks of a contiguous ring as wide words: a fill moves a word per element.
+  if (device_gather_possible_) {
+    ring_words(kv).index_fill_(0, *fresh_ids_, 0);
+  } else {
+    kv.index_fill_(0, *fresh_ids_, 0);
+  }
 }
 
 void LayerStreamer::start(Telemetry& stats) {
@@ -466,7 +474,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kDeviceGather) {
-      gather_write_back(j);
+      gather_write_back(j, p.fence);
     } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
       batch_copy(j, writeback_runs_, /*to_home=*/true, *copy_stream_);
     } else {
@@ -474,7 +482,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
         copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     }
-    p.fence.record(*copy_stream_);
+    if (copy_method_ != StreamCopy::kDeviceGather) p.fence.record(*copy_stream_);
   }
   pending_writebacks_.push_back(std::move(p));
   stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));

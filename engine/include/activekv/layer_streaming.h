@@ -90,9 +90,10 @@ struct StreamingTuning {
   // bus waits for, and a compute-bound attention (a prefill chunk's) otherwise
   // holds the SMs until its last wave.
   bool copy_high_priority = false;
-  // kCopyEngineBatch: write-backs (device to host) cross on a stream of their
-  // own, beside the staging (host to device), so the bus's two directions
-  // overlap instead of queueing on the copy stream.
+  // Write-backs (device to host) cross on a stream of their own, beside the
+  // staging (host to device), so the bus's two directions overlap instead of
+  // queueing on the copy stream: kCopyEngineBatch's, and compressed homes'
+  // encoded rows (kDeviceGather; the copy stream encodes them).
   bool writeback_stream = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
@@ -276,7 +277,11 @@ class LayerStreamer {
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
-  void gather_write_back(std::int64_t streamed);
+  // On the copy stream; records `fence` once the homes hold the layer's bytes.
+  void gather_write_back(std::int64_t streamed, c10::Event& fence);
+  // A contiguous ring buffer's blocks as rows of its widest word (a fill or
+  // scatter moves a word per element).
+  static at::Tensor ring_words(const at::Tensor& kv);
   // kCopyEngineBatch: a layer's runs between its homes and its ring buffer as
   // one batch, on `stream` (the copy stream, or the write-back stream).
   bool init_batch_copy();
@@ -305,7 +310,9 @@ class LayerStreamer {
   bool device_gather_possible_ = false;
   bool batch_copy_possible_ = false;
   std::unique_ptr<detail::CopyBatch> batch_;  // kCopyEngineBatch: a layer's copies, reused
-  std::optional<c10::Stream> writeback_stream_;  // kCopyEngineBatch with tuning_.writeback_stream
+  // tuning_.writeback_stream: kCopyEngineBatch's write-backs; compressed
+  // homes' encoded rows on their way home (kDeviceGather).
+  std::optional<c10::Stream> writeback_stream_;
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
