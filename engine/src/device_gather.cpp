@@ -272,24 +272,13 @@ void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) 
   // On the copy stream (the caller's guard). Long runs of home rows: the
   // ring's blocks gathered on the device, then one copy-engine copy per run
   // (no SM writes over the bus). The other blocks: the device writes them
-  // into the mapped homes. Compressed homes' long runs cross on the
-  // write-back stream: they read the encoded rows, not the ring, so the copy
-  // stream goes on to the next staging meanwhile.
+  // into the mapped homes. (Compressed homes' long runs crossing on a stream
+  // of their own read no faster on the H200: BENCHMARKS.md, 2026-12-04.)
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
-  const bool own_stream = codec_ && writeback_stream_ && tuning_.writeback_stream;
-  c10::impl::VirtualGuardImpl guard_impl(device_.type());
   if (!writeback_long_blocks_.empty()) {
     if (!writeback_long_ids_) writeback_long_ids_ = upload_ids(writeback_long_blocks_);  // once per step
     const at::Tensor gathered = encode_ring_words(kv, *writeback_long_ids_).view(at::kByte);
-    std::optional<c10::StreamGuard> on_writeback_stream;
-    if (own_stream) {
-      c10::Event encoded(device_.type());
-      encoded.record(*copy_stream_);
-      encoded.block(*writeback_stream_);
-      guard_impl.recordDataPtrOnStream(gathered.storage().data_ptr(), *writeback_stream_);
-      on_writeback_stream.emplace(*writeback_stream_);
-    }
     for (const auto& run : writeback_long_runs_) {
       home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
           .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
@@ -304,14 +293,7 @@ void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) 
           0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
     }
   }
-  if (!own_stream) {
-    fence.record(*copy_stream_);
-    return;
-  }
-  c10::Event short_rows_done(device_.type());  // the write-back stream's fence covers both
-  short_rows_done.record(*copy_stream_);
-  short_rows_done.block(*writeback_stream_);
-  fence.record(*writeback_stream_);
+  fence.record(*copy_stream_);
 }
 
 at::Tensor LayerStreamer::ring_words(const at::Tensor& kv) {

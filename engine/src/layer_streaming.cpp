@@ -14,8 +14,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 
 namespace activekv {
 namespace {
@@ -109,12 +111,12 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     if (batch_copy_possible_ && homes_->layer_bytes() >= detail::kMinBatchCopyBytes) {
       copy_method_ = StreamCopy::kCopyEngineBatch;
     }
-    if (codec_ && device_gather_possible_ && !writeback_stream_) {
-      writeback_stream_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_, false);
-    }
     if (codec_ && device_gather_possible_ && device_.is_cuda()) {
       const at::Tensor& kv = streamed_kv_.front();
-      if (kv.scalar_type() != at::kBFloat16) {
+      const char* off = std::getenv("ACTIVEKV_FUSED_CODEC");  // an operator's way around them
+      if (off != nullptr && std::string_view(off) == "0") {
+        codec_kernels_missing_ = "turned off by ACTIVEKV_FUSED_CODEC=0";
+      } else if (kv.scalar_type() != at::kBFloat16) {
         codec_kernels_missing_ = std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
       } else {
         const c10::DeviceGuard on_device(device_);

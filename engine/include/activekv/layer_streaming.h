@@ -90,10 +90,9 @@ struct StreamingTuning {
   // bus waits for, and a compute-bound attention (a prefill chunk's) otherwise
   // holds the SMs until its last wave.
   bool copy_high_priority = false;
-  // Write-backs (device to host) cross on a stream of their own, beside the
-  // staging (host to device), so the bus's two directions overlap instead of
-  // queueing on the copy stream: kCopyEngineBatch's, and compressed homes'
-  // encoded rows (kDeviceGather; the copy stream encodes them).
+  // kCopyEngineBatch: write-backs (device to host) cross on a stream of their
+  // own, beside the staging (host to device), so the bus's two directions
+  // overlap instead of queueing on the copy stream.
   bool writeback_stream = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
@@ -310,9 +309,7 @@ class LayerStreamer {
   bool device_gather_possible_ = false;
   bool batch_copy_possible_ = false;
   std::unique_ptr<detail::CopyBatch> batch_;  // kCopyEngineBatch: a layer's copies, reused
-  // tuning_.writeback_stream: kCopyEngineBatch's write-backs; compressed
-  // homes' encoded rows on their way home (kDeviceGather).
-  std::optional<c10::Stream> writeback_stream_;
+  std::optional<c10::Stream> writeback_stream_;  // kCopyEngineBatch with tuning_.writeback_stream
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
