@@ -6,11 +6,12 @@
 //   decode_scatter: compressed rows [n, row_bytes] -> ring blocks ids[0..n)
 //   encode_gather:  ring blocks ids[0..n) -> compressed rows [n, row_bytes]
 //
-// Why: a prefill chunk's attention holds every SM until it ends, so the copy
-// stream's kernels run between two layers' attention and add their time to
-// the step. The codec's ATen operations are about ten kernels and a scatter
-// a layer, 0.45 ms at a 16k prefill chunk on an H200 (BENCHMARKS.md,
-// 2026-12-04); these are two, each one pass over the bytes.
+// Why: a prefill chunk's attention (cuDNN's flash attention, a persistent
+// kernel) holds every SM until it ends, so the copy stream's kernels run
+// between two layers' attention and add their time to the step. The codec's
+// ATen operations are about fifteen kernels a layer, some 0.6 ms at a 16k
+// prefill chunk on an H200; these two take about 0.05 ms (BENCHMARKS.md,
+// "Compressed homes by fused kernels").
 //
 // The bytes are the codec's (kv_codec.cpp, the reference's codec.py), bit for
 // bit: the same float operations in the same order, IEEE division, round half

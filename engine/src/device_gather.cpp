@@ -268,7 +268,7 @@ void LayerStreamer::decode_into_ring(at::Tensor& kv, const at::Tensor& ids, cons
                                  detail::current_stream(device_).native_handle());
 }
 
-void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) {
+void LayerStreamer::gather_write_back(std::int64_t streamed) {
   // On the copy stream (the caller's guard). Long runs of home rows: the
   // ring's blocks gathered on the device, then one copy-engine copy per run
   // (no SM writes over the bus). The other blocks: the device writes them
@@ -293,7 +293,6 @@ void LayerStreamer::gather_write_back(std::int64_t streamed, c10::Event& fence) 
           0, index.local.narrow(0, span.offset, span.count), rows.narrow(0, span.offset, span.count));
     }
   }
-  fence.record(*copy_stream_);
 }
 
 at::Tensor LayerStreamer::ring_words(const at::Tensor& kv) {

@@ -476,7 +476,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kDeviceGather) {
-      gather_write_back(j, p.fence);
+      gather_write_back(j);
     } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
       batch_copy(j, writeback_runs_, /*to_home=*/true, *copy_stream_);
     } else {
@@ -484,7 +484,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
         copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
       }
     }
-    if (copy_method_ != StreamCopy::kDeviceGather) p.fence.record(*copy_stream_);
+    p.fence.record(*copy_stream_);
   }
   pending_writebacks_.push_back(std::move(p));
   stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));

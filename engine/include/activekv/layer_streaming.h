@@ -96,7 +96,7 @@ struct StreamingTuning {
   bool writeback_stream = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
-  // about ten kernels a layer between two layers' attention.
+  // about fifteen kernels a layer between two layers' attention.
   bool fused_codec = true;
 };
 
@@ -276,8 +276,7 @@ class LayerStreamer {
   DeviceIndex device_index(const std::vector<std::int64_t>& blocks,
                            const std::vector<std::int64_t>& rows) const;
   void gather_stage(std::int64_t streamed);
-  // On the copy stream; records `fence` once the homes hold the layer's bytes.
-  void gather_write_back(std::int64_t streamed, c10::Event& fence);
+  void gather_write_back(std::int64_t streamed);
   // A contiguous ring buffer's blocks as rows of its widest word (a fill or
   // scatter moves a word per element).
   static at::Tensor ring_words(const at::Tensor& kv);
