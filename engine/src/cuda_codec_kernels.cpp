@@ -238,9 +238,10 @@ constexpr unsigned kThreads = 256;
 
 std::unique_ptr<CudaCodecKernels> CudaCodecKernels::load(int device_index, const CompressedRows& rows,
                                                          std::string& why_not) {
-  if (rows.head_size <= 0 || rows.block_elems % rows.head_size != 0 ||
+  // The scales follow the int8 and are read as floats in place: 4-aligned.
+  if (rows.head_size <= 0 || rows.block_elems % rows.head_size != 0 || rows.block_elems % 4 != 0 ||
       rows.row_bytes != rows.block_elems + rows.block_elems / rows.head_size * 4) {
-    why_not = "the compressed rows' shape is not the codec's";
+    why_not = "the compressed rows' shape is not the codec's, or their scales are not 4-aligned";
     return nullptr;
   }
   const Module m = module_for(device_index);
