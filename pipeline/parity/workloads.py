@@ -205,6 +205,25 @@ def streaming_abort(llm):
         engine.step()
 
 
+def streaming_fragmented_homes(llm):
+    # Ten requests of 1-5 blocks that finish at different steps leave the free
+    # home rows in pieces (extents are 8 rows at this cache's size); then a
+    # request of 20 blocks takes its rows from them, and its decode outgrows
+    # that extent twice, crossing two block boundaries.
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    h.flush_device_cache(llm)
+    engine = llm.llm_engine
+    for i in range(10):
+        engine.add_request(f"fragment-{i}", TokensPrompt(prompt_token_ids=_tokens(170 + i, (1 + i % 5) * BS + 3)),
+                           SamplingParams(max_tokens=1 + 7 * (i % 4), temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    params = SamplingParams(max_tokens=BS + 10, temperature=0.0, ignore_eos=True)
+    llm.generate([TokensPrompt(prompt_token_ids=_tokens(185, 20 * BS - 5))], params, use_tqdm=False)
+
+
 def sessions(mode: str) -> list[Session]:
     one_block = h.exact_block_bytes()
     streaming_options = {
@@ -235,6 +254,7 @@ def sessions(mode: str) -> list[Session]:
             ("streaming: preemption and resume", streaming_preemption),
             ("streaming: 48 requests", streaming_many),
             ("streaming: aborted while staging", streaming_abort),
+            ("streaming: fragmented homes", streaming_fragmented_homes),
         ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
         # The homes as int8 + scales: their bytes, and every staged block's
         # decode, must be the reference's.
@@ -244,6 +264,7 @@ def sessions(mode: str) -> list[Session]:
             ("streaming, compressed homes: prefix hit from the host store", streaming_prefix_hit),
             ("streaming, compressed homes: preemption and resume", streaming_preemption),
             ("streaming, compressed homes: aborted while staging", streaming_abort),
+            ("streaming, compressed homes: fragmented homes", streaming_fragmented_homes),
         ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
     ]
 
