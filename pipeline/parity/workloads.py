@@ -208,8 +208,8 @@ def streaming_abort(llm):
 def streaming_fragmented_homes(llm):
     # Ten requests of 1-5 blocks that finish at different steps leave the free
     # home rows in pieces (extents are 8 rows at this cache's size); then a
-    # request of 20 blocks takes its rows from them, and its decode outgrows
-    # that extent twice, crossing two block boundaries.
+    # request of 20 blocks takes its rows from what is free, and its decode
+    # outgrows that extent, crossing two block boundaries.
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
