@@ -573,19 +573,16 @@ void compressed(Bench& b) {
   std::vector<double> exact_step(steps.size()), attention(steps.size());
   // Compressed homes put SM work on the copy stream (a decode per piece, an
   // encode per write-back): by the codec's ATen operations, and by the fused
-  // kernels (the default on CUDA), on the same homes; the fused kernels again
-  // with the encoded rows' crossing home on the copy stream.
+  // kernels (the default on CUDA), on the same homes.
   struct Variant {
     const char* label;
     Mode homes;
     bool fused;
-    bool writeback_stream = true;
   };
   std::unique_ptr<Model> compressed_model;
   for (const Variant v : {Variant{"exact-homes", Mode::kExact, false},
                           Variant{"compressed-aten", Mode::kCompressed, false},
-                          Variant{"compressed-fused", Mode::kCompressed, true},
-                          Variant{"compressed-fused-wb-on-copy", Mode::kCompressed, true, false}}) {
+                          Variant{"compressed-fused", Mode::kCompressed, true}}) {
     const Mode homes = v.homes;
     std::unique_ptr<Model> exact_model;
     if (homes == Mode::kExact) {
@@ -598,7 +595,6 @@ void compressed(Bench& b) {
     Model& m = homes == Mode::kExact ? *exact_model : *compressed_model;
     StreamingTuning tuning = m.streamer->tuning();
     tuning.fused_codec = v.fused;
-    tuning.writeback_stream = v.writeback_stream;
     m.streamer->set_tuning(tuning);
     if (v.fused && !m.streamer->has_fused_codec()) {
       std::printf("compressed-fused: no fused kernels here (%s)\n", m.streamer->fused_codec_missing().c_str());
