@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -465,8 +466,8 @@ void grid(Bench& b) {
 
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
-// write-back stream (the gather stream's priority stays high: the 2026-12-01
-// sweep found it changed no step by more than 1.5%).
+// write-back stream and its calls to the driver (the gather stream's priority
+// stays high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
@@ -488,18 +489,21 @@ void tuning(Bench& b) {
       std::int64_t pieces;
       bool copy_high;
       bool writeback_stream;
+      std::int64_t batch_first_call;
     };
-    for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true},
-                           Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true},
-                           Knobs{"gather-p8-copy-hi", StreamCopy::kDeviceGather, 8, true, true},
-                           Knobs{"batch", StreamCopy::kCopyEngineBatch, 8, false, true},
-                           Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false},
-                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true}}) {
+    for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true, 32},
+                           Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true, 32},
+                           Knobs{"gather-p8-copy-hi", StreamCopy::kDeviceGather, 8, true, true, 32},
+                           Knobs{"batch", StreamCopy::kCopyEngineBatch, 8, false, true, 32},
+                           Knobs{"batch-one-call", StreamCopy::kCopyEngineBatch, 8, false, true, 0},
+                           Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false, 32},
+                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32}}) {
       if (!m.streamer->can_copy_by(k.method)) continue;
       StreamingTuning t = defaults;
       t.pieces = k.pieces;
       t.copy_high_priority = k.copy_high;
       t.writeback_stream = k.writeback_stream;
+      t.batch_first_call = k.batch_first_call;
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
@@ -573,16 +577,21 @@ void compressed(Bench& b) {
   std::vector<double> exact_step(steps.size()), attention(steps.size());
   // Compressed homes put SM work on the copy stream (a decode per piece, an
   // encode per write-back): by the codec's ATen operations, and by the fused
-  // kernels (the default on CUDA), on the same homes.
+  // kernels (the default on CUDA), on the same homes. Their rows cross into
+  // the pieces by a gather kernel (short runs) and a copy per long run, or all
+  // by batched copies (the default on CUDA for rows of 32 KiB and more).
   struct Variant {
     const char* label;
     Mode homes;
     bool fused;
+    std::optional<StreamCopy> method;  // the streamer's own choice when absent
   };
   std::unique_ptr<Model> compressed_model;
-  for (const Variant v : {Variant{"exact-homes", Mode::kExact, false},
-                          Variant{"compressed-aten", Mode::kCompressed, false},
-                          Variant{"compressed-fused", Mode::kCompressed, true}}) {
+  for (const Variant v : {Variant{"exact-homes", Mode::kExact, false, std::nullopt},
+                          Variant{"compressed-aten-gather", Mode::kCompressed, false, StreamCopy::kDeviceGather},
+                          Variant{"compressed-fused-gather", Mode::kCompressed, true, StreamCopy::kDeviceGather},
+                          Variant{"compressed-aten-batch", Mode::kCompressed, false, StreamCopy::kCopyEngineBatch},
+                          Variant{"compressed-fused-batch", Mode::kCompressed, true, StreamCopy::kCopyEngineBatch}}) {
     const Mode homes = v.homes;
     std::unique_ptr<Model> exact_model;
     if (homes == Mode::kExact) {
@@ -597,9 +606,14 @@ void compressed(Bench& b) {
     tuning.fused_codec = v.fused;
     m.streamer->set_tuning(tuning);
     if (v.fused && !m.streamer->has_fused_codec()) {
-      std::printf("compressed-fused: no fused kernels here (%s)\n", m.streamer->fused_codec_missing().c_str());
+      std::printf("%s: no fused kernels here (%s)\n", v.label, m.streamer->fused_codec_missing().c_str());
       continue;
     }
+    if (v.method && !m.streamer->can_copy_by(*v.method)) {
+      std::printf("%s: this device cannot copy by %s\n", v.label, copy_method_name(*v.method));
+      continue;
+    }
+    if (v.method) m.streamer->set_copy_method(*v.method);
     for (std::size_t i = 0; i < steps.size(); ++i) {
       if (homes == Mode::kExact) attention[i] = m.median_run(steps[i], false, b.o.iters);
       const double step = m.median_run(steps[i], true, b.o.iters);

@@ -3,6 +3,7 @@
 
 #include "cuda_driver.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -41,7 +42,7 @@ MemcpyBatchAsync batch_copy_fn() {
 
 bool cuda_batch_copy_available() { return batch_copy_fn() != nullptr; }
 
-void cuda_batch_copy(CopyBatch& batch, void* stream, bool to_device) {
+void cuda_batch_copy(CopyBatch& batch, void* stream, bool to_device, std::size_t first_call) {
   if (batch.sizes.empty()) return;
   const MemcpyBatchAsync copy = batch_copy_fn();
   if (copy == nullptr) throw std::runtime_error("cuMemcpyBatchAsync is not in this CUDA driver");
@@ -50,13 +51,20 @@ void cuda_batch_copy(CopyBatch& batch, void* stream, bool to_device) {
   const MemLocation host{kLocationHost, 0};
   const MemLocation device{kLocationDevice, 0};
   MemcpyAttributes attrs{kSrcAccessOrderStream, to_device ? host : device, to_device ? device : host, 0};
-  std::size_t first_attr = 0;
-  std::size_t failed = 0;
-  const CUresult rc = copy(batch.dsts.data(), batch.srcs.data(), batch.sizes.data(), batch.sizes.size(),
+  const std::size_t n = batch.sizes.size();
+  std::size_t call = first_call == 0 ? n : first_call;
+  for (std::size_t first = 0; first < n; first += call, call *= 2) {
+    const std::size_t count = std::min(call, n - first);
+    std::size_t first_attr = 0;
+    std::size_t failed = 0;
+    const CUresult rc = copy(batch.dsts.data() + first, batch.srcs.data() + first, batch.sizes.data() + first, count,
                              &attrs, &first_attr, 1, &failed, stream);
-  if (rc == kCudaSuccess) return;
-  throw std::runtime_error("cuMemcpyBatchAsync of " + std::to_string(batch.sizes.size()) + " copies failed at copy " +
-                           std::to_string(failed) + ": " + cuda_error_text(rc));
+    if (rc != kCudaSuccess) {
+      throw std::runtime_error("cuMemcpyBatchAsync of " + std::to_string(count) + " copies failed at copy " +
+                               std::to_string(first + failed) + " of " + std::to_string(n) + ": " +
+                               cuda_error_text(rc));
+    }
+  }
 }
 
 }  // namespace activekv::detail

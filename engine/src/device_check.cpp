@@ -345,12 +345,15 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     }
     // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
     // the copy engine, so on a device one step cycles the pieces and mixes
-    // copied with gathered rows in a piece (CPU copies ignore the tuning).
+    // copied with gathered rows in a piece; a batch goes to the driver in
+    // several calls (CPU copies ignore the tuning).
     StreamingTuning tuning;
     // Compressed homes on CUDA: the fused codec kernels and the codec's ATen
-    // operations in turn, so each stages what the other wrote home.
-    tuning.fused_codec = step % 3 != 0;
+    // operations in turn, so each stages what the other wrote home; switched
+    // every full turn of the methods, so each method runs with both.
+    tuning.fused_codec = (step / static_cast<std::int64_t>(methods.size())) % 2 == 0;
     if (step % 2 == 1) {
+      tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
       tuning.pieces = 2;
       tuning.piece_bytes = 3 * l.layer_bytes(homes);
       tuning.copy_engine_run = 2;

@@ -2,7 +2,8 @@
 // reads and writes the pinned homes itself, through one strided view over
 // every home chunk, in staging pieces the copy stream scatters into the ring.
 // kCopyEngineBatch: the copy engines move each run between the homes and the
-// ring, a layer's runs in one batch.
+// ring, a layer's runs in one batch (compressed homes: between the homes and
+// the staging pieces, a piece's runs in one batch).
 #include "activekv/layer_streaming.h"
 
 #include "cuda_batch_copy.h"
@@ -101,8 +102,9 @@ void LayerStreamer::make_pieces() {
 }
 
 void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
-  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1) {
-    throw std::invalid_argument("set_tuning: pieces, piece_bytes and copy_engine_run must be positive");
+  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1 || tuning.batch_first_call < 0) {
+    throw std::invalid_argument(
+        "set_tuning: pieces, piece_bytes and copy_engine_run must be positive, batch_first_call not negative");
   }
   synchronize();
   // A stream is fetched again only when its priority changes: the pool hands
@@ -144,7 +146,7 @@ void LayerStreamer::set_copy_method(StreamCopy method) {
         method == StreamCopy::kDeviceGather
             ? "kDeviceGather needs a CUDA or XPU device and ring buffers whose blocks are whole rows"
             : "kCopyEngineBatch needs what kDeviceGather needs, on CUDA with a driver that has "
-              "cuMemcpyBatchAsync (12.8 or later), and exact homes");
+              "cuMemcpyBatchAsync (12.8 or later)");
   }
   copy_method_ = method;
 }
@@ -190,10 +192,11 @@ LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::in
 
 void LayerStreamer::gather_stage(std::int64_t streamed) {
   // Every byte crosses the bus on the gather stream, into staging pieces: the
-  // long runs by the copy engine, the other blocks by one gather kernel per
-  // piece. The copy stream then scatters each piece into the ring, in its
-  // order after the buffer's previous occupant's write-back. So the bus never
-  // waits for the ring, only for a free piece.
+  // long runs by the copy engine (batched pieces: every run, one batch a
+  // piece), the other blocks by one gather kernel per piece. The copy stream
+  // then scatters each piece into the ring, in its order after the buffer's
+  // previous occupant's write-back. So the bus never waits for the ring, only
+  // for a free piece.
   const auto j = static_cast<std::size_t>(streamed);
   at::Tensor& kv = streamed_kv_[j];
   c10::impl::VirtualGuardImpl guard_impl(device_.type());
@@ -223,13 +226,20 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
       const c10::StreamGuard on_gather_stream(*gather_stream_);
       if (piece_free_[k]) piece_free_[k]->block(*gather_stream_);  // its last scatter is done
       const at::Tensor piece_bytes = piece.view(at::kByte);
+      const bool batched = batched_pieces();
+      if (batched) batch_->clear();
       std::int64_t row = first;
       while (row < std::min(first + rows, run_blocks_)) {  // copy-engine rows of this piece
         const SlotRun& r = copy_engine_runs_[run];
         const std::int64_t count = std::min(r.count - run_offset, first + rows - row);
         const SlotRun part{r.first + run_offset, count, 0};
-        piece_bytes.narrow(0, row - first, count)
-            .copy_(homes_->run_view(streamed, part).value(), /*non_blocking=*/true);
+        at::Tensor to = piece_bytes.narrow(0, row - first, count);
+        if (batched) {
+          batch_->add(reinterpret_cast<std::uintptr_t>(to.data_ptr()), home_address(j, part.first),
+                      static_cast<std::size_t>(to.numel()));
+        } else {
+          to.copy_(homes_->run_view(streamed, part).value(), /*non_blocking=*/true);
+        }
         row += count;
         run_offset += count;
         if (run_offset == r.count) {
@@ -237,6 +247,7 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
           run_offset = 0;
         }
       }
+      if (batched) detail::cuda_batch_copy(*batch_, gather_stream_->native_handle(), /*to_device=*/true, batch_first_call());
       if (row < first + rows) {  // gathered rows of this piece
         at::Tensor out = piece.narrow(0, row - first, first + rows - row);
         at::index_select_out(out, all_homes_, 0, rows_of_layer.narrow(0, row, first + rows - row));
@@ -271,17 +282,29 @@ void LayerStreamer::decode_into_ring(at::Tensor& kv, const at::Tensor& ids, cons
 void LayerStreamer::gather_write_back(std::int64_t streamed) {
   // On the copy stream (the caller's guard). Long runs of home rows: the
   // ring's blocks gathered on the device, then one copy-engine copy per run
-  // (no SM writes over the bus). The other blocks: the device writes them
-  // into the mapped homes. (Compressed homes' long runs crossing on a stream
-  // of their own read no faster on the H200: BENCHMARKS.md, 2026-12-04.)
+  // (batched pieces: every run, one batch; no SM writes over the bus). The
+  // other blocks: the device writes them into the mapped homes. (Compressed
+  // homes' long runs crossing on a stream of their own read no faster on the
+  // H200: BENCHMARKS.md, 2026-12-04.)
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
   if (!writeback_long_blocks_.empty()) {
     if (!writeback_long_ids_) writeback_long_ids_ = upload_ids(writeback_long_blocks_);  // once per step
     const at::Tensor gathered = encode_ring_words(kv, *writeback_long_ids_).view(at::kByte);
-    for (const auto& run : writeback_long_runs_) {
-      home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
-          .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
+    if (batched_pieces()) {
+      batch_->clear();
+      for (const auto& run : writeback_long_runs_) {
+        const at::Tensor from = gathered.narrow(0, run.offset, run.count);
+        batch_->add(home_address(j, run.first), reinterpret_cast<std::uintptr_t>(from.data_ptr()),
+                    static_cast<std::size_t>(from.numel()));
+      }
+      detail::cuda_batch_copy(*batch_, detail::current_stream(device_).native_handle(), /*to_device=*/false,
+                              batch_first_call());
+    } else {
+      for (const auto& run : writeback_long_runs_) {
+        home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
+            .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
+      }
     }
   }
   if (!writeback_short_blocks_.empty()) {
@@ -301,9 +324,7 @@ at::Tensor LayerStreamer::ring_words(const at::Tensor& kv) {
 }
 
 bool LayerStreamer::init_batch_copy() {
-  // Exact homes only: compressed rows are decoded on the device, which the
-  // copy engines cannot do.
-  if (device_.type() != c10::DeviceType::CUDA || codec_ || !detail::cuda_batch_copy_available()) return false;
+  if (device_.type() != c10::DeviceType::CUDA || !detail::cuda_batch_copy_available()) return false;
   batch_ = std::make_unique<detail::CopyBatch>();
   // One copy through the driver before any step relies on it: the first home
   // row (zeros) onto a device row of ones, compared.
@@ -313,7 +334,7 @@ bool LayerStreamer::init_batch_copy() {
     const at::Tensor scratch = at::full(row.sizes(), 1, row.options().device(device_));
     batch_->add(reinterpret_cast<std::uintptr_t>(scratch.data_ptr()), reinterpret_cast<std::uintptr_t>(row.data_ptr()),
                 static_cast<std::size_t>(row.numel()));
-    detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/true);
+    detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/true, /*first_call=*/0);
     batch_->clear();
     if (!at::equal(scratch.cpu(), row)) return false;
     writeback_stream_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_, false);
@@ -328,13 +349,10 @@ void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>
   if (runs.empty()) return;
   const auto j = static_cast<std::size_t>(streamed);
   const std::int64_t row_bytes = homes_->layer_bytes();  // one block of the ring, exact homes
-  const std::int64_t per_chunk = homes_->slots_per_chunk();
   const auto ring = reinterpret_cast<std::uintptr_t>(streamed_kv_[j].data_ptr());
   batch_->clear();
   for (const auto& run : runs) {  // inside one home chunk (HostArena::runs)
-    const std::int64_t chunk = run.row / per_chunk;
-    const auto home = reinterpret_cast<std::uintptr_t>(home_rows_[j][static_cast<std::size_t>(chunk)].data_ptr()) +
-                      static_cast<std::uintptr_t>((run.row - chunk * per_chunk) * row_bytes);
+    const std::uint64_t home = home_address(j, run.row);
     const auto block = ring + static_cast<std::uintptr_t>(run.block * row_bytes);
     const auto bytes = static_cast<std::size_t>(run.count * row_bytes);
     if (to_home) {
@@ -343,7 +361,14 @@ void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>
       batch_->add(block, home, bytes);
     }
   }
-  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home);
+  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home, batch_first_call());
+}
+
+std::uint64_t LayerStreamer::home_address(std::size_t streamed, std::int64_t row) const {
+  const std::int64_t per_chunk = homes_->slots_per_chunk();
+  const std::int64_t chunk = row / per_chunk;
+  return reinterpret_cast<std::uintptr_t>(home_rows_[streamed][static_cast<std::size_t>(chunk)].data_ptr()) +
+         static_cast<std::uint64_t>((row - chunk * per_chunk) * homes_->layer_bytes());
 }
 
 }  // namespace activekv

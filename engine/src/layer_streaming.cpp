@@ -277,11 +277,13 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   writeback_long_blocks_.clear();
   writeback_short_blocks_.clear();
   writeback_short_rows_.clear();
-  if (copy_method_ == StreamCopy::kDeviceGather) {
+  if (stages_by_pieces()) {
     // The pieces' rows: the long runs of home rows first, then the others.
+    // Batched pieces take every run by the copy engines, a row alone too.
+    const std::int64_t copy_engine_run = batched_pieces() ? 1 : tuning_.copy_engine_run;
     std::vector<std::int64_t> gathered_blocks, gathered_rows;
     for (const auto& run : homes_->runs(stage_rows_)) {
-      const bool long_run = run.count >= tuning_.copy_engine_run;
+      const bool long_run = run.count >= copy_engine_run;
       if (long_run) copy_engine_runs_.push_back(run);
       auto& to_blocks = long_run ? piece_blocks_ : gathered_blocks;
       auto& to_rows = long_run ? piece_rows_ : gathered_rows;
@@ -294,7 +296,7 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     piece_blocks_.insert(piece_blocks_.end(), gathered_blocks.begin(), gathered_blocks.end());
     piece_rows_.insert(piece_rows_.end(), gathered_rows.begin(), gathered_rows.end());
     for (const auto& run : homes_->runs(writeback_rows_)) {
-      const bool long_run = run.count >= tuning_.copy_engine_run;
+      const bool long_run = run.count >= copy_engine_run;
       if (long_run) {
         writeback_long_runs_.push_back(
             SlotRun{run.first, run.count, static_cast<std::int64_t>(writeback_long_blocks_.size())});
@@ -390,14 +392,14 @@ void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
   if (!has_stage_work()) return;
   const Stopwatch t;
   at::Tensor& kv = streamed_kv_[j];
-  if (copy_method_ == StreamCopy::kDeviceGather && !stage_blocks_.empty()) gather_stage(streamed);
+  if (stages_by_pieces() && !stage_blocks_.empty()) gather_stage(streamed);
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     if (copy_method_ == StreamCopy::kRuns) {
       for (const auto& run : stage_runs_) {
         copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
       }
-    } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
+    } else if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_) {
       batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_);
     }
     zero_fresh(streamed);
@@ -457,7 +459,10 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const Stopwatch t;
   PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()),
                      std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_)};
-  if (copy_method_ == StreamCopy::kCopyEngineBatch && tuning_.writeback_stream) {
+  // Exact homes only: a compressed write-back's encode would sit on the
+  // write-back stream too, and crossing apart read no faster (BENCHMARKS.md,
+  // 2026-12-04).
+  if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream) {
     attended.block(*writeback_stream_);
     {
       const c10::StreamGuard on_writeback_stream(*writeback_stream_);
@@ -475,7 +480,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   }
   {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
-    if (copy_method_ == StreamCopy::kDeviceGather) {
+    if (stages_by_pieces()) {
       gather_write_back(j);
     } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
       batch_copy(j, writeback_runs_, /*to_home=*/true, *copy_stream_);

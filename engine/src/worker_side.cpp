@@ -158,22 +158,31 @@ std::string WorkerSide::store_file_line() const {
 std::string WorkerSide::streaming_copies_line() const {
   if (!streamer_) return "";
   const std::string head = "ActiveKV layer streaming (rank " + std::to_string(tp_rank_) + "): ";
+  // Compressed homes are decoded on the device: by which kernels, and why.
+  std::string decoded;
+  if (streamer_->geometry().homes == Mode::kCompressed) {
+    decoded = "compressed homes are decoded on the device";
+    if (streamer_->has_fused_codec()) {
+      decoded += ", by fused kernels compiled at start";
+    } else if (!streamer_->fused_codec_missing().empty()) {
+      decoded += ", by ATen operations: no fused kernels, " + streamer_->fused_codec_missing();
+    }
+  }
   switch (streamer_->copy_method()) {
     case StreamCopy::kCopyEngineBatch:
+      if (!decoded.empty()) {
+        return head + "the copy engines move the homes' rows through staging pieces, one batched copy a piece "
+                      "or write-back (" + decoded + ")";
+      }
       return head + "the copy engines move the homes' blocks, one batched copy a layer each way";
     case StreamCopy::kDeviceGather: {
       std::string why;
-      if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
+      if (!decoded.empty()) {
+        why = streamer_->can_copy_by(StreamCopy::kCopyEngineBatch) ? " (rows under 32 KiB, which a gather moves faster; "
+                                                                   : " (";
+        why += decoded + ")";
+      } else if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
         why = " (blocks under 32 KiB, which a gather moves faster)";
-      } else if (streamer_->geometry().homes == Mode::kCompressed) {
-        why = " (compressed homes are decoded on the device";
-        if (streamer_->has_fused_codec()) {
-          why += ", by fused kernels compiled at start)";
-        } else if (!streamer_->fused_codec_missing().empty()) {
-          why += ", by ATen operations: no fused kernels, " + streamer_->fused_codec_missing() + ")";
-        } else {
-          why += ")";
-        }
       } else if (device_.is_cuda()) {
         why = " (this CUDA driver has no batched copy; 12.8 and later have it)";
       }

@@ -11,9 +11,12 @@ pinned peak of one large copy:
   33 KiB its compressed rows);
 - what the batch costs the host (the call itself);
 - whether the copies and a compute-bound attention (a prefill chunk's) run
-  side by side: each alone, then both at once.
+  side by side: each alone, then both at once;
+- whether a write-back (device to host: a prefill chunk's 8 MiB a layer)
+  slows the staging beside it (host to device: 56-504 MiB a layer, a 16k to
+  128k context), 32 layers: each alone, then both at once.
 
-    python -m pipeline.bench.batch_copy_probe [--mib 512]
+    python -m pipeline.bench.batch_copy_probe [--mib 512] [--duplex-only]
 
 Prints one line per figure and a final "RESULT {json}" line.
 """
@@ -104,15 +107,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=512, help="bytes a batch moves")
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--duplex-only", action="store_true", help="only the two directions at once")
     args = parser.parse_args()
     torch.cuda.init()
+    if args.duplex_only:
+        result: dict = {"gpu": torch.cuda.get_device_name()}
+        duplex(result)
+        print("RESULT " + json.dumps(result))
+        return
     fn = batch_copy_fn()
     total = args.mib << 20
     host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     host.random_(0, 255)
     ring = torch.empty(total, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
-    result: dict = {"gpu": torch.cuda.get_device_name(), "mib": args.mib}
+    result = {"gpu": torch.cuda.get_device_name(), "mib": args.mib}
 
     peak_ms = timed(stream, lambda: ring.copy_(host, non_blocking=True), args.iters)
     peak = total / peak_ms / 1e6
@@ -206,7 +215,42 @@ def main() -> None:
         result.setdefault("beside_attention", []).append(row)
         print(f"beside attention, {name}: attention {attn_ms:.1f} ms, copies {copy_ms:.1f} ms, "
               f"both {both_ms:.1f} ms ({row['x_longer']:.3f}x the longer)")
+    duplex(result)
     print("RESULT " + json.dumps(result))
+
+
+def duplex(result: dict) -> None:
+    """Staging and write-backs crossing the bus's two directions at once."""
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+    d_out = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    h_out = torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True)
+    for stage_mib in (56, 248, 504):
+        h_in = torch.empty(stage_mib << 20, dtype=torch.uint8, pin_memory=True)
+        d_in = torch.empty(stage_mib << 20, dtype=torch.uint8, device="cuda")
+
+        def best_ms(h2d: bool, d2h: bool) -> float:
+            out = []
+            for _ in range(7):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(32):
+                    if h2d:
+                        with torch.cuda.stream(up):
+                            d_in.copy_(h_in, non_blocking=True)
+                    if d2h:
+                        with torch.cuda.stream(down):
+                            h_out.copy_(d_out, non_blocking=True)
+                torch.cuda.synchronize()
+                out.append(1000 * (time.perf_counter() - t))
+            return min(out)
+
+        alone, back, both = best_ms(True, False), best_ms(False, True), best_ms(True, True)
+        row = {"stage_mib": stage_mib, "writeback_mib": 8, "h2d_ms": alone, "d2h_ms": back, "both_ms": both,
+               "x_h2d_alone": both / alone}
+        result.setdefault("duplex", []).append(row)
+        print(f"stage {stage_mib} MiB + write-back 8 MiB a layer, x32: host to device alone {alone:.2f} ms, "
+              f"device to host alone {back:.2f} ms, both {both:.2f} ms ({row['x_h2d_alone']:.4f}x the first)")
+        del h_in, d_in
 
 
 if __name__ == "__main__":

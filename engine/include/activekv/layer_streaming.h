@@ -61,7 +61,13 @@ enum class StreamCopy {
   // the bus time beside a prefill chunk's attention, the batch 1.00x,
   // BENCHMARKS.md 2026-12-04). The host pays about 0.5 us a copy to issue
   // them, and copies under 32 KiB cross slower than a gather kernel's, so
-  // create() chooses it for blocks of 32 KiB and more.
+  // create() chooses it for blocks of 32 KiB and more. Compressed homes
+  // (rows of int8 and scales, decoded on the device) cross the same way
+  // between the homes and kDeviceGather's staging pieces: a piece's rows as one
+  // batch in, decoded into the ring on the copy stream; a write-back's blocks
+  // encoded into rows on the device, then one batch home. So no SM reads or
+  // writes host memory (an SM gather or index_copy_ over the bus holds its SMs
+  // for the bus's latency, between two layers' attention).
   kCopyEngineBatch,
 };
 
@@ -94,6 +100,10 @@ struct StreamingTuning {
   // own, beside the staging (host to device), so the bus's two directions
   // overlap instead of queueing on the copy stream.
   bool writeback_stream = true;
+  // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,
+  // then twice as many each call, so the bus starts after the first few copies
+  // are issued rather than a whole layer's (cuda_batch_copy.h); 0: one call.
+  std::int64_t batch_first_call = 32;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.
@@ -107,7 +117,7 @@ struct StreamingTuning {
 // per streamed layer, layer_bytes = exact bytes of one block of one layer;
 // zeroed at creation (the reference's homes start as zeros), pinned where an
 // accelerator exists. Copies go as copy_method() says: kCopyEngineBatch on
-// CUDA with exact homes of 32 KiB blocks and more, kDeviceGather on CUDA and
+// CUDA with home rows of 32 KiB and more, kDeviceGather on CUDA and
 // XPU otherwise when the ring buffer's blocks are whole rows, kRuns otherwise.
 //
 // On CPU every copy is synchronous: stage copies in wait_for_layer_load's
@@ -152,7 +162,7 @@ class LayerStreamer {
   StreamCopy copy_method() const { return copy_method_; }
   // Whether this streamer's device, homes and ring allow `method`
   // (kDeviceGather: a device that maps pinned memory, whole-row blocks;
-  // kCopyEngineBatch: that on CUDA with the batched copy, exact homes).
+  // kCopyEngineBatch: that on CUDA with the batched copy).
   bool can_copy_by(StreamCopy method) const;
   // For benchmarks and tests comparing the methods; std::invalid_argument
   // where !can_copy_by(method). Must be called between steps.
@@ -215,6 +225,15 @@ class LayerStreamer {
   // and rows of homes' bytes or words into ring blocks `ids`; on the current
   // stream, by the fused codec kernels where in use.
   bool fused_codec_in_use() const { return codec_kernels_ && tuning_.fused_codec; }
+  // Staging through pieces, decoded on the copy stream: kDeviceGather, and
+  // kCopyEngineBatch with compressed homes (whose pieces the batch fills).
+  bool stages_by_pieces() const {
+    return copy_method_ == StreamCopy::kDeviceGather || (codec_ && copy_method_ == StreamCopy::kCopyEngineBatch);
+  }
+  bool batched_pieces() const { return codec_ && copy_method_ == StreamCopy::kCopyEngineBatch; }
+  // Where home row `row` of streamed layer `streamed` starts (a pinned host
+  // address, the device's own under unified addressing).
+  std::uint64_t home_address(std::size_t streamed, std::int64_t row) const;
   at::Tensor encode_ring_words(const at::Tensor& kv, const at::Tensor& ids) const;
   void decode_into_ring(at::Tensor& kv, const at::Tensor& ids, const at::Tensor& rows) const;
   // A run of ring-buffer blocks to their home rows, and back (CPU: done on
@@ -285,6 +304,7 @@ class LayerStreamer {
   bool init_batch_copy();
   void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
                   const c10::Stream& stream);
+  std::size_t batch_first_call() const { return static_cast<std::size_t>(tuning_.batch_first_call); }
 
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
