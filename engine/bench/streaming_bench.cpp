@@ -713,6 +713,7 @@ void profile(Bench& b, const std::string& dir) {
       compressed ? std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"prefill", 16384, 1, 2048, 0, false},
                                           {"decode", 16384 + block, 16, 1, 16384, false}}
                  : std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"decode", 131072, 1, 1, 0, false},
+                                          {"prefill", 16384, 1, 2048, 0, false},
                                           {"prefill", 65536, 1, 2048, 0, false}, {"decode", 131072, 1, 1, 0, true},
                                           {"prefill", 65536, 1, 2048, 0, true}};
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
