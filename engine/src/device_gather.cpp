@@ -247,7 +247,9 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
           run_offset = 0;
         }
       }
-      if (batched) detail::cuda_batch_copy(*batch_, gather_stream_->native_handle(), /*to_device=*/true, batch_first_call());
+      if (batched) {
+        detail::cuda_batch_copy(*batch_, gather_stream_->native_handle(), /*to_device=*/true, batch_first_call());
+      }
       if (row < first + rows) {  // gathered rows of this piece
         at::Tensor out = piece.narrow(0, row - first, first + rows - row);
         at::index_select_out(out, all_homes_, 0, rows_of_layer.narrow(0, row, first + rows - row));

@@ -178,8 +178,8 @@ std::string WorkerSide::streaming_copies_line() const {
     case StreamCopy::kDeviceGather: {
       std::string why;
       if (!decoded.empty()) {
-        why = streamer_->can_copy_by(StreamCopy::kCopyEngineBatch) ? " (rows under 32 KiB, which a gather moves faster; "
-                                                                   : " (";
+        const bool batch_possible = streamer_->can_copy_by(StreamCopy::kCopyEngineBatch);
+        why = batch_possible ? " (rows under 32 KiB, which a gather moves faster; " : " (";
         why += decoded + ")";
       } else if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
         why = " (blocks under 32 KiB, which a gather moves faster)";
