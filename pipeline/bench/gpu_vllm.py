@@ -21,8 +21,10 @@ The bound of a host-store hit: its KV bytes over the pinned host->device peak
 measured in the same run, plus the same request's GPU prefix hit.
 
 streaming: decode step time with layer streaming in a device KV budget, from
-the time of generate(N tokens) minus generate(1 token) on the same prompt,
-against the bus bound (the streamed bytes of a step, exact or compressed as the
+the time of generate(N tokens) minus generate(1 token) on the same prompt
+(both after a first generate(1) that settles what the prefill left in flight:
+without it the 32k step read below the bus's own time, BENCHMARKS.md
+2026-12-04 evening), against the bus bound (the streamed bytes of a step, exact or compressed as the
 homes hold them, over the same peak) and plain vLLM's decode step with all KV
 on the device. --contexts 0: the longest context the budget serves.
 
@@ -253,6 +255,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                     n = (blocks - 2) * BLOCK - decode_tokens
                 prompt = prompt_of(n - decode_tokens, 7 + n)
                 first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
+                first_hit = timed_generate(llm, prompt, f"s{n}", 1)  # settles the prefill's leftovers
                 one = timed_generate(llm, prompt, f"s{n}", 1)  # prefix hit + 1 token
                 many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
                 step = (many - one) / (decode_tokens - 1)
@@ -261,7 +264,8 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                             "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
                             "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
                             "cudagraph_mode": cudagraph_mode(llm),
-                            "prefill_s": round(first, 2), "decode_step_ms": round(1000 * step, 2),
+                            "prefill_s": round(first, 2), "first_hit_ms": round(1000 * first_hit, 2),
+                            "hit_ms": round(1000 * one, 2), "decode_step_ms": round(1000 * step, 2),
                             "tokens_per_s": round(1 / step, 2),
                             "bus_bound_ms": round(1000 * streamed / peak, 2)}
                 measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
