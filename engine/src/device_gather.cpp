@@ -202,7 +202,12 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
   c10::impl::VirtualGuardImpl guard_impl(device_.type());
   if (!stage_index_) {
     const c10::StreamGuard on_gather_stream(*gather_stream_);
-    stage_index_ = device_index(piece_blocks_, piece_rows_);
+    if (batched_pieces()) {  // nothing is gathered: the ring's ids are all the device needs
+      stage_index_.emplace();
+      stage_index_->blocks = upload_ids(piece_blocks_);
+    } else {
+      stage_index_ = device_index(piece_blocks_, piece_rows_);
+    }
     // The copy stream scatters by these ids too (after waiting for a piece
     // read on the gather stream, so after the upload).
     guard_impl.recordDataPtrOnStream(stage_index_->blocks.storage().data_ptr(), *copy_stream_);
