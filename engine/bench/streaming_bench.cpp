@@ -21,7 +21,7 @@
 //
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 //
-//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--only probe,tuning,grid,compressed,curve]
+//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -60,7 +60,7 @@ constexpr std::int64_t kLayers = 32;
 constexpr std::int64_t kKvHeads = 8;
 constexpr std::int64_t kQueryHeads = 32;
 constexpr std::int64_t kHeadSize = 128;
-constexpr std::int64_t kRing = 2;
+std::int64_t g_ring = 2;  // ring buffers (--ring)
 
 struct Options {
   std::string device = "cuda";
@@ -257,18 +257,18 @@ struct Model {
         codec(make_codec(homes, {2, block_size, kKvHeads, kHeadSize}, at::kBFloat16, kHeadSize)) {
     const auto dev = at::TensorOptions().device(g_device).dtype(at::kBFloat16);
     std::vector<at::Tensor> ring;
-    for (std::int64_t r = 0; r < kRing; ++r) ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
+    for (std::int64_t r = 0; r < g_ring; ++r) ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
     std::unordered_map<std::string, at::Tensor> by_name;
     std::vector<std::string> names;
     for (std::int64_t l = 0; l < kLayers; ++l) {
       names.push_back(layer_name(l));
       kv.push_back(l < resident ? at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev)
-                                : ring[static_cast<std::size_t>((l - resident) % kRing)]);
+                                : ring[static_cast<std::size_t>((l - resident) % g_ring)]);
       by_name[names.back()] = kv.back();
     }
     layer_bytes = codec->layer_bytes();
     if (resident < kLayers) {
-      auto geometry = StreamingGeometry::plan(StreamingConfig{resident, kRing, homes}, names);
+      auto geometry = StreamingGeometry::plan(StreamingConfig{resident, g_ring, homes}, names);
       if (!geometry.ok()) throw std::runtime_error(geometry.status().error());
       auto made = LayerStreamer::create(geometry.value(), by_name, /*fence_timeout_ms=*/60000, kHeadSize);
       if (!made.ok()) throw std::runtime_error(made.status().error());
@@ -297,19 +297,26 @@ struct Model {
       layer_compute(s, kv[static_cast<std::size_t>(l)]);
       if (streamed_layer) {
         streamer->write_back(name, stats);
-        streamer->stage_ahead(name, nullptr, stats);
+        streamer->stage_ahead(name, std::nullopt, stats);
       }
     }
+    last_host_s = seconds_since(t0);  // the host has queued the whole step
     if (streaming) streamer->synchronize();
     device_sync();
     return seconds_since(t0);
   }
   double median_run(const Step& s, bool streaming, std::int64_t iters) {
     run(s, streaming);  // warm-up
-    std::vector<double> t;
-    for (std::int64_t i = 0; i < iters; ++i) t.push_back(run(s, streaming));
+    std::vector<double> t, host;
+    for (std::int64_t i = 0; i < iters; ++i) {
+      t.push_back(run(s, streaming));
+      host.push_back(last_host_s);
+    }
+    host_s = median(host);
     return median(t);
   }
+  double last_host_s = 0;
+  double host_s = 0;  // the last median_run's: the host's time to queue a step
 };
 
 void free_pinned_cache() {
@@ -326,25 +333,26 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
   std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-12s  step %9.2f ms  bound %9.2f ms "
-              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f\n",
+              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f  host %.2f ms\n",
               part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
               static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
               static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
-              attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run);
+              attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run,
+              m.host_s * 1e3);
   std::printf("RESULT {\"part\": \"%s\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
               "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
               "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
               "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
               "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
-              "\"homes\": \"%s\"}\n",
+              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld}\n",
               part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
               static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
               static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
               step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
               streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false",
-              homes_name(s.homes));
+              homes_name(s.homes), m.host_s * 1e3, static_cast<long long>(g_ring));
   std::fflush(stdout);
 }
 
@@ -366,7 +374,7 @@ bool verify_step(Model& m, const Step& s) {
   // the ring holds its decode and the written-back homes the ring's encode,
   // both as the CPU codec computes them.
   const auto shape = m.kv.front()[0].sizes().vec();
-  for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
+  for (std::int64_t l = kLayers - g_ring; l < kLayers; ++l) {
     for (const auto b : sample) {
       home(l - m.resident, b).copy_(m.codec->encode(at::randn(shape).to(at::kBFloat16).unsqueeze(0)).view({-1}));
     }
@@ -374,7 +382,7 @@ bool verify_step(Model& m, const Step& s) {
   m.run(s, true);
   bool ok = true;
   auto bytes_of = [](const at::Tensor& t) { return t.contiguous().view({-1}).view(at::kByte); };
-  for (std::int64_t l = kLayers - kRing; l < kLayers; ++l) {
+  for (std::int64_t l = kLayers - g_ring; l < kLayers; ++l) {
     const at::Tensor ring = m.kv[static_cast<std::size_t>(l)];
     auto ring_block = [&](std::int64_t b) { return ring[b].cpu().unsqueeze(0); };
     for (const auto b : sample) {
@@ -387,7 +395,7 @@ bool verify_step(Model& m, const Step& s) {
   }
   std::printf("verify: %s %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
               s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
-              sample.size(), s.writeback_blocks.size(), static_cast<long long>(kRing),
+              sample.size(), s.writeback_blocks.size(), static_cast<long long>(g_ring),
               ok ? "bitwise equal to their homes (through the homes' codec)" : "DIFFER FROM THEIR HOMES");
   std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"homes\": \"%s\", \"context\": %lld, "
               "\"batch\": %lld, \"ok\": %s}\n",
@@ -466,8 +474,10 @@ void grid(Bench& b) {
 
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
-// write-back stream and its calls to the driver (the gather stream's priority
-// stays high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
+// write-back stream, its calls to the driver, whether a buffer's staging waits
+// for its last occupant's write-back, and the issue thread (the gather stream's
+// priority stays high: the 2026-12-01 sweep found it changed no step by more
+// than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
@@ -490,6 +500,8 @@ void tuning(Bench& b) {
       bool copy_high;
       bool writeback_stream;
       std::int64_t batch_first_call;
+      bool staging_waits = false;
+      bool issue_thread = false;
     };
     for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true, 32},
                            Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true, 32},
@@ -497,13 +509,17 @@ void tuning(Bench& b) {
                            Knobs{"batch", StreamCopy::kCopyEngineBatch, 8, false, true, 32},
                            Knobs{"batch-one-call", StreamCopy::kCopyEngineBatch, 8, false, true, 0},
                            Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false, 32},
-                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32}}) {
+                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32},
+                           Knobs{"batch-staging-waits-wb", StreamCopy::kCopyEngineBatch, 8, false, true, 32, true},
+                           Knobs{"batch-issue-thread", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, true}}) {
       if (!m.streamer->can_copy_by(k.method)) continue;
       StreamingTuning t = defaults;
       t.pieces = k.pieces;
       t.copy_high_priority = k.copy_high;
       t.writeback_stream = k.writeback_stream;
       t.batch_first_call = k.batch_first_call;
+      t.staging_waits_for_writeback = k.staging_waits;
+      t.issue_thread = k.issue_thread;
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
@@ -526,7 +542,7 @@ void resident_curve(Bench& b) {
     if (attention == 0) attention = m.median_run(s, false, b.o.iters);
     const double step = r < kLayers ? m.median_run(s, true, b.o.iters) : m.median_run(s, false, b.o.iters);
     report(b, "curve", m, s, step, attention, r < kLayers ? copy_method_name(m.streamer->copy_method()) : "none");
-    const double device_gib = static_cast<double>((r + std::min<std::int64_t>(kRing, kLayers - r)) *
+    const double device_gib = static_cast<double>((r + std::min<std::int64_t>(g_ring, kLayers - r)) *
                                                   num_blocks * m.layer_bytes) / (1 << 30);
     std::printf("CURVE {\"resident\": %lld, \"device_kv_gib\": %.3f, \"host_homes_gib\": %.3f}\n",
                 static_cast<long long>(r), device_gib,
@@ -745,6 +761,7 @@ int main(int argc, char** argv) {
     if (k == "--device") b.o.device = v;
     else if (k == "--iters") b.o.iters = std::stoll(v);
     else if (k == "--block") b.o.block = std::stoll(v);
+    else if (k == "--ring") g_ring = std::stoll(v);
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;

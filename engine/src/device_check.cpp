@@ -352,6 +352,8 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     // operations in turn, so each stages what the other wrote home; switched
     // every full turn of the methods, so each method runs with both.
     tuning.fused_codec = (step / static_cast<std::int64_t>(methods.size())) % 2 == 0;
+    // On CUDA: the copies issued from the issue thread, and from this one.
+    tuning.issue_thread = (step / 2) % 2 == 0;
     if (step % 2 == 1) {
       tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
       tuning.pieces = 2;

@@ -120,6 +120,7 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
     if (new_gather_stream) gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
     make_pieces();
   }
+  if (has_streams()) apply_issue_thread();
 }
 
 const char* copy_method_name(StreamCopy method) {
@@ -148,6 +149,7 @@ void LayerStreamer::set_copy_method(StreamCopy method) {
             : "kCopyEngineBatch needs what kDeviceGather needs, on CUDA with a driver that has "
               "cuMemcpyBatchAsync (12.8 or later)");
   }
+  drain_issued();  // the issue thread's tasks read it
   copy_method_ = method;
 }
 

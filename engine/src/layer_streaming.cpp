@@ -7,6 +7,7 @@
 
 #include "cuda_batch_copy.h"
 #include "cuda_codec_kernels.h"
+#include "issue_thread.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -101,6 +102,9 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   stage_issued_.assign(n, 0);
   staged_.assign(n, 0);
   stage_fences_.resize(n);
+  occupant_writeback_.resize(n);
+  stage_tasks_.assign(n, 0);
+  occupant_writeback_tasks_.assign(n, 0);
   poisoned_.assign(n * static_cast<std::size_t>(homes_->num_slots()), 0);
   if (has_streams()) {
     copy_stream_ = c10::impl::VirtualGuardImpl(device_.type())
@@ -125,6 +129,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
             codec_kernels_missing_);
       }
     }
+    apply_issue_thread();
   }
 }
 
@@ -133,9 +138,11 @@ LayerStreamer::~LayerStreamer() {
     synchronize();  // copies still landing in the homes must finish before they are freed
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
+  issuer_.reset();  // joined before the state its tasks use goes
 }
 
 void LayerStreamer::synchronize() {
+  drain_issued();
   if (gather_stream_) gather_stream_->synchronize();
   if (writeback_stream_) writeback_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
@@ -261,6 +268,7 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
                                std::vector<std::int64_t> stage_rows,
                                std::vector<std::int64_t> writeback_blocks,
                                std::vector<std::int64_t> writeback_rows) {
+  drain_issued();  // the issue thread's tasks read the step's state
   settle_writebacks();
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
@@ -328,10 +336,20 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     }
     std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
   }
+  // Whether a ring buffer's next occupant may be staged while its last
+  // occupant's write-back still reads the buffer (StreamingTuning).
+  written_sorted_ = writeback_blocks_;
+  std::sort(written_sorted_.begin(), written_sorted_.end());
+  stage_writeback_disjoint_ = std::none_of(stage_blocks_.begin(), stage_blocks_.end(), [&](std::int64_t block) {
+    return std::binary_search(written_sorted_.begin(), written_sorted_.end(), block);
+  });
+  for (auto& done : occupant_writeback_) done.reset();
   stage_index_.reset();
   writeback_index_.reset();
   writeback_long_ids_.reset();
   std::fill(stage_issued_.begin(), stage_issued_.end(), 0);
+  std::fill(stage_tasks_.begin(), stage_tasks_.end(), 0);
+  std::fill(occupant_writeback_tasks_.begin(), occupant_writeback_tasks_.end(), 0);
   std::fill(staged_.begin(), staged_.end(), 0);
   for (auto& fence : stage_fences_) fence.reset();
   const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
@@ -375,39 +393,67 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
   }
 }
 
-void LayerStreamer::start(Telemetry& stats) {
-  if (!has_streams() || !has_stage_work()) return;
-  // The ring's previous occupants (the last layers of the previous step, and
-  // whatever vLLM did to the cache before this step) are done with it.
-  c10::Event compute_done(device_.type());
-  compute_done.record(current_stream(device_));
-  compute_done.block(*copy_stream_);
-  const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
-  for (std::int64_t j = 0; j < first; ++j) issue_stage(j, stats);
+std::uint64_t LayerStreamer::issue(std::function<void()> task) {
+  if (issuer_) return issuer_->post(std::move(task));
+  task();
+  return 0;
 }
 
-void LayerStreamer::issue_stage(std::int64_t streamed, Telemetry& stats) {
-  const auto j = static_cast<std::size_t>(streamed);
-  stage_issued_[j] = 1;
-  if (!has_stage_work()) return;
+void LayerStreamer::wait_issued(std::uint64_t task) {
+  if (issuer_ && task != 0) issuer_->wait_for(task);
+}
+
+void LayerStreamer::drain_issued() {
+  if (issuer_) issuer_->drain();
+}
+
+void LayerStreamer::apply_issue_thread() {
+  const bool wanted = tuning_.issue_thread && device_.is_cuda();
+  if (wanted == (issuer_ != nullptr)) return;
+  drain_issued();
+  issuer_ = wanted ? std::make_unique<detail::IssueThread>(device_) : nullptr;
+}
+
+void LayerStreamer::start(Telemetry& stats) {
+  if (!has_streams() || !has_stage_work()) return;
   const Stopwatch t;
+  // The ring's previous occupants (the last layers of the previous step, and
+  // whatever vLLM did to the cache before this step) are done with it.
+  auto compute_done = std::make_shared<c10::Event>(device_.type());
+  compute_done->record(current_stream(device_));
+  const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
+  for (std::int64_t j = 0; j < first; ++j) note_stage_issued(j, stats);
+  const std::uint64_t task = issue([this, compute_done, first] {
+    compute_done->block(*copy_stream_);
+    for (std::int64_t j = 0; j < first; ++j) issue_stage(j);
+  });
+  for (std::int64_t j = 0; j < first; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
+  stats.add(Counter::kStreamUs, t.us());
+}
+
+void LayerStreamer::note_stage_issued(std::int64_t streamed, Telemetry& stats) {
+  stage_issued_[static_cast<std::size_t>(streamed)] = 1;
+  if (has_stage_work()) {
+    stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
+  }
+}
+
+void LayerStreamer::issue_stage(std::int64_t streamed) {
+  if (!has_stage_work()) return;
+  const auto j = static_cast<std::size_t>(streamed);
   at::Tensor& kv = streamed_kv_[j];
   if (stages_by_pieces() && !stage_blocks_.empty()) gather_stage(streamed);
-  {
-    const c10::StreamGuard on_copy_stream(*copy_stream_);
-    if (copy_method_ == StreamCopy::kRuns) {
-      for (const auto& run : stage_runs_) {
-        copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
-      }
-    } else if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_) {
-      batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_);
+  const c10::StreamGuard on_copy_stream(*copy_stream_);
+  if (copy_method_ == StreamCopy::kRuns) {
+    for (const auto& run : stage_runs_) {
+      copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
     }
-    zero_fresh(streamed);
-    stage_fences_[j].emplace(device_.type());
-    stage_fences_[j]->record(*copy_stream_);
+  } else if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_) {
+    batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_);
   }
-  stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
-  stats.add(Counter::kStreamUs, t.us());
+  zero_fresh(streamed);
+  stage_fences_[j].emplace(device_.type());
+  stage_fences_[j]->record(*copy_stream_);
 }
 
 void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
@@ -417,8 +463,8 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   const auto ju = static_cast<std::size_t>(j);
   if (staged_[ju]) return;
   staged_[ju] = 1;
-  if (!has_stage_work()) return;
   if (!has_streams()) {
+    if (!has_stage_work()) return;
     zero_fresh(j);
     const Stopwatch t;
     for (const auto& run : stage_home_runs_) copy_run_cpu(j, run, /*to_home=*/false);
@@ -426,22 +472,32 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
     stats.add(Counter::kStreamUs, t.us());
     return;
   }
-  if (!stage_issued_[ju]) {
+  const Stopwatch t;
+  if (has_stage_work() && !stage_issued_[ju]) {
     // Not issued ahead (start or the write-back K layers before did not run):
     // the compute stream has queued every earlier layer's attention by now.
-    c10::Event compute_done(device_.type());
-    compute_done.record(current_stream(device_));
-    compute_done.block(*copy_stream_);
-    issue_stage(j, stats);
+    auto compute_done = std::make_shared<c10::Event>(device_.type());
+    compute_done->record(current_stream(device_));
+    note_stage_issued(j, stats);
+    stage_tasks_[ju] = issue([this, compute_done, j] {
+      compute_done->block(*copy_stream_);
+      issue_stage(j);
+    });
   }
-  stage_fences_[ju]->block(current_stream(device_));
+  // The events below are recorded by the tasks issuing this layer's staging
+  // and its buffer's last occupant's write-back.
+  wait_issued(std::max(stage_tasks_[ju], occupant_writeback_tasks_[ju]));
+  if (stage_fences_[ju]) stage_fences_[ju]->block(current_stream(device_));
+  // The compute writes this step's new blocks, which the buffer's last
+  // occupant's write-back may still be reading.
+  if (occupant_writeback_[ju]) occupant_writeback_[ju]->block(current_stream(device_));
+  stats.add(Counter::kStreamUs, t.us());
 }
 
 void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
   const std::int64_t j = it->second;
-  at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(j)];
   if (!has_streams()) {
     if (writeback_blocks_.empty()) return;
     const Stopwatch t;
@@ -450,63 +506,78 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
     stats.add(Counter::kStreamUs, t.us());
     return;
   }
-  // Always: the staging of layer j + K into this buffer follows on the copy
-  // stream and must come after this layer's attention.
-  c10::Event attended(device_.type());
-  attended.record(current_stream(device_));
-  attended.block(*copy_stream_);
-  if (writeback_blocks_.empty()) return;
   const Stopwatch t;
-  PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()),
-                     std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_)};
-  // Exact homes only: a compressed write-back's encode would sit on the
-  // write-back stream too, and crossing apart read no faster (BENCHMARKS.md,
-  // 2026-12-04).
-  if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream) {
-    attended.block(*writeback_stream_);
+  auto attended = std::make_shared<c10::Event>(device_.type());
+  attended->record(current_stream(device_));
+  const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_);
+  const std::uint64_t task = issue([this, attended, j, next, deadline] {
+    // Always: the staging of layer j + K into this buffer follows on the copy
+    // stream and must come after this layer's attention.
+    attended->block(*copy_stream_);
+    if (writeback_blocks_.empty()) return;
+    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()), deadline};
+    // Exact homes only: a compressed write-back's encode would sit on the
+    // write-back stream too, and crossing apart read no faster (BENCHMARKS.md,
+    // 2026-12-04).
+    const bool own_stream = copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
+    const c10::Stream stream = own_stream ? *writeback_stream_ : *copy_stream_;
     {
-      const c10::StreamGuard on_writeback_stream(*writeback_stream_);
-      batch_copy(j, writeback_runs_, /*to_home=*/true, *writeback_stream_);
-      p.fence.record(*writeback_stream_);
-    }
-    // Whatever the copy stream issues next waits for this write-back: the
-    // buffer's next occupant lands on it, and that layer's compute (waiting
-    // for its staging) writes the blocks this write-back reads.
-    p.fence.block(*copy_stream_);
-    pending_writebacks_.push_back(std::move(p));
-    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
-    stats.add(Counter::kStreamUs, t.us());
-    return;
-  }
-  {
-    const c10::StreamGuard on_copy_stream(*copy_stream_);
-    if (stages_by_pieces()) {
-      gather_write_back(j);
-    } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
-      batch_copy(j, writeback_runs_, /*to_home=*/true, *copy_stream_);
-    } else {
-      for (const auto& run : writeback_runs_) {
-        copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
+      const c10::StreamGuard on_stream(stream);
+      if (own_stream) {
+        attended->block(stream);
+        batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
+      } else if (stages_by_pieces()) {
+        gather_write_back(j);
+      } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
+        batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
+      } else {
+        at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(j)];
+        for (const auto& run : writeback_runs_) {
+          copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
+        }
       }
+      p.fence.record(stream);
     }
-    p.fence.record(*copy_stream_);
+    // The next occupant's compute writes the blocks this write-back reads.
+    if (next < geometry_.num_streamed()) {
+      auto& done = occupant_writeback_[static_cast<std::size_t>(next)];
+      done.emplace(device_.type());
+      done->record(stream);
+    }
+    // Its staging lands in the buffer: on the copy stream it follows this
+    // write-back anyway; beside it, it need not wait when no block is both
+    // staged and written back.
+    if (own_stream && (!stage_writeback_disjoint_ || tuning_.staging_waits_for_writeback)) {
+      p.fence.block(*copy_stream_);
+    }
+    pending_writebacks_.push_back(std::move(p));
+  });
+  if (next < geometry_.num_streamed()) occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
+  if (!writeback_blocks_.empty()) {
+    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
   }
-  pending_writebacks_.push_back(std::move(p));
-  stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
   stats.add(Counter::kStreamUs, t.us());
 }
 
-void LayerStreamer::stage_ahead(const std::string& name, const c10::Event* gathered,
-                                Telemetry& stats) {
+void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered, Telemetry& stats) {
   if (!has_streams()) return;
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
-  // The store save's gather reads this buffer too: the next occupant waits for it.
-  if (gathered != nullptr) gathered->block(*copy_stream_);
   const std::int64_t next = it->second + geometry_.ring_size;
-  if (next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)]) {
-    issue_stage(next, stats);
-  }
+  const bool stage_next = next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)];
+  if (!gathered && !stage_next) return;
+  const Stopwatch t;
+  if (stage_next) note_stage_issued(next, stats);
+  std::shared_ptr<c10::Event> store_gathered;
+  if (gathered) store_gathered = std::make_shared<c10::Event>(std::move(*gathered));
+  const std::uint64_t task = issue([this, store_gathered, next, stage_next] {
+    // The store save's gather reads this buffer too: the next occupant waits for it.
+    if (store_gathered) store_gathered->block(*copy_stream_);
+    if (stage_next) issue_stage(next);
+  });
+  if (stage_next) stage_tasks_[static_cast<std::size_t>(next)] = task;
+  stats.add(Counter::kStreamUs, t.us());
 }
 
 std::string LayerStreamer::home_bytes(const std::string& name) {

@@ -358,7 +358,7 @@ void WorkerSide::save_layer(const std::string& layer_name, const at::Tensor& kv_
   if (streamed) streamer_->write_back(layer_name, stats_);
   std::optional<c10::Event> gathered;
   store_save_layer(layer_name, kv_layer, gathered);
-  if (streamed) streamer_->stage_ahead(layer_name, gathered ? &*gathered : nullptr, stats_);
+  if (streamed) streamer_->stage_ahead(layer_name, std::move(gathered), stats_);
 }
 
 void WorkerSide::store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,7 @@ namespace activekv {
 namespace detail {
 struct CopyBatch;
 class CudaCodecKernels;
+class IssueThread;
 }
 
 // How staged and written-back blocks cross between the homes and the ring.
@@ -100,6 +102,22 @@ struct StreamingTuning {
   // own, beside the staging (host to device), so the bus's two directions
   // overlap instead of queueing on the copy stream.
   bool writeback_stream = true;
+  // kCopyEngineBatch with the write-back stream: when a step stages none of
+  // the blocks it writes back (a prefill chunk starting on a block boundary),
+  // a ring buffer's next occupant is staged without waiting for the last
+  // occupant's write-back, and only its compute (which writes the blocks that
+  // write-back reads) waits for it. True: the staging waits too, as it must
+  // when the sets share a block (a decode step's last block).
+  bool staging_waits_for_writeback = false;
+  // CUDA: the copy streams' work (the copies and the waits that order them)
+  // is issued by a thread of its own (issue_thread.h), so the forward's thread
+  // neither pays for a layer's copies nor blocks once the driver's queue is
+  // full. Off: on the H200 at a ring of 2 it read no faster (prefill 16k
+  // 1.113x against 1.067x, the other points within 1%), and the forward then
+  // waits for the thread at each layer; at a ring of 3, where the caller's
+  // thread blocks in the driver, it read faster (BENCHMARKS.md, 2026-12-04,
+  // night). XPU always issues on the caller's thread.
+  bool issue_thread = false;
   // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,
   // then twice as many each call, so the bus starts after the first few copies
   // are issued rather than a whole layer's (cuda_batch_copy.h); 0: one call.
@@ -131,12 +149,14 @@ struct StreamingTuning {
 //                  staging pieces; the copy stream scatters each piece into
 //                  the buffer once it is read and its turn on the copy
 //                  stream came);
-//   stage          the compute stream waits for the layer's stage fence;
+//   stage          the compute stream waits for the layer's stage fence
+//                  (and the buffer's last occupant's write-back);
 //   write_back     the copy stream waits for the compute stream (the layer's
 //                  attention), then copies the write-back rows home
 //                  (kCopyEngineBatch: a write-back stream does, beside the
-//                  staging crossing the other way, and the copy stream's next
-//                  work waits for it);
+//                  staging crossing the other way; the buffer's next
+//                  occupant's staging waits for it only where a block is both
+//                  staged and written back, its compute always);
 //   stage_ahead    after the store save's gather of layer j (the copy stream
 //                  waits for it: the gather reads the buffer), stage layer
 //                  j + K into the buffer.
@@ -196,7 +216,7 @@ class LayerStreamer {
   void write_back(const std::string& name, Telemetry& stats);
   // Device only, after write_back and the store save's gather of `name`
   // (`gathered`, when there was one): stages the streamed layer K places later.
-  void stage_ahead(const std::string& name, const c10::Event* gathered, Telemetry& stats);
+  void stage_ahead(const std::string& name, std::optional<c10::Event> gathered, Telemetry& stats);
   // The bytes of a streamed layer's home, every row in row order (the
   // reference's home tensor); waits for the copies in flight. For parity
   // checks and tests. Must be called with a streamed layer.
@@ -240,7 +260,19 @@ class LayerStreamer {
   // return; device: issued on the current stream, non-blocking).
   void copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks);
   void copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks);
-  void issue_stage(std::int64_t streamed, Telemetry& stats);
+  // Issues the staging of a streamed layer on the copy stream (from the issue
+  // thread, where there is one).
+  void issue_stage(std::int64_t streamed);
+  // The caller's share of staging a layer: marks it issued and counts its bytes.
+  void note_stage_issued(std::int64_t streamed, Telemetry& stats);
+  // Runs `task` now, or posts it to the issue thread where there is one;
+  // returns the number to wait_issued for (0: it ran).
+  std::uint64_t issue(std::function<void()> task);
+  // Waits until `task` ran on the issue thread; rethrows what it threw.
+  void wait_issued(std::uint64_t task);
+  // Waits for every task posted (before the step's state changes).
+  void drain_issued();
+  void apply_issue_thread();  // starts or stops it as tuning_ says
   // Staging work this step: blocks to stage, or fresh blocks to zero.
   bool has_stage_work() const { return !stage_blocks_.empty() || !fresh_blocks_.empty(); }
   // Compressed homes: the step's fresh blocks (written, not staged) as zeros in
@@ -375,6 +407,15 @@ class LayerStreamer {
   std::vector<char> stage_issued_;  // per streamed layer (device)
   std::vector<char> staged_;        // per streamed layer: stage() done this step
   std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
+  std::vector<std::uint64_t> stage_tasks_;  // per streamed layer: the task issuing its staging
+  std::unique_ptr<detail::IssueThread> issuer_;  // tuning_.issue_thread on CUDA
+  // Per step: no block is both staged and written back (set by begin_step).
+  bool stage_writeback_disjoint_ = false;
+  std::vector<std::int64_t> written_sorted_;  // begin_step's scratch
+  // Per streamed layer: the write-back of the ring buffer's previous occupant
+  // this step, which the layer's compute waits for.
+  std::vector<std::optional<c10::Event>> occupant_writeback_;
+  std::vector<std::uint64_t> occupant_writeback_tasks_;  // the tasks recording them
 
   std::vector<PendingWriteback> pending_writebacks_;
   // Per streamed layer and home row ([layer * num_rows + row]): the row's

@@ -1,0 +1,57 @@
+// A thread of its own for a layer streamer's copy issuing (internal).
+//
+// Issuing a layer's batch costs the host about 0.5 us a copy, and once the
+// copy stream's queue of pending work is full the driver's call blocks until
+// the copy engines drain it. On the forward's thread both hold back the
+// model's own launches: the next layer's attention is launched late and the
+// ring buffer it frees is late for its next occupant's staging. Issued from
+// this thread, the copies wait in the driver and the forward does not.
+//
+// Tasks run one at a time, in the order posted, so whatever they issue onto a
+// stream lands there in that order.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace activekv::detail {
+
+class IssueThread {
+ public:
+  // The thread works on `device` (its context current for the driver's calls).
+  explicit IssueThread(c10::Device device);
+  // Runs what was posted, then joins.
+  ~IssueThread();
+  IssueThread(const IssueThread&) = delete;
+  IssueThread& operator=(const IssueThread&) = delete;
+
+  // Queues `task`; returns its number (1, 2, ...), for wait_for.
+  std::uint64_t post(std::function<void()> task);
+  // Waits until task `n` and every task before it ran. Rethrows, once, the
+  // first exception a task threw; the tasks queued behind it are dropped (the
+  // state they would work on is the failed one's).
+  void wait_for(std::uint64_t n);
+  // wait_for the last task posted.
+  void drain();
+
+ private:
+  void run(c10::Device device);
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> tasks_;
+  std::uint64_t posted_ = 0;
+  std::uint64_t done_ = 0;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is set up
+};
+
+}  // namespace activekv::detail

@@ -1,0 +1,90 @@
+// The layer streamer's issue thread (src/issue_thread.h): tasks run in the
+// order posted, off the caller's thread; wait_for returns once a task ran;
+// a task's exception reaches the caller once, with the tasks behind it dropped.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "issue_thread.h"
+
+namespace activekv {
+namespace {
+
+const c10::Device kCpu{c10::DeviceType::CPU};
+
+TEST(IssueThread, RunsTasksInOrderOffTheCallersThread) {
+  detail::IssueThread issuer(kCpu);
+  std::vector<int> ran;  // written only by the issue thread, read after wait_for
+  std::thread::id where;
+  std::uint64_t last = 0;
+  for (int i = 0; i < 200; ++i) {
+    last = issuer.post([&ran, &where, i] {
+      ran.push_back(i);
+      where = std::this_thread::get_id();
+    });
+  }
+  issuer.wait_for(last);
+  ASSERT_EQ(ran.size(), 200U);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(ran[static_cast<std::size_t>(i)], i);
+  EXPECT_NE(where, std::this_thread::get_id());
+}
+
+TEST(IssueThread, WaitForReturnsOnceThatTaskRanNotBefore) {
+  detail::IssueThread issuer(kCpu);
+  std::atomic<bool> release{false};
+  std::atomic<int> done{0};
+  const auto slow = issuer.post([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ++done;
+  });
+  const auto after = issuer.post([&] { ++done; });
+  EXPECT_EQ(slow + 1, after);
+  std::thread waiter([&] { issuer.wait_for(slow); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(done.load(), 0);  // the slow task holds both
+  release = true;
+  waiter.join();
+  EXPECT_GE(done.load(), 1);
+  issuer.drain();
+  EXPECT_EQ(done.load(), 2);
+}
+
+TEST(IssueThread, RethrowsATasksErrorOnceAndDropsTheTasksBehindIt) {
+  detail::IssueThread issuer(kCpu);
+  std::atomic<bool> release{false};
+  std::atomic<int> ran{0};
+  issuer.post([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw std::runtime_error("cuMemcpyBatchAsync failed");
+  });
+  const auto behind = issuer.post([&] { ++ran; });  // queued before the failure is known
+  release = true;
+  try {
+    issuer.wait_for(behind);
+    FAIL() << "wait_for returned past a failed task";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "cuMemcpyBatchAsync failed");
+  }
+  EXPECT_EQ(ran.load(), 0);
+  // Taken once: the thread serves the next tasks.
+  const auto next = issuer.post([&] { ++ran; });
+  issuer.wait_for(next);
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_NO_THROW(issuer.drain());
+}
+
+TEST(IssueThread, DestructionRunsWhatWasPosted) {
+  std::atomic<int> ran{0};
+  {
+    detail::IssueThread issuer(kCpu);
+    for (int i = 0; i < 50; ++i) issuer.post([&] { ++ran; });
+  }
+  EXPECT_EQ(ran.load(), 50);
+}
+
+}  // namespace
+}  // namespace activekv
