@@ -178,10 +178,17 @@ Module compile_for(int device_index) {
   }
   // The module loads into the thread's current context, which must be the
   // device's primary one (torch's): made current here where torch has not
-  // yet touched the device on this thread. Retained for the process's life.
+  // yet touched the device on this thread. Retained once per device, for the
+  // process's life (a failed compile is tried again: module_for).
+  static std::map<int, void*> primaries;  // under module_for's lock
   void* primary = nullptr;
   void* current = nullptr;
-  CUresult rc = d.retain_primary(&primary, device);
+  CUresult rc = kCudaSuccess;
+  if (const auto it = primaries.find(device); it != primaries.end()) {
+    primary = it->second;
+  } else if ((rc = d.retain_primary(&primary, device)) == kCudaSuccess) {
+    primaries.emplace(device, primary);
+  }
   if (rc == kCudaSuccess) rc = d.current_context(&current);
   if (rc == kCudaSuccess && current != primary) rc = d.set_current(primary);
   if (rc != kCudaSuccess) {

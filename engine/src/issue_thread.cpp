@@ -3,9 +3,22 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <chrono>
 #include <utility>
 
 namespace activekv::detail {
+namespace {
+
+// Waits until `done()`. condition_variable::wait(lock) is a libstdc++ symbol
+// of GCC 12 (GLIBCXX_3.4.30), past what a manylinux_2_34 wheel may use
+// (auditwheel refuses it); the timed wait is inline.
+template <class Done>
+void wait_until_done(std::condition_variable& changed, std::unique_lock<std::mutex>& lock, Done done) {
+  while (!changed.wait_for(lock, std::chrono::seconds(1), done)) {
+  }
+}
+
+}  // namespace
 
 IssueThread::IssueThread(c10::Device device) : thread_([this, device] { run(device); }) {}
 
@@ -31,7 +44,7 @@ std::uint64_t IssueThread::post(std::function<void()> task) {
 
 void IssueThread::wait_for(std::uint64_t n) {
   std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return done_ >= n || error_ != nullptr; });
+  wait_until_done(changed_, lock, [&] { return done_ >= n || error_ != nullptr; });
   if (error_ != nullptr) {
     // Whatever was queued behind the failed task is dropped with it.
     done_ += tasks_.size();
@@ -55,7 +68,7 @@ void IssueThread::run(c10::Device device) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return stopping_ || (!tasks_.empty() && error_ == nullptr); });
+      wait_until_done(changed_, lock, [&] { return stopping_ || (!tasks_.empty() && error_ == nullptr); });
       if (tasks_.empty() || error_ != nullptr) return;  // stopping, and nothing left to run
       task = std::move(tasks_.front());
       tasks_.pop_front();
