@@ -1,7 +1,8 @@
 """The libraries we ship, read as the dynamic loader reads them: each a whole
 ELF shared object for the target's machine, whose NEEDED libraries are in the
-wheel, the system's or the target's torch's, and whose RPATH/RUNPATH stays in
-the wheel or torch's libraries."""
+wheel, the system's or the target's torch's, whose RPATH/RUNPATH stays in the
+wheel or torch's libraries, and whose versioned symbols are no newer than the
+platform tag allows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import posixpath
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from pipeline.audit.policy import matches
+from pipeline.audit.policy import matches, version_number
 from pipeline.audit.wheel import MACHINES, Wheel
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ class Elf:
 
     needed: tuple[str, ...]
     paths: tuple[str, ...]
+    # The symbol versions it needs (GNU version needs), as (library, version):
+    # ("libstdc++.so.6", "GLIBCXX_3.4.30").
+    versions: tuple[tuple[str, str], ...] = ()
 
 
 def is_library(name: str, data: bytes) -> bool:
@@ -91,7 +95,49 @@ def _shared_object(wheel: Wheel, name: str, data: bytes, elf: ELFFile) -> Elf | 
             paths += tag.rpath.split(":")
         elif tag.entry.d_tag == "DT_RUNPATH":
             paths += tag.runpath.split(":")
-    return Elf(needed=tuple(needed), paths=tuple(paths))
+    return Elf(needed=tuple(needed), paths=tuple(paths), versions=version_needs(elf))
+
+
+def version_needs(elf: ELFFile) -> tuple[tuple[str, str], ...]:
+    """(library, version) for every symbol version the file's GNU version
+    needs section asks of a library."""
+    out = []
+    for section in elf.iter_sections():
+        if section["sh_type"] == "SHT_GNU_verneed":
+            for verneed, auxiliaries in section.iter_versions():
+                out += [(verneed.name, aux.name) for aux in auxiliaries]
+    return tuple(out)
+
+
+def too_new(versions: tuple[tuple[str, str], ...],
+            ceilings: dict[str, tuple[int, ...]]) -> list[str]:
+    """The versions past their family's newest allowed one, each as
+    "GLIBCXX_3.4.30 of libstdc++.so.6 (newest allowed: 3.4.29)"."""
+    out = []
+    for library, version in versions:
+        family, _, number = version.rpartition("_")
+        newest = ceilings.get(family)
+        got = version_number(number)
+        if newest is not None and got is not None and got > newest:
+            out.append(f"{version} of {library} (newest allowed: {'.'.join(map(str, newest))})")
+    return sorted(set(out))
+
+
+def symbol_versions(wheel: Wheel, libraries: dict[str, Elf]) -> None:
+    """No library needs a symbol version newer than the platform tag allows."""
+    tag = wheel.target.platform_tag
+    ceilings = wheel.policy.symbol_versions.get(tag)
+    if ceilings is None:
+        wheel.fail(wheel.path.name, "symbol-version", f"payload-policy.toml has no "
+                   f"[symbol_versions.{tag}] for target {wheel.target.name}'s platform tag: add "
+                   f"the newest versions its manylinux policy allows")
+        return
+    for name, elf in sorted(libraries.items()):
+        newer = too_new(elf.versions, ceilings)
+        if newer:
+            wheel.fail(name, "symbol-version", f"needs {', '.join(newer)}, past what {tag} allows: "
+                       f"hosts of that tag may lack it. Build with the target's builder image, "
+                       f"or avoid the call that needs it")
 
 
 def linking(wheel: Wheel, libraries: dict[str, Elf], grafted: list[str], present: set[str]) -> None:

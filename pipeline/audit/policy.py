@@ -25,6 +25,8 @@ class Policy:
     startup: tuple[str, ...]
     forbidden: tuple[str, ...]
     system_libraries: tuple[str, ...]
+    # platform tag -> symbol family ("GLIBCXX") -> the newest version allowed.
+    symbol_versions: dict[str, dict[str, tuple[int, ...]]]
 
 
 def matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -54,7 +56,32 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
     if clash:
         raise ConfigError(f"{path.name}: grafted names system libraries {clash}: a wheel "
                           f"never carries its own copy of one")
-    unknown = sorted(set(data) - {"distribution", *lists})
+    unknown = sorted(set(data) - {"distribution", "symbol_versions", *lists})
     if unknown:
         raise ConfigError(f"{path.name}: unknown keys {unknown}")
-    return Policy(distribution=distribution, **lists)
+    return Policy(distribution=distribution, symbol_versions=_symbol_versions(path, data), **lists)
+
+
+def version_number(text: str) -> tuple[int, ...] | None:
+    """A dotted version ("3.4.29") as numbers; None for another form ("FLOAT128")."""
+    return tuple(int(x) for x in text.split(".")) if re.fullmatch(r"[0-9]+(\.[0-9]+)*", text) else None
+
+
+def _symbol_versions(path: Path, data: dict) -> dict[str, dict[str, tuple[int, ...]]]:
+    tables = data.get("symbol_versions")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{path.name}: symbol_versions must hold a table per platform tag, "
+                          f"[symbol_versions.<tag>] with FAMILY = \"newest version\"")
+    out = {}
+    for tag, families in tables.items():
+        if not isinstance(families, dict) or not families:
+            raise ConfigError(f"{path.name}: [symbol_versions.{tag}] must map symbol families "
+                              f"to versions (GLIBC = \"2.34\")")
+        out[tag] = {}
+        for family, version in families.items():
+            number = version_number(version) if isinstance(version, str) else None
+            if not re.fullmatch(r"[A-Z][A-Z0-9]*", family) or number is None:
+                raise ConfigError(f"{path.name}: [symbol_versions.{tag}] {family} = {version!r}: a "
+                                  f"family in capitals and a dotted version (GLIBCXX = \"3.4.29\")")
+            out[tag][family] = number
+    return out

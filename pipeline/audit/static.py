@@ -35,6 +35,7 @@ def audit_wheel(path: Path, target: Target, policy: Policy) -> list[Finding]:
             metadata.record(wheel, files, present)
         libraries = {n: elf.read_elf(wheel, n, files[n]) for n, k in kinds.items()
                      if k in ("module", "grafted")}
-        elf.linking(wheel, {n: e for n, e in libraries.items() if e is not None},
-                    [n for n, k in kinds.items() if k == "grafted"], present)
+        readable = {n: e for n, e in libraries.items() if e is not None}
+        elf.linking(wheel, readable, [n for n, k in kinds.items() if k == "grafted"], present)
+        elf.symbol_versions(wheel, readable)
     return wheel.findings

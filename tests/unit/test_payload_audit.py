@@ -191,6 +191,53 @@ def test_a_real_shared_object_as_our_module_is_read_whole(tmp_path):
         assert not runpath.startswith("$ORIGIN") and runpath.encode() in module
 
 
+def native_module() -> bytes:
+    """The engine's module the tests load, built on this host by the engine
+    install (not imported: it needs torch's libraries loaded)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("activekv")
+    assert spec is not None and spec.origin and spec.origin.endswith(".so"), spec
+    return Path(spec.origin).read_bytes()
+
+
+def symbol_version_findings(wheel: Path, policy: Policy) -> list[str]:
+    return [f.message for f in audit_wheel(wheel, TARGET, policy) if f.rule == "symbol-version"]
+
+
+def test_the_engine_built_here_needs_no_symbol_version_past_the_cpu_wheels_tag(tmp_path):
+    """The gate in seconds for what auditwheel refuses at the release build's
+    end (2026-12-04: std::condition_variable::wait, GLIBCXX_3.4.30, past
+    manylinux_2_34's 3.4.29). The host builds with the builder image's
+    toolchain (Debian 12's GCC 12), so its module needs what the wheel's does."""
+    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(native_module()))
+    assert symbol_version_findings(wheel, load_policy()) == []
+
+
+def test_a_symbol_version_past_the_platform_tags_newest_is_refused_naming_it(tmp_path):
+    # Every x86_64 glibc program needs GLIBC_2.2.5, that architecture's first
+    # version: a policy allowing up to GLIBC 2.2 must refuse it.
+    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(native_module()))
+    strict = dataclasses.replace(load_policy(), symbol_versions={TARGET.platform_tag: {"GLIBC": (2, 2)}})
+    [message] = symbol_version_findings(wheel, strict)
+    assert "GLIBC_2.2.5 of libc.so.6 (newest allowed: 2.2)" in message
+    assert TARGET.platform_tag in message
+    # The other families are not ranked by that policy: only GLIBC versions named.
+    assert "GLIBCXX" not in message
+
+
+def test_a_platform_tag_the_policy_has_no_symbol_versions_for_is_refused(tmp_path):
+    wheel = wheel_with(tmp_path)
+    other = dataclasses.replace(load_policy(), symbol_versions={"manylinux_2_17_x86_64": {"GLIBC": (2, 17)}})
+    [message] = symbol_version_findings(wheel, other)
+    assert f"[symbol_versions.{TARGET.platform_tag}]" in message
+
+
+def test_every_targets_platform_tag_has_symbol_versions():
+    tags = {t.platform_tag for t in config.load(environ={}).targets.values()}
+    assert tags <= set(load_policy().symbol_versions), tags - set(load_policy().symbol_versions)
+
+
 def grafting_policy() -> Policy:
     return dataclasses.replace(load_policy(), grafted=("libnuma.so.1",))
 
@@ -453,6 +500,9 @@ def test_the_policy_file_must_be_whole(tmp_path):
     text = POLICY_FILE.read_text()
     (tmp_path / "no-modules.toml").write_text(text.replace('modules = ["activekv"]', ""))
     (tmp_path / "grafts-libc.toml").write_text(text.replace("grafted = []", 'grafted = ["libc.so*"]'))
+    (tmp_path / "no-symbol-versions.toml").write_text(text.split("[symbol_versions.")[0])
+    (tmp_path / "bad-version.toml").write_text(text.replace('GLIBCXX = "3.4.29"', 'GLIBCXX = "newest"'))
+    (tmp_path / "lower-family.toml").write_text(text.replace('GLIBCXX = "3.4.29"', 'glibcxx = "3.4.29"'))
     for path in tmp_path.glob("*.toml"):
         with pytest.raises(ConfigError):
             load_policy(path)
