@@ -326,23 +326,25 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
     writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
   }
+  // The written-back blocks the step stages too (a decode step's last block).
+  // None: a ring buffer's next occupant may be staged while its last
+  // occupant's write-back still reads the buffer (StreamingTuning). Compressed
+  // homes: the others are fresh.
+  std::vector<std::int64_t> written = writeback_blocks_;
+  std::sort(written.begin(), written.end());
+  std::vector<char> staged_too(written.size(), 0);
+  for (const auto b : stage_blocks_) {
+    const auto it = std::lower_bound(written.begin(), written.end(), b);
+    if (it != written.end() && *it == b) staged_too[static_cast<std::size_t>(it - written.begin())] = 1;
+  }
+  stage_writeback_disjoint_ = std::none_of(staged_too.begin(), staged_too.end(), [](char c) { return c != 0; });
   fresh_blocks_.clear();
   fresh_ids_.reset();
   if (codec_) {
-    std::vector<std::int64_t> staged = stage_blocks_;
-    std::sort(staged.begin(), staged.end());
-    for (const auto b : writeback_blocks_) {
-      if (!std::binary_search(staged.begin(), staged.end(), b)) fresh_blocks_.push_back(b);
+    for (std::size_t i = 0; i < written.size(); ++i) {
+      if (!staged_too[i]) fresh_blocks_.push_back(written[i]);  // in block order, as written is
     }
-    std::sort(fresh_blocks_.begin(), fresh_blocks_.end());
   }
-  // Whether a ring buffer's next occupant may be staged while its last
-  // occupant's write-back still reads the buffer (StreamingTuning).
-  written_sorted_ = writeback_blocks_;
-  std::sort(written_sorted_.begin(), written_sorted_.end());
-  stage_writeback_disjoint_ = std::none_of(stage_blocks_.begin(), stage_blocks_.end(), [&](std::int64_t block) {
-    return std::binary_search(written_sorted_.begin(), written_sorted_.end(), block);
-  });
   for (auto& done : occupant_writeback_) done.reset();
   stage_index_.reset();
   writeback_index_.reset();

@@ -24,8 +24,9 @@ streaming: decode step time with layer streaming in a device KV budget, from
 the time of generate(N tokens) minus generate(1 token) on the same prompt
 (both after a first generate(1) that settles what the prefill left in flight:
 without it the 32k step read below the bus's own time, BENCHMARKS.md
-2026-12-04 evening), against the bus bound (the streamed bytes of a step, exact or compressed as the
-homes hold them, over the same peak) and plain vLLM's decode step with all KV
+2026-12-04 evening), against the bus bound (the streamed bytes of a step,
+exact or compressed as the homes hold them, over the same peak) and plain
+vLLM's decode step with all KV
 on the device. --contexts 0: the longest context the budget serves.
 
 restart: the first request after a restart, with the host store in a file

@@ -411,7 +411,6 @@ class LayerStreamer {
   std::unique_ptr<detail::IssueThread> issuer_;  // tuning_.issue_thread on CUDA
   // Per step: no block is both staged and written back (set by begin_step).
   bool stage_writeback_disjoint_ = false;
-  std::vector<std::int64_t> written_sorted_;  // begin_step's scratch
   // Per streamed layer: the write-back of the ring buffer's previous occupant
   // this step, which the layer's compute waits for.
   std::vector<std::optional<c10::Event>> occupant_writeback_;
