@@ -22,6 +22,7 @@
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 //
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
+//                   [--knobs batch,...] [--kinds decode,prefill] [--timeline 1]
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -70,6 +71,9 @@ struct Options {
   std::string profile_dir;  // streaming_bench_profiled: where the traces go
   std::string profile_homes = "exact";  // or "compressed"
   std::set<std::string> only;
+  std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
+  std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
+  bool timeline = false;  // tuning: also one step's compute stream, timed by events
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
 };
 
@@ -282,10 +286,26 @@ struct Model {
   std::int64_t streamed() const { return kLayers - resident; }
 
   // One step through every layer; streaming off: the KV is already on the device.
-  double run(const Step& s, bool streaming) {
+  // timeline: when given, timed events on the compute stream, 1 + 2 per layer:
+  // the step's start, then each layer's compute start (after its staging's
+  // wait) and end.
+  // host_marks: when given, the host's ms since the start at each layer's
+  // stage, compute, write-back and stage-ahead calls' ends (4 per layer).
+  double run(const Step& s, bool streaming, std::vector<c10::Event>* timeline = nullptr,
+             std::vector<double>* host_marks = nullptr) {
     device_sync();
     Telemetry stats;
+    const c10::Stream compute = c10::impl::VirtualGuardImpl(g_device.type()).getStream(g_device);
+    const auto mark = [&] {
+      if (timeline == nullptr) return;
+      timeline->emplace_back(g_device.type(), c10::EventFlag::BACKEND_DEFAULT);
+      timeline->back().record(compute);
+    };
     const auto t0 = std::chrono::steady_clock::now();
+    const auto host_mark = [&] {
+      if (host_marks != nullptr) host_marks->push_back(seconds_since(t0) * 1e3);
+    };
+    mark();
     if (streaming) {
       streamer->begin_step(s.stage_blocks, s.stage_rows, s.writeback_blocks, s.writeback_rows);
       streamer->start(stats);
@@ -294,10 +314,16 @@ struct Model {
       const std::string name = layer_name(l);
       const bool streamed_layer = streaming && l >= resident;
       if (streamed_layer) streamer->stage(name, stats);
+      host_mark();
+      mark();
       layer_compute(s, kv[static_cast<std::size_t>(l)]);
+      mark();
+      host_mark();
       if (streamed_layer) {
         streamer->write_back(name, stats);
+        host_mark();
         streamer->stage_ahead(name, std::nullopt, stats);
+        host_mark();
       }
     }
     last_host_s = seconds_since(t0);  // the host has queued the whole step
@@ -472,6 +498,37 @@ void grid(Bench& b) {
   }
 }
 
+// One streamed step's compute stream, timed by events: when each layer's
+// compute could start (its staging landed and the layer before finished), how
+// long the stream idled before it, and how long the compute took. Idle time is
+// where the bus (or the host) kept the compute waiting.
+void print_timeline(Model& m, const Step& s, const char* label) {
+  std::vector<c10::Event> ev;
+  std::vector<double> host;
+  m.run(s, true, &ev, &host);
+  const auto at = [&](std::size_t i) { return ev[0].elapsedTime(ev[i]); };  // ms since the step's start
+  double idle = 0, compute = 0;
+  std::string layers, host_layers;
+  for (std::int64_t l = 0; l < kLayers; ++l) {
+    const auto i = static_cast<std::size_t>(1 + 2 * l);
+    const double start = at(i), end = at(i + 1), before = l == 0 ? 0.0 : at(i - 1);
+    idle += start - before;
+    compute += end - start;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%.3f/%.3f/%.3f", l == 0 ? "" : " ", start, start - before, end - start);
+    layers += buf;
+    const auto h = static_cast<std::size_t>(4 * l);
+    std::snprintf(buf, sizeof buf, "%s%.3f/%.3f/%.3f/%.3f", l == 0 ? "" : " ", host[h], host[h + 1] - host[h],
+                  host[h + 2] - host[h + 1], host[h + 3] - host[h + 2]);
+    host_layers += buf;
+  }
+  std::printf("timeline %s %s ctx %lld x%lld: end %.3f ms, compute %.3f ms, compute idle %.3f ms (first layer "
+              "waited %.3f ms)\n  start/idle/compute per layer (ms): %s\n"
+              "  host: staged/compute/write-back/stage-ahead per layer (ms): %s\n",
+              s.shape.kind.c_str(), label, static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+              at(ev.size() - 1), compute, idle, at(1), layers.c_str(), host_layers.c_str());
+}
+
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
 // write-back stream, its calls to the driver, whether a buffer's staging waits
@@ -491,6 +548,7 @@ void tuning(Bench& b) {
                                                        {"prefill", 16384, 1, 2048, 0},
                                                        {"prefill", 65536, 1, 2048, 0},
                                                        {"prefill", 131072, 1, 2048, 0}}) {
+    if (!b.o.kinds.empty() && b.o.kinds.count(shape.kind) == 0) continue;
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
     struct Knobs {
@@ -512,7 +570,7 @@ void tuning(Bench& b) {
                            Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32},
                            Knobs{"batch-staging-waits-wb", StreamCopy::kCopyEngineBatch, 8, false, true, 32, true},
                            Knobs{"batch-issue-thread", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, true}}) {
-      if (!m.streamer->can_copy_by(k.method)) continue;
+      if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
       StreamingTuning t = defaults;
       t.pieces = k.pieces;
       t.copy_high_priority = k.copy_high;
@@ -523,6 +581,7 @@ void tuning(Bench& b) {
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
+      if (b.o.timeline) print_timeline(m, s, k.label);
     }
   }
   m.streamer->set_tuning(defaults);
@@ -765,9 +824,11 @@ int main(int argc, char** argv) {
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;
-    else if (k == "--only") {
+    else if (k == "--timeline") b.o.timeline = v == "1";
+    else if (k == "--only" || k == "--knobs" || k == "--kinds") {
+      std::set<std::string>& into = k == "--only" ? b.o.only : k == "--knobs" ? b.o.knobs : b.o.kinds;
       std::stringstream ss(v);
-      for (std::string part; std::getline(ss, part, ',');) b.o.only.insert(part);
+      for (std::string part; std::getline(ss, part, ',');) into.insert(part);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
