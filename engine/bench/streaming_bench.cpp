@@ -22,7 +22,8 @@
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 //
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
-//                   [--knobs batch,...] [--kinds decode,prefill] [--timeline 1]
+//                   [--knobs batch,...] [--kinds decode,prefill]
+//                   [--contexts 16384,...] [--timeline 1]
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -73,6 +74,7 @@ struct Options {
   std::set<std::string> only;
   std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
+  std::set<std::string> contexts;  // tuning: only these contexts (all when empty)
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
 };
@@ -549,6 +551,7 @@ void tuning(Bench& b) {
                                                        {"prefill", 65536, 1, 2048, 0},
                                                        {"prefill", 131072, 1, 2048, 0}}) {
     if (!b.o.kinds.empty() && b.o.kinds.count(shape.kind) == 0) continue;
+    if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(shape.context)) == 0) continue;
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
     struct Knobs {
@@ -560,6 +563,7 @@ void tuning(Bench& b) {
       std::int64_t batch_first_call;
       bool staging_waits = false;
       bool issue_thread = false;
+      bool ahead_one_call = true;
     };
     for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true, 32},
                            Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true, 32},
@@ -569,7 +573,9 @@ void tuning(Bench& b) {
                            Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false, 32},
                            Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32},
                            Knobs{"batch-staging-waits-wb", StreamCopy::kCopyEngineBatch, 8, false, true, 32, true},
-                           Knobs{"batch-issue-thread", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, true}}) {
+                           Knobs{"batch-issue-thread", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, true},
+                           Knobs{"batch-ahead-in-calls", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, false,
+                                 false}}) {
       if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
       StreamingTuning t = defaults;
       t.pieces = k.pieces;
@@ -578,6 +584,7 @@ void tuning(Bench& b) {
       t.batch_first_call = k.batch_first_call;
       t.staging_waits_for_writeback = k.staging_waits;
       t.issue_thread = k.issue_thread;
+      t.ahead_in_one_call = k.ahead_one_call;
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
@@ -825,8 +832,11 @@ int main(int argc, char** argv) {
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;
     else if (k == "--timeline") b.o.timeline = v == "1";
-    else if (k == "--only" || k == "--knobs" || k == "--kinds") {
-      std::set<std::string>& into = k == "--only" ? b.o.only : k == "--knobs" ? b.o.knobs : b.o.kinds;
+    else if (k == "--only" || k == "--knobs" || k == "--kinds" || k == "--contexts") {
+      std::set<std::string>& into = k == "--only"    ? b.o.only
+                                    : k == "--knobs" ? b.o.knobs
+                                    : k == "--kinds" ? b.o.kinds
+                                                     : b.o.contexts;
       std::stringstream ss(v);
       for (std::string part; std::getline(ss, part, ',');) into.insert(part);
     } else {

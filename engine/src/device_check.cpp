@@ -346,7 +346,8 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
     // the copy engine, so on a device one step cycles the pieces and mixes
     // copied with gathered rows in a piece; a batch goes to the driver in
-    // several calls (CPU copies ignore the tuning).
+    // several calls, the stagings issued ahead too (CPU copies ignore the
+    // tuning).
     StreamingTuning tuning;
     // Compressed homes on CUDA: the fused codec kernels and the codec's ATen
     // operations in turn, so each stages what the other wrote home; switched
@@ -356,6 +357,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     tuning.issue_thread = (step / 2) % 2 == 0;
     if (step % 2 == 1) {
       tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
+      tuning.ahead_in_one_call = false;
       tuning.pieces = 2;
       tuning.piece_bytes = 3 * l.layer_bytes(homes);
       tuning.copy_engine_run = 2;

@@ -354,7 +354,7 @@ bool LayerStreamer::init_batch_copy() {
 }
 
 void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
-                               const c10::Stream& stream) {
+                               const c10::Stream& stream, bool one_call) {
   if (runs.empty()) return;
   const auto j = static_cast<std::size_t>(streamed);
   const std::int64_t row_bytes = homes_->layer_bytes();  // one block of the ring, exact homes
@@ -370,7 +370,7 @@ void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>
       batch_->add(block, home, bytes);
     }
   }
-  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home, batch_first_call());
+  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home, one_call ? 0 : batch_first_call());
 }
 
 std::uint64_t LayerStreamer::home_address(std::size_t streamed, std::int64_t row) const {

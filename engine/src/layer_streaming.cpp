@@ -440,7 +440,7 @@ void LayerStreamer::note_stage_issued(std::int64_t streamed, Telemetry& stats) {
   }
 }
 
-void LayerStreamer::issue_stage(std::int64_t streamed) {
+void LayerStreamer::issue_stage(std::int64_t streamed, bool one_call) {
   if (!has_stage_work()) return;
   const auto j = static_cast<std::size_t>(streamed);
   at::Tensor& kv = streamed_kv_[j];
@@ -451,7 +451,7 @@ void LayerStreamer::issue_stage(std::int64_t streamed) {
       copy_from_home(streamed, rows_of(run), kv.narrow(0, run.block, run.count));
     }
   } else if (copy_method_ == StreamCopy::kCopyEngineBatch && !codec_) {
-    batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_);
+    batch_copy(streamed, stage_runs_, /*to_home=*/false, *copy_stream_, one_call);
   }
   zero_fresh(streamed);
   stage_fences_[j].emplace(device_.type());
@@ -576,7 +576,7 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
   const std::uint64_t task = issue([this, store_gathered, next, stage_next] {
     // The store save's gather reads this buffer too: the next occupant waits for it.
     if (store_gathered) store_gathered->block(*copy_stream_);
-    if (stage_next) issue_stage(next);
+    if (stage_next) issue_stage(next, tuning_.ahead_in_one_call);
   });
   if (stage_next) stage_tasks_[static_cast<std::size_t>(next)] = task;
   stats.add(Counter::kStreamUs, t.us());

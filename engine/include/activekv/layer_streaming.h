@@ -122,6 +122,14 @@ struct StreamingTuning {
   // then twice as many each call, so the bus starts after the first few copies
   // are issued rather than a whole layer's (cuda_batch_copy.h); 0: one call.
   std::int64_t batch_first_call = 32;
+  // kCopyEngineBatch: a layer's staging issued ahead (stage_ahead, K layers
+  // before its compute) goes to the driver in one call. The copy stream is
+  // still busy with the layers before it, so nothing waits for its first
+  // copies, and each call boundary cost the copy engines a gap: at a 16k
+  // prefill chunk a layer crossed at 0.97 of the bus in calls, 0.99 in one
+  // (BENCHMARKS.md, 2026-12-04, late). The step's first stagings (start)
+  // keep the calls: the bus waits for them.
+  bool ahead_in_one_call = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.
@@ -262,7 +270,8 @@ class LayerStreamer {
   void copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks);
   // Issues the staging of a streamed layer on the copy stream (from the issue
   // thread, where there is one).
-  void issue_stage(std::int64_t streamed);
+  // one_call: the batch goes to the driver in one call (ahead_in_one_call).
+  void issue_stage(std::int64_t streamed, bool one_call = false);
   // The caller's share of staging a layer: marks it issued and counts its bytes.
   void note_stage_issued(std::int64_t streamed, Telemetry& stats);
   // Runs `task` now, or posts it to the issue thread where there is one;
@@ -335,7 +344,7 @@ class LayerStreamer {
   // one batch, on `stream` (the copy stream, or the write-back stream).
   bool init_batch_copy();
   void batch_copy(std::int64_t streamed, const std::vector<PairRun>& runs, bool to_home,
-                  const c10::Stream& stream);
+                  const c10::Stream& stream, bool one_call = false);
   std::size_t batch_first_call() const { return static_cast<std::size_t>(tuning_.batch_first_call); }
 
   // A step's write-back of one streamed layer, until its fence settles.
