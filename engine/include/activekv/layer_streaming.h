@@ -113,10 +113,12 @@ struct StreamingTuning {
   // is issued by a thread of its own (issue_thread.h), so the forward's thread
   // neither pays for a layer's copies nor blocks once the driver's queue is
   // full. Off: on the H200 at a ring of 2 it read no faster (prefill 16k
-  // 1.113x against 1.067x, the other points within 1%), and the forward then
-  // waits for the thread at each layer; at a ring of 3, where the caller's
+  // 1.113x against 1.067x, the other points within 1%). The forward's kernel
+  // launches queue behind the thread's copy calls in the driver (a 16k
+  // prefill layer's compute span grew from 0.85 to 1.21 ms), and the forward
+  // waits for the thread at each layer. At a ring of 3, where the caller's
   // thread blocks in the driver, it read faster (BENCHMARKS.md, 2026-12-04,
-  // night). XPU always issues on the caller's thread.
+  // night and late). XPU always issues on the caller's thread.
   bool issue_thread = false;
   // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,
   // then twice as many each call, so the bus starts after the first few copies
