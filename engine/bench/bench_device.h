@@ -1,9 +1,19 @@
-// What the benchmarks share: waiting for a device's current stream.
+// What the benchmarks share: waiting for a device's current stream, and where
+// the host side runs (Linux: sysfs and the NVIDIA driver's /proc entries).
 #pragma once
+
+#include <sched.h>
 
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
 
 namespace activekv::bench {
 
@@ -14,6 +24,87 @@ inline void sync_current_stream(c10::Device device) {
   c10::Event done(device.type());
   done.record(impl.getStream(device));
   done.synchronize();
+}
+
+namespace detail {
+
+inline std::string first_line(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// The NUMA node of each NVIDIA GPU the driver lists, in bus order (-1: the
+// platform does not say).
+inline std::vector<int> gpu_numa_nodes() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> buses;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    buses.push_back(entry.path().filename().string());
+  }
+  std::sort(buses.begin(), buses.end());
+  std::vector<int> nodes;
+  for (const auto& bus : buses) {
+    const std::string node = first_line(fs::path("/sys/bus/pci/devices") / bus / "numa_node");
+    nodes.push_back(node.empty() ? -1 : std::stoi(node));
+  }
+  return nodes;
+}
+
+inline int cpu_numa_node(int cpu) {
+  std::error_code ec;
+  const auto dir = std::filesystem::path("/sys/devices/system/cpu") / ("cpu" + std::to_string(cpu));
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("node", 0) == 0) return std::stoi(name.substr(4));
+  }
+  return -1;
+}
+
+}  // namespace detail
+
+// One line for a benchmark's header: the CPU this thread runs on and its NUMA
+// node, how many CPUs the process may use, and each NVIDIA GPU's NUMA node.
+// Runs on different machine starts differ by the host's placement (the
+// host's time to issue a layer's copies), so the line is printed with the
+// figures.
+inline std::string host_placement() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int allowed_count = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : -1;
+  const int cpu = sched_getcpu();
+  std::ostringstream out;
+  out << "host: cpu " << cpu << " (numa node " << detail::cpu_numa_node(cpu) << "), " << allowed_count
+      << " cpus allowed; gpu numa nodes:";
+  const auto nodes = detail::gpu_numa_nodes();
+  if (nodes.empty()) out << " unknown";
+  for (const int node : nodes) out << " " << node;
+  return out.str();
+}
+
+// Pins this process to the CPUs of the first NVIDIA GPU's NUMA node (before
+// any allocation, so pinned host memory is first touched there too). Returns
+// what it did, or why it did not.
+inline std::string pin_to_gpu_node() {
+  const auto nodes = detail::gpu_numa_nodes();
+  if (nodes.empty() || nodes.front() < 0) return "not pinned: the GPU's NUMA node is unknown";
+  const std::string list =
+      detail::first_line("/sys/devices/system/node/node" + std::to_string(nodes.front()) + "/cpulist");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::stringstream ranges(list);
+  for (std::string range; std::getline(ranges, range, ',');) {
+    const auto dash = range.find('-');
+    const int first = std::stoi(range.substr(0, dash));
+    const int last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+    for (int c = first; c <= last; ++c) CPU_SET(static_cast<std::size_t>(c), &set);
+  }
+  if (CPU_COUNT(&set) == 0 || sched_setaffinity(0, sizeof set, &set) != 0) {
+    return "not pinned: node " + std::to_string(nodes.front()) + "'s cpus (" + list + ") refused";
+  }
+  return "pinned to numa node " + std::to_string(nodes.front()) + " (cpus " + list + ")";
 }
 
 }  // namespace activekv::bench

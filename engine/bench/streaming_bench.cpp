@@ -23,7 +23,7 @@
 //
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
 //                   [--knobs batch,...] [--kinds decode,prefill]
-//                   [--contexts 16384,...] [--timeline 1]
+//                   [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1]
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -76,6 +76,7 @@ struct Options {
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
   std::set<std::string> contexts;  // tuning: only these contexts (all when empty)
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
+  bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
 };
 
@@ -832,6 +833,7 @@ int main(int argc, char** argv) {
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;
     else if (k == "--timeline") b.o.timeline = v == "1";
+    else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = v == "1";
     else if (k == "--only" || k == "--knobs" || k == "--kinds" || k == "--contexts") {
       std::set<std::string>& into = k == "--only"    ? b.o.only
                                     : k == "--knobs" ? b.o.knobs
@@ -844,6 +846,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (b.o.pin_to_gpu_node) std::printf("%s\n", bench::pin_to_gpu_node().c_str());
+  std::printf("%s\n", bench::host_placement().c_str());
   g_device = c10::Device(b.o.device);
   if (!g_device.has_index()) g_device = c10::Device(g_device.type(), 0);  // tensors say cuda:0
   b.h2d_peak = pinned_peak(true, 5);
