@@ -298,11 +298,10 @@ struct Model {
              std::vector<double>* host_marks = nullptr) {
     device_sync();
     Telemetry stats;
-    const c10::Stream compute = c10::impl::VirtualGuardImpl(g_device.type()).getStream(g_device);
     const auto mark = [&] {
       if (timeline == nullptr) return;
       timeline->emplace_back(g_device.type(), c10::EventFlag::BACKEND_DEFAULT);
-      timeline->back().record(compute);
+      timeline->back().record(c10::impl::VirtualGuardImpl(g_device.type()).getStream(g_device));
     };
     const auto t0 = std::chrono::steady_clock::now();
     const auto host_mark = [&] {

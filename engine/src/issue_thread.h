@@ -5,7 +5,9 @@
 // the copy engines drain it. On the forward's thread both hold back the
 // model's own launches: the next layer's attention is launched late and the
 // ring buffer it frees is late for its next occupant's staging. Issued from
-// this thread, the copies wait in the driver and the forward does not.
+// this thread, the copies wait in the driver and the forward does not; but on
+// the H200 the forward's launches still queued behind this thread's calls in
+// the driver, so it is off by default (StreamingTuning::issue_thread).
 //
 // Tasks run one at a time, in the order posted, so whatever they issue onto a
 // stream lands there in that order.
