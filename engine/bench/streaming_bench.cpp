@@ -534,9 +534,9 @@ void print_timeline(Model& m, const Step& s, const char* label) {
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
 // write-back stream, its calls to the driver, whether a buffer's staging waits
-// for its last occupant's write-back, and the issue thread (the gather stream's
-// priority stays high: the 2026-12-01 sweep found it changed no step by more
-// than 1.5%).
+// for its last occupant's write-back, the issue thread, and whether start
+// issues the first streamed layer alone (the gather stream's priority stays
+// high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
@@ -554,37 +554,28 @@ void tuning(Bench& b) {
     if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(shape.context)) == 0) continue;
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
-    struct Knobs {
+    // Each row: the streamer's defaults but what its knobs set.
+    struct Row {
       const char* label;
       StreamCopy method;
-      std::int64_t pieces;
-      bool copy_high;
-      bool writeback_stream;
-      std::int64_t batch_first_call;
-      bool staging_waits = false;
-      bool issue_thread = false;
-      bool ahead_one_call = true;
+      void (*knobs)(StreamingTuning&);
     };
-    for (const Knobs& k : {Knobs{"gather-p4", StreamCopy::kDeviceGather, 4, false, true, 32},
-                           Knobs{"gather-p8", StreamCopy::kDeviceGather, 8, false, true, 32},
-                           Knobs{"gather-p8-copy-hi", StreamCopy::kDeviceGather, 8, true, true, 32},
-                           Knobs{"batch", StreamCopy::kCopyEngineBatch, 8, false, true, 32},
-                           Knobs{"batch-one-call", StreamCopy::kCopyEngineBatch, 8, false, true, 0},
-                           Knobs{"batch-wb-on-copy", StreamCopy::kCopyEngineBatch, 8, false, false, 32},
-                           Knobs{"batch-copy-hi", StreamCopy::kCopyEngineBatch, 8, true, true, 32},
-                           Knobs{"batch-staging-waits-wb", StreamCopy::kCopyEngineBatch, 8, false, true, 32, true},
-                           Knobs{"batch-issue-thread", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, true},
-                           Knobs{"batch-ahead-in-calls", StreamCopy::kCopyEngineBatch, 8, false, true, 32, false, false,
-                                 false}}) {
+    using T = StreamingTuning;
+    const StreamCopy gather = StreamCopy::kDeviceGather, batch = StreamCopy::kCopyEngineBatch;
+    for (const Row& k : {Row{"gather-p4", gather, [](T& t) { t.pieces = 4; }},
+                         Row{"gather-p8", gather, [](T& t) { t.pieces = 8; }},
+                         Row{"gather-p8-copy-hi", gather, [](T& t) { t.copy_high_priority = true; }},
+                         Row{"batch", batch, [](T&) {}},
+                         Row{"batch-one-call", batch, [](T& t) { t.batch_first_call = 0; }},
+                         Row{"batch-wb-on-copy", batch, [](T& t) { t.writeback_stream = false; }},
+                         Row{"batch-copy-hi", batch, [](T& t) { t.copy_high_priority = true; }},
+                         Row{"batch-staging-waits-wb", batch, [](T& t) { t.staging_waits_for_writeback = true; }},
+                         Row{"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
+                         Row{"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
+                         Row{"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }}}) {
       if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
       StreamingTuning t = defaults;
-      t.pieces = k.pieces;
-      t.copy_high_priority = k.copy_high;
-      t.writeback_stream = k.writeback_stream;
-      t.batch_first_call = k.batch_first_call;
-      t.staging_waits_for_writeback = k.staging_waits;
-      t.issue_thread = k.issue_thread;
-      t.ahead_in_one_call = k.ahead_one_call;
+      k.knobs(t);
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
       report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);

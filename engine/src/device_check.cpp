@@ -355,6 +355,9 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     tuning.fused_codec = (step / static_cast<std::int64_t>(methods.size())) % 2 == 0;
     // On CUDA: the copies issued from the issue thread, and from this one.
     tuning.issue_thread = (step / 2) % 2 == 0;
+    // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
+    // the second goes from the first layer's write-back.
+    tuning.start_one_layer = (step / 4) % 2 == 1;
     if (step % 2 == 1) {
       tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
       tuning.ahead_in_one_call = false;

@@ -350,6 +350,7 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   writeback_index_.reset();
   writeback_long_ids_.reset();
   std::fill(stage_issued_.begin(), stage_issued_.end(), 0);
+  start_rest_end_ = 0;
   std::fill(stage_tasks_.begin(), stage_tasks_.end(), 0);
   std::fill(occupant_writeback_tasks_.begin(), occupant_writeback_tasks_.end(), 0);
   std::fill(staged_.begin(), staged_.end(), 0);
@@ -424,13 +425,25 @@ void LayerStreamer::start(Telemetry& stats) {
   auto compute_done = std::make_shared<c10::Event>(device_.type());
   compute_done->record(current_stream(device_));
   const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
+  const std::int64_t now = tuning_.start_one_layer ? 1 : first;  // the rest: issue_start_rest
   for (std::int64_t j = 0; j < first; ++j) note_stage_issued(j, stats);
-  const std::uint64_t task = issue([this, compute_done, first] {
+  const std::uint64_t task = issue([this, compute_done, now] {
     compute_done->block(*copy_stream_);
-    for (std::int64_t j = 0; j < first; ++j) issue_stage(j);
+    for (std::int64_t j = 0; j < now; ++j) issue_stage(j);
   });
-  for (std::int64_t j = 0; j < first; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
+  for (std::int64_t j = 0; j < now; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
+  start_rest_end_ = now < first ? first : 0;
   stats.add(Counter::kStreamUs, t.us());
+}
+
+void LayerStreamer::issue_start_rest() {
+  if (start_rest_end_ == 0) return;
+  const std::int64_t end = start_rest_end_;
+  start_rest_end_ = 0;
+  const std::uint64_t task = issue([this, end] {
+    for (std::int64_t j = 1; j < end; ++j) issue_stage(j, tuning_.ahead_in_one_call);
+  });
+  for (std::int64_t j = 1; j < end; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
 }
 
 void LayerStreamer::note_stage_issued(std::int64_t streamed, Telemetry& stats) {
@@ -475,6 +488,7 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
     return;
   }
   const Stopwatch t;
+  if (j > 0 && j < start_rest_end_) issue_start_rest();  // in vLLM's order the first write_back did
   if (has_stage_work() && !stage_issued_[ju]) {
     // Not issued ahead (start or the write-back K layers before did not run):
     // the compute stream has queued every earlier layer's attention by now.
@@ -509,6 +523,8 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
     return;
   }
   const Stopwatch t;
+  // Ahead of this task's wait for the attention: the bus runs on.
+  issue_start_rest();
   auto attended = std::make_shared<c10::Event>(device_.type());
   attended->record(current_stream(device_));
   const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
@@ -568,6 +584,7 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
   if (it == streamed_index_.end()) return;
   const std::int64_t next = it->second + geometry_.ring_size;
   const bool stage_next = next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)];
+  issue_start_rest();  // where write_back was not called
   if (!gathered && !stage_next) return;
   const Stopwatch t;
   if (stage_next) note_stage_issued(next, stats);

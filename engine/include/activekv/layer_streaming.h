@@ -132,6 +132,15 @@ struct StreamingTuning {
   // (BENCHMARKS.md, 2026-12-04, late). The step's first stagings (start)
   // keep the calls: the bus waits for them.
   bool ahead_in_one_call = true;
+  // Device: the step's first staging (start) issues only the first streamed
+  // layer; the ring's other first occupants are issued by the first layer's
+  // write_back, once the forward has queued that layer's attention and ahead
+  // of the copy stream's wait for it, so the bus runs on. Off: start issues
+  // all K, and the first layer's attention is queued only after the host has
+  // issued them (at 0.5-1 us a copy, 1-17 ms at 16k-128k), which the H200's
+  // timelines showed as a first layer waiting up to 1.7 layers' bus time
+  // (BENCHMARKS.md, 2026-12-04, late). Not yet measured, so off.
+  bool start_one_layer = false;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.
@@ -276,6 +285,10 @@ class LayerStreamer {
   void issue_stage(std::int64_t streamed, bool one_call = false);
   // The caller's share of staging a layer: marks it issued and counts its bytes.
   void note_stage_issued(std::int64_t streamed, Telemetry& stats);
+  // start_one_layer: issues the ring's first occupants that start left (no
+  // wait for the compute stream: start's wait precedes them on the copy
+  // stream); nothing when none are left.
+  void issue_start_rest();
   // Runs `task` now, or posts it to the issue thread where there is one;
   // returns the number to wait_issued for (0: it ran).
   std::uint64_t issue(std::function<void()> task);
@@ -419,6 +432,9 @@ class LayerStreamer {
   std::vector<char> staged_;        // per streamed layer: stage() done this step
   std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
   std::vector<std::uint64_t> stage_tasks_;  // per streamed layer: the task issuing its staging
+  // start_one_layer: streamed layers [1, start_rest_end_) are marked issued by
+  // start but not yet issued (0: none).
+  std::int64_t start_rest_end_ = 0;
   std::unique_ptr<detail::IssueThread> issuer_;  // tuning_.issue_thread on CUDA
   // Per step: no block is both staged and written back (set by begin_step).
   bool stage_writeback_disjoint_ = false;
