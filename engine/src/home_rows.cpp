@@ -13,6 +13,19 @@ std::int64_t home_rows_for(std::int64_t num_blocks) {
   return num_blocks + std::max(num_blocks / 16, 2 * home_extent_for(num_blocks));
 }
 
+std::vector<std::int64_t> in_id_order(const std::vector<std::int64_t>& blocks) {
+  std::vector<std::int64_t> out;
+  out.reserve(blocks.size());
+  std::size_t start = 0;  // of the run of ids descending by one that ends at i
+  for (std::size_t i = 1; i <= blocks.size(); ++i) {
+    if (i < blocks.size() && blocks[i] == blocks[i - 1] - 1) continue;
+    out.insert(out.end(), blocks.rbegin() + static_cast<std::ptrdiff_t>(blocks.size() - i),
+               blocks.rend() - static_cast<std::ptrdiff_t>(start));
+    start = i;
+  }
+  return out;
+}
+
 HomeRows::HomeRows(std::int64_t num_blocks)
     : num_rows_(home_rows_for(num_blocks)), extent_(home_extent_for(num_blocks)) {
   free_.emplace(0, num_rows_);
@@ -26,13 +39,14 @@ void HomeRows::assign(const std::string& req_id, const std::vector<std::int64_t>
     row_of_.erase(it);
     give_back(row, row + 1);
   }
-  for (std::size_t i = 0; i < fresh_blocks.size(); ++i) {
+  const std::vector<std::int64_t> order = in_id_order(fresh_blocks);
+  for (std::size_t i = 0; i < order.size(); ++i) {
     auto it = extents_.find(req_id);
     Extent* ext = it == extents_.end() ? nullptr : &it->second;
     if (ext == nullptr || ext->next == ext->end) {
-      ext = &new_extent(req_id, static_cast<std::int64_t>(fresh_blocks.size() - i));
+      ext = &new_extent(req_id, static_cast<std::int64_t>(order.size() - i));
     }
-    row_of_[fresh_blocks[i]] = ext->next++;
+    row_of_[order[i]] = ext->next++;
     ++held_[req_id];
   }
 }

@@ -11,7 +11,11 @@ Rows are given out per request in *extents*, so a request's blocks lie in
 long runs of consecutive rows whatever block ids vLLM chose, and a step's
 staging is a few long copies (the copy engine's, on a device) instead of one
 per scattered block. A request's fresh blocks take the next rows of its
-extent. A new extent reserves max(extent, the rows the request holds, the
+extent, each run of consecutive block ids in id order: vLLM hands a new
+request the blocks of a finished one tail first, so its ids often run
+backwards, and a copy moves consecutive rows to consecutive blocks only where
+both ascend together (rows given in block-table order made every such block
+a copy of its own). A new extent reserves max(extent, the rows the request holds, the
 rows the step needs): a long request has few extents. It continues the
 previous extent where the rows after it are free, else it takes the
 smallest free run that fits (the lowest first), else the largest free run.
@@ -41,6 +45,18 @@ def rows_for(num_blocks: int) -> int:
     """Home rows for a KV cache of num_blocks blocks: 1/16 of slack, and at
     least two extents."""
     return num_blocks + max(num_blocks // 16, 2 * extent_for(num_blocks))
+
+
+def in_id_order(blocks: list[int]) -> list[int]:
+    """`blocks` with each run of ids descending by one reversed: the order
+    their rows are given in."""
+    out: list[int] = []
+    start = 0
+    for i in range(1, len(blocks) + 1):
+        if i == len(blocks) or blocks[i] != blocks[i - 1] - 1:
+            out.extend(reversed(blocks[start:i]))
+            start = i
+    return out
 
 
 @dataclasses.dataclass
@@ -89,7 +105,7 @@ class HomeRows:
             if row is not None:
                 del self._block_at[row]
                 self._give_back(row, row + 1)
-        for i, block in enumerate(fresh_blocks):
+        for i, block in enumerate(in_id_order(fresh_blocks)):
             ext = self._extents.get(req_id)
             if ext is None or ext.next == ext.end:
                 ext = self._new_extent(req_id, len(fresh_blocks) - i)

@@ -4,11 +4,15 @@
 // and keeps it until vLLM does so again, so a shared prefix block has one
 // home. Rows are given out per request in extents, so a request's blocks lie
 // in long runs of consecutive rows whatever block ids vLLM chose and a step's
-// staging is a few long copies. A new extent reserves max(extent, rows the
-// request holds, rows the step needs); it continues the previous extent where
-// the rows after it are free, else takes the smallest free run that fits
-// (lowest first), else the largest; with no free row, the largest other
-// reservation (the earliest request among equals) gives up its second half.
+// staging is a few long copies. A request's fresh blocks take the next rows
+// of its extent, each run of consecutive ids in id order (in_id_order): vLLM
+// hands out a finished request's blocks tail first, so ids often run
+// backwards, and a run of rows is one copy only where its ids ascend with it.
+// A new extent reserves max(extent, rows the request holds, rows the step
+// needs); it continues the previous extent where the rows after it are free,
+// else takes the smallest free run that fits (lowest first), else the
+// largest; with no free row, the largest other reservation (the earliest
+// request among equals) gives up its second half.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,9 @@ std::int64_t home_extent_for(std::int64_t num_blocks);
 // Home rows for a KV cache of num_blocks blocks: 1/16 of slack, at least two
 // extents. The scheduler and the workers compute the same.
 std::int64_t home_rows_for(std::int64_t num_blocks);
+// `blocks` with each run of ids descending by one reversed: the order their
+// rows are given in.
+std::vector<std::int64_t> in_id_order(const std::vector<std::int64_t>& blocks);
 
 class HomeRows {
  public:
