@@ -4,7 +4,8 @@
 // attention geometry (8 KV heads x 128, 32 query heads, bf16) through the
 // engine's LayerStreamer: homes in its paged host arena, a ring of K device
 // buffers, blocks scattered as a long-running server leaves them (a random
-// permutation of the block ids). Per layer: the engine stages the layer, the
+// permutation of the block ids; --id-runs N: runs of N handed out backwards,
+// as vLLM reuses a finished request's blocks). Per layer: the engine stages the layer, the
 // step's new K/V are written into their slots, attention runs over every
 // staged block, the engine writes the step's blocks back home and stages the
 // layer K places later.
@@ -23,7 +24,7 @@
 //
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
 //                   [--knobs batch,...] [--kinds decode,prefill]
-//                   [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1]
+//                   [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1]
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -63,6 +64,10 @@ constexpr std::int64_t kKvHeads = 8;
 constexpr std::int64_t kQueryHeads = 32;
 constexpr std::int64_t kHeadSize = 128;
 std::int64_t g_ring = 2;  // ring buffers (--ring)
+// Scattered ids (--id-runs): 1, a random permutation; N, runs of N consecutive
+// ids handed out backwards (vLLM gives a new request a finished one's blocks
+// tail first), the runs in random order.
+std::int64_t g_id_runs = 1;
 
 struct Options {
   std::string device = "cuda";
@@ -104,8 +109,8 @@ struct StepShape {
   std::int64_t batch = 1;
   std::int64_t new_tokens = 1;  // per sequence
   std::int64_t shared_prefix = 0;  // tokens every sequence shares (their blocks cross once)
-  // Block ids in order, each sequence's blocks consecutive (else a random
-  // permutation, as a long-running server leaves them).
+  // Block ids in order, each sequence's blocks consecutive (else scattered, as
+  // a long-running server leaves them: --id-runs).
   bool contiguous = false;
 };
 
@@ -125,11 +130,29 @@ struct Step {
   std::vector<std::int64_t> writeback_blocks, writeback_rows;  // in row order
   std::unordered_map<std::int64_t, std::int64_t> row_of;
   double mean_run = 0;                            // consecutive home rows per run of the staged
+  std::int64_t copies = 0;  // a streamed layer's staging by the copy engines: runs of rows and ids both
   // Device tensors for the layer's compute.
   at::Tensor table;      // [batch * blocks_per_seq]
   at::Tensor slot_block, slot_offset;  // [batch * new_tokens]
   at::Tensor q, k_new, v_new;
 };
+
+// Block ids as --id-runs scatters them.
+void scatter(std::vector<std::int64_t>& ids, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  if (g_id_runs <= 1) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    return;
+  }
+  std::vector<std::int64_t> starts;
+  for (std::int64_t s = 0; s < static_cast<std::int64_t>(ids.size()); s += g_id_runs) starts.push_back(s);
+  std::shuffle(starts.begin(), starts.end(), rng);
+  std::size_t i = 0;
+  for (const auto start : starts) {
+    const std::int64_t end = std::min<std::int64_t>(start + g_id_runs, static_cast<std::int64_t>(ids.size()));
+    for (std::int64_t id = end - 1; id >= start; --id) ids[i++] = id;
+  }
+}
 
 Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_blocks, std::uint32_t seed,
                Homes homes = Homes::kExtents) {
@@ -138,7 +161,7 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
   s.homes = homes;
   std::vector<std::int64_t> ids(static_cast<std::size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
-  if (!shape.contiguous) std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  if (!shape.contiguous) scatter(ids, seed);
   const std::int64_t per_seq = cdiv(shape.context, block);
   const std::int64_t shared = shape.shared_prefix / block;
   std::size_t next = 0;
@@ -197,6 +220,9 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
   std::int64_t runs = 0;
   for (std::size_t i = 0; i < s.stage_rows.size(); ++i) {
     if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1) ++runs;
+    if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1 || s.stage_blocks[i] != s.stage_blocks[i - 1] + 1) {
+      ++s.copies;
+    }
   }
   s.mean_run = runs == 0 ? 0 : static_cast<double>(s.stage_rows.size()) / static_cast<double>(runs);
   std::vector<std::int64_t> flat;
@@ -361,26 +387,27 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
   std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-12s  step %9.2f ms  bound %9.2f ms "
-              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f  host %.2f ms\n",
+              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f  copies %lld  host %.2f ms\n",
               part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
               static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
               static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
               attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run,
-              m.host_s * 1e3);
+              static_cast<long long>(s.copies), m.host_s * 1e3);
   std::printf("RESULT {\"part\": \"%s\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
               "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
               "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
               "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
               "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
-              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld}\n",
+              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld, \"id_runs\": %lld, \"copies_per_layer\": %lld}\n",
               part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
               static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
               static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
               step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
               streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false",
-              homes_name(s.homes), m.host_s * 1e3, static_cast<long long>(g_ring));
+              homes_name(s.homes), m.host_s * 1e3, static_cast<long long>(g_ring),
+              static_cast<long long>(s.shape.contiguous ? 0 : g_id_runs), static_cast<long long>(s.copies));
   std::fflush(stdout);
 }
 
@@ -819,6 +846,7 @@ int main(int argc, char** argv) {
     else if (k == "--iters") b.o.iters = std::stoll(v);
     else if (k == "--block") b.o.block = std::stoll(v);
     else if (k == "--ring") g_ring = std::stoll(v);
+    else if (k == "--id-runs") g_id_runs = std::stoll(v);
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;
