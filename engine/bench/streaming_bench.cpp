@@ -5,10 +5,10 @@
 // engine's LayerStreamer: homes in its paged host arena, a ring of K device
 // buffers, blocks scattered as a long-running server leaves them (a random
 // permutation of the block ids; --id-runs N: runs of N handed out backwards,
-// as vLLM reuses a finished request's blocks). Per layer: the engine stages the layer, the
-// step's new K/V are written into their slots, attention runs over every
-// staged block, the engine writes the step's blocks back home and stages the
-// layer K places later.
+// as vLLM reuses a finished request's blocks). Per layer: the engine stages
+// the layer, the step's new K/V are written into their slots, attention runs
+// over every staged block, the engine writes the step's blocks back home and
+// stages the layer K places later.
 //
 // Attention: the layer's blocks are gathered by the block table
 // (index_select) and fed to at::scaled_dot_product_attention (flash on CUDA),

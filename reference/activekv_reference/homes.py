@@ -15,8 +15,8 @@ extent, each run of consecutive block ids in id order: vLLM hands a new
 request the blocks of a finished one tail first, so its ids often run
 backwards, and a copy moves consecutive rows to consecutive blocks only where
 both ascend together (rows given in block-table order made every such block
-a copy of its own). A new extent reserves max(extent, the rows the request holds, the
-rows the step needs): a long request has few extents. It continues the
+a copy of its own). A new extent reserves max(extent, the rows the request
+holds, the rows the step needs): a long request has few extents. It continues the
 previous extent where the rows after it are free, else it takes the
 smallest free run that fits (the lowest first), else the largest free run.
 With no free row left, the largest reservation of another request gives up
@@ -99,7 +99,8 @@ class HomeRows:
 
     # -- changes ----------------------------------------------------------------
     def assign(self, req_id: str, fresh_blocks: list[int]) -> None:
-        """Rows for a request's fresh blocks, in block-table order."""
+        """Rows for a request's fresh blocks (in block-table order), each run
+        of ids descending by one given its rows in id order."""
         for block in fresh_blocks:
             row = self._row_of.pop(block, None)
             if row is not None:

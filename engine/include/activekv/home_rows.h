@@ -43,7 +43,8 @@ class HomeRows {
   // Free rows (neither mapped nor reserved) as maximal runs [start, end).
   const std::map<std::int64_t, std::int64_t>& free_runs() const { return free_; }
 
-  // Rows for a request's fresh blocks, in block-table order.
+  // Rows for a request's fresh blocks (in block-table order), each run of ids
+  // descending by one given its rows in id order.
   void assign(const std::string& req_id, const std::vector<std::int64_t>& fresh_blocks);
   // The request finished or starts over after preemption: its reservation
   // ends (its blocks keep their rows).

@@ -163,7 +163,8 @@ struct StreamingTuning {
 // layer j precedes the staging of layer j + K into it:
 //   start          the copy stream waits for the compute stream (the ring's
 //                  previous occupants are done), then stages the first K
-//                  streamed layers;
+//                  streamed layers (start_one_layer: the first; the first
+//                  layer's write_back issues the others);
 //                  (kDeviceGather: a gather stream reads the homes into
 //                  staging pieces; the copy stream scatters each piece into
 //                  the buffer once it is read and its turn on the copy
