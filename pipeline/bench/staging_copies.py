@@ -16,7 +16,8 @@ stage: the blocks, the copies (runs of consecutive home rows whose block ids
 are consecutive too; on CUDA and CPU one copy each, on the device gather one
 read of a run of rows whatever the ids), the copies had rows been given in
 block-table order, as before they followed the ids, and the runs of
-consecutive ids among the blocks (the fewest copies any rows allow).
+consecutive ids among the blocks (the fewest copies any rows allow) and
+within each request's blocks (the fewest rows reserved per request allow).
 
 Counts, not times: they depend on vLLM's block allocator and the home rows,
 not on this machine's speed.
@@ -61,8 +62,10 @@ def totals(steps: list[dict[str, int]]) -> dict[str, Any]:
     new = sum(s["copies"] for s in steps)
     old = sum(s["copies_rows_in_table_order"] for s in steps)
     fewest = sum(s["runs_of_ids"] for s in steps)
+    per_request = sum(s["runs_of_ids_per_request"] for s in steps)
     return {"steps": len(steps), "blocks": blocks, "copies": new, "copies_rows_in_table_order": old,
-            "runs_of_ids": fewest, "blocks_per_copy": blocks / new if new else 0.0,
+            "runs_of_ids": fewest, "runs_of_ids_per_request": per_request,
+            "blocks_per_copy": blocks / new if new else 0.0,
             "blocks_per_copy_rows_in_table_order": blocks / old if old else 0.0,
             "blocks_per_run_of_ids": blocks / fewest if fewest else 0.0}
 
@@ -117,7 +120,8 @@ def report(record: dict[str, Any]) -> str:
                      f"blocks a layer in {t['copies']} copies ({t['blocks_per_copy']:.1f} blocks a copy); "
                      f"rows in block-table order: {t['copies_rows_in_table_order']} copies "
                      f"({t['blocks_per_copy_rows_in_table_order']:.1f} blocks a copy); the fewest any rows "
-                     f"allow: {t['runs_of_ids']} ({t['blocks_per_run_of_ids']:.1f} blocks a copy)")
+                     f"allow: {t['runs_of_ids']} ({t['blocks_per_run_of_ids']:.1f} blocks a copy), rows "
+                     f"reserved per request: {t['runs_of_ids_per_request']}")
     return "\n".join(lines) + "\n"
 
 

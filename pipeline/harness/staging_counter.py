@@ -8,7 +8,8 @@ copy each where a copy moves rows straight to vLLM's blocks), and the copies
 the same blocks would take had every request's rows been given in block-table
 order, as before rows followed the ids (a shadow HomeRows fed the same
 assignments), and the runs of consecutive ids among them: the fewest copies
-any rows could give.
+any rows could give, and those within each request's blocks, the fewest rows
+reserved per request could give.
 
 Load it in vLLM with kv_connector="StagingCountingReferenceConnector",
 kv_connector_module_path="pipeline.harness.staging_counter", in this process
@@ -52,6 +53,17 @@ class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
 
         homes.assign, homes.end_request = assigning, ending
 
+    def _runs_per_request(self, blocks) -> int:
+        """Runs of consecutive ids within each request's staged blocks: the
+        fewest copies rows reserved per request allow."""
+        staged = set(blocks)
+        runs = 0
+        for table in self.scheduler_side._block_tables.values():
+            mine = [b for b in table if b in staged]
+            staged.difference_update(mine)  # a block shared by requests counts once
+            runs += copies([(b, b) for b in mine]) if mine else 0
+        return runs + (copies([(b, b) for b in staged]) if staged else 0)
+
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
         blocks = getattr(meta, "stage_blocks", None)
@@ -61,5 +73,6 @@ class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
                 "copies": copies(list(zip(meta.stage_rows, blocks))),
                 "copies_rows_in_table_order": copies([(self._shadow.row(2 * b), b) for b in blocks]),
                 "runs_of_ids": copies([(b, b) for b in blocks]),  # the fewest copies any rows allow
+                "runs_of_ids_per_request": self._runs_per_request(blocks),
             })
         return meta
