@@ -584,7 +584,6 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
   if (it == streamed_index_.end()) return;
   const std::int64_t next = it->second + geometry_.ring_size;
   const bool stage_next = next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)];
-  issue_start_rest();  // where write_back was not called
   if (!gathered && !stage_next) return;
   const Stopwatch t;
   if (stage_next) note_stage_issued(next, stats);

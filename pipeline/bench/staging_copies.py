@@ -89,8 +89,7 @@ def main() -> None:
         "block_size": h.BLOCK_SIZE, "rounds": args.rounds, "batch": args.batch,
         "longest": args.longest, "seed": args.seed, "env": runs.reserve_cpus(args.reserved_cpus),
     }
-    budget = int(args.budget_m * BUDGET) // (STREAMING_LAYERS * h.layer_block_bytes()) \
-        * STREAMING_LAYERS * h.layer_block_bytes()
+    budget = h.whole_blocks_budget(args.budget_m * BUDGET, STREAMING_LAYERS)
     record["budget_bytes"] = budget
     connector = {"kv_connector": "StagingCountingReferenceConnector",
                  "kv_connector_module_path": "pipeline.harness.staging_counter"}

@@ -251,8 +251,7 @@ def main() -> None:
 
     record["longest"] = []
     for b in budgets:
-        budget = int(b * BUDGET) // (STREAMING_LAYERS * h.layer_block_bytes()) \
-            * STREAMING_LAYERS * h.layer_block_bytes()
+        budget = h.whole_blocks_budget(b * BUDGET, STREAMING_LAYERS)
         print(f"longest context in {budget} bytes", flush=True)
         entry = {"budget_bytes": budget, "budget_M": b,
                  "plain": longest(model, None, None, budget),

@@ -33,6 +33,7 @@ def copies(pairs: list[tuple[int, int]]) -> int:
 class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._shadow: HomeRows | None = None  # the scheduler's side, streaming
         side = self.scheduler_side
         homes = side.homes if side is not None else None
         if homes is None:
@@ -61,13 +62,13 @@ class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
         for table in self.scheduler_side._block_tables.values():
             mine = [b for b in table if b in staged]
             staged.difference_update(mine)  # a block shared by requests counts once
-            runs += copies([(b, b) for b in mine]) if mine else 0
-        return runs + (copies([(b, b) for b in staged]) if staged else 0)
+            runs += copies([(b, b) for b in mine])
+        return runs + copies([(b, b) for b in staged])
 
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
         blocks = getattr(meta, "stage_blocks", None)
-        if blocks and getattr(self, "_shadow", None) is not None:
+        if blocks and self._shadow is not None:
             STEPS.append({
                 "blocks": len(blocks),
                 "copies": copies(list(zip(meta.stage_rows, blocks))),

@@ -419,6 +419,12 @@ def streaming_budget_bytes(num_layers: int, tp_size: int = 1) -> int:
     return STREAMING_BUDGET_BLOCKS * num_layers * layer_block_bytes(tp_size)
 
 
+def whole_blocks_budget(budget_bytes: float, num_layers: int) -> int:
+    """`budget_bytes` rounded down to whole blocks of every layer."""
+    per_block = num_layers * layer_block_bytes()
+    return int(budget_bytes) // per_block * per_block
+
+
 def reusable_tokens(prompt_len: int) -> int:
     """Tokens of a prompt a prefix cache can serve: full blocks, never the last token."""
     return (prompt_len - 1) // BLOCK_SIZE * BLOCK_SIZE
