@@ -25,6 +25,13 @@
 //   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
 //                   [--knobs batch,...] [--kinds decode,prefill]
 //                   [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1]
+//                   [--back-to-back N]
+//
+// --back-to-back N: a point's step is the mean of N steps queued one after
+// another, the host never waiting for the device between them, as vLLM's
+// async scheduling queues a step while the last one runs (its bound and
+// attention alike). 0, the default: each step alone, the device idle before
+// and after it.
 //   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -68,6 +75,7 @@ std::int64_t g_ring = 2;  // ring buffers (--ring)
 // ids handed out backwards (vLLM gives a new request a finished one's blocks
 // tail first), the runs in random order.
 std::int64_t g_id_runs = 1;
+std::int64_t g_back_to_back = 0;  // --back-to-back
 
 struct Options {
   std::string device = "cuda";
@@ -314,16 +322,27 @@ struct Model {
   }
   std::int64_t streamed() const { return kLayers - resident; }
 
-  // One step through every layer; streaming off: the KV is already on the device.
-  // timeline: when given, timed events on the compute stream, 1 + 2 per layer:
-  // the step's start, then each layer's compute start (after its staging's
-  // wait) and end.
-  // host_marks: when given, the host's ms since the start at each layer's
-  // stage, compute, write-back and stage-ahead calls' ends (4 per layer).
+  // `steps` steps through every layer, queued one after another (--back-to-back),
+  // their mean; streaming off: the KV is already on the device.
+  // timeline: when given, timed events on the compute stream of the last step,
+  // 1 + 2 per layer: the step's start (the compute stream done with the step
+  // before), then each layer's compute start (after its staging's wait) and end.
+  // host_marks: when given, the host's ms since the last step's start at each
+  // layer's stage, compute, write-back and stage-ahead calls' ends (4 per layer).
   double run(const Step& s, bool streaming, std::vector<c10::Event>* timeline = nullptr,
-             std::vector<double>* host_marks = nullptr) {
+             std::vector<double>* host_marks = nullptr, std::int64_t steps = 1) {
     device_sync();
     Telemetry stats;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < steps; ++i) queue_step(s, streaming, stats, i + 1 == steps ? timeline : nullptr,
+                                                        i + 1 == steps ? host_marks : nullptr);
+    last_host_s = seconds_since(t0) / static_cast<double>(steps);  // the host has queued the steps
+    if (streaming) streamer->synchronize();
+    device_sync();
+    return seconds_since(t0) / static_cast<double>(steps);
+  }
+  void queue_step(const Step& s, bool streaming, Telemetry& stats, std::vector<c10::Event>* timeline,
+                  std::vector<double>* host_marks) {
     const auto mark = [&] {
       if (timeline == nullptr) return;
       timeline->emplace_back(g_device.type(), c10::EventFlag::BACKEND_DEFAULT);
@@ -354,16 +373,13 @@ struct Model {
         host_mark();
       }
     }
-    last_host_s = seconds_since(t0);  // the host has queued the whole step
-    if (streaming) streamer->synchronize();
-    device_sync();
-    return seconds_since(t0);
   }
   double median_run(const Step& s, bool streaming, std::int64_t iters) {
-    run(s, streaming);  // warm-up
+    const std::int64_t steps = std::max<std::int64_t>(1, g_back_to_back);
+    run(s, streaming, nullptr, nullptr, steps);  // warm-up
     std::vector<double> t, host;
     for (std::int64_t i = 0; i < iters; ++i) {
-      t.push_back(run(s, streaming));
+      t.push_back(run(s, streaming, nullptr, nullptr, steps));
       host.push_back(last_host_s);
     }
     host_s = median(host);
@@ -399,7 +415,7 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
               "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
               "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
               "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
-              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld, \"id_runs\": %lld, \"copies_per_layer\": %lld}\n",
+              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld, \"id_runs\": %lld, \"copies_per_layer\": %lld, \"back_to_back\": %lld}\n",
               part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
               static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
               static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
@@ -407,7 +423,8 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
               step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
               streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false",
               homes_name(s.homes), m.host_s * 1e3, static_cast<long long>(g_ring),
-              static_cast<long long>(s.shape.contiguous ? 0 : g_id_runs), static_cast<long long>(s.copies));
+              static_cast<long long>(s.shape.contiguous ? 0 : g_id_runs), static_cast<long long>(s.copies),
+              static_cast<long long>(g_back_to_back));
   std::fflush(stdout);
 }
 
@@ -534,7 +551,7 @@ void grid(Bench& b) {
 void print_timeline(Model& m, const Step& s, const char* label) {
   std::vector<c10::Event> ev;
   std::vector<double> host;
-  m.run(s, true, &ev, &host);
+  m.run(s, true, &ev, &host, std::max<std::int64_t>(1, g_back_to_back));
   const auto at = [&](std::size_t i) { return ev[0].elapsedTime(ev[i]); };  // ms since the step's start
   double idle = 0, compute = 0;
   std::string layers, host_layers;
@@ -561,8 +578,9 @@ void print_timeline(Model& m, const Step& s, const char* label) {
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
 // write-back stream, its calls to the driver, whether a buffer's staging waits
-// for its last occupant's write-back, the issue thread, and whether start
-// issues the first streamed layer alone (the gather stream's priority stays
+// for its last occupant's write-back, the issue thread, whether start issues
+// the first streamed layer alone, and whether write-backs settle across steps
+// (which shows only with --back-to-back) (the gather stream's priority stays
 // high: the 2026-12-01 sweep found it changed no step by more than 1.5%).
 void tuning(Bench& b) {
   const std::int64_t block = b.o.block;
@@ -599,7 +617,8 @@ void tuning(Bench& b) {
                          Row{"batch-staging-waits-wb", batch, [](T& t) { t.staging_waits_for_writeback = true; }},
                          Row{"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
                          Row{"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
-                         Row{"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }}}) {
+                         Row{"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }},
+                         Row{"batch-settle-across", batch, [](T& t) { t.settle_across_steps = true; }}}) {
       if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
       StreamingTuning t = defaults;
       k.knobs(t);
@@ -847,6 +866,7 @@ int main(int argc, char** argv) {
     else if (k == "--block") b.o.block = std::stoll(v);
     else if (k == "--ring") g_ring = std::stoll(v);
     else if (k == "--id-runs") g_id_runs = std::stoll(v);
+    else if (k == "--back-to-back") g_back_to_back = std::stoll(v);
     else if (k == "--host-gib") b.o.host_gib = std::stod(v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
     else if (k == "--profile-homes") b.o.profile_homes = v;

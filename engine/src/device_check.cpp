@@ -409,6 +409,161 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 
+// ---- streaming, steps queued back to back ------------------------------------
+//
+// Steps queued one after another with no wait for the device between them, as
+// vLLM's async scheduling queues a step while the last one runs, with the
+// write-backs settling across steps (StreamingTuning::settle_across_steps).
+// Each layer's "attention" copies aside some of its staged blocks on the
+// compute stream, then writes its step's blocks; all is checked once the last
+// step is done. A staging that overtook the last step's write-back of its
+// homes, or its ring buffer's last occupant (that layer's attention or
+// write-back), leaves other bytes in what was copied aside. Five streamed
+// layers through a ring of 2, so the last occupants (layers 4 and 3) are not
+// the first ones' pairs; blocks of 128 KiB, so the copies take long enough
+// to be overtaken.
+
+constexpr std::int64_t kChainBlocks = 64;
+constexpr std::int64_t kChainSteps = 12;
+constexpr std::int64_t kChainSamples = 6;  // staged blocks copied aside per layer and step
+
+std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) {
+  const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
+  const KVLayout l = layout(names, 8, 128);
+  auto geometry = StreamingGeometry::plan(StreamingConfig{0, 2, homes}, names);
+  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
+  if (!geometry.ok()) return "";
+  const at::Tensor ring0 = blocks(l, kChainBlocks, device), ring1 = blocks(l, kChainBlocks, device);
+  Caches kv;
+  for (std::size_t i = 0; i < names.size(); ++i) kv[names[i]] = i % 2 == 0 ? ring0 : ring1;
+  WorkerSide worker(Config{}, l, 8, 0, geometry.value());
+  const Status s = worker.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  std::vector<StreamCopy> methods;
+  std::string method_names;
+  for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
+    if (!worker.streamer()->can_copy_by(m)) continue;
+    methods.push_back(m);
+    method_names += std::string(methods.size() > 1 ? ", " : "") + copy_method_name(m);
+  }
+  // Every step planned first, its ids on the device: an upload from pageable
+  // memory between steps would wait for the device.
+  const auto layers = static_cast<std::int64_t>(names.size());
+  const auto value = [&](std::int64_t layer, std::int64_t step) {  // small integers: exact in bf16
+    return static_cast<double>(1 + step * layers + layer);
+  };
+  struct Planned {
+    StepPlan plan;
+    Ids written;
+    at::Tensor written_ids;                       // on the device
+    std::vector<Ids> samples;                     // per layer: staged blocks copied aside
+    std::vector<at::Tensor> sample_ids;           // on the device
+    std::vector<std::vector<std::int64_t>> want;  // per layer and sample: the step that wrote it (0: none)
+  };
+  std::vector<Planned> steps;
+  std::mt19937 rng(11);
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
+  Ids written_before;
+  for (std::int64_t step = 1; step <= kChainSteps; ++step) {
+    // A decode step stages what it writes; every 3rd step writes fresh blocks,
+    // unstaged (a prefill chunk's).
+    const bool fresh_step = step % 3 == 0;
+    Planned p;
+    Ids staged;
+    for (std::int64_t b = 0; b < kChainBlocks; ++b) {
+      const bool writes = rng() % 4 == 0;
+      if (writes) p.written.push_back(b);
+      if (fresh_step ? !writes && rng() % 2 == 0 : writes || rng() % 2 == 0) staged.push_back(b);
+    }
+    const auto row_of = [](std::int64_t b) { return b ^ 1; };  // runs of one row: a copy per block
+    const auto with_rows = [&](Ids list, Ids& ids, Ids& rows) {
+      std::sort(list.begin(), list.end(), [&](auto a, auto c) { return row_of(a) < row_of(c); });
+      for (const auto b : list) ids.push_back(b), rows.push_back(row_of(b));
+    };
+    with_rows(staged, p.plan.stage_blocks, p.plan.stage_rows);
+    with_rows(p.written, p.plan.writeback_blocks, p.plan.writeback_rows);
+    for (std::int64_t li = 0; li < layers; ++li) {
+      // The blocks the last step wrote first: their homes were still being written.
+      Ids sample;
+      for (const auto b : staged) {
+        if (std::count(written_before.begin(), written_before.end(), b) != 0) sample.push_back(b);
+      }
+      Ids others;
+      for (const auto b : staged) {
+        if (std::count(sample.begin(), sample.end(), b) == 0) others.push_back(b);
+      }
+      std::shuffle(others.begin(), others.end(), rng);
+      sample.insert(sample.end(), others.begin(), others.end());
+      sample.resize(std::min<std::size_t>(sample.size(), kChainSamples));
+      std::vector<std::int64_t> want;
+      for (const auto b : sample) {
+        const auto it = last.find({li, b});
+        want.push_back(it == last.end() ? 0 : it->second);
+      }
+      p.sample_ids.push_back(at::tensor(sample, at::kLong).to(device));
+      p.samples.push_back(std::move(sample));
+      p.want.push_back(std::move(want));
+      for (const auto b : p.written) last[{li, b}] = step;
+    }
+    p.written_ids = at::tensor(p.written, at::kLong).to(device);
+    written_before = p.written;
+    steps.push_back(std::move(p));
+  }
+  // Half the steps as the defaults set, half with the first streamed layer
+  // staged alone and (CUDA) the issue thread; set_tuning waits for the device.
+  StreamingTuning tuning;
+  tuning.settle_across_steps = true;
+  worker.streamer()->set_tuning(tuning);
+  std::vector<std::vector<at::Tensor>> copied(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (i == steps.size() / 2) {
+      tuning.start_one_layer = true;
+      tuning.issue_thread = true;
+      worker.streamer()->set_tuning(tuning);
+    }
+    worker.streamer()->set_copy_method(methods[i % methods.size()]);
+    Planned& p = steps[i];
+    worker.bind_plan(p.plan);
+    worker.start_load();
+    for (std::int64_t li = 0; li < layers; ++li) {
+      const auto& name = names[static_cast<std::size_t>(li)];
+      worker.wait_for_layer_load(name);
+      at::Tensor& layer = kv[name];
+      copied[i].push_back(layer.index_select(0, p.sample_ids[static_cast<std::size_t>(li)]));
+      if (!p.written.empty()) layer.index_fill_(0, p.written_ids, value(li, static_cast<std::int64_t>(i) + 1));
+      worker.save_layer(name, layer);
+    }
+    worker.wait_for_save();
+    worker.clear_plan();
+  }
+  worker.streamer()->synchronize();
+  const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
+  const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
+  std::map<std::int64_t, at::Tensor> staged_form;  // by the value written: what staging gives back
+  std::int64_t checked = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    for (std::int64_t li = 0; li < layers; ++li) {
+      const auto& samples = steps[i].samples[static_cast<std::size_t>(li)];
+      const at::Tensor got = copied[i][static_cast<std::size_t>(li)].cpu();
+      for (std::size_t k = 0; k < samples.size(); ++k) {
+        const std::int64_t by = steps[i].want[static_cast<std::size_t>(li)][k];
+        const double v = by == 0 ? 0.0 : value(li, by);
+        auto& want = staged_form[static_cast<std::int64_t>(v)];
+        if (!want.defined()) want = codec->decode(codec->encode(at::full_like(zeros, v).unsqueeze(0)))[0];
+        f.expect(bitwise(got[static_cast<std::int64_t>(k)], want),
+                 block_of(names[static_cast<std::size_t>(li)], samples[k]) + " at step " + std::to_string(i + 1) +
+                     " does not hold its layer's bytes of step " + std::to_string(by));
+        ++checked;
+      }
+    }
+  }
+  f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
+  return std::to_string(kChainSteps) + " steps queued back to back, 5 streamed layers through a ring of 2, " +
+         mode_name(homes) + " homes, copies by " + method_names + " in turn: " + std::to_string(checked) +
+         " staged blocks held their layer's last bytes";
+}
+
 // ---- the compressed codec on the device ---------------------------------------------
 
 // The codec's decode on the device gives the CPU's bytes, bit for bit (the
@@ -452,6 +607,9 @@ const std::vector<Scenario>& scenarios() {
       {"streaming-ring", [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kExact); }},
       {"streaming-ring-compressed",
        [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kCompressed); }},
+      {"streaming-back-to-back", [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kExact); }},
+      {"streaming-back-to-back-compressed",
+       [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kCompressed); }},
       {"compressed-decode", compressed_decode},
   };
   return all;

@@ -103,6 +103,8 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   staged_.assign(n, 0);
   stage_fences_.resize(n);
   occupant_writeback_.resize(n);
+  home_writeback_.resize(n);
+  buffer_last_use_.resize(static_cast<std::size_t>(std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed())));
   stage_tasks_.assign(n, 0);
   occupant_writeback_tasks_.assign(n, 0);
   poisoned_.assign(n * static_cast<std::size_t>(homes_->num_slots()), 0);
@@ -146,6 +148,7 @@ void LayerStreamer::synchronize() {
   if (gather_stream_) gather_stream_->synchronize();
   if (writeback_stream_) writeback_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
+  settle_writebacks(/*wait=*/true);  // all done: their rows' poison is known
 }
 
 at::Tensor LayerStreamer::home_bytes_of(std::int64_t streamed, const SlotRun& run) {
@@ -269,7 +272,14 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
                                std::vector<std::int64_t> writeback_blocks,
                                std::vector<std::int64_t> writeback_rows) {
   drain_issued();  // the issue thread's tasks read the step's state
-  settle_writebacks();
+  ++step_;
+  // settle_across_steps: where the last step reached every buffer's last
+  // occupant; otherwise (the first step, one cut short) as without it.
+  from_last_step_ =
+      tuning_.settle_across_steps && std::all_of(buffer_last_use_.begin(), buffer_last_use_.end(), [this](const auto& u) {
+        return u.attended != nullptr && u.step + 1 == step_;
+      });
+  settle_writebacks(/*wait=*/!from_last_step_);
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
   writeback_blocks_ = std::move(writeback_blocks);
@@ -346,6 +356,11 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     }
   }
   for (auto& done : occupant_writeback_) done.reset();
+  for (std::size_t b = 0; b < buffer_last_use_.size(); ++b) {
+    // A first occupant's compute writes what the last one's write-back reads.
+    if (from_last_step_) occupant_writeback_[b] = buffer_last_use_[b].written_back;
+    if (!from_last_step_) buffer_last_use_[b] = BufferLastUse{};  // all landed: nothing to wait for
+  }
   stage_index_.reset();
   writeback_index_.reset();
   writeback_long_ids_.reset();
@@ -366,20 +381,48 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   }
 }
 
-void LayerStreamer::settle_writebacks() {
-  // In issue order (one copy stream). Bounded by each write-back's deadline:
-  // the next step's staging reads these homes, so their outcome must be known
-  // before it is planned. Simple and correct; overlap is later work.
+void LayerStreamer::settle_writebacks(bool wait) {
+  // In issue order (one stream): a later write-back cannot land before an
+  // earlier one, and a row's last outcome is the one that counts. Waiting,
+  // each is bounded by its deadline: the step's staging reads these homes,
+  // so their outcome is known before it is planned. Not waiting
+  // (settle_across_steps), the device orders the staging after them instead.
   const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
-  for (auto& p : pending_writebacks_) {
-    const bool done = detail::fence_done_by(p.fence, p.deadline);
+  // Beyond two steps' write-backs in flight the host waits for the oldest: a
+  // caller that never waits for the device must not grow this list.
+  const std::size_t most_unsettled = 2 * static_cast<std::size_t>(geometry_.num_streamed());
+  std::size_t settled = 0;
+  for (; settled < pending_writebacks_.size(); ++settled) {
+    const PendingWriteback& p = pending_writebacks_[settled];
+    std::optional<bool> done = detail::fence_outcome_now(*p.fence, p.deadline);
+    if (!done && (wait || pending_writebacks_.size() - settled > most_unsettled)) {
+      done = detail::fence_done_by(*p.fence, p.deadline);
+    }
+    if (!done) break;
     for (const auto row : p.rows) {
       // A write-back that completed rewrote the whole home row, which clears
       // an earlier write-back's poison; one with an unknown outcome poisons it.
-      poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = done ? 0 : 1;
+      poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = *done ? 0 : 1;
     }
+    if (*done && home_writeback_[p.layer] == p.fence) home_writeback_[p.layer].reset();  // nothing to wait for
   }
-  pending_writebacks_.clear();
+  pending_writebacks_.erase(pending_writebacks_.begin(),
+                            pending_writebacks_.begin() + static_cast<std::ptrdiff_t>(settled));
+}
+
+void LayerStreamer::wait_for_last_step(std::size_t streamed) {
+  // Only settle_across_steps sets what is waited for here.
+  if (auto& fence = home_writeback_[streamed]) {
+    fence->block(*copy_stream_);
+    if (stages_by_pieces()) fence->block(*gather_stream_);  // the pieces read the homes there
+    fence.reset();
+  }
+  if (streamed >= buffer_last_use_.size()) return;
+  BufferLastUse& use = buffer_last_use_[streamed];
+  for (auto* event : {&use.attended, &use.written_back, &use.gathered}) {
+    if (*event) (*event)->block(*copy_stream_);
+    event->reset();
+  }
 }
 
 void LayerStreamer::zero_fresh(std::int64_t streamed) {
@@ -422,13 +465,18 @@ void LayerStreamer::start(Telemetry& stats) {
   const Stopwatch t;
   // The ring's previous occupants (the last layers of the previous step, and
   // whatever vLLM did to the cache before this step) are done with it.
-  auto compute_done = std::make_shared<c10::Event>(device_.type());
-  compute_done->record(current_stream(device_));
+  // settle_across_steps: each buffer's staging waits for its last occupant
+  // alone (wait_for_last_step). vLLM does nothing to the cache between forwards.
+  std::shared_ptr<c10::Event> compute_done;
+  if (!from_last_step_) {
+    compute_done = std::make_shared<c10::Event>(device_.type());
+    compute_done->record(current_stream(device_));
+  }
   const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
   const std::int64_t now = tuning_.start_one_layer ? 1 : first;  // the rest: issue_start_rest
   for (std::int64_t j = 0; j < first; ++j) note_stage_issued(j, stats);
   const std::uint64_t task = issue([this, compute_done, now] {
-    compute_done->block(*copy_stream_);
+    if (compute_done) compute_done->block(*copy_stream_);
     for (std::int64_t j = 0; j < now; ++j) issue_stage(j);
   });
   for (std::int64_t j = 0; j < now; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
@@ -457,6 +505,7 @@ void LayerStreamer::issue_stage(std::int64_t streamed, bool one_call) {
   if (!has_stage_work()) return;
   const auto j = static_cast<std::size_t>(streamed);
   at::Tensor& kv = streamed_kv_[j];
+  wait_for_last_step(j);
   if (stages_by_pieces() && !stage_blocks_.empty()) gather_stage(streamed);
   const c10::StreamGuard on_copy_stream(*copy_stream_);
   if (copy_method_ == StreamCopy::kRuns) {
@@ -528,20 +577,29 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   auto attended = std::make_shared<c10::Event>(device_.type());
   attended->record(current_stream(device_));
   const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
+  // settle_across_steps, the buffer's last occupant: the next step's first
+  // staging into it waits for this layer's uses, not the copy stream.
+  const bool last_use = tuning_.settle_across_steps && next >= geometry_.num_streamed();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_);
-  const std::uint64_t task = issue([this, attended, j, next, deadline] {
-    // Always: the staging of layer j + K into this buffer follows on the copy
-    // stream and must come after this layer's attention.
-    attended->block(*copy_stream_);
-    if (writeback_blocks_.empty()) return;
-    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), c10::Event(device_.type()), deadline};
+  const std::uint64_t task = issue([this, attended, j, next, last_use, deadline] {
+    BufferLastUse* use = last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
+    if (use != nullptr) *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
     // Exact homes only: a compressed write-back's encode would sit on the
     // write-back stream too, and crossing apart read no faster (BENCHMARKS.md,
     // 2026-12-04).
     const bool own_stream = copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
+    // The staging of layer j + K into this buffer follows on the copy stream
+    // and must come after this layer's attention; so must a write-back there.
+    if (use == nullptr || (!writeback_blocks_.empty() && !own_stream)) attended->block(*copy_stream_);
+    if (writeback_blocks_.empty()) return;
+    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), std::make_shared<c10::Event>(device_.type()),
+                       deadline};
     const c10::Stream stream = own_stream ? *writeback_stream_ : *copy_stream_;
     {
       const c10::StreamGuard on_stream(stream);
+      // The last step's write-back of these homes, where no staging waited for
+      // it and it may have crossed on the other stream (the copy method changed).
+      if (auto& earlier = home_writeback_[static_cast<std::size_t>(j)]) earlier->block(stream);
       if (own_stream) {
         attended->block(stream);
         batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
@@ -555,19 +613,18 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
           copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
         }
       }
-      p.fence.record(stream);
+      p.fence->record(stream);
     }
     // The next occupant's compute writes the blocks this write-back reads.
-    if (next < geometry_.num_streamed()) {
-      auto& done = occupant_writeback_[static_cast<std::size_t>(next)];
-      done.emplace(device_.type());
-      done->record(stream);
-    }
-    // Its staging lands in the buffer: on the copy stream it follows this
-    // write-back anyway; beside it, it need not wait when no block is both
-    // staged and written back.
-    if (own_stream && (!stage_writeback_disjoint_ || tuning_.staging_waits_for_writeback)) {
-      p.fence.block(*copy_stream_);
+    if (next < geometry_.num_streamed()) occupant_writeback_[static_cast<std::size_t>(next)] = p.fence;
+    if (tuning_.settle_across_steps) home_writeback_[static_cast<std::size_t>(j)] = p.fence;
+    if (use != nullptr) {
+      use->written_back = p.fence;  // the next step's first staging and compute here wait for it
+    } else if (own_stream && (!stage_writeback_disjoint_ || tuning_.staging_waits_for_writeback)) {
+      // Its staging lands in the buffer: on the copy stream it follows this
+      // write-back anyway; beside it, it need not wait when no block is both
+      // staged and written back.
+      p.fence->block(*copy_stream_);
     }
     pending_writebacks_.push_back(std::move(p));
   });
@@ -589,9 +646,16 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
   if (stage_next) note_stage_issued(next, stats);
   std::shared_ptr<c10::Event> store_gathered;
   if (gathered) store_gathered = std::make_shared<c10::Event>(std::move(*gathered));
-  const std::uint64_t task = issue([this, store_gathered, next, stage_next] {
+  // As in write_back: the buffer's last use, for the next step's first staging.
+  const bool last_use = tuning_.settle_across_steps && next >= geometry_.num_streamed();
+  const auto buffer = static_cast<std::size_t>(it->second % geometry_.ring_size);
+  const std::uint64_t task = issue([this, store_gathered, next, stage_next, last_use, buffer] {
     // The store save's gather reads this buffer too: the next occupant waits for it.
-    if (store_gathered) store_gathered->block(*copy_stream_);
+    if (store_gathered && last_use) {
+      buffer_last_use_[buffer].gathered = store_gathered;
+    } else if (store_gathered) {
+      store_gathered->block(*copy_stream_);
+    }
     if (stage_next) issue_stage(next, tuning_.ahead_in_one_call);
   });
   if (stage_next) stage_tasks_[static_cast<std::size_t>(next)] = task;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <thread>
 
 namespace activekv::detail {
@@ -43,6 +44,20 @@ inline bool fence_done_by(const c10::Event& fence, std::chrono::steady_clock::ti
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::yield();
   }
+}
+
+// Without waiting: true where `fence` completed, false where its outcome is
+// unknown (it reported an error, or still runs past `deadline`), nothing
+// while it runs within its deadline.
+inline std::optional<bool> fence_outcome_now(const c10::Event& fence,
+                                             std::chrono::steady_clock::time_point deadline) {
+  try {
+    if (fence.query()) return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+  if (std::chrono::steady_clock::now() >= deadline) return false;
+  return std::nullopt;
 }
 
 }  // namespace activekv::detail

@@ -19,6 +19,8 @@ EXPECTED_ON_CPU = {
     "fence-timeout-quarantines": "skipped",
     "streaming-ring": "passed",
     "streaming-ring-compressed": "passed",
+    "streaming-back-to-back": "passed",
+    "streaming-back-to-back-compressed": "passed",
     "compressed-decode": "passed",
 }
 

@@ -141,6 +141,18 @@ struct StreamingTuning {
   // timelines showed as a first layer waiting up to 1.7 layers' bus time
   // (BENCHMARKS.md, 2026-12-04, late). Not yet measured, so off.
   bool start_one_layer = false;
+  // Device: write-backs settle across steps. begin_step no longer waits on
+  // the host for the last step's write-backs to land. Instead, on the device,
+  // a layer's staging waits for its homes' last write-back where that may
+  // still run, and each ring buffer's first staging of a step waits for the
+  // buffer's last occupant (its attention, write-back and store gather), not
+  // for the whole last step. So where the host runs a step ahead (vLLM's
+  // async scheduling) the next step's first layers cross the bus while the
+  // last step's last layers compute. A fence still settles in issue order at
+  // a later begin_step and poisons its rows once past its deadline; a staging
+  // planned before that is ordered after the write-back on the device. Not
+  // yet measured on a device, so off.
+  bool settle_across_steps = false;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.
@@ -181,9 +193,10 @@ struct StreamingTuning {
 //                  waits for it: the gather reads the buffer), stage layer
 //                  j + K into the buffer.
 // A write-back's fence is settled at the next begin_step (waiting at most
-// fence_timeout_ms past the step); one with an unknown outcome poisons its
-// blocks' homes, and a later step that stages a poisoned block reports it as a
-// load error (vLLM then recomputes the request).
+// fence_timeout_ms past the step; with settle_across_steps, at the first
+// begin_step that finds it done or past that deadline); one with an unknown
+// outcome poisons its blocks' homes, and a later step that stages a poisoned
+// block reports it as a load error (vLLM then recomputes the request).
 class LayerStreamer {
  public:
   // Checks that the streamed layers' KV caches alias their ring buffers (the
@@ -220,7 +233,9 @@ class LayerStreamer {
   void check_rows(const std::vector<std::int64_t>& blocks, const std::vector<std::int64_t>& rows) const;
   // Must be called once per step, before start: unique block ids in range
   // (the caller checks), each list with its blocks' home rows in row order
-  // (check_rows). Settles the previous step's write-backs first.
+  // (check_rows). Settles the previous step's write-backs first
+  // (settle_across_steps: those done by now, and the oldest while more than
+  // two steps' are in flight).
   void begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
                   std::vector<std::int64_t> writeback_blocks,
                   std::vector<std::int64_t> writeback_rows);
@@ -303,7 +318,13 @@ class LayerStreamer {
   // Compressed homes: the step's fresh blocks (written, not staged) as zeros in
   // the buffer (CPU: now; device: on the current stream).
   void zero_fresh(std::int64_t streamed);
-  void settle_writebacks();
+  // In issue order; wait: each until it completes or passes its deadline,
+  // otherwise up to the first still running within its deadline.
+  void settle_writebacks(bool wait);
+  // settle_across_steps: on the streams that stage `streamed`, waits for what
+  // earlier steps left: its homes' last write-back, and where it is its ring
+  // buffer's first occupant, the buffer's last use.
+  void wait_for_last_step(std::size_t streamed);
 
   // Consecutive blocks in consecutive home rows of one chunk: one copy on
   // the CPU path (kRuns). `offset` is the run's place in the step's list.
@@ -367,8 +388,15 @@ class LayerStreamer {
   struct PendingWriteback {
     std::vector<std::int64_t> rows;
     std::size_t layer;  // among the streamed
-    c10::Event fence;
+    std::shared_ptr<c10::Event> fence;  // shared with the waits on it
     std::chrono::steady_clock::time_point deadline;
+  };
+  // settle_across_steps: what a step left using a ring buffer, which the next
+  // step's first staging into it waits for: its last occupant's attention
+  // (reading it), write-back and store gather (reading its blocks).
+  struct BufferLastUse {
+    std::shared_ptr<c10::Event> attended, written_back, gathered;
+    std::uint64_t step = 0;  // set in (step_)
   };
 
   StreamingGeometry geometry_;
@@ -440,9 +468,19 @@ class LayerStreamer {
   // Per step: no block is both staged and written back (set by begin_step).
   bool stage_writeback_disjoint_ = false;
   // Per streamed layer: the write-back of the ring buffer's previous occupant
-  // this step, which the layer's compute waits for.
-  std::vector<std::optional<c10::Event>> occupant_writeback_;
+  // (settle_across_steps: for a first occupant, the last step's), which the
+  // layer's compute waits for.
+  std::vector<std::shared_ptr<c10::Event>> occupant_writeback_;
   std::vector<std::uint64_t> occupant_writeback_tasks_;  // the tasks recording them
+  // settle_across_steps, set by the tasks issuing write-backs and stagings:
+  // per ring buffer its last use, per streamed layer its homes' last
+  // write-back while it may run; each taken by the next staging that needs it.
+  std::vector<BufferLastUse> buffer_last_use_;
+  std::vector<std::shared_ptr<c10::Event>> home_writeback_;
+  std::uint64_t step_ = 0;  // begin_step's count
+  // Per step: settle_across_steps, and the last step reached every buffer's
+  // last occupant, so this one's stagings wait for those alone.
+  bool from_last_step_ = false;
 
   std::vector<PendingWriteback> pending_writebacks_;
   // Per streamed layer and home row ([layer * num_rows + row]): the row's
