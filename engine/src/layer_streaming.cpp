@@ -133,6 +133,11 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     }
     apply_issue_thread();
   }
+  // Until it is measured on a device and made the default: an operator's (and
+  // the vLLM benchmarks') way to turn it on.
+  if (const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS"); settle != nullptr && has_streams()) {
+    tuning_.settle_across_steps = std::string_view(settle) == "1";
+  }
 }
 
 LayerStreamer::~LayerStreamer() {

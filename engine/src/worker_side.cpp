@@ -157,6 +157,13 @@ std::string WorkerSide::store_file_line() const {
 
 std::string WorkerSide::streaming_copies_line() const {
   if (!streamer_) return "";
+  const std::string settle = streamer_->tuning().settle_across_steps
+                                 ? "; write-backs settle across steps (ACTIVEKV_SETTLE_ACROSS_STEPS=1)"
+                                 : "";
+  return copies_by() + settle;
+}
+
+std::string WorkerSide::copies_by() const {
   const std::string head = "ActiveKV layer streaming (rank " + std::to_string(tp_rank_) + "): ";
   // Compressed homes are decoded on the device: by which kernels, and why.
   std::string decoded;

@@ -4,7 +4,8 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
 
     python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
-                                                [--homes exact,compressed] [--resident-layers R] [--out FILE.json]
+                                                [--homes exact,compressed] [--resident-layers R]
+                                                [--async-scheduling on|off] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
 
@@ -28,6 +29,11 @@ without it the 32k step read below the bus's own time, BENCHMARKS.md
 exact or compressed as the homes hold them, over the same peak) and plain
 vLLM's decode step with all KV
 on the device. --contexts 0: the longest context the budget serves.
+--async-scheduling: vLLM's async scheduling on or off (its own choice unless
+given; each run reports what it ran with). With it vLLM queues a step while
+the last one runs, which ACTIVEKV_SETTLE_ACROSS_STEPS=1 in the environment
+lets the engine's stagings use (its first layers cross during the last step's
+last ones).
 
 restart: the first request after a restart, with the host store in a file
 (store_path): one vLLM with ActiveKV exact serves each prompt once (a miss:
@@ -98,7 +104,8 @@ EAGER = os.environ.get("ACTIVEKV_BENCH_EAGER") == "1"  # vLLM's eager mode inste
 
 
 def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
-             kv_cache_bytes: int | None = None, cudagraph_mode: str | None = None):
+             kv_cache_bytes: int | None = None, cudagraph_mode: str | None = None,
+             async_scheduling: bool | None = None):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -108,6 +115,8 @@ def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
                                                     kv_connector_extra_config=extra or {})
     if kv_cache_bytes:
         kw["kv_cache_memory_bytes"] = kv_cache_bytes
+    if async_scheduling is not None:
+        kw["async_scheduling"] = async_scheduling
     return LLM(model=str(model_dir()), load_format="dummy", skip_tokenizer_init=True,
                dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
                enable_prefix_caching=True, seed=0, disable_log_stats=connector is None,
@@ -228,8 +237,9 @@ def home_bytes(homes: str) -> int:
 
 def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
               homes: list[str], resident_layers: int | None = None,
-              with_plain: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
+              with_plain: bool = True, async_scheduling: bool | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": [],
+                           "settle_across_steps": os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") == "1"}
     peak = out["peak_h2d_gbps"] * 1e9
     layers = LLAMA3_8B["num_hidden_layers"]
     page = BLOCK * KV_BYTES_PER_TOKEN_LAYER
@@ -247,7 +257,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
             block_bytes = home_bytes(kind)
             t0 = time.perf_counter()
             llm = make_llm("ActiveKVConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
-                           max_model_len=max_len, kv_cache_bytes=budget_bytes)
+                           max_model_len=max_len, kv_cache_bytes=budget_bytes, async_scheduling=async_scheduling)
             start_s = round(time.perf_counter() - t0, 1)
             blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
             plain_blocks = budget_bytes // (layers * page)
@@ -265,6 +275,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                             "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
                             "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
                             "cudagraph_mode": cudagraph_mode(llm),
+                            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
                             "prefill_s": round(first, 2), "first_hit_ms": round(1000 * first_hit, 2),
                             "hit_ms": round(1000 * one, 2), "decode_step_ms": round(1000 * step, 2),
                             "tokens_per_s": round(1 / step, 2),
@@ -277,7 +288,8 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
     plain_contexts = [n for n in contexts if n] if with_plain else []
     if not plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
         return out
-    llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64)
+    llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64,
+                   async_scheduling=async_scheduling)
     for n in plain_contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
         timed_generate(llm, prompt, "p", 1)
@@ -373,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", default="32768,131072",
                         help="0 for the longest context the budget serves")
     parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--async-scheduling", choices=["on", "off"],
+                        help="streaming: vLLM's async scheduling (its own choice unless given)")
     parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -387,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = streaming([float(x) for x in args.budgets_gib.split(",")],
                            [int(x) for x in args.contexts.split(",")], args.decode_tokens,
-                           args.homes.split(","), args.resident_layers, not args.no_plain)
+                           args.homes.split(","), args.resident_layers, not args.no_plain,
+                           None if args.async_scheduling is None else args.async_scheduling == "on")
     import torch
     import vllm
 

@@ -89,7 +89,8 @@ class WorkerSide {
   std::string store_file_line() const;
   // One line on how layer streaming's homes and ring cross (empty without
   // streaming): on CUDA it says whether the copy engines do it all or the
-  // driver lacked the batched copy.
+  // driver lacked the batched copy; and whether write-backs settle across
+  // steps (StreamingTuning::settle_across_steps).
   std::string streaming_copies_line() const;
   // The store file's data (StoreFile::data), or nullptr without store_path:
   // the binding registers it with the device where the device can.
@@ -140,6 +141,8 @@ class WorkerSide {
   LayerStreamer* streamer() { return streamer_.get(); }
 
  private:
+  // streaming_copies_line's first part: by what the homes and the ring cross.
+  std::string copies_by() const;
   Status open_store_file(const std::vector<std::int64_t>& block_shape);
   // A step's save after wait_for_save, until its fences settle it.
   struct PendingSave {
