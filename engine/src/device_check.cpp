@@ -358,6 +358,10 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
     // the second goes from the first layer's write-back.
     tuning.start_one_layer = (step / 4) % 2 == 1;
+    // Steps 3-5, 9-11, ...: write-backs settle across steps (a buffer's first
+    // staging waits for its last use alone; set_tuning has waited for the
+    // device, streaming-back-to-back does not).
+    tuning.settle_across_steps = (step / 3) % 2 == 1;
     if (step % 2 == 1) {
       tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
       tuning.ahead_in_one_call = false;
