@@ -419,16 +419,18 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
 // vLLM's async scheduling queues a step while the last one runs, with the
 // write-backs settling across steps (StreamingTuning::settle_across_steps).
 // Each layer's "attention" copies aside some of its staged blocks on the
-// compute stream, then writes its step's blocks; all is checked once the last
-// step is done. A staging that overtook the last step's write-back of its
-// homes, or its ring buffer's last occupant (that layer's attention or
-// write-back), leaves other bytes in what was copied aside. Five streamed
-// layers through a ring of 2, so the last occupants (layers 4 and 3) are not
-// the first ones' pairs; blocks of 128 KiB, so the copies take long enough
-// to be overtaken.
+// compute stream, then writes its step's blocks; some steps also save a
+// written block to the store. All is checked once the last step is done:
+// a staging that overtook the last step's write-back of its homes, or its ring
+// buffer's last occupant (that layer's attention, write-back or store gather),
+// leaves other bytes in what was copied aside, in a later staging or in the
+// store. Five streamed layers through a ring of 2, so the last occupants
+// (layers 4 and 3) are not the first ones' pairs; blocks of 128 KiB; on a
+// device the last occupants' attention is slowed by matrix products, so a
+// staging that did not wait for it lands first.
 
 constexpr std::int64_t kChainBlocks = 64;
-constexpr std::int64_t kChainSteps = 12;
+constexpr std::int64_t kChainSteps = 15;
 constexpr std::int64_t kChainSamples = 6;  // staged blocks copied aside per layer and step
 
 std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) {
@@ -466,18 +468,22 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     std::vector<std::vector<std::int64_t>> want;  // per layer and sample: the step that wrote it (0: none)
   };
   std::vector<Planned> steps;
+  std::map<std::int64_t, std::int64_t> saved_at;  // store slot -> the step that saved it
   std::mt19937 rng(11);
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   Ids written_before;
   for (std::int64_t step = 1; step <= kChainSteps; ++step) {
-    // A decode step stages what it writes; every 3rd step writes fresh blocks,
-    // unstaged (a prefill chunk's).
-    const bool fresh_step = step % 3 == 0;
+    // A decode step stages what it writes. Every 3rd writes fresh blocks,
+    // unstaged (a prefill chunk's); every 5th stages nothing at all (a first
+    // chunk), so only its compute's wait orders its writes after the last
+    // step's write-backs.
+    const bool fresh_step = step % 3 == 0, first_chunk = step % 5 == 0;
     Planned p;
     Ids staged;
     for (std::int64_t b = 0; b < kChainBlocks; ++b) {
       const bool writes = rng() % 4 == 0;
       if (writes) p.written.push_back(b);
+      if (first_chunk) continue;
       if (fresh_step ? !writes && rng() % 2 == 0 : writes || rng() % 2 == 0) staged.push_back(b);
     }
     const auto row_of = [](std::int64_t b) { return b ^ 1; };  // runs of one row: a copy per block
@@ -487,17 +493,22 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     };
     with_rows(staged, p.plan.stage_blocks, p.plan.stage_rows);
     with_rows(p.written, p.plan.writeback_blocks, p.plan.writeback_rows);
+    if (step % 4 == 2 && !p.written.empty()) {  // steps 2, 6, 10, 14: a written block to the store
+      const std::int64_t slot = step / 4;
+      p.plan.saves.push_back(SaveOp{slot, p.written.back(), key(static_cast<std::uint8_t>(slot + 1)), "r"});
+      saved_at[slot] = step;
+    }
     for (std::int64_t li = 0; li < layers; ++li) {
-      // The blocks the last step wrote first: their homes were still being written.
-      Ids sample;
+      // Blocks the last step wrote first (their homes were still being
+      // written), in any order; then others.
+      Ids at_risk, others;
       for (const auto b : staged) {
-        if (std::count(written_before.begin(), written_before.end(), b) != 0) sample.push_back(b);
+        const bool risk = std::count(written_before.begin(), written_before.end(), b) != 0;
+        (risk ? at_risk : others).push_back(b);
       }
-      Ids others;
-      for (const auto b : staged) {
-        if (std::count(sample.begin(), sample.end(), b) == 0) others.push_back(b);
-      }
+      std::shuffle(at_risk.begin(), at_risk.end(), rng);
       std::shuffle(others.begin(), others.end(), rng);
+      Ids sample = at_risk;
       sample.insert(sample.end(), others.begin(), others.end());
       sample.resize(std::min<std::size_t>(sample.size(), kChainSamples));
       std::vector<std::int64_t> want;
@@ -514,6 +525,7 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     written_before = p.written;
     steps.push_back(std::move(p));
   }
+  const at::Tensor slow = device.is_cpu() ? at::Tensor() : random({4096, 4096}, 3).to(device);
   // Half the steps as the defaults set, half with the first streamed layer
   // staged alone and (CUDA) the issue thread; set_tuning waits for the device.
   StreamingTuning tuning;
@@ -534,6 +546,9 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
       const auto& name = names[static_cast<std::size_t>(li)];
       worker.wait_for_layer_load(name);
       at::Tensor& layer = kv[name];
+      if (slow.defined() && li + 2 >= layers) {  // a last occupant: its reads of the buffer come late
+        for (int k = 0; k < 4; ++k) at::mm(slow, slow);
+      }
       copied[i].push_back(layer.index_select(0, p.sample_ids[static_cast<std::size_t>(li)]));
       if (!p.written.empty()) layer.index_fill_(0, p.written_ids, value(li, static_cast<std::int64_t>(i) + 1));
       worker.save_layer(name, layer);
@@ -542,6 +557,7 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     worker.clear_plan();
   }
   worker.streamer()->synchronize();
+  worker.drain_saves();
   const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
   const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
   std::map<std::int64_t, at::Tensor> staged_form;  // by the value written: what staging gives back
@@ -562,10 +578,29 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
       }
     }
   }
+  // The store holds each saved block as its step wrote it, every layer.
+  const auto report = worker.take_report();
+  for (const auto& [slot, step] : saved_at) {
+    const bool reported = std::count(report.saved.begin(), report.saved.end(), slot) != 0;
+    f.expect(reported, "the save of step " + std::to_string(step) + " was not reported saved");
+    const auto bytes = worker.arena()->slot_data(slot);
+    f.expect(bytes.ok(), "slot " + std::to_string(slot) + ": " + (bytes.ok() ? "" : bytes.status().error()));
+    if (!reported || !bytes.ok()) continue;
+    const auto per_layer = bytes.value().size() / names.size();
+    for (std::int64_t li = 0; li < layers; ++li) {
+      const at::Tensor want = at::full_like(zeros, value(li, step)).contiguous();
+      const bool same = std::memcmp(bytes.value().data() + static_cast<std::size_t>(li) * per_layer, want.data_ptr(),
+                                    per_layer) == 0;
+      f.expect(same && per_layer == static_cast<std::size_t>(want.nbytes()),
+               "the store's layer " + names[static_cast<std::size_t>(li)] + " of the block saved at step " +
+                   std::to_string(step) + " does not hold that step's bytes");
+    }
+  }
   f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
   return std::to_string(kChainSteps) + " steps queued back to back, 5 streamed layers through a ring of 2, " +
          mode_name(homes) + " homes, copies by " + method_names + " in turn: " + std::to_string(checked) +
-         " staged blocks held their layer's last bytes";
+         " staged blocks held their layer's last bytes, " + std::to_string(saved_at.size()) +
+         " saved blocks their step's";
 }
 
 // ---- the compressed codec on the device ---------------------------------------------

@@ -387,8 +387,10 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
 }
 
 void LayerStreamer::settle_writebacks(bool wait) {
-  // In issue order (one stream): a later write-back cannot land before an
-  // earlier one, and a row's last outcome is the one that counts. Waiting,
+  // In issue order: a later write-back cannot land before an earlier one (one
+  // stream; after a change of copy method the later one waits for the earlier
+  // or is ordered after it through the staging and attention between), and a
+  // row's last outcome is the one that counts. Waiting,
   // each is bounded by its deadline: the step's staging reads these homes,
   // so their outcome is known before it is planned. Not waiting
   // (settle_across_steps), the device orders the staging after them instead.
@@ -419,7 +421,9 @@ void LayerStreamer::wait_for_last_step(std::size_t streamed) {
   // Only settle_across_steps sets what is waited for here.
   if (auto& fence = home_writeback_[streamed]) {
     fence->block(*copy_stream_);
-    if (stages_by_pieces()) fence->block(*gather_stream_);  // the pieces read the homes there
+    // The pieces read the homes there, in this step or, with the copy method
+    // changed, a later one: taken now, the fence is not waited for again.
+    if (gather_stream_) fence->block(*gather_stream_);
     fence.reset();
   }
   if (streamed >= buffer_last_use_.size()) return;

@@ -150,8 +150,10 @@ struct StreamingTuning {
   // async scheduling) the next step's first layers cross the bus while the
   // last step's last layers compute. A fence still settles in issue order at
   // a later begin_step and poisons its rows once past its deadline; a staging
-  // planned before that is ordered after the write-back on the device. Not
-  // yet measured on a device, so off.
+  // of that layer, planned before or after, is ordered after the write-back on
+  // the device (one past its deadline holds it: a device that late is taken
+  // for hung). Assumes vLLM writes no ring buffer between forwards. Not yet
+  // measured on a device, so off.
   bool settle_across_steps = false;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
