@@ -5,7 +5,7 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
     python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
                                                 [--homes exact,compressed] [--resident-layers R]
-                                                [--async-scheduling on|off] [--out FILE.json]
+                                                [--async-scheduling on|off] [--settle off,on] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
 
@@ -33,7 +33,8 @@ on the device. --contexts 0: the longest context the budget serves.
 given; each run reports what it ran with). With it vLLM queues a step while
 the last one runs, which ACTIVEKV_SETTLE_ACROSS_STEPS=1 in the environment
 lets the engine's stagings use (its first layers cross during the last step's
-last ones).
+last ones). --settle off,on: one LLM with it off and one with it on, side by
+side (each run reports which; the environment's setting otherwise).
 
 restart: the first request after a restart, with the host store in a file
 (store_path): one vLLM with ActiveKV exact serves each prompt once (a miss:
@@ -237,9 +238,10 @@ def home_bytes(homes: str) -> int:
 
 def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
               homes: list[str], resident_layers: int | None = None,
-              with_plain: bool = True, async_scheduling: bool | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": [],
-                           "settle_across_steps": os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") == "1"}
+              with_plain: bool = True, async_scheduling: bool | None = None,
+              settle: list[bool] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
+    settings = settle or [os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") == "1"]
     peak = out["peak_h2d_gbps"] * 1e9
     layers = LLAMA3_8B["num_hidden_layers"]
     page = BLOCK * KV_BYTES_PER_TOKEN_LAYER
@@ -252,9 +254,11 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
         expected_blocks = budget_bytes // (regions * page)
         longest = (expected_blocks - 2) * BLOCK
         max_len = max(contexts) + decode_tokens + 64 if 0 not in contexts else longest
-        for kind in homes:
+        for kind, settled in [(k, on) for k in homes for on in settings]:
             config = {**geometry, "homes": kind}
             block_bytes = home_bytes(kind)
+            # Read by each worker at start-up (vLLM's engine process inherits it).
+            os.environ["ACTIVEKV_SETTLE_ACROSS_STEPS"] = "1" if settled else "0"
             t0 = time.perf_counter()
             llm = make_llm("ActiveKVConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
                            max_model_len=max_len, kv_cache_bytes=budget_bytes, async_scheduling=async_scheduling)
@@ -276,6 +280,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                             "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
                             "cudagraph_mode": cudagraph_mode(llm),
                             "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+                            "settle_across_steps": settled,
                             "prefill_s": round(first, 2), "first_hit_ms": round(1000 * first_hit, 2),
                             "hit_ms": round(1000 * one, 2), "decode_step_ms": round(1000 * step, 2),
                             "tokens_per_s": round(1 / step, 2),
@@ -387,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=17)
     parser.add_argument("--async-scheduling", choices=["on", "off"],
                         help="streaming: vLLM's async scheduling (its own choice unless given)")
+    parser.add_argument("--settle", help="streaming: off,on: write-backs settling across steps, "
+                        "an LLM each (ACTIVEKV_SETTLE_ACROSS_STEPS otherwise)")
     parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.settle and set(args.settle.split(",")) - {"on", "off"}:
+        parser.error(f"--settle {args.settle}: a comma-separated list of on and off")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if args.what == "ttft":
         result = ttft([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","))
@@ -402,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         result = streaming([float(x) for x in args.budgets_gib.split(",")],
                            [int(x) for x in args.contexts.split(",")], args.decode_tokens,
                            args.homes.split(","), args.resident_layers, not args.no_plain,
-                           None if args.async_scheduling is None else args.async_scheduling == "on")
+                           None if args.async_scheduling is None else args.async_scheduling == "on",
+                           [x == "on" for x in args.settle.split(",")] if args.settle else None)
     import torch
     import vllm
 
