@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -413,6 +414,83 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
          std::to_string(checked) + " staged blocks held their layer's last bytes";
 }
 
+// ---- streaming: a write-back past its deadline poisons its homes -------------
+//
+// A write-back whose fence passes fence_timeout_ms unsettled leaves its home
+// rows' bytes unknown: a later step that stages them reports those blocks as
+// load errors (vLLM recomputes them), until a write-back of the rows completes.
+// Write-backs of 256 MiB a layer against a deadline of 1 ms; as the host
+// settles them (at the next step) and as the device does (settle_across_steps,
+// the host a few milliseconds late).
+
+std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
+  if (device.is_cpu()) {
+    f.skip("copies on CPU are synchronous: no fence can pass its deadline");
+    return "";
+  }
+  constexpr std::int64_t n = 2048;
+  const std::vector<std::string> names = {"l0", "l1", "l2"};
+  const KVLayout l = layout(names, 8, 128);
+  auto geometry = StreamingGeometry::plan(StreamingConfig{0, 2, Mode::kExact}, names);
+  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
+  if (!geometry.ok()) return "";
+  const at::Tensor ring0 = blocks(l, n, device, 1), ring1 = blocks(l, n, device, 1);
+  Caches kv = {{"l0", ring0}, {"l1", ring1}, {"l2", ring0}};
+  Config config;
+  config.fence_timeout_ms = 1;
+  WorkerSide worker(config, l, 8, 0, geometry.value());
+  const Status s = worker.register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  if (!s.ok()) return "";
+  const auto run = [&](const Ids& staged, const Ids& written) {
+    StepPlan plan;
+    plan.stage_blocks = plan.stage_rows = staged;  // each block in the row of its number
+    plan.writeback_blocks = plan.writeback_rows = written;
+    worker.bind_plan(std::move(plan));
+    worker.start_load();
+    for (const auto& name : names) {
+      worker.wait_for_layer_load(name);
+      worker.save_layer(name, kv[name]);
+    }
+    worker.wait_for_save();
+    worker.clear_plan();
+  };
+  Ids all(n), low(n / 2);
+  for (std::int64_t b = 0; b < n; ++b) all[static_cast<std::size_t>(b)] = b;
+  for (std::int64_t b = 0; b < n / 2; ++b) low[static_cast<std::size_t>(b)] = b;
+  const Ids high(all.begin() + n / 2, all.end());
+  for (const bool across : {false, true}) {
+    const std::string how = across ? " (settled across steps)" : "";
+    StreamingTuning tuning;
+    tuning.settle_across_steps = across;
+    worker.streamer()->set_tuning(tuning);  // waits for the device
+    worker.take_load_errors();
+    run({}, all);  // every row written back, the copies still running
+    if (across) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past every deadline
+    run(all, {});
+    Ids errors = worker.take_load_errors();
+    std::sort(errors.begin(), errors.end());
+    f.expect(errors == all, std::to_string(errors.size()) + " of " + std::to_string(n) +
+                                " blocks staged from homes past their write-back's deadline reported" + how);
+    // Written back again and landed (synchronize settles it): those rows are
+    // known again, the others still not.
+    run({}, low);
+    worker.streamer()->synchronize();
+    run(all, {});
+    errors = worker.take_load_errors();
+    std::sort(errors.begin(), errors.end());
+    f.expect(errors == high, std::to_string(errors.size()) + " blocks reported where the " +
+                                 std::to_string(high.size()) + " still unknown were expected" + how);
+    // And once every row is written back and landed, nothing.
+    run({}, all);
+    worker.streamer()->synchronize();
+    run(all, {});
+    f.expect(worker.take_load_errors().empty(), "a block was reported once its rows were written back" + how);
+  }
+  return std::to_string(n) + " blocks x 3 layers written back (256 MiB a layer) against a 1 ms deadline, "
+         "settled on the host and across steps: staged, each was reported until its rows were written back";
+}
+
 // ---- streaming, steps queued back to back ------------------------------------
 //
 // Steps queued one after another with no wait for the device between them, as
@@ -646,6 +724,7 @@ const std::vector<Scenario>& scenarios() {
       {"streaming-ring", [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kExact); }},
       {"streaming-ring-compressed",
        [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kCompressed); }},
+      {"streaming-fence-timeout-poisons", streaming_fence_timeout_poisons},
       {"streaming-back-to-back", [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kExact); }},
       {"streaming-back-to-back-compressed",
        [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kCompressed); }},
