@@ -153,7 +153,8 @@ struct StreamingTuning {
   // of that layer, planned before or after, is ordered after the write-back on
   // the device (one past its deadline holds it: a device that late is taken
   // for hung). Assumes vLLM writes no ring buffer between forwards. Not yet
-  // measured on a device, so off.
+  // measured on a device, so off; ACTIVEKV_SETTLE_ACROSS_STEPS=1 in the
+  // environment turns it on in a new streamer.
   bool settle_across_steps = false;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
@@ -398,7 +399,7 @@ class LayerStreamer {
   // (reading it), write-back and store gather (reading its blocks).
   struct BufferLastUse {
     std::shared_ptr<c10::Event> attended, written_back, gathered;
-    std::uint64_t step = 0;  // set in (step_)
+    std::uint64_t step = 0;  // the step (step_) that set them
   };
 
   StreamingGeometry geometry_;
