@@ -280,6 +280,57 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
                    f"rounds of {len(SUFFIXES)} requests sharing a prefix")
 
 
+# vLLM's default scheduling is asynchronous: it queues a step while the last one
+# runs. That is where a step's write-backs settling across steps
+# (ACTIVEKV_SETTLE_ACROSS_STEPS=1) reorder the copies, so both ways are checked
+# against plain vLLM with 8x the memory, scheduled the same way. The long request
+# alone, in process: the copies' order is what this checks, not a batch's
+# arrival. One geometry: that order does not depend on the head size.
+ASYNC_SCHEDULING = {"async_scheduling": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+
+
+@pytest.fixture(scope="module")
+def long_answer_with_8x_memory_async(llms, setting):
+    graphs = {}
+    if "compilation_config" in MODES[setting["mode"]]:
+        graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"],
+                                        "cudagraph_mode": "PIECEWISE"}
+    llms.close()  # an in-process engine's connector is process-wide in vLLM: none may be alive
+    llm = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
+               **graphs, **ASYNC_SCHEDULING)
+    try:
+        assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+        runs = []
+        for _ in range(2):
+            h.flush_device_cache(llm)
+            runs.append(h.generate(llm, [LONG]))
+        bitwise(runs[1], runs[0], "plain vLLM repeating the long request under async scheduling")
+        return runs[0]
+    finally:
+        h.shutdown(llm)
+
+
+@pytest.mark.parametrize("settle", ["host", "across-steps"])
+def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(
+        llms, setting, settle, capfd, figures, request):
+    if setting["name"][1] != "head128":
+        pytest.skip("one geometry: the copies' order does not depend on the head size")
+    want = request.getfixturevalue("long_answer_with_8x_memory_async")
+    env = {**ASYNC_SCHEDULING["env"], "ACTIVEKV_SETTLE_ACROSS_STEPS": "1" if settle == "across-steps" else "0"}
+    llm = connector_llm(llms, setting, {"streaming": h.STREAMING}, kv_cache_bytes=budget(setting),
+                        max_model_len=CONTEXT, async_scheduling=True, env=env)
+    started = capfd.readouterr()
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    # The worker's start-up line says whether they settle across steps.
+    assert ("write-backs settle across steps" in started.out + started.err) == (settle == "across-steps")
+    with h.TelemetryDelta(llm) as delta:
+        got = h.generate(llm, [LONG])
+    assert delta["streamed_bytes_to_device"] > 0 and delta["streamed_bytes_to_host"] > 0
+    bitwise(got, want, f"streaming under async scheduling, write-backs settled {settle}")
+    figures.append(f"{setting['name']} streaming under async scheduling, write-backs settled {settle}: "
+                   f"bit for bit plain vLLM with 8x the memory, {CONTEXT} tokens")
+
+
 # Compressed homes: every streamed layer's history is the codec's decode of its
 # encode, so the answers are not plain vLLM's bits but within the bound
 # tests/vllm/test_compressed_homes.py derives (half the oracles' MIN_MARGIN,
