@@ -472,10 +472,10 @@ std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
     std::sort(errors.begin(), errors.end());
     f.expect(errors == all, std::to_string(errors.size()) + " of " + std::to_string(n) +
                                 " blocks staged from homes past their write-back's deadline reported" + how);
-    // Written back again and landed (synchronize settles it): those rows are
-    // known again, the others still not.
+    // Written back again and landed (the next begin_step finds it done): those
+    // rows are known again, the others still not.
     run({}, low);
-    worker.streamer()->synchronize();
+    at::accelerator::synchronizeDevice(device.index());
     run(all, {});
     errors = worker.take_load_errors();
     std::sort(errors.begin(), errors.end());
@@ -483,7 +483,7 @@ std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
                                  std::to_string(high.size()) + " still unknown were expected" + how);
     // And once every row is written back and landed, nothing.
     run({}, all);
-    worker.streamer()->synchronize();
+    at::accelerator::synchronizeDevice(device.index());
     run(all, {});
     f.expect(worker.take_load_errors().empty(), "a block was reported once its rows were written back" + how);
   }

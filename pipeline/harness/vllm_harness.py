@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
+import logging
 import os
 import random
 import sys
@@ -428,3 +429,25 @@ def whole_blocks_budget(budget_bytes: float, num_layers: int) -> int:
 def reusable_tokens(prompt_len: int) -> int:
     """Tokens of a prompt a prefix cache can serve: full blocks, never the last token."""
     return (prompt_len - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+class StartupLines(logging.Handler):
+    """ActiveKV's start-up lines (logger vllm.activekv) while inside `with`.
+    Where they land depends on what ran before in the process: once vLLM has
+    configured logging, its handlers do not print them to the captured output,
+    so this handler takes them; the first LLM of a process configures logging
+    as it starts, which removes this handler and prints them (capfd)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        logging.getLogger("vllm.activekv").addHandler(self)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("vllm.activekv").removeHandler(self)

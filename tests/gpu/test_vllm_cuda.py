@@ -286,7 +286,7 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
 # against plain vLLM with 8x the memory, scheduled the same way. The long request
 # alone, in process: the copies' order is what this checks, not a batch's
 # arrival. One geometry: that order does not depend on the head size.
-ASYNC_SCHEDULING = {"async_scheduling": True, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+ASYNC_SCHEDULING = {"async_scheduling": True, "in_process": True}
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ def long_answer_with_8x_memory_async(llms, setting):
             h.flush_device_cache(llm)
             runs.append(h.generate(llm, [LONG]))
         bitwise(runs[1], runs[0], "plain vLLM repeating the long request under async scheduling")
-        return runs[0]
+        return {"long": runs[0], "cudagraph_mode": cudagraph_mode(llm)}
     finally:
         h.shutdown(llm)
 
@@ -316,17 +316,20 @@ def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(
     if setting["name"][1] != "head128":
         pytest.skip("one geometry: the copies' order does not depend on the head size")
     want = request.getfixturevalue("long_answer_with_8x_memory_async")
-    env = {**ASYNC_SCHEDULING["env"], "ACTIVEKV_SETTLE_ACROSS_STEPS": "1" if settle == "across-steps" else "0"}
-    llm = connector_llm(llms, setting, {"streaming": h.STREAMING}, kv_cache_bytes=budget(setting),
-                        max_model_len=CONTEXT, async_scheduling=True, env=env)
-    started = capfd.readouterr()
+    env = {"ACTIVEKV_SETTLE_ACROSS_STEPS": "1" if settle == "across-steps" else "0"}
+    with h.StartupLines() as lines:
+        llm = connector_llm(llms, setting, {"streaming": h.STREAMING}, kv_cache_bytes=budget(setting),
+                            max_model_len=CONTEXT, env=env, **ASYNC_SCHEDULING)
+    started = "\n".join(lines) + "".join(capfd.readouterr())
     assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    assert cudagraph_mode(llm) == want["cudagraph_mode"]
     # The worker's start-up line says whether they settle across steps.
-    assert ("write-backs settle across steps" in started.out + started.err) == (settle == "across-steps")
+    assert "ActiveKV layer streaming (rank 0)" in started, started[-3000:]
+    assert ("write-backs settle across steps" in started) == (settle == "across-steps"), started[-3000:]
     with h.TelemetryDelta(llm) as delta:
         got = h.generate(llm, [LONG])
     assert delta["streamed_bytes_to_device"] > 0 and delta["streamed_bytes_to_host"] > 0
-    bitwise(got, want, f"streaming under async scheduling, write-backs settled {settle}")
+    bitwise(got, want["long"], f"streaming under async scheduling, write-backs settled {settle}")
     figures.append(f"{setting['name']} streaming under async scheduling, write-backs settled {settle}: "
                    f"bit for bit plain vLLM with 8x the memory, {CONTEXT} tokens")
 

@@ -12,7 +12,6 @@ instance's blocks and have the shapes of a whole reload."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import signal
@@ -98,28 +97,6 @@ class OtherInstance:
         self.proc.stdout.close()
 
 
-class StartupLines(logging.Handler):
-    """ActiveKV's start-up lines (logger vllm.activekv) while inside `with`.
-    Where they land depends on what ran before in the process: once vLLM has
-    configured logging, its handlers do not print them to the captured output,
-    so this handler takes them; the first LLM of a process configures logging
-    as it starts, which removes this handler and prints them (capfd)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def __enter__(self) -> list[str]:
-        logging.getLogger("vllm.activekv").addHandler(self)
-        return self.lines
-
-    def __exit__(self, *exc) -> None:
-        logging.getLogger("vllm.activekv").removeHandler(self)
-
-
 def oracle(llm, prompt):
     """This engine's cold answer and own prefix hits, under a salt of its own."""
     cold = h.generate(llm, [prompt], salt="oracle")[0]
@@ -136,7 +113,7 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
         saved_by_other = other.generate(0)
         tenant_b = other.generate(1, salt="tenant-b")
         assert saved_by_other["hit_tokens"] == 0 and tenant_b["hit_tokens"] == 0
-        with StartupLines() as lines:
+        with h.StartupLines() as lines:
             llm = store_llm(tiny_model, path, capacity_bytes=capacity)
         started = "\n".join(lines) + "".join(capfd.readouterr())
         assert f"ActiveKV host store {path}: shared with 1 running vLLM instance(s)" in started, started[-3000:]
@@ -180,6 +157,9 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
                     whole += 1
                     assert not h.check_reloads([got], own_hits), what
                 served += delta["loaded_blocks"]
+            # Where the other saved every storm prompt before it died, they are all hits
+            # here: a prompt nobody ran must still be saved.
+            h.generate(llm, [h.random_tokens(random.Random(600), 4 * h.BLOCK_SIZE + 3)])
         assert after_kill["failed_loads"] == 0, "a block was served from a slot that did not hold it"
         assert after_kill["stored_blocks"] > 0, "this instance stopped saving after the other was killed"
         assert served > 0, "nothing the killed instance saved was served"
