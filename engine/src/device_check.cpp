@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -301,21 +302,29 @@ at::Tensor content(std::int64_t layer, std::int64_t block, std::int64_t step) {
   return random({2, kBlockSize, 64}, static_cast<std::uint64_t>(1000 * step + 10 * layer + block));
 }
 
+// A worker streaming `l`'s layers as `streaming` says over `kv` (8 store
+// slots), registered; nullptr, with what failed in `f`, otherwise.
+std::unique_ptr<WorkerSide> streaming_worker(const KVLayout& l, const StreamingConfig& streaming, const Caches& kv,
+                                             Findings& f, const Config& config = Config{}) {
+  auto geometry = StreamingGeometry::plan(streaming, l.layer_names);
+  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
+  if (!geometry.ok()) return nullptr;
+  auto worker = std::make_unique<WorkerSide>(config, l, 8, 0, geometry.value());
+  const Status s = worker->register_kv_caches(kv);
+  f.expect(s.ok(), "register_kv_caches: " + s.error());
+  return s.ok() ? std::move(worker) : nullptr;
+}
+
 std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
   const KVLayout l = layout(names, 2, 32);
-  // l0 resident, a ring of 2.
-  auto geometry = StreamingGeometry::plan(StreamingConfig{1, 2, homes}, names);
-  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
-  if (!geometry.ok()) return "";
-  // l1 and l3 view ring buffer 0, l2 and l4 ring buffer 1.
+  // l0 resident, a ring of 2: l1 and l3 view ring buffer 0, l2 and l4 ring buffer 1.
   const at::Tensor ring0 = blocks(l, kRingBlocks, device), ring1 = blocks(l, kRingBlocks, device);
   Caches kv = {{"l0", blocks(l, kRingBlocks, device)}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0},
                {"l4", ring1}};
-  WorkerSide worker(Config{}, l, 8, 0, geometry.value());
-  const Status s = worker.register_kv_caches(kv);
-  f.expect(s.ok(), "register_kv_caches: " + s.error());
-  if (!s.ok()) return "";
+  const auto made = streaming_worker(l, StreamingConfig{1, 2, homes}, kv, f);
+  if (!made) return "";
+  WorkerSide& worker = *made;
   const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
   const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
   const auto staged_form = [&](const at::Tensor& block) {  // what staging gives back
@@ -431,17 +440,13 @@ std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
   constexpr std::int64_t n = 2048;
   const std::vector<std::string> names = {"l0", "l1", "l2"};
   const KVLayout l = layout(names, 8, 128);
-  auto geometry = StreamingGeometry::plan(StreamingConfig{0, 2, Mode::kExact}, names);
-  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
-  if (!geometry.ok()) return "";
   const at::Tensor ring0 = blocks(l, n, device, 1), ring1 = blocks(l, n, device, 1);
   Caches kv = {{"l0", ring0}, {"l1", ring1}, {"l2", ring0}};
   Config config;
   config.fence_timeout_ms = 1;
-  WorkerSide worker(config, l, 8, 0, geometry.value());
-  const Status s = worker.register_kv_caches(kv);
-  f.expect(s.ok(), "register_kv_caches: " + s.error());
-  if (!s.ok()) return "";
+  const auto made = streaming_worker(l, StreamingConfig{0, 2, Mode::kExact}, kv, f, config);
+  if (!made) return "";
+  WorkerSide& worker = *made;
   const auto run = [&](const Ids& staged, const Ids& written) {
     StepPlan plan;
     plan.stage_blocks = plan.stage_rows = staged;  // each block in the row of its number
@@ -514,16 +519,12 @@ constexpr std::int64_t kChainSamples = 6;  // staged blocks copied aside per lay
 std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) {
   const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
   const KVLayout l = layout(names, 8, 128);
-  auto geometry = StreamingGeometry::plan(StreamingConfig{0, 2, homes}, names);
-  f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
-  if (!geometry.ok()) return "";
   const at::Tensor ring0 = blocks(l, kChainBlocks, device), ring1 = blocks(l, kChainBlocks, device);
   Caches kv;
   for (std::size_t i = 0; i < names.size(); ++i) kv[names[i]] = i % 2 == 0 ? ring0 : ring1;
-  WorkerSide worker(Config{}, l, 8, 0, geometry.value());
-  const Status s = worker.register_kv_caches(kv);
-  f.expect(s.ok(), "register_kv_caches: " + s.error());
-  if (!s.ok()) return "";
+  const auto made = streaming_worker(l, StreamingConfig{0, 2, homes}, kv, f);
+  if (!made) return "";
+  WorkerSide& worker = *made;
   std::vector<StreamCopy> methods;
   std::string method_names;
   for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {

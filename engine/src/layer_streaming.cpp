@@ -362,9 +362,11 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   }
   for (auto& done : occupant_writeback_) done.reset();
   for (std::size_t b = 0; b < buffer_last_use_.size(); ++b) {
-    // A first occupant's compute writes what the last one's write-back reads.
-    if (from_last_step_) occupant_writeback_[b] = buffer_last_use_[b].written_back;
-    if (!from_last_step_) buffer_last_use_[b] = BufferLastUse{};  // all landed: nothing to wait for
+    if (from_last_step_) {  // a first occupant's compute writes what the last one's write-back reads
+      occupant_writeback_[b] = buffer_last_use_[b].written_back;
+    } else {
+      buffer_last_use_[b] = BufferLastUse{};  // all landed: nothing to wait for
+    }
   }
   stage_index_.reset();
   writeback_index_.reset();
@@ -586,9 +588,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   auto attended = std::make_shared<c10::Event>(device_.type());
   attended->record(current_stream(device_));
   const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
-  // settle_across_steps, the buffer's last occupant: the next step's first
-  // staging into it waits for this layer's uses, not the copy stream.
-  const bool last_use = tuning_.settle_across_steps && next >= geometry_.num_streamed();
+  const bool last_use = carries_last_use(j);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_);
   const std::uint64_t task = issue([this, attended, j, next, last_use, deadline] {
     BufferLastUse* use = last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
@@ -655,8 +655,7 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
   if (stage_next) note_stage_issued(next, stats);
   std::shared_ptr<c10::Event> store_gathered;
   if (gathered) store_gathered = std::make_shared<c10::Event>(std::move(*gathered));
-  // As in write_back: the buffer's last use, for the next step's first staging.
-  const bool last_use = tuning_.settle_across_steps && next >= geometry_.num_streamed();
+  const bool last_use = carries_last_use(it->second);
   const auto buffer = static_cast<std::size_t>(it->second % geometry_.ring_size);
   const std::uint64_t task = issue([this, store_gathered, next, stage_next, last_use, buffer] {
     // The store save's gather reads this buffer too: the next occupant waits for it.

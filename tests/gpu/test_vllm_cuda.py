@@ -228,19 +228,24 @@ assert (sum(blocks_for(p) for p in ROUNDS[0]) + sum(blocks_for(p) - len(SHARED) 
 STREAMING_CONFIGS = {"R0-ring2": h.STREAMING, "R2-ring3": {"resident_layers": 2, "ring_size": 3}}
 
 
-@pytest.fixture(scope="module")
-def answers_with_8x_memory(llms, setting):
-    """Plain vLLM (no connector) given 8x the budget, in the CUDA graph mode
-    streaming runs in: PIECEWISE (attention outside the graphs) in compiled
-    mode. Its default FULL decode graphs run attention with other split-KV
-    settings, so they differ from piecewise plain vLLM in the last bits too."""
+def plain_llm_with_8x_memory(llms, setting, scheduling):
+    """Plain vLLM (no connector) given 8x the budget, scheduled as `scheduling`
+    says, in the CUDA graph mode streaming runs in: PIECEWISE (attention
+    outside the graphs) in compiled mode. Its default FULL decode graphs run
+    attention with other split-KV settings, so they differ from piecewise
+    plain vLLM in the last bits too."""
     graphs = {}
     if "compilation_config" in MODES[setting["mode"]]:
         graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"],
                                         "cudagraph_mode": "PIECEWISE"}
     llms.close()  # an in-process engine's connector is process-wide in vLLM: none may be alive
-    llm = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
-               **graphs, **STREAMING_SCHEDULING)
+    return make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
+                **graphs, **scheduling)
+
+
+@pytest.fixture(scope="module")
+def answers_with_8x_memory(llms, setting):
+    llm = plain_llm_with_8x_memory(llms, setting, STREAMING_SCHEDULING)
     try:
         long = h.generate(llm, [LONG])
         runs = []
@@ -291,13 +296,7 @@ ASYNC_SCHEDULING = {"async_scheduling": True, "in_process": True}
 
 @pytest.fixture(scope="module")
 def long_answer_with_8x_memory_async(llms, setting):
-    graphs = {}
-    if "compilation_config" in MODES[setting["mode"]]:
-        graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"],
-                                        "cudagraph_mode": "PIECEWISE"}
-    llms.close()  # an in-process engine's connector is process-wide in vLLM: none may be alive
-    llm = make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
-               **graphs, **ASYNC_SCHEDULING)
+    llm = plain_llm_with_8x_memory(llms, setting, ASYNC_SCHEDULING)
     try:
         assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
         runs = []

@@ -328,6 +328,12 @@ class LayerStreamer {
   // earlier steps left: its homes' last write-back, and where it is its ring
   // buffer's first occupant, the buffer's last use.
   void wait_for_last_step(std::size_t streamed);
+  // settle_across_steps and `streamed` is its buffer's last occupant: its uses
+  // (attention, write-back, store gather) are what the next step's first
+  // staging into the buffer waits for, not the copy stream.
+  bool carries_last_use(std::int64_t streamed) const {
+    return tuning_.settle_across_steps && streamed + geometry_.ring_size >= geometry_.num_streamed();
+  }
 
   // Consecutive blocks in consecutive home rows of one chunk: one copy on
   // the CPU path (kRuns). `offset` is the run's place in the step's list.
