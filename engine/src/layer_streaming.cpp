@@ -133,10 +133,12 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     }
     apply_issue_thread();
   }
-  // Until it is measured on a device and made the default: an operator's (and
-  // the vLLM benchmarks') way to turn it on.
-  if (const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS"); settle != nullptr && has_streams()) {
-    tuning_.settle_across_steps = std::string_view(settle) == "1";
+  // CPU copies land as they are issued: nothing is left to settle on a device.
+  // With streams, =0 is an operator's (and the vLLM benchmarks' A/B) way back
+  // to the host settling each step.
+  const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS");
+  if (!has_streams() || (settle != nullptr && std::string_view(settle) == "0")) {
+    tuning_.settle_across_steps = false;
   }
 }
 

@@ -157,9 +157,13 @@ std::string WorkerSide::store_file_line() const {
 
 std::string WorkerSide::streaming_copies_line() const {
   if (!streamer_) return "";
-  const std::string settle = streamer_->tuning().settle_across_steps
-                                 ? "; write-backs settle across steps (ACTIVEKV_SETTLE_ACROSS_STEPS=1)"
-                                 : "";
+  // CPU copies land as issued: nothing to say there.
+  std::string settle;
+  if (has_streams()) {
+    settle = streamer_->tuning().settle_across_steps
+                 ? "; write-backs settle across steps"
+                 : "; write-backs settle on the host each step (ACTIVEKV_SETTLE_ACROSS_STEPS=0)";
+  }
   return copies_by() + settle;
 }
 

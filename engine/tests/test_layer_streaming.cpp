@@ -1,5 +1,9 @@
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
 
 #include "streaming_test_geometry.h"
 
@@ -34,9 +38,9 @@ KVLayout layout() {
 at::Tensor blocks() { return at::zeros({kBlocks, 2, 32, 64}, at::kBFloat16); }
 
 // l0 resident; l1 and l3 view ring 0, l2 and l4 ring 1.
-std::unordered_map<std::string, at::Tensor> ring_caches() {
-  const at::Tensor ring0 = blocks(), ring1 = blocks();
-  return {{"l0", blocks()}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0}, {"l4", ring1}};
+std::unordered_map<std::string, at::Tensor> ring_caches(c10::Device device = at::kCPU) {
+  const at::Tensor ring0 = blocks().to(device), ring1 = blocks().to(device);
+  return {{"l0", blocks().to(device)}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0}, {"l4", ring1}};
 }
 
 // What the step's "attention" writes into a block of a layer: distinct per
@@ -255,9 +259,48 @@ TEST(LayerStreamer, TheWorkersLineSaysHowTheHomesCross) {
   Streaming s;  // on CPU: a copy per run (on CUDA the device check's ring takes every method)
   EXPECT_EQ(s.worker.streaming_copies_line(),
             "ActiveKV layer streaming (rank 0): one copy per run of home rows and blocks");
+  // Write-backs settle across steps by default, but a CPU copy has landed when
+  // issued: there the host settles, and the line says nothing of it.
+  EXPECT_TRUE(StreamingTuning{}.settle_across_steps);
+  EXPECT_FALSE(s.worker.streamer()->tuning().settle_across_steps);
   WorkerSide plain(Config{}, layout(), 8, 0, std::nullopt);
   ASSERT_TRUE(plain.register_kv_caches(ring_caches()).ok());
   EXPECT_EQ(plain.streaming_copies_line(), "");
+}
+
+// On a device a new streamer settles write-backs across steps unless the
+// environment says ACTIVEKV_SETTLE_ACROSS_STEPS=0, and the worker's line says
+// which (CI's CPU run filters the accelerator tests out).
+TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironmentSaysNot) {
+  const auto type = at::accelerator::getAccelerator(false);
+  if (!type || at::accelerator::deviceCount() == 0) {
+    GTEST_SKIP() << "no accelerator in this torch build or machine";
+  }
+  constexpr const char* kVar = "ACTIVEKV_SETTLE_ACROSS_STEPS";
+  const char* was = std::getenv(kVar);
+  const std::optional<std::string> saved = was ? std::optional<std::string>(was) : std::nullopt;
+  for (const char* value : {static_cast<const char*>(nullptr), "0", "1"}) {
+    if (value != nullptr) {
+      setenv(kVar, value, 1);
+    } else {
+      unsetenv(kVar);
+    }
+    WorkerSide worker(Config{}, layout(), 8, 0, geometry(1, 2, Mode::kExact));
+    ASSERT_TRUE(worker.register_kv_caches(ring_caches(c10::Device(*type, 0))).ok());
+    const bool across = value == nullptr || std::string_view(value) != "0";
+    const std::string line = worker.streaming_copies_line();
+    EXPECT_EQ(worker.streamer()->tuning().settle_across_steps, across) << (value ? value : "unset");
+    EXPECT_EQ(line.find("; write-backs settle across steps") != std::string::npos, across) << line;
+    EXPECT_EQ(line.find("; write-backs settle on the host each step (ACTIVEKV_SETTLE_ACROSS_STEPS=0)") !=
+                  std::string::npos,
+              !across)
+        << line;
+  }
+  if (saved) {
+    setenv(kVar, saved->c_str(), 1);
+  } else {
+    unsetenv(kVar);
+  }
 }
 
 TEST(LayerStreamer, ResidentLayersAreNeverStaged) {

@@ -31,10 +31,11 @@ vLLM's decode step with all KV
 on the device. --contexts 0: the longest context the budget serves.
 --async-scheduling: vLLM's async scheduling on or off (its own choice unless
 given; each run reports what it ran with). With it vLLM queues a step while
-the last one runs, which ACTIVEKV_SETTLE_ACROSS_STEPS=1 in the environment
-lets the engine's stagings use (its first layers cross during the last step's
-last ones). --settle off,on: one LLM with it off and one with it on, side by
-side (each run reports which; the environment's setting otherwise).
+the last one runs, which the engine's stagings use by default (write-backs
+settle across steps: a step's first layers cross during the last step's last
+ones; ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment settles them on the
+host each step). --settle off,on: one LLM with it off and one with it on, side
+by side (each run reports which; the environment's setting otherwise).
 
 restart: the first request after a restart, with the host store in a file
 (store_path): one vLLM with ActiveKV exact serves each prompt once (a miss:
@@ -241,7 +242,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
               with_plain: bool = True, async_scheduling: bool | None = None,
               settle: list[bool] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
-    settings = settle or [os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") == "1"]
+    settings = settle or [os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") != "0"]
     peak = out["peak_h2d_gbps"] * 1e9
     layers = LLAMA3_8B["num_hidden_layers"]
     page = BLOCK * KV_BYTES_PER_TOKEN_LAYER

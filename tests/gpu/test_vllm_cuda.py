@@ -286,8 +286,9 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
 
 
 # vLLM's default scheduling is asynchronous: it queues a step while the last one
-# runs. That is where a step's write-backs settling across steps
-# (ACTIVEKV_SETTLE_ACROSS_STEPS=1) reorder the copies, so both ways are checked
+# runs. That is where a step's write-backs settling across steps (the default
+# on a device; ACTIVEKV_SETTLE_ACROSS_STEPS=0 settles them on the host each
+# step) reorder the copies, so both ways are checked
 # against plain vLLM with 8x the memory, scheduled the same way. The long request
 # alone, in process: the copies' order is what this checks, not a batch's
 # arrival. One geometry: that order does not depend on the head size.
@@ -315,7 +316,7 @@ def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(
     if setting["name"][1] != "head128":
         pytest.skip("one geometry: the copies' order does not depend on the head size")
     want = request.getfixturevalue("long_answer_with_8x_memory_async")
-    env = {"ACTIVEKV_SETTLE_ACROSS_STEPS": "1" if settle == "across-steps" else "0"}
+    env = {} if settle == "across-steps" else {"ACTIVEKV_SETTLE_ACROSS_STEPS": "0"}  # across: the default
     with h.StartupLines() as lines:
         llm = connector_llm(llms, setting, {"streaming": h.STREAMING}, kv_cache_bytes=budget(setting),
                             max_model_len=CONTEXT, env=env, **ASYNC_SCHEDULING)

@@ -152,10 +152,13 @@ struct StreamingTuning {
   // a later begin_step and poisons its rows once past its deadline; a staging
   // of that layer, planned before or after, is ordered after the write-back on
   // the device (one past its deadline holds it: a device that late is taken
-  // for hung). Assumes vLLM writes no ring buffer between forwards. Not yet
-  // measured on a device, so off; ACTIVEKV_SETTLE_ACROSS_STEPS=1 in the
-  // environment turns it on in a new streamer.
-  bool settle_across_steps = false;
+  // for hung). Assumes vLLM writes no ring buffer between forwards. On the
+  // H200, prefill chunks queued back to back read 1.005-1.024x their bound
+  // with it and 1.025-1.056x without; decode steps are alike (medians;
+  // BENCHMARKS.md, 2026-12-05). A new streamer turns it on
+  // only with streams (CPU copies land as issued, so the host settles), and
+  // not with ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
+  bool settle_across_steps = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.

@@ -89,8 +89,8 @@ class WorkerSide {
   std::string store_file_line() const;
   // One line on how layer streaming's homes and ring cross (empty without
   // streaming): on CUDA it says whether the copy engines do it all or the
-  // driver lacked the batched copy; and whether write-backs settle across
-  // steps (StreamingTuning::settle_across_steps).
+  // driver lacked the batched copy; and, on a device, whether write-backs
+  // settle across steps (StreamingTuning::settle_across_steps).
   std::string streaming_copies_line() const;
   // The store file's data (StoreFile::data), or nullptr without store_path:
   // the binding registers it with the device where the device can.
