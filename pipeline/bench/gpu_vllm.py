@@ -5,7 +5,8 @@ load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
     python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
                                                 [--homes exact,compressed] [--resident-layers R]
-                                                [--async-scheduling on|off] [--settle off,on] [--out FILE.json]
+                                                [--async-scheduling on|off] [--settle off,on] [--repeats 3]
+                                                [--out FILE.json]
     python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
     python -m pipeline.bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
 
@@ -25,10 +26,10 @@ streaming: decode step time with layer streaming in a device KV budget, from
 the time of generate(N tokens) minus generate(1 token) on the same prompt
 (both after a first generate(1) that settles what the prefill left in flight:
 without it the 32k step read below the bus's own time, BENCHMARKS.md
-2026-12-04 evening), against the bus bound (the streamed bytes of a step,
-exact or compressed as the homes hold them, over the same peak) and plain
-vLLM's decode step with all KV
-on the device. --contexts 0: the longest context the budget serves.
+2026-12-04 evening), the median of --repeats such pairs (each pair's step is
+reported too), against the bus bound (the streamed bytes of a step, exact or
+compressed as the homes hold them, over the same peak) and plain vLLM's
+decode step with all KV on the device. --contexts 0: the longest context the budget serves.
 --async-scheduling: vLLM's async scheduling on or off (its own choice unless
 given; each run reports what it ran with). With it vLLM queues a step while
 the last one runs, which the engine's stagings use by default (write-backs
@@ -237,7 +238,7 @@ def home_bytes(homes: str) -> int:
     return layer_bytes(homes, BLOCK * KV_BYTES_PER_TOKEN_LAYER // 2, torch.bfloat16, LLAMA3_8B["head_dim"])
 
 
-def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
+def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int, repeats: int,
               homes: list[str], resident_layers: int | None = None,
               with_plain: bool = True, async_scheduling: bool | None = None,
               settle: list[bool] | None = None) -> dict[str, Any]:
@@ -272,9 +273,12 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                 prompt = prompt_of(n - decode_tokens, 7 + n)
                 first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
                 first_hit = timed_generate(llm, prompt, f"s{n}", 1)  # settles the prefill's leftovers
-                one = timed_generate(llm, prompt, f"s{n}", 1)  # prefix hit + 1 token
-                many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
-                step = (many - one) / (decode_tokens - 1)
+                ones, steps = [], []
+                for _ in range(repeats):
+                    ones.append(timed_generate(llm, prompt, f"s{n}", 1))  # prefix hit + 1 token
+                    many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
+                    steps.append((many - ones[-1]) / (decode_tokens - 1))
+                one, step = statistics.median(ones), statistics.median(steps)
                 streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * block_bytes
                 measured = {"budget_gib": budget, **config, "context": n, "start_s": start_s,
                             "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
@@ -284,6 +288,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                             "settle_across_steps": settled,
                             "prefill_s": round(first, 2), "first_hit_ms": round(1000 * first_hit, 2),
                             "hit_ms": round(1000 * one, 2), "decode_step_ms": round(1000 * step, 2),
+                            "decode_step_samples_ms": [round(1000 * x, 2) for x in steps],
                             "tokens_per_s": round(1 / step, 2),
                             "bus_bound_ms": round(1000 * streamed / peak, 2)}
                 measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.decode_tokens)
     else:
         result = streaming([float(x) for x in args.budgets_gib.split(",")],
-                           [int(x) for x in args.contexts.split(",")], args.decode_tokens,
+                           [int(x) for x in args.contexts.split(",")], args.decode_tokens, args.repeats,
                            args.homes.split(","), args.resident_layers, not args.no_plain,
                            None if args.async_scheduling is None else args.async_scheduling == "on",
                            [x == "on" for x in args.settle.split(",")] if args.settle else None)
