@@ -575,6 +575,32 @@ void print_timeline(Model& m, const Step& s, const char* label) {
               at(ev.size() - 1), compute, idle, at(1), layers.c_str(), host_layers.c_str());
 }
 
+// The tuning part's rows: each the streamer's defaults but what its knobs set.
+struct TuningRow {
+  const char* label;
+  StreamCopy method;
+  void (*knobs)(StreamingTuning&);
+};
+
+const std::vector<TuningRow>& tuning_rows() {
+  using T = StreamingTuning;
+  const StreamCopy gather = StreamCopy::kDeviceGather, batch = StreamCopy::kCopyEngineBatch;
+  static const std::vector<TuningRow> rows{
+      {"gather-p4", gather, [](T& t) { t.pieces = 4; }},
+      {"gather-p8", gather, [](T& t) { t.pieces = 8; }},
+      {"gather-p8-copy-hi", gather, [](T& t) { t.copy_high_priority = true; }},
+      {"batch", batch, [](T&) {}},
+      {"batch-one-call", batch, [](T& t) { t.batch_first_call = 0; }},
+      {"batch-wb-on-copy", batch, [](T& t) { t.writeback_stream = false; }},
+      {"batch-copy-hi", batch, [](T& t) { t.copy_high_priority = true; }},
+      {"batch-staging-waits-wb", batch, [](T& t) { t.staging_waits_for_writeback = true; }},
+      {"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
+      {"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
+      {"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }},
+      {"batch-host-settle", batch, [](T& t) { t.settle_across_steps = false; }}};
+  return rows;
+}
+
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
 // write-back stream, its calls to the driver, whether a buffer's staging waits
@@ -600,26 +626,7 @@ void tuning(Bench& b) {
     if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(shape.context)) == 0) continue;
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
-    // Each row: the streamer's defaults but what its knobs set.
-    struct Row {
-      const char* label;
-      StreamCopy method;
-      void (*knobs)(StreamingTuning&);
-    };
-    using T = StreamingTuning;
-    const StreamCopy gather = StreamCopy::kDeviceGather, batch = StreamCopy::kCopyEngineBatch;
-    for (const Row& k : {Row{"gather-p4", gather, [](T& t) { t.pieces = 4; }},
-                         Row{"gather-p8", gather, [](T& t) { t.pieces = 8; }},
-                         Row{"gather-p8-copy-hi", gather, [](T& t) { t.copy_high_priority = true; }},
-                         Row{"batch", batch, [](T&) {}},
-                         Row{"batch-one-call", batch, [](T& t) { t.batch_first_call = 0; }},
-                         Row{"batch-wb-on-copy", batch, [](T& t) { t.writeback_stream = false; }},
-                         Row{"batch-copy-hi", batch, [](T& t) { t.copy_high_priority = true; }},
-                         Row{"batch-staging-waits-wb", batch, [](T& t) { t.staging_waits_for_writeback = true; }},
-                         Row{"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
-                         Row{"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
-                         Row{"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }},
-                         Row{"batch-host-settle", batch, [](T& t) { t.settle_across_steps = false; }}}) {
+    for (const TuningRow& k : tuning_rows()) {
       if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
       StreamingTuning t = defaults;
       k.knobs(t);
@@ -882,6 +889,18 @@ int main(int argc, char** argv) {
       for (std::string part; std::getline(ss, part, ',');) into.insert(part);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  for (const std::string& knob : b.o.knobs) {  // a renamed row must not measure nothing quietly
+    const auto& rows = tuning_rows();
+    if (std::none_of(rows.begin(), rows.end(), [&](const TuningRow& r) { return knob == r.label; })) {
+      std::string known;
+      for (const TuningRow& r : rows) {
+        if (!known.empty()) known += ',';
+        known += r.label;
+      }
+      std::fprintf(stderr, "--knobs %s: no such tuning row (the rows: %s)\n", knob.c_str(), known.c_str());
       return 2;
     }
   }

@@ -277,8 +277,17 @@ TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironment
     GTEST_SKIP() << "no accelerator in this torch build or machine";
   }
   constexpr const char* kVar = "ACTIVEKV_SETTLE_ACROSS_STEPS";
-  const char* was = std::getenv(kVar);
-  const std::optional<std::string> saved = was ? std::optional<std::string>(was) : std::nullopt;
+  // The environment as it was, back however the test ends (later tests share it).
+  struct Restore {
+    std::optional<std::string> saved;
+    ~Restore() {
+      if (saved) {
+        setenv(kVar, saved->c_str(), 1);
+      } else {
+        unsetenv(kVar);
+      }
+    }
+  } restore{std::getenv(kVar) ? std::optional<std::string>(std::getenv(kVar)) : std::nullopt};
   for (const char* value : {static_cast<const char*>(nullptr), "0", "1"}) {
     if (value != nullptr) {
       setenv(kVar, value, 1);
@@ -295,11 +304,6 @@ TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironment
                   std::string::npos,
               !across)
         << line;
-  }
-  if (saved) {
-    setenv(kVar, saved->c_str(), 1);
-  } else {
-    unsetenv(kVar);
   }
 }
 

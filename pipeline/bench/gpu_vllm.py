@@ -304,9 +304,12 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
     for n in plain_contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
         timed_generate(llm, prompt, "p", 1)
-        one = timed_generate(llm, prompt, "p", 1)
-        many = timed_generate(llm, prompt, "p", decode_tokens)
-        out.setdefault("plain_decode_step_ms", {})[str(n)] = round(1000 * (many - one) / (decode_tokens - 1), 2)
+        steps = []
+        for _ in range(repeats):  # as ActiveKV's step: the median of --repeats pairs
+            one = timed_generate(llm, prompt, "p", 1)
+            many = timed_generate(llm, prompt, "p", decode_tokens)
+            steps.append((many - one) / (decode_tokens - 1))
+        out.setdefault("plain_decode_step_ms", {})[str(n)] = round(1000 * statistics.median(steps), 2)
     out["plain_cudagraph_mode"] = cudagraph_mode(llm)
     shutdown(llm)
     print(json.dumps({"plain_decode_step_ms": out["plain_decode_step_ms"]}), flush=True)
@@ -403,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1")
     if args.settle and set(args.settle.split(",")) - {"on", "off"}:
         parser.error(f"--settle {args.settle}: a comma-separated list of on and off")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")

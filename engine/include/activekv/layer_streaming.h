@@ -154,7 +154,7 @@ struct StreamingTuning {
   // the device (one past its deadline holds it: a device that late is taken
   // for hung). Assumes vLLM writes no ring buffer between forwards. On the
   // H200, prefill chunks queued back to back read 1.005-1.024x their bound
-  // with it and 1.025-1.056x without; decode steps are alike (medians;
+  // with it and 1.025-1.055x without; decode steps are alike (medians;
   // BENCHMARKS.md, 2026-12-05). A new streamer turns it on
   // only with streams (CPU copies land as issued, so the host settles), and
   // not with ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
@@ -231,7 +231,9 @@ class LayerStreamer {
   // and if not, why (empty where they do not apply).
   bool has_fused_codec() const { return codec_kernels_ != nullptr; }
   const std::string& fused_codec_missing() const { return codec_kernels_missing_; }
-  // Between steps.
+  // Between steps. Takes `tuning` as it is: the constructor's rules for
+  // settle_across_steps (off without streams, or with the environment's =0)
+  // apply to the streamer's own tuning, so start from tuning() to keep them.
   void set_tuning(const StreamingTuning& tuning);
 
   // One home row per block, each in range (std::out_of_range, the
