@@ -134,8 +134,8 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     apply_issue_thread();
   }
   // CPU copies land as they are issued: nothing is left in flight to settle
-  // across steps. With streams, =0 is an operator's (and the vLLM benchmarks' A/B) way back
-  // to the host settling each step.
+  // across steps. With streams, =0 is an operator's (and the vLLM benchmarks'
+  // A/B) way back to the host settling each step.
   const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS");
   if (!has_streams() || (settle != nullptr && std::string_view(settle) == "0")) {
     tuning_.settle_across_steps = false;

@@ -29,7 +29,8 @@ without it the 32k step read below the bus's own time, BENCHMARKS.md
 2026-12-04 evening), the median of --repeats such pairs (each pair's step is
 reported too), against the bus bound (the streamed bytes of a step, exact or
 compressed as the homes hold them, over the same peak) and plain vLLM's
-decode step with all KV on the device. --contexts 0: the longest context the budget serves.
+decode step with all KV on the device (a median alike). --contexts 0: the
+longest context the budget serves.
 --async-scheduling: vLLM's async scheduling on or off (its own choice unless
 given; each run reports what it ran with). With it vLLM queues a step while
 the last one runs, which the engine's stagings use by default (write-backs

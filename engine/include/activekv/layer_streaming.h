@@ -155,9 +155,9 @@ struct StreamingTuning {
   // for hung). Assumes vLLM writes no ring buffer between forwards. On the
   // H200, prefill chunks queued back to back read 1.005-1.024x their bound
   // with it and 1.025-1.055x without; decode steps are alike (medians;
-  // BENCHMARKS.md, 2026-12-05). A new streamer turns it on
-  // only with streams (CPU copies land as issued, so the host settles), and
-  // not with ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
+  // BENCHMARKS.md, 2026-12-05). A new streamer turns it on only with
+  // streams (CPU copies land as issued, so the host settles), and not with
+  // ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
   bool settle_across_steps = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
   // at start by NVRTC) rather than the codec's ATen operations, which queue
