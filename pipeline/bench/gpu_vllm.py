@@ -150,6 +150,19 @@ def timed_generate(llm, prompt: list[int], salt: str, max_tokens: int = 1) -> fl
     return time.perf_counter() - t0
 
 
+def decode_steps(llm, prompt: list[int], salt: str, decode_tokens: int,
+                 repeats: int) -> tuple[list[float], list[float]]:
+    """`repeats` pairs of generate(1) and generate(decode_tokens) on a prompt
+    the engine already holds: each pair's generate(1) time and its decode step
+    (the difference over decode_tokens - 1)."""
+    ones, steps = [], []
+    for _ in range(repeats):
+        ones.append(timed_generate(llm, prompt, salt, 1))
+        many = timed_generate(llm, prompt, salt, decode_tokens)
+        steps.append((many - ones[-1]) / (decode_tokens - 1))
+    return ones, steps
+
+
 def prompt_of(n: int, seed: int) -> list[int]:
     import random
 
@@ -274,11 +287,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                 prompt = prompt_of(n - decode_tokens, 7 + n)
                 first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
                 first_hit = timed_generate(llm, prompt, f"s{n}", 1)  # settles the prefill's leftovers
-                ones, steps = [], []
-                for _ in range(repeats):
-                    ones.append(timed_generate(llm, prompt, f"s{n}", 1))  # prefix hit + 1 token
-                    many = timed_generate(llm, prompt, f"s{n}", decode_tokens)
-                    steps.append((many - ones[-1]) / (decode_tokens - 1))
+                ones, steps = decode_steps(llm, prompt, f"s{n}", decode_tokens, repeats)  # prefix hits
                 one, step = statistics.median(ones), statistics.median(steps)
                 streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * block_bytes
                 measured = {"budget_gib": budget, **config, "context": n, "start_s": start_s,
@@ -305,11 +314,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
     for n in plain_contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
         timed_generate(llm, prompt, "p", 1)
-        steps = []
-        for _ in range(repeats):  # as ActiveKV's step: the median of --repeats pairs
-            one = timed_generate(llm, prompt, "p", 1)
-            many = timed_generate(llm, prompt, "p", decode_tokens)
-            steps.append((many - one) / (decode_tokens - 1))
+        _, steps = decode_steps(llm, prompt, "p", decode_tokens, repeats)  # as ActiveKV's: a median
         out.setdefault("plain_decode_step_ms", {})[str(n)] = round(1000 * statistics.median(steps), 2)
     out["plain_cudagraph_mode"] = cudagraph_mode(llm)
     shutdown(llm)
@@ -329,11 +334,7 @@ def decode(lengths: list[int], repeats: int, engines: list[str], decode_tokens: 
         for n in lengths:
             prompt = prompt_of(n - decode_tokens, 11 + n)
             timed_generate(llm, prompt, f"d{n}", 1)  # the miss: prefill (and, with a connector, its save)
-            steps = []
-            for _ in range(repeats):
-                one = timed_generate(llm, prompt, f"d{n}", 1)
-                many = timed_generate(llm, prompt, f"d{n}", decode_tokens)
-                steps.append((many - one) / (decode_tokens - 1))
+            _, steps = decode_steps(llm, prompt, f"d{n}", decode_tokens, repeats)
             row["decode_step_ms"][str(n)] = median_ms(steps)
         print(f"  {name}: {row}", flush=True)
         out["engines"][name] = row
