@@ -6,7 +6,9 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,6 +18,27 @@
 #include <vector>
 
 namespace activekv::bench {
+
+// Empty when `device` names an accelerator this process can use; else what is
+// wrong. The benchmarks measure the bus between pinned host memory and an
+// accelerator: without one, torch cannot even pin the host memory.
+inline std::string accelerator_problem(const std::string& device) {
+  c10::Device d(c10::DeviceType::CPU);
+  try {
+    d = c10::Device(device);
+  } catch (const c10::Error&) {
+    return "--device " + device + ": not a device torch knows (e.g. cuda, cuda:1, xpu)";
+  }
+  if (d.is_cpu()) return "--device cpu: this benchmark measures the bus to an accelerator; name one (cuda, xpu)";
+  const std::string type = c10::DeviceTypeName(d.type(), /*lower_case=*/true);
+  if (!c10::impl::hasDeviceGuardImpl(d.type())) return "--device " + device + ": this torch was built without " + type;
+  const auto count = c10::impl::getDeviceGuardImpl(d.type())->deviceCount();
+  if (count == 0) return "no " + type + " device here: run it on a machine with one (ci/gpu-engine-check.sh builds it there)";
+  if (d.has_index() && d.index() >= count) {
+    return "--device " + device + ": this machine has " + std::to_string(count) + " " + type + " device(s)";
+  }
+  return {};
+}
 
 // Returns once every kernel and copy queued so far on the device's current
 // stream has finished.

@@ -10,15 +10,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "activekv/host_arena.h"
 #include "activekv/shared_block_index.h"
 #include "activekv/store_file.h"
+#include "bench_flags.h"
 
 namespace {
+
+constexpr const char* kUsage = "usage: store_file_bench [--dir /dev/shm] [--gib 1,8] [--slot-bytes 2097152]\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -30,21 +32,21 @@ int main(int argc, char** argv) {
   std::string dir = "/dev/shm";
   std::vector<std::int64_t> gib = {1, 8};
   std::int64_t slot_bytes = std::int64_t{2} << 20;  // a 16-token block of Llama-3-8B, 32 layers, exact
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  const auto stop = activekv::bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+    namespace bench = activekv::bench;
     if (k == "--dir") {
       dir = v;
     } else if (k == "--slot-bytes") {
-      slot_bytes = std::stoll(v);
+      slot_bytes = bench::whole_number(k, v, 1);
     } else if (k == "--gib") {
       gib.clear();
-      std::stringstream s(v);
-      for (std::string part; std::getline(s, part, ',');) gib.push_back(std::stoll(part));
+      for (const auto& part : bench::parts(v)) gib.push_back(bench::whole_number(k, part, 1));
     } else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
+      return false;
     }
-  }
+    return true;
+  });
+  if (stop) return *stop;
   for (const std::int64_t g : gib) {
     const std::filesystem::path path = std::filesystem::path(dir) / ("activekv-store-bench-" + std::to_string(g));
     std::filesystem::remove(path);

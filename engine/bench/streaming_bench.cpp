@@ -21,18 +21,7 @@
 //               streamed bytes / pinned host->device peak of one 1 GiB copy).
 //
 // Prints one line per point and a machine-readable "RESULT {json}" line.
-//
-//   streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--only probe,tuning,grid,compressed,curve]
-//                   [--knobs batch,...] [--kinds decode,prefill]
-//                   [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1]
-//                   [--back-to-back N]
-//
-// --back-to-back N: a point's step is the mean of N steps queued one after
-// another, the host never waiting for the device between them, as vLLM's
-// async scheduling queues a step while the last one runs (its bound and
-// attention alike). 0, the default: each step alone, the device idle before
-// and after it.
-//   streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
+// The flags: kUsage below (`streaming_bench --help`).
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Event.h>
@@ -48,13 +37,13 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "activekv/kv_codec.h"
 #include "bench_device.h"
+#include "bench_flags.h"
 #include "activekv/home_rows.h"
 #include "activekv/layer_streaming.h"
 
@@ -65,6 +54,20 @@
 using namespace activekv;
 
 namespace {
+
+constexpr const char* kUsage = R"(usage: streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--block 16]
+                       [--only probe,tuning,grid,compressed,curve] [--knobs batch,...] [--kinds decode,prefill]
+                       [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1] [--back-to-back N]
+       streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
+
+--back-to-back N: a point's step is the mean of N steps queued one after
+another, the host never waiting for the device between them, as vLLM's
+async scheduling queues a step while the last one runs (its bound and
+attention alike). 0, the default: each step alone, the device idle before
+and after it.
+)";
+
+const std::vector<std::string> kParts = {"probe", "tuning", "grid", "compressed", "curve"};  // --only
 
 constexpr std::int64_t kLayers = 32;
 constexpr std::int64_t kKvHeads = 8;
@@ -867,31 +870,33 @@ void profile(Bench& b, const std::string& dir) {
 
 int main(int argc, char** argv) {
   Bench b;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+    const auto whole = [&](std::int64_t least) { return bench::whole_number(k, v, least); };
     if (k == "--device") b.o.device = v;
-    else if (k == "--iters") b.o.iters = std::stoll(v);
-    else if (k == "--block") b.o.block = std::stoll(v);
-    else if (k == "--ring") g_ring = std::stoll(v);
-    else if (k == "--id-runs") g_id_runs = std::stoll(v);
-    else if (k == "--back-to-back") g_back_to_back = std::stoll(v);
-    else if (k == "--host-gib") b.o.host_gib = std::stod(v);
+    else if (k == "--iters") b.o.iters = whole(1);
+    else if (k == "--block") b.o.block = whole(1);
+    else if (k == "--ring") g_ring = whole(1);
+    else if (k == "--id-runs") g_id_runs = whole(1);
+    else if (k == "--back-to-back") g_back_to_back = whole(0);
+    else if (k == "--host-gib") b.o.host_gib = bench::positive_number(k, v);
     else if (k == "--profile-dir") b.o.profile_dir = v;
-    else if (k == "--profile-homes") b.o.profile_homes = v;
-    else if (k == "--timeline") b.o.timeline = v == "1";
-    else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = v == "1";
-    else if (k == "--only" || k == "--knobs" || k == "--kinds" || k == "--contexts") {
-      std::set<std::string>& into = k == "--only"    ? b.o.only
-                                    : k == "--knobs" ? b.o.knobs
-                                    : k == "--kinds" ? b.o.kinds
-                                                     : b.o.contexts;
-      std::stringstream ss(v);
-      for (std::string part; std::getline(ss, part, ',');) into.insert(part);
+    else if (k == "--profile-homes") b.o.profile_homes = bench::one_of(k, v, {"exact", "compressed"});
+    else if (k == "--timeline") b.o.timeline = bench::switch_on(k, v);
+    else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = bench::switch_on(k, v);
+    else if (k == "--only") {
+      for (const auto& part : bench::parts(v)) b.o.only.insert(bench::one_of(k, part, kParts));
+    } else if (k == "--knobs") {
+      for (const auto& part : bench::parts(v)) b.o.knobs.insert(part);  // checked against tuning_rows() below
+    } else if (k == "--kinds") {
+      for (const auto& part : bench::parts(v)) b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
+    } else if (k == "--contexts") {
+      for (const auto& part : bench::parts(v)) b.o.contexts.insert(std::to_string(bench::whole_number(k, part, 1)));
     } else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return 2;
+      return false;
     }
-  }
+    return true;
+  });
+  if (stop) return *stop;
   for (const std::string& knob : b.o.knobs) {  // a renamed row must not measure nothing quietly
     const auto& rows = tuning_rows();
     if (std::none_of(rows.begin(), rows.end(), [&](const TuningRow& r) { return knob == r.label; })) {
@@ -903,6 +908,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--knobs %s: no such tuning row (the rows: %s)\n", knob.c_str(), known.c_str());
       return 2;
     }
+  }
+  if (const std::string problem = bench::accelerator_problem(b.o.device); !problem.empty()) {
+    std::fprintf(stderr, "%s\n", problem.c_str());
+    return 2;
   }
   if (b.o.pin_to_gpu_node) std::printf("%s\n", bench::pin_to_gpu_node().c_str());
   std::printf("%s\n", bench::host_placement().c_str());

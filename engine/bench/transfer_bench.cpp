@@ -5,7 +5,7 @@
 // the naive loop (one copy per block), and the engine's save path, load path
 // and loads overlapped with saves, each as GB/s and as a share of its peak.
 //
-//   transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]
+//   transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]   (--help: kUsage)
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
@@ -17,14 +17,15 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "activekv/host_arena.h"
 #include "bench_device.h"
+#include "bench_flags.h"
 #include "activekv/worker_side.h"
 
 using namespace activekv;
@@ -64,20 +65,24 @@ void row(const char* what, double bytes, double seconds, double peak_gbs) {
   }
 }
 
-// --device, --blocks, --layers, --iters, each with a value; nothing (after
-// saying so) for an unknown flag.
-std::optional<Options> parse_options(int argc, char** argv) {
+constexpr const char* kUsage = "usage: transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]\n";
+
+// The options, or the exit code when the command line says to stop (--help,
+// or after saying what was wrong with it).
+std::variant<Options, int> parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--device") o.device = argv[i + 1];
-    else if (k == "--blocks") o.blocks = std::stoll(argv[i + 1]);
-    else if (k == "--layers") o.layers = std::stoll(argv[i + 1]);
-    else if (k == "--iters") o.iters = std::stoll(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return std::nullopt;
-    }
+  const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+    if (k == "--device") o.device = v;
+    else if (k == "--blocks") o.blocks = bench::whole_number(k, v, 1);
+    else if (k == "--layers") o.layers = bench::whole_number(k, v, 1);
+    else if (k == "--iters") o.iters = bench::whole_number(k, v, 1);
+    else return false;
+    return true;
+  });
+  if (stop) return *stop;
+  if (const std::string problem = bench::accelerator_problem(o.device); !problem.empty()) {
+    std::fprintf(stderr, "%s\n", problem.c_str());
+    return 2;
   }
   return o;
 }
@@ -422,9 +427,9 @@ void measure_engine_not_gated(EngineSteps& e, const Peaks& peaks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::optional<Options> options = parse_options(argc, argv);
-  if (!options) return 2;
-  const Options& o = *options;
+  const auto options = parse_options(argc, argv);
+  if (const int* stop = std::get_if<int>(&options)) return *stop;
+  const Options& o = std::get<Options>(options);
   g_device = c10::Device(o.device);
   const KVLayout layout = bench_layout(o.layers);
   Batch batch(o, layout);

@@ -1,0 +1,108 @@
+// The benchmarks' command lines: `--name value` pairs, --help, and a clear
+// error for a flag they do not know, a flag left without its value or a value
+// that is not a number. A run on the GPU machine costs device minutes; a typo
+// must stop it at once, not run the wrong measurement.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace activekv::bench {
+
+// What a flag's handler throws for a value it cannot take.
+struct BadFlag : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// `value` as a whole number of at least `least`.
+inline std::int64_t whole_number(const std::string& flag, const std::string& value, std::int64_t least = 0) {
+  std::size_t used = 0;
+  std::int64_t n = 0;
+  try {
+    n = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size()) throw BadFlag(flag + " " + value + ": not a whole number");
+  if (n < least) throw BadFlag(flag + " " + value + ": must be at least " + std::to_string(least));
+  return n;
+}
+
+// `value` as a number above zero.
+inline double positive_number(const std::string& flag, const std::string& value) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size()) throw BadFlag(flag + " " + value + ": not a number");
+  if (!(x > 0)) throw BadFlag(flag + " " + value + ": must be above 0");
+  return x;
+}
+
+// `value` as a switch: 1 on, 0 off.
+inline bool switch_on(const std::string& flag, const std::string& value) {
+  if (value != "0" && value != "1") throw BadFlag(flag + " " + value + ": 1 (on) or 0 (off)");
+  return value == "1";
+}
+
+// `value`, which must be one of `names`.
+inline const std::string& one_of(const std::string& flag, const std::string& value,
+                                 const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    if (value == name) return value;
+  }
+  std::string known;
+  for (const std::string& name : names) known += (known.empty() ? "" : ", ") + name;
+  throw BadFlag(flag + " " + value + ": not one of " + known);
+}
+
+// A comma-separated value's parts, empty parts dropped.
+inline std::vector<std::string> parts(const std::string& value) {
+  std::vector<std::string> out;
+  std::stringstream ss(value);
+  for (std::string part; std::getline(ss, part, ',');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+// Hands each `--name value` pair to `take`, which returns false for a name it
+// does not know and throws BadFlag for a value it cannot take. Returns the exit
+// code when the program should stop: 0 after --help (the usage printed), 2
+// after a bad command line (what was wrong, then the usage, on stderr).
+inline std::optional<int> parse_flags(int argc, char** argv, const char* usage,
+                                      const std::function<bool(const std::string&, const std::string&)>& take) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string name = argv[i];
+    std::string error;
+    if (name == "--help" || name == "-h") {
+      std::printf("%s", usage);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      error = name + ": no value given";
+    } else {
+      try {
+        if (!take(name, argv[i + 1])) error = "unknown flag " + name;
+      } catch (const BadFlag& e) {
+        error = e.what();
+      }
+    }
+    if (!error.empty()) {
+      std::fprintf(stderr, "%s\n%s", error.c_str(), usage);
+      return 2;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace activekv::bench
