@@ -879,7 +879,11 @@ int main(int argc, char** argv) {
     else if (k == "--id-runs") g_id_runs = whole(1);
     else if (k == "--back-to-back") g_back_to_back = whole(0);
     else if (k == "--host-gib") b.o.host_gib = bench::positive_number(k, v);
+#ifdef ACTIVEKV_BENCH_PROFILE
     else if (k == "--profile-dir") b.o.profile_dir = v;
+#else
+    else if (k == "--profile-dir") throw bench::BadFlag("--profile-dir: only streaming_bench_profiled profiles");
+#endif
     else if (k == "--profile-homes") b.o.profile_homes = bench::one_of(k, v, {"exact", "compressed"});
     else if (k == "--timeline") b.o.timeline = bench::switch_on(k, v);
     else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = bench::switch_on(k, v);
