@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
       slot_bytes = bench::whole_number(k, v, 1);
     } else if (k == "--gib") {
       gib.clear();
-      for (const auto& part : bench::parts(v)) gib.push_back(bench::whole_number(k, part, 1));
+      for (const auto& part : bench::parts(k, v)) gib.push_back(bench::whole_number(k, part, 1));
     } else {
       return false;
     }

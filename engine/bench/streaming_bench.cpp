@@ -881,26 +881,30 @@ int main(int argc, char** argv) {
     else if (k == "--host-gib") b.o.host_gib = bench::positive_number(k, v);
 #ifdef ACTIVEKV_BENCH_PROFILE
     else if (k == "--profile-dir") b.o.profile_dir = v;
-#else
-    else if (k == "--profile-dir") throw bench::BadFlag("--profile-dir: only streaming_bench_profiled profiles");
-#endif
     else if (k == "--profile-homes") b.o.profile_homes = bench::one_of(k, v, {"exact", "compressed"});
+#else
+    else if (k == "--profile-dir" || k == "--profile-homes") throw bench::BadFlag(k + ": only streaming_bench_profiled profiles");
+#endif
     else if (k == "--timeline") b.o.timeline = bench::switch_on(k, v);
     else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = bench::switch_on(k, v);
     else if (k == "--only") {
-      for (const auto& part : bench::parts(v)) b.o.only.insert(bench::one_of(k, part, kParts));
+      for (const auto& part : bench::parts(k, v)) b.o.only.insert(bench::one_of(k, part, kParts));
     } else if (k == "--knobs") {
-      for (const auto& part : bench::parts(v)) b.o.knobs.insert(part);  // checked against tuning_rows() below
+      for (const auto& part : bench::parts(k, v)) b.o.knobs.insert(part);  // checked against tuning_rows() below
     } else if (k == "--kinds") {
-      for (const auto& part : bench::parts(v)) b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
+      for (const auto& part : bench::parts(k, v)) b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
     } else if (k == "--contexts") {
-      for (const auto& part : bench::parts(v)) b.o.contexts.insert(std::to_string(bench::whole_number(k, part, 1)));
+      for (const auto& part : bench::parts(k, v)) b.o.contexts.insert(std::to_string(bench::whole_number(k, part, 1)));
     } else {
       return false;
     }
     return true;
   });
   if (stop) return *stop;
+  if (b.o.profile_dir.empty() && b.o.profile_homes != "exact") {  // would run every part, unprofiled
+    std::fprintf(stderr, "--profile-homes %s: profiles only with --profile-dir\n", b.o.profile_homes.c_str());
+    return 2;
+  }
   for (const std::string& knob : b.o.knobs) {  // a renamed row must not measure nothing quietly
     const auto& rows = tuning_rows();
     if (std::none_of(rows.begin(), rows.end(), [&](const TuningRow& r) { return knob == r.label; })) {

@@ -67,8 +67,9 @@ void row(const char* what, double bytes, double seconds, double peak_gbs) {
 
 constexpr const char* kUsage = "usage: transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]\n";
 
-// The options, or the exit code when the command line says to stop (--help,
-// or after saying what was wrong with it).
+// The options, or the exit code when the run should stop: 0 after --help, 2
+// after saying what was wrong with the command line or that no accelerator
+// named by --device is usable here.
 std::variant<Options, int> parse_options(int argc, char** argv) {
   Options o;
   const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {

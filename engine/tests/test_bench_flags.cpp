@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,7 @@ Parsed parse(std::vector<std::string> args) {
   p.stop = parse_flags(static_cast<int>(argv.size()), argv.data(), "usage: bench [--iters 3]\n",
                        [&](const std::string& k, const std::string& v) {
                          if (k == "--iters") p.taken[k] = std::to_string(whole_number(k, v, 1));
-                         else if (k == "--kinds") for (const auto& part : parts(v)) p.taken[k] += one_of(k, part, {"decode", "prefill"});
+                         else if (k == "--kinds") for (const auto& part : parts(k, v)) p.taken[k] += one_of(k, part, {"decode", "prefill"});
                          else if (k == "--timeline") p.taken[k] = switch_on(k, v) ? "on" : "off";
                          else if (k == "--name") p.taken[k] = v;
                          else return false;
@@ -48,21 +49,30 @@ TEST(BenchFlags, EveryPairIsTakenAndTheRunGoesOn) {
   EXPECT_EQ(p.err, "");
 }
 
-TEST(BenchFlags, HelpPrintsTheUsageAndStopsWithZero) {
-  const Parsed p = parse({"--iters", "5", "--help", "--frob"});
-  EXPECT_EQ(p.stop, 0);
-  EXPECT_EQ(p.out, "usage: bench [--iters 3]\n");
+TEST(BenchFlags, HelpAnywherePrintsTheUsageAndStopsWithZero) {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--iters", "5", "--help", "--frob"},
+                                                                {"--name", "--help"}, {"-h"}}) {
+    const Parsed p = parse(args);
+    EXPECT_EQ(p.stop, 0) << args.back();
+    EXPECT_EQ(p.out, "usage: bench [--iters 3]\n");
+    EXPECT_TRUE(p.taken.empty()) << "nothing is taken before --help is seen";
+  }
 }
 
 TEST(BenchFlags, ABadCommandLineStopsWithTwoSayingWhatWasWrong) {
   const std::map<std::vector<std::string>, std::string> said = {
       {{"--frob", "1"}, "unknown flag --frob"},
+      {{"--iters", "5", "--frob"}, "unknown flag --frob"},
       {{"--iters", "5", "--kinds"}, "--kinds: no value given"},
+      {{"--name", "--iters", "5"}, "--name: no value given"},
+      {{"--kinds", "decode", "prefill"}, "unexpected prefill (flags are --name value)"},
+      {{"--iters=5"}, "unknown flag --iters=5"},
       {{"--iters", "5x"}, "--iters 5x: not a whole number"},
       {{"--iters", ""}, "--iters : not a whole number"},
       {{"--iters", "0"}, "--iters 0: must be at least 1"},
-      {{"--iters", "99999999999999999999"}, "--iters 99999999999999999999: not a whole number"},
+      {{"--iters", "99999999999999999999"}, "--iters 99999999999999999999: too large"},
       {{"--kinds", "decode,decoding"}, "--kinds decoding: not one of decode, prefill"},
+      {{"--kinds", ","}, "--kinds ',': an empty list"},
       {{"--timeline", "yes"}, "--timeline yes: 1 (on) or 0 (off)"},
   };
   for (const auto& [args, error] : said) {
@@ -77,6 +87,8 @@ TEST(BenchFlags, NumbersAboveZero) {
   EXPECT_DOUBLE_EQ(positive_number("--host-gib", "1.5"), 1.5);
   EXPECT_THROW(positive_number("--host-gib", "0"), BadFlag);
   EXPECT_THROW(positive_number("--host-gib", "nan"), BadFlag);
+  EXPECT_THROW(positive_number("--host-gib", "inf"), BadFlag);
+  EXPECT_THROW(positive_number("--host-gib", "1e400"), BadFlag);
   EXPECT_THROW(positive_number("--host-gib", "2 GiB"), BadFlag);
 }
 
