@@ -92,7 +92,9 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
 
 def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
     """Build the native engine against the session's torch and install it;
-    with `cpp_tests`, its C++ tests too, in the same build (run_cpp_tests)."""
+    with `cpp_tests`, its C++ tests too, in the same build (run_cpp_tests), and
+    its benchmarks, which run on an accelerator but are compiled here so that a
+    GPU session never finds them broken."""
     session.install("-r", "packaging/cpu/requirements-build.txt", "-c", CPU_CONSTRAINTS)
     ensure_debian_packages(["ccache", *(["libgtest-dev"] if cpp_tests else [])])
     drop_builds_for_another_torch(session, ENGINE_BUILD_DIR / "CMakeCache.txt")
@@ -101,7 +103,7 @@ def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
         f"--config-settings=build-dir={ENGINE_BUILD_DIR}",
         "./engine",
         env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF",
-             **compiler_cache_env()},
+             "ACTIVEKV_BUILD_BENCH": "ON" if cpp_tests else "OFF", **compiler_cache_env()},
     )
 
 
