@@ -7,6 +7,12 @@ from the H200's measured ratios and the card's published link and memory
 figures, never measured.
 
     python -m pipeline.bench.gpu_report bench/raw/<run>.txt [--plot PNG] [--trace TRACE.json.gz ...]
+    python -m pipeline.bench.gpu_report --goals bench/raw/<grid>.txt bench/raw/<compressed>.txt
+
+--goals says, point by point, whether issue 21's goals are met by the runs
+given (several runs of a point: their median), and exits 1 when one is missed.
+It also reads `python -m pipeline.bench.gpu_vllm streaming --out X.json`'s
+JSON for the goal inside vLLM.
 
 The plot needs matplotlib (not a dependency of the project: install it in a
 throwaway environment to redraw it).
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
+import sys
 from pathlib import Path
 
 # Arc Pro B60 (BMG-G21): PCIe 5.0 x8, 24 GB GDDR6 on a 192-bit bus at 456 GB/s
@@ -27,35 +36,166 @@ ARC_MEMORY_GBS = 456.0
 WEIGHT_BYTES = 16.06e9
 
 
+# Issue 21's goals. Exact homes: every point with scattered ids at most 1.05x
+# its bound, copied by the engine's own method. Compressed homes, by the
+# engine's default on CUDA (fused codec kernels, batched copies): at most 1.10x
+# their bound, and at least 1.6x exact homes' tokens/s at 128k decode.
+EXACT_GOAL = 1.05
+COMPRESSED_GOAL = 1.10
+SPEEDUP_GOAL = 1.6
+# Inside vLLM (pipeline.bench.gpu_vllm streaming's JSON): a decode step at
+# most 1.10x the bus's bound, exact and compressed homes alike.
+VLLM_GOAL = 1.10
+COMPRESSED_DEFAULT = "compressed-fused-batch"
+
+# The grid's header names the copy method the engine chose on the device.
+_GRID_HEADER = re.compile(r"^grid: .*, copy method (\S+)$")
+
+
 def read_results(path: Path) -> list[dict]:
+    """The RESULT lines of one streaming_bench output (each names its part;
+    other tools' lines do not), and the grid's default copy method from its
+    header as {"part": "grid-setup", "copy_method": ...}."""
+    if path.suffix == ".json":
+        return _vllm_runs(path)
     out = []
     for line in path.read_text().splitlines():
-        if line.startswith("RESULT "):
-            out.append(json.loads(line[len("RESULT "):]))
+        if line.startswith("RESULT ") and "part" in (result := json.loads(line[len("RESULT "):])):
+            out.append(result)
+        elif header := _GRID_HEADER.match(line):
+            out.append({"part": "grid-setup", "copy_method": header.group(1)})
     return out
+
+
+def _vllm_runs(path: Path) -> list[dict]:
+    """gpu_vllm streaming's decode steps as points: {"part": "vllm", ...}."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    # Runs from before compressed homes and the settling knob had exact homes
+    # settled on the host. Compressed homes with the fused kernels turned off
+    # (an A/B, recorded since 2026-12-05) are not the engine's default.
+    def engine_default(r: dict) -> bool:
+        return r.get("homes") != "compressed" or r.get("fused_codec", True)
+
+    return [{"part": "vllm", "kind": "decode", "context": r["context"], "batch": 1, "homes": r.get("homes", "exact"),
+             "method": "write-backs settled " + ("across steps" if r.get("settle_across_steps") else "on the host"),
+             "budget_gib": r["budget_gib"], "resident": r["resident_layers"], "ratio": r["x_bound"]}
+            for r in runs if isinstance(r, dict) and "x_bound" in r and engine_default(r)]
 
 
 def _k(tokens: int) -> str:
     return f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
 
 
+def _point(r: dict) -> str:
+    """A step's name in the goals' lines: decode 128k x4, prefill 16k x1, ..."""
+    shared = f" sharing a {_k(r['shared_prefix'])} prefix" if r.get("shared_prefix") else ""
+    ids = ", contiguous ids" if r.get("contiguous") else ""
+    vllm = (f", {r['homes']} homes, {r['budget_gib']:g} GiB, R {r['resident']}, {r['method']}"
+            if r["part"] == "vllm" else "")
+    return f"{r['kind']} {_k(r['context'])} x{r['batch']}{shared}{ids}{vllm}"
+
+
 def grid_table(results: list[dict]) -> str:
     rows = [
-        "| step | context | batch | blocks | streamed | bound: attention | bound: bus | step | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| step | context | batch | homes | copied by | blocks | streamed | bound: attention | bound: bus "
+        "| steps | step | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if r["part"] != "grid":
             continue
         kind = r["kind"] + (" (shared 16k prefix)" if r["shared_prefix"] else "")
         layout = "contiguous" if r.get("contiguous") else f"scattered, {r['mean_run_blocks']:.2f}/run"
-        if r["method"] == "runs":
-            layout += ", one copy per run"
+        steps = f"{r['back_to_back']} back to back" if r.get("back_to_back") else "alone"
         rows.append(
-            f"| {kind} | {_k(r['context'])} | {r['batch']} | {layout} | {r['streamed_bytes'] / 2**30:.2f} GiB "
-            f"| {r['attention_ms']:.1f} ms | {r['bus_ms']:.1f} ms | {r['step_ms']:.1f} ms | **{r['ratio']:.3f}x** |"
+            f"| {kind} | {_k(r['context'])} | {r['batch']} | {r.get('homes', 'block-ids')} | {r.get('method', '')} "
+            f"| {layout} | {r['streamed_bytes'] / 2**30:.2f} GiB | {r['attention_ms']:.1f} ms | {r['bus_ms']:.1f} ms "
+            f"| {steps} | {r['step_ms']:.1f} ms | **{r['ratio']:.3f}x** |"
         )
     return "\n".join(rows)
+
+
+def _medians(rows: list[dict], key: str) -> list[tuple[dict, float, list[float]]]:
+    """Rows of the same point (several runs) as one: (a row, the median of
+    `key`, every sample), in the order the points first appear."""
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        name = (r["part"], r["kind"], r["context"], r["batch"], r.get("shared_prefix", 0), r.get("contiguous", False),
+                r.get("homes"), r.get("method"), r.get("back_to_back", 0), r.get("resident", 0), r.get("budget_gib"))
+        points.setdefault(name, []).append(r)
+    return [(same[0], statistics.median(r[key] for r in same), [r[key] for r in same]) for same in points.values()]
+
+
+def _samples(values: list[float]) -> str:
+    return "" if len(values) == 1 else f" (median of {len(values)}: {', '.join(f'{v:.3f}' for v in values)})"
+
+
+def _bound_goal(title: str, rows: list[dict], most: float) -> tuple[bool | None, list[str]]:
+    points = _medians(rows, "ratio")
+    if not points:
+        return None, [f"- {title}: **not measured** in these files"]
+    missed = [(r, ratio, samples) for r, ratio, samples in points if ratio > most]
+    worst = max(points, key=lambda p: p[1])
+    verdict = f"**missed** at {len(missed)} of {len(points)} points" if missed else f"met at all {len(points)} points"
+    lines = [f"- {title}: {verdict}; the worst {_point(worst[0])} at {worst[1]:.3f}x{_samples(worst[2])}"]
+    lines += [f"  - {_point(r)}: {ratio:.3f}x{_samples(samples)}" for r, ratio, samples in missed]
+    return not missed, lines
+
+
+def goals(results: list[dict]) -> tuple[bool, str]:
+    """Issue 21's goals against these results: (all measured ones met, the
+    verdict as markdown lines, each missed point named)."""
+    verdicts: list[bool | None] = []
+    lines: list[str] = []
+    methods = {r["copy_method"] for r in results if r["part"] == "grid-setup"}
+    if len(methods) > 1:
+        raise ValueError(f"these runs' grids chose different copy methods ({', '.join(sorted(methods))}): "
+                         "give the goals one device's runs")
+    method = next(iter(methods), None)
+    # Without the grid's header no row is known to be the engine's own method.
+    exact = [r for r in results if r["part"] == "grid" and r.get("homes") == "extents" and not r.get("contiguous")
+             and method is not None and r.get("method") == method]
+    ok, said = _bound_goal(f"exact homes, scattered ids, copied by the engine's method ({method}), "
+                           f"at most {EXACT_GOAL:.2f}x the bound", exact, EXACT_GOAL)
+    verdicts.append(ok)
+    lines += said
+    compressed = [r for r in results if r["part"] == "compressed" and r.get("method") == COMPRESSED_DEFAULT]
+    ok, said = _bound_goal(f"compressed homes ({COMPRESSED_DEFAULT}), at most {COMPRESSED_GOAL:.2f}x their bound",
+                           compressed, COMPRESSED_GOAL)
+    verdicts.append(ok)
+    lines += said
+    speedups = [p for p in _medians([r for r in results if r["part"] == "compressed-speedup"
+                                     and r.get("method") == COMPRESSED_DEFAULT], "speedup")
+                if p[0]["kind"] == "decode" and p[0]["context"] == 131072 and not p[0].get("shared_prefix")]
+    title = f"compressed homes' tokens/s at 128k decode, at least {SPEEDUP_GOAL:.1f}x exact homes'"
+    if speedups:
+        verdicts.append(all(speedup >= SPEEDUP_GOAL for _, speedup, _ in speedups))
+        each = "; ".join(f"{_point(r)} {speedup:.3f}x{_samples(samples)}" for r, speedup, samples in speedups)
+        lines.append(f"- {title}: {'met' if verdicts[-1] else '**missed**'}: {each}")
+    else:
+        verdicts.append(None)
+        lines.append(f"- {title}: **not measured** in these files")
+    ok, said = _bound_goal(f"inside vLLM, a decode step at most {VLLM_GOAL:.2f}x the bus's bound",
+                           [r for r in results if r["part"] == "vllm"], VLLM_GOAL)
+    verdicts.append(ok)
+    lines += said
+    checks = [r for r in results if r["part"] == "verify"]
+    codecs = [r for r in results if r["part"] == "codec"]
+    wrong = [r for r in checks if not r["ok"]]
+    bad_codec = [r for r in codecs if not r["decode_bitwise"]]
+    if checks or codecs:
+        verdicts.append(not wrong and not bad_codec)
+        lines.append(f"- every staged and written-back block bitwise its home (through the homes' codec): "
+                     f"{'**missed**' if wrong or bad_codec else 'met'}: {len(checks) - len(wrong)} of {len(checks)} "
+                     f"steps, the device's decode {'differs from' if bad_codec else 'equals'} the CPU's")
+        lines += [f"  - {_point(r)}, {r['homes']} homes: differ" for r in wrong]
+    else:
+        verdicts.append(None)
+        lines.append("- every staged block bitwise its home: **not measured** in these files")
+    return all(v is not False for v in verdicts), "\n".join(lines)
 
 
 def curve_rows(results: list[dict]) -> list[dict]:
@@ -79,16 +219,23 @@ def curve_table(results: list[dict]) -> str:
 
 
 def compressed_table(results: list[dict]) -> str:
+    """Each compressed variant's steps (and exact homes' in the same run),
+    with compressed homes' tokens/s over exact homes' where the run gave it."""
     rows = [
-        "| context | streamed (int8 + scales) | bound: attention | bound: bus | exact's bus | step | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| step | homes, by | streamed | bound: attention | bound: bus | step | ratio | tokens/s over exact |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    speedup = {(r.get("method"), r["kind"], r["context"], r["batch"]): r["speedup"]
+               for r in results if r["part"] == "compressed-speedup"}
     for r in results:
-        if r["part"] == "compressed":
-            rows.append(
-                f"| {_k(r['context'])} | {r['streamed_bytes'] / 2**30:.2f} GiB | {r['attention_ms']:.1f} ms "
-                f"| {r['bus_ms']:.1f} ms | {r['exact_bus_ms']:.1f} ms | {r['step_ms']:.1f} ms | {r['ratio']:.3f}x |"
-            )
+        if r["part"] != "compressed":
+            continue
+        over = speedup.get((r.get("method"), r["kind"], r["context"], r["batch"]))
+        rows.append(
+            f"| {_point(r)} | {r.get('method', 'compressed')} | {r['streamed_bytes'] / 2**30:.2f} GiB "
+            f"| {r['attention_ms']:.1f} ms | {r['bus_ms']:.1f} ms | {r['step_ms']:.1f} ms | {r['ratio']:.3f}x "
+            f"| {'' if over is None else f'{over:.3f}x'} |"
+        )
     return "\n".join(rows)
 
 
@@ -106,7 +253,7 @@ def arc_table(results: list[dict], h2d_peak_gbs: float) -> str:
                   if r["part"] == "grid" and r["kind"] == "decode" and r.get("contiguous")}
     best_contiguous = min(contiguous.values()) if contiguous else 1.0
     for r in results:
-        if not (r["part"] == "grid" and r["kind"] == "decode" and r["batch"] == 1 and r["method"] != "runs"
+        if not (r["part"] == "grid" and r["kind"] == "decode" and r["batch"] == 1 and r.get("method") != "runs"
                 and not r["shared_prefix"] and not r.get("contiguous")):
             continue
         bytes_ = r["streamed_bytes"]
@@ -185,14 +332,30 @@ def trace_summary(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("raw", type=Path, nargs="+", help="streaming_bench outputs (RESULT lines are read)")
+    parser.add_argument("raw", type=Path, nargs="+",
+                        help="streaming_bench outputs (RESULT lines are read); with --goals also gpu_vllm's JSON")
     parser.add_argument("--plot", type=Path, help="write the resident-layers curve as a PNG here")
     parser.add_argument("--trace", type=Path, nargs="*", default=[],
                         help="kineto traces of streaming_bench_profiled to summarise per stream")
+    parser.add_argument("--goals", action="store_true",
+                        help="only issue 21's goals, point by point; exit 1 when one is missed")
     args = parser.parse_args()
+    missing = [str(path) for path in args.raw if not path.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
+    results = [r for path in args.raw for r in read_results(path)]
+    if not any(r["part"] != "grid-setup" for r in results):
+        parser.error(f"no streaming_bench RESULT lines (nor gpu_vllm streaming runs) in "
+                     f"{', '.join(map(str, args.raw))}: give their output")
+    if args.goals:
+        try:
+            met, verdict = goals(results)
+        except ValueError as e:
+            parser.error(str(e))
+        print(f"### Issue 21's goals\n\n{verdict}")
+        sys.exit(0 if met else 1)
     for trace in args.trace:
         print(trace_summary(trace) + "\n")
-    results = [r for path in args.raw for r in read_results(path)]
     peak = next((r["h2d_gbs"] for r in results if r["part"] == "peak"), 55.0)
     for title, table in (
         ("Streaming steps against their bound", grid_table(results)),
