@@ -755,9 +755,10 @@ void compressed(Bench& b) {
                     static_cast<long long>(steps[i].shape.context), static_cast<long long>(steps[i].shape.batch),
                     exact_step[i] / step);
         std::printf("RESULT {\"part\": \"compressed-speedup\", \"method\": \"%s\", \"kind\": \"%s\", \"context\": %lld, "
-                    "\"batch\": %lld, \"speedup\": %.4f}\n", v.label, steps[i].shape.kind.c_str(),
-                    static_cast<long long>(steps[i].shape.context),
-                    static_cast<long long>(steps[i].shape.batch), exact_step[i] / step);
+                    "\"batch\": %lld, \"back_to_back\": %lld, \"speedup\": %.4f}\n", v.label,
+                    steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
+                    static_cast<long long>(steps[i].shape.batch), static_cast<long long>(g_back_to_back),
+                    exact_step[i] / step);
       }
       if (!verify_step(m, steps[i])) b.failed = true;
       std::fflush(stdout);
