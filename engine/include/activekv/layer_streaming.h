@@ -349,11 +349,10 @@ class LayerStreamer {
     std::int64_t offset;
   };
   // CPU: a step's runs of consecutive home rows (inside a chunk) with their
-  // blocks: one copy of a slice of the ring where the block ids are
-  // consecutive; where not (vLLM hands a new request the blocks of a freed
-  // one tail first, so their ids often run backwards) a memcpy per block of
-  // exact homes (a copy_ per block pays ATen's dispatch each time, index_copy_
-  // moves elements: both ran at 2-5 GB/s), the codec's batch for compressed.
+  // blocks. Exact homes: a memcpy per stretch of consecutive block ids (a
+  // copy_ pays ATen's dispatch each call, index_copy_ moves elements: both ran
+  // at 2-5 GB/s a block at a time). Compressed homes: one slice of the ring
+  // where the ids are consecutive, else the codec's batch by index.
   struct HomeRun {
     SlotRun rows;
     bool consecutive;
