@@ -21,12 +21,19 @@ within each request's blocks (the fewest rows reserved per request allow).
 
 Counts, not times: they depend on vLLM's block allocator and the home rows,
 not on this machine's speed.
+
+--like-streaming-bench: instead of the rounds, the requests of
+pipeline.bench.streaming's decode figures (one request at a time: each context
+of --contexts in turn, a 1-token and then a 64-token generation per repeat),
+and per context the median of its decode steps' counts, repeat by repeat: what
+the CPU benchmark's streaming copies.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 from typing import Any
 
@@ -57,6 +64,34 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
     return per_round
 
 
+def streaming_bench_requests(llm, contexts: list[int], repeats: int) -> list[dict[str, Any]]:
+    """pipeline.bench.streaming's decode requests, in its order; per repeat and
+    context the median counts of the 64-token generation's decode steps."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from ..harness import staging_counter
+    from .streaming import _prompt
+
+    def generate(prompt: list[int], n: int, salt: str) -> None:
+        llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
+                     SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+
+    for p in contexts:
+        generate(_prompt(p), 2, f"warm-up-{p}")
+    out = []
+    for r in range(repeats):
+        for p in contexts:
+            generate(_prompt(p), 1, f"one-{p}-{r}")
+            staging_counter.STEPS.clear()
+            generate(_prompt(p), 64, f"many-{p}-{r}")
+            decode = staging_counter.STEPS[-63:]  # after the prefill's steps: 63 decode steps
+            out.append({"repeat": r, "context": p, "decode_steps": len(decode),
+                        **{k: statistics.median(s[k] for s in decode)
+                           for k in ("blocks", "copies", "copies_rows_in_table_order", "runs_of_ids")}})
+    return out
+
+
 def totals(steps: list[dict[str, int]]) -> dict[str, Any]:
     blocks = sum(s["blocks"] for s in steps)
     new = sum(s["copies"] for s in steps)
@@ -78,6 +113,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-m", type=float, default=1.0,
                         help="the device KV budget in units of M (the streaming tests' budget)")
+    parser.add_argument("--like-streaming-bench", action="store_true",
+                        help="pipeline.bench.streaming's decode requests instead of the rounds")
+    parser.add_argument("--contexts", default="1024,2048,3776", help="with --like-streaming-bench")
+    parser.add_argument("--repeats", type=int, default=5, help="with --like-streaming-bench")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
 
@@ -96,9 +135,18 @@ def main() -> None:
     llm = h.make_llm(model, {"streaming": h.STREAMING}, connector=connector, kv_cache_bytes=budget,
                      max_model_len=h.STREAMING_CONTEXT, in_process=True)
     try:
-        per_round = run_rounds(llm, args.rounds, args.batch, args.longest, args.seed)
+        if args.like_streaming_bench:
+            record["like_streaming_bench"] = streaming_bench_requests(
+                llm, [int(c) for c in args.contexts.split(",")], args.repeats)
+        else:
+            per_round = run_rounds(llm, args.rounds, args.batch, args.longest, args.seed)
     finally:
         h.shutdown(llm)
+    if args.like_streaming_bench:
+        text = like_streaming_bench_report(record)
+        print(text)
+        runs.write(args.out, record, text)
+        return
     record["per_round"] = [totals(steps) for steps in per_round]
     first = max(1, args.rounds // 4)
     record["first_rounds"] = totals([s for steps in per_round[:first] for s in steps])
@@ -107,6 +155,17 @@ def main() -> None:
     text = report(record)
     print(text)
     runs.write(args.out, record, text)
+
+
+def like_streaming_bench_report(record: dict[str, Any]) -> str:
+    lines = [f"{record['command']} at {record['environment']['commit']}: pipeline.bench.streaming's decode "
+             f"requests, streaming in {record['budget_bytes'] / 2**20:.2f} MiB (blocks of {record['block_size']}); "
+             "a decode step's staging, the median over the 64-token generation's steps:"]
+    for row in record["like_streaming_bench"]:
+        lines.append(f"  repeat {row['repeat']} context {row['context']:5d}: {row['blocks']:.0f} blocks a layer in "
+                     f"{row['copies']:.0f} copies; rows in block-table order {row['copies_rows_in_table_order']:.0f}; "
+                     f"the fewest any rows allow (rows = ids) {row['runs_of_ids']:.0f}")
+    return "\n".join(lines) + "\n"
 
 
 def report(record: dict[str, Any]) -> str:
