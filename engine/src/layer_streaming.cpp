@@ -199,7 +199,7 @@ void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool
   if (!codec_ && kv.is_contiguous()) {  // exact homes and a contiguous ring: bytes straight between rows and blocks
     // One memcpy per stretch of ids consecutive with the rows. Not ATen's
     // copy_: microseconds a call, and a small CPU cache's home rows come in
-    // many short runs as requests come and go (10-20 a layer at 3776 tokens
+    // many short runs as requests come and go (9-19 a layer at 3776 tokens
     // in the CPU benchmark where ids alone give 2-3).
     const auto bytes = static_cast<std::size_t>(homes_->layer_bytes());  // one block of the ring
     auto* ring = static_cast<char*>(kv.data_ptr());
