@@ -65,6 +65,9 @@ another, the host never waiting for the device between them, as vLLM's
 async scheduling queues a step while the last one runs (its bound and
 attention alike). 0, the default: each step alone, the device idle before
 and after it.
+
+--contexts: only the tuning's and the grid's points at these contexts (the
+shared prefix's is 16384 + the block), so a part of the grid fits one call.
 )";
 
 const std::vector<std::string> kParts = {"probe", "tuning", "grid", "compressed", "curve"};  // --only
@@ -90,7 +93,7 @@ struct Options {
   std::set<std::string> only;
   std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
-  std::set<std::string> contexts;  // tuning: only these contexts (all when empty)
+  std::set<std::string> contexts;  // tuning and grid: only these contexts (all when empty)
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
   bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
@@ -498,6 +501,8 @@ void grid(Bench& b) {
   std::int64_t tokens = 0;
   std::vector<StepShape> fit;
   for (const auto& s : shapes) {
+    // --contexts: a part of the grid, so that it fits a device call of 10 minutes.
+    if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(s.context)) == 0) continue;
     const std::int64_t need = s.batch * cdiv(s.context, block) * block;
     if (need > max_tokens) {
       std::printf("skipped: %s ctx %lld x%lld needs %.0f GiB of homes, over --host-gib %.0f (the "
