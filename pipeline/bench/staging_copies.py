@@ -67,24 +67,17 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
 def streaming_bench_requests(llm, contexts: list[int], repeats: int) -> list[dict[str, Any]]:
     """pipeline.bench.streaming's decode requests, in its order; per repeat and
     context the median counts of the 64-token generation's decode steps."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     from ..harness import staging_counter
-    from .streaming import _prompt
-
-    def generate(prompt: list[int], n: int, salt: str) -> None:
-        llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
-                     SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    from .streaming import _generate as generate, _prompt
 
     for p in contexts:
-        generate(_prompt(p), 2, f"warm-up-{p}")
+        generate(llm, _prompt(p), 2, f"warm-up-{p}")
     out = []
     for r in range(repeats):
         for p in contexts:
-            generate(_prompt(p), 1, f"one-{p}-{r}")
+            generate(llm, _prompt(p), 1, f"one-{p}-{r}")
             staging_counter.STEPS.clear()
-            generate(_prompt(p), 64, f"many-{p}-{r}")
+            generate(llm, _prompt(p), 64, f"many-{p}-{r}")
             decode = staging_counter.STEPS[-63:]  # after the prefill's steps: 63 decode steps
             out.append({"repeat": r, "context": p, "decode_steps": len(decode),
                         **{k: statistics.median(s[k] for s in decode)
