@@ -58,6 +58,7 @@ namespace {
 constexpr const char* kUsage = R"(usage: streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--block 16]
                        [--only probe,tuning,grid,compressed,curve] [--knobs batch,...] [--kinds decode,prefill]
                        [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1] [--back-to-back N]
+                       [--attention 0]
        streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 
 --back-to-back N: a point's step is the mean of N steps queued one after
@@ -68,6 +69,11 @@ and after it.
 
 --contexts: only the tuning's and the grid's points at these contexts (the
 shared prefix's is 16384 + the block), so a part of the grid fits one call.
+
+--attention 0 (with --only tuning): the layers compute nothing, so a step is
+the streamer's copies alone; beside the same rows with attention it tells the
+bus's pace under the attention from its pace alone. Its rows are labelled
+KNOB/no-attention.
 )";
 
 const std::vector<std::string> kParts = {"probe", "tuning", "grid", "compressed", "curve"};  // --only
@@ -82,6 +88,7 @@ std::int64_t g_ring = 2;  // ring buffers (--ring)
 // tail first), the runs in random order.
 std::int64_t g_id_runs = 1;
 std::int64_t g_back_to_back = 0;  // --back-to-back
+bool g_attention = true;  // --attention
 
 struct Options {
   std::string device = "cuda";
@@ -369,7 +376,7 @@ struct Model {
       if (streamed_layer) streamer->stage(name, stats);
       host_mark();
       mark();
-      layer_compute(s, kv[static_cast<std::size_t>(l)]);
+      if (g_attention) layer_compute(s, kv[static_cast<std::size_t>(l)]);
       mark();
       host_mark();
       if (streamed_layer) {
@@ -640,8 +647,9 @@ void tuning(Bench& b) {
       k.knobs(t);
       m.streamer->set_tuning(t);
       m.streamer->set_copy_method(k.method);
-      report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, k.label);
-      if (b.o.timeline) print_timeline(m, s, k.label);
+      const std::string label = std::string(k.label) + (g_attention ? "" : "/no-attention");
+      report(b, "tuning", m, s, m.median_run(s, true, b.o.iters), attention, label);
+      if (b.o.timeline) print_timeline(m, s, label.c_str());
     }
   }
   m.streamer->set_tuning(defaults);
@@ -893,6 +901,7 @@ int main(int argc, char** argv) {
 #endif
     else if (k == "--timeline") b.o.timeline = bench::switch_on(k, v);
     else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = bench::switch_on(k, v);
+    else if (k == "--attention") g_attention = bench::switch_on(k, v);
     else if (k == "--only") {
       for (const auto& part : bench::parts(k, v)) b.o.only.insert(bench::one_of(k, part, kParts));
     } else if (k == "--knobs") {
@@ -909,6 +918,10 @@ int main(int argc, char** argv) {
     return true;
   });
   if (stop) return *stop;
+  if (!g_attention && b.o.only != std::set<std::string>{"tuning"}) {  // the other parts' points are the goals'
+    std::fprintf(stderr, "--attention 0: only with --only tuning\n");
+    return 2;
+  }
   if (b.o.profile_dir.empty() && b.o.profile_homes != "exact") {  // would run every part, unprofiled
     std::fprintf(stderr, "--profile-homes %s: profiles only with --profile-dir\n", b.o.profile_homes.c_str());
     return 2;
