@@ -424,7 +424,7 @@ def main() -> None:
         sys.exit({True: 0, False: 1, None: 3}[met])
     for trace in args.trace:
         print(trace_summary(trace) + "\n")
-    peak = max((r["h2d_gbs"] for r in results if r["part"] == "peak"), default=55.0)  # the rows' own
+    peak = max((r["h2d_gbs"] for r in results if r["part"] == "peak"), default=55.0)  # the one the rows are read against
     for title, table in (
         ("Streaming steps against their bound", grid_table(results)),
         ("Compressed streaming", compressed_table(results)),
