@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -918,8 +919,9 @@ int main(int argc, char** argv) {
     return true;
   });
   if (stop) return *stop;
-  if (!g_attention && b.o.only != std::set<std::string>{"tuning"}) {  // the other parts' points are the goals'
-    std::fprintf(stderr, "--attention 0: only with --only tuning\n");
+  // The other parts' points are the goals'; the profile runs its own steps.
+  if (!g_attention && (b.o.only != std::set<std::string>{"tuning"} || !b.o.profile_dir.empty())) {
+    std::fprintf(stderr, "--attention 0: only with --only tuning, unprofiled\n");
     return 2;
   }
   if (b.o.profile_dir.empty() && b.o.profile_homes != "exact") {  // would run every part, unprofiled
@@ -932,6 +934,9 @@ int main(int argc, char** argv) {
   }
   if (b.o.pin_to_gpu_node) std::printf("%s\n", bench::pin_to_gpu_node().c_str());
   std::printf("%s\n", bench::host_placement().c_str());
+  // The driver's launch queues (read when the context is made) move the host's
+  // time to queue a step: a run says if they were scaled.
+  if (const char* queues = std::getenv("CUDA_SCALE_LAUNCH_QUEUES")) std::printf("CUDA_SCALE_LAUNCH_QUEUES=%s\n", queues);
   g_device = c10::Device(b.o.device);
   if (!g_device.has_index()) g_device = c10::Device(g_device.type(), 0);  // tensors say cuda:0
   b.h2d_peak = pinned_peak(true, 5);

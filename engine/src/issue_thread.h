@@ -7,9 +7,9 @@
 // ring buffer it frees is late for its next occupant's staging. Issued from
 // this thread, the copies wait in the driver and the forward does not; but on
 // the H200 the forward's launches still queued behind this thread's calls in
-// the driver, so it is off by default (StreamingTuning::issue_thread). That
-// queue is the driver's, and full: with it four times as large
-// (CUDA_SCALE_LAUNCH_QUEUES=4x) the thread was as fast as the forward's own
+// the driver, so it is off by default (StreamingTuning::issue_thread). The
+// driver's full queue may be why: in one run with it four times as large
+// (CUDA_SCALE_LAUNCH_QUEUES=4x) the thread's step matched the forward's own
 // calls (BENCHMARKS.md, "The grid back to back on the H200").
 //
 // Tasks run one at a time, in the order posted, so whatever they issue onto a

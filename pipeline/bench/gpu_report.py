@@ -77,28 +77,40 @@ def read_results(path: Path) -> list[dict]:
                 out.append(result)
         elif header := _GRID_HEADER.match(line):
             out.append({"part": "grid-setup", "copy_method": header.group(1)})
-    return _against_best_peak(out)
+    return _against_best_peak(out, path)
 
 
-def _against_best_peak(results: list[dict]) -> list[dict]:
-    """Each point's bound against the run's best host-to-device peak.
+def _against_best_peak(results: list[dict], path: Path) -> list[dict]:
+    """Each point's bound against its run's best host-to-device peak.
 
-    streaming_bench measures the bus's peak before its points (and, since
-    2026-12-05, again after them) and prints each point against the first.
-    A peak read low (50-54 GB/s against the usual 55 on the H200; on one H100
-    run a bus-bound step read 0.967x its bound) flatters every point of that
-    run, so a point's bus time is taken at the best peak the run measured."""
-    peaks = [r["h2d_gbs"] for r in results if r["part"] == "peak"]
-    if not peaks:
-        return results
-    best = max(peaks)
+    streaming_bench measures the bus's peak before its points and, since
+    2026-12-05, again after them ("when": "end"), and prints each point
+    against the first. A peak read low (50-54 GB/s against the usual 55 on
+    the H200; on one H100 run a bus-bound step read 0.967x its bound) flatters
+    every point of that run, so a point's bus time is taken at the higher of
+    its run's two. A peak line without "when" starts a run: outputs appended
+    into one file stay apart."""
+    runs: list[list[dict]] = [[]]
     for r in results:
-        if r.get("h2d_peak_gbs", best) >= best or "bus_ms" not in r:
+        if r["part"] == "peak" and r.get("when") != "end" and runs[-1]:
+            runs.append([])
+        runs[-1].append(r)
+    for run in runs:
+        peaks = [r for r in run if r["part"] == "peak"]
+        if any(not isinstance(p.get("h2d_gbs"), (int, float)) for p in peaks):
+            raise BadRun(f"{path}: a peak line without its h2d_gbs: not streaming_bench's output?")
+        if not peaks:
             continue
-        r["bus_ms"] *= r["h2d_peak_gbs"] / best
-        r["bound_ms"] = max(r["attention_ms"], r["bus_ms"])
-        r["ratio"] = r["step_ms"] / r["bound_ms"]
-        r["h2d_peak_gbs"] = best
+        best = max(p["h2d_gbs"] for p in peaks)
+        for r in run:
+            if "bus_ms" not in r or r.get("h2d_peak_gbs", best) >= best:
+                continue
+            if any(field not in r for field in ("attention_ms", "step_ms")):
+                raise BadRun(f"{path}: a {r['part']} point without its attention_ms or step_ms: a line cut short?")
+            r["bus_ms"] *= r["h2d_peak_gbs"] / best
+            r["bound_ms"] = max(r["attention_ms"], r["bus_ms"])
+            r["ratio"] = r["step_ms"] / r["bound_ms"]
+            r["h2d_peak_gbs"] = best
     return results
 
 
@@ -424,7 +436,7 @@ def main() -> None:
         sys.exit({True: 0, False: 1, None: 3}[met])
     for trace in args.trace:
         print(trace_summary(trace) + "\n")
-    peak = max((r["h2d_gbs"] for r in results if r["part"] == "peak"), default=55.0)  # the one the rows are read against
+    peak = max((r["h2d_gbs"] for r in results if r["part"] == "peak"), default=55.0)  # the best any run measured
     for title, table in (
         ("Streaming steps against their bound", grid_table(results)),
         ("Compressed streaming", compressed_table(results)),

@@ -123,6 +123,12 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
     high_first = run_file(tmp_path, "high.txt", peak(55.0), GRID_HEADER, result("grid", ratio=1.02),
                           peak(54.0, when="end"))
     assert next(r for r in gpu_report.read_results(high_first) if r["part"] == "grid")["ratio"] == 1.02
+    # Two outputs appended into one file: each run's rows against their own run's peaks.
+    appended = run_file(tmp_path, "appended.txt", peak(52.0), GRID_HEADER, result("grid", ratio=1.02, h2d_peak_gbs=52.0),
+                        peak(52.5, when="end"), peak(55.0), GRID_HEADER, result("grid", ratio=1.03),
+                        peak(55.0, when="end"))
+    first, second = (r for r in gpu_report.read_results(appended) if r["part"] == "grid")
+    assert first["h2d_peak_gbs"] == 52.5 and second["ratio"] == 1.03
 
 
 def test_settings_that_make_another_point_keep_it_apart(tmp_path):
@@ -270,6 +276,8 @@ def test_bad_input_stops_with_a_clear_error(tmp_path):
         ([vllm_json(tmp_path, "odd.json", {"context": 32768, "x_bound": 1.0, "homes": None})],
          "odd.json: run 1 has no"),
         ([tmp_path / "none.txt"], "no such file:"),
+        ([run_file(tmp_path, "peakless.txt", 'RESULT {"part": "peak", "d2h_gbs": 55.0}', GRID_HEADER, result("grid"))],
+         "peakless.txt: a peak line without its h2d_gbs"),
     ]
     data = json.loads((tmp_path / "odd.json").read_text())
     del data["runs"][0]["budget_gib"]
