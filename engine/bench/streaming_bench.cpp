@@ -59,7 +59,7 @@ namespace {
 constexpr const char* kUsage = R"(usage: streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--block 16]
                        [--only probe,tuning,grid,compressed,curve] [--knobs batch,...] [--kinds decode,prefill]
                        [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1] [--back-to-back N]
-                       [--attention 0]
+                       [--attention 0] [--variants compressed-fused-batch,...]
        streaming_bench_profiled --profile-dir DIR [--profile-homes compressed]   (built with torch's profiler)
 
 --back-to-back N: a point's step is the mean of N steps queued one after
@@ -70,6 +70,10 @@ and after it.
 
 --contexts: only the tuning's and the grid's points at these contexts (the
 shared prefix's is 16384 + the block), so a part of the grid fits one call.
+
+--variants: only these compressed homes' variants in the compressed part
+(exact homes run whatever is named: they give each point's attention and the
+speedups' baseline), so the part fits one call.
 
 --attention 0 (with --only tuning): the layers compute nothing, so a step is
 the streamer's copies alone; beside the same rows with attention it tells the
@@ -100,6 +104,7 @@ struct Options {
   std::string profile_homes = "exact";  // or "compressed"
   std::set<std::string> only;
   std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
+  std::set<std::string> variants;  // compressed: only these compressed variants (all when empty)
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
   std::set<std::string> contexts;  // tuning and grid: only these contexts (all when empty)
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
@@ -683,6 +688,29 @@ void resident_curve(Bench& b) {
 // compressed rows over the bus and the copy stream decodes each into the ring.
 // Each point twice on the same block ids and rows: exact homes, then
 // compressed; each against its own bound, and compressed's speed-up.
+// The compressed part's rows: exact homes, then compressed homes four ways.
+// Compressed homes put SM work on the copy stream (a decode per piece, an
+// encode per write-back): by the codec's ATen operations, and by the fused
+// kernels (the default on CUDA), on the same homes. Their rows cross into
+// the pieces by a gather kernel (short runs) and a copy per long run, or all
+// by batched copies (the default on CUDA for rows of 32 KiB and more).
+struct CompressedVariant {
+  const char* label;
+  Mode homes;
+  bool fused;
+  std::optional<StreamCopy> method;  // the streamer's own choice when absent
+};
+
+const std::vector<CompressedVariant>& compressed_variants() {
+  static const std::vector<CompressedVariant> variants{
+      {"exact-homes", Mode::kExact, false, std::nullopt},
+      {"compressed-aten-gather", Mode::kCompressed, false, StreamCopy::kDeviceGather},
+      {"compressed-fused-gather", Mode::kCompressed, true, StreamCopy::kDeviceGather},
+      {"compressed-aten-batch", Mode::kCompressed, false, StreamCopy::kCopyEngineBatch},
+      {"compressed-fused-batch", Mode::kCompressed, true, StreamCopy::kCopyEngineBatch}};
+  return variants;
+}
+
 void compressed(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::vector<std::int64_t> shape{2, block, kKvHeads, kHeadSize};
@@ -719,24 +747,10 @@ void compressed(Bench& b) {
   std::uint32_t seed = 31;
   for (const auto& point : shapes) steps.push_back(make_step(point, block, num_blocks, seed++, Homes::kExtents));
   std::vector<double> exact_step(steps.size()), attention(steps.size());
-  // Compressed homes put SM work on the copy stream (a decode per piece, an
-  // encode per write-back): by the codec's ATen operations, and by the fused
-  // kernels (the default on CUDA), on the same homes. Their rows cross into
-  // the pieces by a gather kernel (short runs) and a copy per long run, or all
-  // by batched copies (the default on CUDA for rows of 32 KiB and more).
-  struct Variant {
-    const char* label;
-    Mode homes;
-    bool fused;
-    std::optional<StreamCopy> method;  // the streamer's own choice when absent
-  };
   std::unique_ptr<Model> compressed_model;
-  for (const Variant v : {Variant{"exact-homes", Mode::kExact, false, std::nullopt},
-                          Variant{"compressed-aten-gather", Mode::kCompressed, false, StreamCopy::kDeviceGather},
-                          Variant{"compressed-fused-gather", Mode::kCompressed, true, StreamCopy::kDeviceGather},
-                          Variant{"compressed-aten-batch", Mode::kCompressed, false, StreamCopy::kCopyEngineBatch},
-                          Variant{"compressed-fused-batch", Mode::kCompressed, true, StreamCopy::kCopyEngineBatch}}) {
+  for (const CompressedVariant& v : compressed_variants()) {
     const Mode homes = v.homes;
+    if (homes != Mode::kExact && !b.o.variants.empty() && b.o.variants.count(v.label) == 0) continue;
     std::unique_ptr<Model> exact_model;
     if (homes == Mode::kExact) {
       free_pinned_cache();
@@ -909,6 +923,12 @@ int main(int argc, char** argv) {
       std::vector<std::string> rows;  // a renamed row must not measure nothing quietly
       for (const TuningRow& r : tuning_rows()) rows.emplace_back(r.label);
       for (const auto& part : bench::parts(k, v)) b.o.knobs.insert(bench::one_of(k, part, rows));
+    } else if (k == "--variants") {
+      std::vector<std::string> names;  // compressed homes' rows only: exact homes always run
+      for (const CompressedVariant& r : compressed_variants()) {
+        if (r.homes != Mode::kExact) names.emplace_back(r.label);
+      }
+      for (const auto& part : bench::parts(k, v)) b.o.variants.insert(bench::one_of(k, part, names));
     } else if (k == "--kinds") {
       for (const auto& part : bench::parts(k, v)) b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
     } else if (k == "--contexts") {
