@@ -110,6 +110,9 @@ struct Options {
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
   bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
+  bool at_context(std::int64_t context) const {  // --contexts
+    return contexts.empty() || contexts.count(std::to_string(context)) != 0;
+  }
 };
 
 c10::Device g_device{c10::DeviceType::CUDA, 0};
@@ -514,8 +517,7 @@ void grid(Bench& b) {
   std::int64_t tokens = 0;
   std::vector<StepShape> fit;
   for (const auto& s : shapes) {
-    // --contexts: a part of the grid, so that it fits a device call of 10 minutes.
-    if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(s.context)) == 0) continue;
+    if (!b.o.at_context(s.context)) continue;  // a part of the grid fits a device call of 10 minutes
     const std::int64_t need = s.batch * cdiv(s.context, block) * block;
     if (need > max_tokens) {
       std::printf("skipped: %s ctx %lld x%lld needs %.0f GiB of homes, over --host-gib %.0f (the "
@@ -644,7 +646,7 @@ void tuning(Bench& b) {
                                                        {"prefill", 65536, 1, 2048, 0},
                                                        {"prefill", 131072, 1, 2048, 0}}) {
     if (!b.o.kinds.empty() && b.o.kinds.count(shape.kind) == 0) continue;
-    if (!b.o.contexts.empty() && b.o.contexts.count(std::to_string(shape.context)) == 0) continue;
+    if (!b.o.at_context(shape.context)) continue;
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
     for (const TuningRow& k : tuning_rows()) {
@@ -683,11 +685,6 @@ void resident_curve(Bench& b) {
   }
 }
 
-// Compressed homes (StreamingConfig::homes): the homes hold the compressed
-// codec (int8 + one fp32 scale per head row); the streamer's pieces carry the
-// compressed rows over the bus and the copy stream decodes each into the ring.
-// Each point twice on the same block ids and rows: exact homes, then
-// compressed; each against its own bound, and compressed's speed-up.
 // The compressed part's rows: exact homes, then compressed homes four ways.
 // Compressed homes put SM work on the copy stream (a decode per piece, an
 // encode per write-back): by the codec's ATen operations, and by the fused
@@ -711,6 +708,11 @@ const std::vector<CompressedVariant>& compressed_variants() {
   return variants;
 }
 
+// Compressed homes (StreamingConfig::homes): the homes hold the compressed
+// codec (int8 + one fp32 scale per head row); the streamer's pieces carry the
+// compressed rows over the bus and the copy stream decodes each into the ring.
+// Each point twice on the same block ids and rows: exact homes, then
+// compressed; each against its own bound, and compressed's speed-up.
 void compressed(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::vector<std::int64_t> shape{2, block, kKvHeads, kHeadSize};
