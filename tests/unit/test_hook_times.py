@@ -1,0 +1,41 @@
+"""HookClock: the CPU streaming benchmark's split of a step's time
+(pipeline/bench/hook_times.py)."""
+
+import time
+
+import pytest
+
+from pipeline.bench.hook_times import HookClock
+
+
+class Runner:
+    def forward(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "out"
+
+    def fail(self) -> None:
+        raise KeyError("planted")
+
+
+def test_times_and_counts_calls_while_entered_and_restores_the_methods():
+    forward, fail = Runner.__dict__["forward"], Runner.__dict__["fail"]
+    runner = Runner()
+    with HookClock([(Runner, "forward", "model"), (Runner, "fail", "bad")]) as clock:
+        assert runner.forward(0.02) == "out"
+        runner.forward(0.01)
+        with pytest.raises(KeyError, match="planted"):  # raised through, and still counted
+            runner.fail()
+        inside = clock.snapshot()
+    assert clock.calls == {"model": 2, "bad": 1}
+    assert 0.03 <= inside["model"] < 1.0
+    assert Runner.__dict__["forward"] is forward and Runner.__dict__["fail"] is fail
+    runner.forward(0.01)  # outside: not counted
+    assert clock.calls["model"] == 2 and clock.snapshot() == inside
+
+
+def test_a_snapshot_is_a_copy_so_differences_give_a_stretch():
+    with HookClock([(Runner, "forward", "model")]) as clock:
+        before = clock.snapshot()
+        Runner().forward(0.01)
+        after = clock.snapshot()
+    assert before["model"] == 0.0 and after["model"] >= 0.01
