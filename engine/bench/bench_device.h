@@ -76,6 +76,27 @@ inline std::vector<int> gpu_numa_nodes() {
   return nodes;
 }
 
+// Each NVIDIA GPU's model as the driver names it ("NVIDIA H200"), in bus
+// order: the "Model:" line of each GPU's information file under `driver`.
+inline std::vector<std::string> gpu_models(const std::filesystem::path& driver = "/proc/driver/nvidia/gpus") {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> gpus;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(driver, ec)) gpus.push_back(entry.path());
+  std::sort(gpus.begin(), gpus.end());
+  std::vector<std::string> models;
+  for (const auto& gpu : gpus) {
+    std::ifstream in(gpu / "information");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Model:", 0) != 0) continue;
+      const auto start = line.find_first_not_of(" \t", 6);
+      models.push_back(start == std::string::npos ? "" : line.substr(start));
+      break;
+    }
+  }
+  return models;
+}
+
 inline int cpu_numa_node(int cpu) {
   std::error_code ec;
   const auto dir = std::filesystem::path("/sys/devices/system/cpu") / ("cpu" + std::to_string(cpu));
@@ -105,6 +126,15 @@ inline std::string host_placement() {
   if (nodes.empty()) out << " unknown";
   for (const int node : nodes) out << " " << node;
   return out.str();
+}
+
+// The GPUs' models, for a run's raw output (the figures of an H100 and an
+// H200 differ, and a report must not mix them unawares): "unknown" where the
+// driver lists none.
+inline std::string gpu_model_names() {
+  std::string out;
+  for (const auto& model : detail::gpu_models()) out += (out.empty() ? "" : ", ") + model;
+  return out.empty() ? "unknown" : out;
 }
 
 // Pins this process to the CPUs of the first NVIDIA GPU's NUMA node (before

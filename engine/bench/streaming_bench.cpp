@@ -68,8 +68,9 @@ async scheduling queues a step while the last one runs (its bound and
 attention alike). 0, the default: each step alone, the device idle before
 and after it.
 
---contexts: only the tuning's and the grid's points at these contexts (the
-shared prefix's is 16384 + the block), so a part of the grid fits one call.
+--contexts: only the tuning's, the grid's and the compressed part's points at
+these contexts (the shared prefix's is 16384 + the block), so a part fits one
+call.
 
 --variants: only these compressed homes' variants in the compressed part
 (exact homes run whatever is named: they give each point's attention and the
@@ -106,7 +107,7 @@ struct Options {
   std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
   std::set<std::string> variants;  // compressed: only these compressed variants (all when empty)
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
-  std::set<std::string> contexts;  // tuning and grid: only these contexts (all when empty)
+  std::set<std::string> contexts;  // tuning, grid and compressed: only these contexts (all when empty)
   bool timeline = false;  // tuning: also one step's compute stream, timed by events
   bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
@@ -738,10 +739,17 @@ void compressed(Bench& b) {
     std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
                 same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
   }
-  const std::vector<StepShape> shapes = {{"decode", 16384, 1, 1, 0},   {"decode", 65536, 1, 1, 0},
-                                         {"decode", 131072, 1, 1, 0},  {"decode", 131072, 4, 1, 0},
-                                         {"decode", 16384 + block, 16, 1, 16384},
-                                         {"prefill", 16384, 1, 2048, 0}, {"prefill", 131072, 1, 2048, 0}};
+  std::vector<StepShape> shapes;
+  for (const StepShape& point : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},   {"decode", 65536, 1, 1, 0},
+                                                       {"decode", 131072, 1, 1, 0},  {"decode", 131072, 4, 1, 0},
+                                                       {"decode", 16384 + block, 16, 1, 16384},
+                                                       {"prefill", 16384, 1, 2048, 0}, {"prefill", 131072, 1, 2048, 0}}) {
+    if (b.o.at_context(point.context)) shapes.push_back(point);
+  }
+  if (shapes.empty()) {
+    std::printf("compressed: no point at these --contexts\n");
+    return;
+  }
   std::int64_t tokens = 0;
   for (const auto& point : shapes) tokens = std::max(tokens, point.batch * cdiv(point.context, block) * block);
   const std::int64_t num_blocks = cdiv(tokens, block) + cdiv(tokens, block) / 32;
@@ -967,7 +975,12 @@ int main(int argc, char** argv) {
               "peak host->device %.1f GB/s, device->host %.1f GB/s\n", b.o.device.c_str(),
               static_cast<long long>(kLayers), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadSize),
               static_cast<long long>(kQueryHeads), static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
-  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f}\n", b.h2d_peak / 1e9, b.d2h_peak / 1e9);
+  // The run's first peak line names the GPU: gpu_report says which machine each goal's points came from.
+  std::string gpu = bench::gpu_model_names();
+  std::replace_if(gpu.begin(), gpu.end(), [](char c) { return c == '"' || c == '\\' || c < ' '; }, ' ');
+  std::printf("gpu: %s\n", gpu.c_str());
+  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu\": \"%s\"}\n", b.h2d_peak / 1e9,
+              b.d2h_peak / 1e9, gpu.c_str());
 #ifdef ACTIVEKV_BENCH_PROFILE
   if (!b.o.profile_dir.empty()) {
     profile(b, b.o.profile_dir);

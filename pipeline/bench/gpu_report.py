@@ -89,7 +89,8 @@ def _against_best_peak(results: list[dict], path: Path) -> list[dict]:
     the H200; on one H100 run a bus-bound step read 0.967x its bound) flatters
     every point of that run, so a point's bus time is taken at the higher of
     its run's two. A peak line without "when" starts a run: outputs appended
-    into one file stay apart."""
+    into one file stay apart. Each point takes its run's GPU, named by the
+    first peak line since 2026-12-05 (None before)."""
     runs: list[list[dict]] = [[]]
     for r in results:
         if r["part"] == "peak" and r.get("when") != "end" and runs[-1]:
@@ -103,6 +104,7 @@ def _against_best_peak(results: list[dict], path: Path) -> list[dict]:
             continue
         best = max(p["h2d_gbs"] for p in peaks)
         for r in run:
+            r.setdefault("gpu", peaks[0].get("gpu"))
             if "bus_ms" not in r or r.get("h2d_peak_gbs", best) >= best:
                 continue
             if any(field not in r for field in ("attention_ms", "step_ms")):
@@ -122,9 +124,11 @@ def _vllm_runs(path: Path) -> list[dict]:
     fused kernels were on (recorded before 2026-12-05; the A/B against ATen's
     operations turned them off by ACTIVEKV_FUSED_CODEC=0, the same JSON)."""
     try:
-        runs = json.loads(path.read_text())["runs"]
+        record = json.loads(path.read_text())
+        runs = record["runs"]
     except (ValueError, KeyError, TypeError):
         return []
+    machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
     out = []
     for number, r in enumerate(runs, 1):
         if not isinstance(r, dict) or "x_bound" not in r:
@@ -142,7 +146,7 @@ def _vllm_runs(path: Path) -> list[dict]:
                         "method": "write-backs settled " + ("across steps" if r.get("settle_across_steps") else
                                                             "on the host"),
                         "graphs": r["cudagraph_mode"], "async_scheduling": r.get("async_scheduling"),
-                        "ratio": r["x_bound"]})
+                        "ratio": r["x_bound"], "gpu": machine.get("gpu")})
         except KeyError as e:
             raise BadRun(f"{path}: run {number} has no {e.args[0]!r}: not gpu_vllm streaming's output?") from e
     return out
@@ -203,6 +207,13 @@ def _samples(values: list[float]) -> str:
     return "" if len(values) == 1 else f" (median of {len(values)}: {', '.join(f'{v:.3f}' for v in values)})"
 
 
+def _on(rows: list[dict]) -> str:
+    """Which GPUs the rows were measured on: the goals name the H200, and an
+    H100's figures differ."""
+    gpus = sorted({r.get("gpu") or "a GPU its file does not name" for r in rows})
+    return " on " + " and ".join(gpus)
+
+
 def _goal(title: str, rows: list[dict], key: str, limit: float, at_most: bool = True) -> tuple[bool | None, list[str]]:
     """(met, lines): every point's median of `key` at most (or at least) `limit`;
     None when no row measured it."""
@@ -213,7 +224,7 @@ def _goal(title: str, rows: list[dict], key: str, limit: float, at_most: bool = 
     worst = (max if at_most else min)(points, key=lambda p: p[1])
     counted = "the one point" if len(points) == 1 else f"all {len(points)} points"
     verdict = f"**missed** at {len(missed)} of {len(points)} points" if missed else f"met at {counted}"
-    lines = [f"- {title}: {verdict}; the worst {_point(worst[0])}: {worst[1]:.3f}x{_samples(worst[2])}"]
+    lines = [f"- {title}: {verdict}{_on(rows)}; the worst {_point(worst[0])}: {worst[1]:.3f}x{_samples(worst[2])}"]
     lines += [f"  - {_point(r)}: {value:.3f}x{_samples(samples)}" for r, value, samples in missed]
     return not missed, lines
 

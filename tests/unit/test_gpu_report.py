@@ -76,7 +76,7 @@ def test_only_the_engines_own_method_on_extents_with_scattered_ids_counts(tmp_pa
     _, verdict = goals_of(run)
     assert line_of(verdict, "- exact homes") == (
         "- exact homes, scattered ids, copied by the engine's method batch, at most 1.05x the bound: "
-        "met at all 2 points; the worst prefill 16k x1, 8 back to back: 1.049x")
+        "met at all 2 points on a GPU its file does not name; the worst prefill 16k x1, 8 back to back: 1.049x")
 
 
 def test_a_point_over_its_bound_misses_the_goal_and_is_named(tmp_path):
@@ -99,7 +99,7 @@ def test_repeated_runs_of_a_point_count_by_their_median(tmp_path):
                      result("grid", kind="prefill", ratio=ratio, h2d_peak_gbs=54 + i, host_ms=30 + i))
             for i, ratio in enumerate((1.04, 1.12, 1.045))]
     _, verdict = goals_of(*runs)
-    assert "met at the one point; the worst prefill 16k x1, 8 back to back: 1.045x " \
+    assert "met at the one point on a GPU its file does not name; the worst prefill 16k x1, 8 back to back: 1.045x " \
            "(median of 3: 1.040, 1.120, 1.045)" in verdict
     met, verdict = goals_of(*runs[1:])  # 1.12 and 1.045: the median is over
     assert met is False
@@ -129,6 +129,21 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
                         peak(55.0, when="end"))
     first, second = (r for r in gpu_report.read_results(appended) if r["part"] == "grid")
     assert first["h2d_peak_gbs"] == 52.5 and second["ratio"] == 1.03
+
+
+def test_each_goal_says_which_gpus_its_points_came_from(tmp_path):
+    """The goals name the H200: a verdict whose points an H100 measured says so."""
+    peak = lambda **gpu: "RESULT " + json.dumps({"part": "peak", "h2d_gbs": 55.0, "d2h_gbs": 55.0, **gpu})
+    h100 = run_file(tmp_path, "h100.txt", peak(gpu="NVIDIA H100 80GB HBM3"), GRID_HEADER, result("grid"),
+                    peak(when="end"))
+    unnamed = run_file(tmp_path, "old.txt", peak(), GRID_HEADER, result("grid", context=65536))
+    vllm = vllm_json(tmp_path, "v.json", {"context": 32768, "x_bound": 1.01})
+    record = json.loads(vllm.read_text())
+    vllm.write_text(json.dumps({**record, "machine": {"gpu": "NVIDIA H200"}}))
+    _, verdict = goals_of(h100, unnamed, vllm)
+    assert "met at all 2 points on NVIDIA H100 80GB HBM3 and a GPU its file does not name;" in line_of(
+        verdict, "- exact homes")
+    assert "met at the one point on NVIDIA H200;" in line_of(verdict, "- inside vLLM")
 
 
 def test_settings_that_make_another_point_keep_it_apart(tmp_path):
@@ -173,16 +188,16 @@ def test_compressed_homes_by_the_engines_default_against_their_bound_and_exact(t
     )
     _, verdict = goals_of(ok)
     assert line_of(verdict, "- compressed homes (") .endswith(
-        "their bound: met at the one point; the worst decode 16k x1, 8 back to back: 1.097x")
+        "their bound: met at the one point on a GPU its file does not name; the worst decode 16k x1, 8 back to back: 1.097x")
     assert line_of(verdict, "- compressed homes' tokens/s").endswith(
-        "exact homes': met at the one point; the worst decode 128k x1, 8 back to back: 1.930x")
+        "exact homes': met at the one point on a GPU its file does not name; the worst decode 128k x1, 8 back to back: 1.930x")
     slow = run_file(tmp_path, "slow.txt", result("compressed", method=gpu_report.COMPRESSED_DEFAULT, ratio=1.12),
                     speedup(1.55), speedup(1.9, back_to_back=0))
     met, verdict = goals_of(slow)
     assert met is False
     assert "  - decode 16k x1, 8 back to back: 1.120x" in verdict
     assert line_of(verdict, "- compressed homes' tokens/s").endswith(
-        "**missed** at 1 of 2 points; the worst decode 128k x1, 8 back to back: 1.550x")
+        "**missed** at 1 of 2 points on a GPU its file does not name; the worst decode 128k x1, 8 back to back: 1.550x")
 
 
 def test_inside_vllm_each_homes_budget_and_setting_is_a_point(tmp_path):
