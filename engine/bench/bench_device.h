@@ -2,6 +2,7 @@
 // the host side runs (Linux: sysfs and the NVIDIA driver's /proc entries).
 #pragma once
 
+#include <dirent.h>
 #include <sched.h>
 
 #include <c10/core/Device.h>
@@ -78,19 +79,26 @@ inline std::vector<int> gpu_numa_nodes() {
 
 // Each NVIDIA GPU's model as the driver names it ("NVIDIA H200"), in bus
 // order: the "Model:" line of each GPU's information file under `driver`.
-inline std::vector<std::string> gpu_models(const std::filesystem::path& driver = "/proc/driver/nvidia/gpus") {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> gpus;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(driver, ec)) gpus.push_back(entry.path());
-  std::sort(gpus.begin(), gpus.end());
+// POSIX, not std::filesystem (temp_dir.h says why): the engine's tests run
+// this on the GPU machine too.
+inline std::vector<std::string> gpu_models(const std::string& driver = "/proc/driver/nvidia/gpus") {
+  std::vector<std::string> buses;
+  if (DIR* dir = ::opendir(driver.c_str())) {
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") buses.push_back(name);
+    }
+    ::closedir(dir);
+  }
+  std::sort(buses.begin(), buses.end());
   std::vector<std::string> models;
-  for (const auto& gpu : gpus) {
-    std::ifstream in(gpu / "information");
+  for (const auto& bus : buses) {
+    std::ifstream in(driver + "/" + bus + "/information");
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("Model:", 0) != 0) continue;
-      const auto start = line.find_first_not_of(" \t", 6);
-      models.push_back(start == std::string::npos ? "" : line.substr(start));
+      const auto first = line.find_first_not_of(" \t", 6);
+      const auto last = line.find_last_not_of(" \t\r");
+      if (first != std::string::npos) models.push_back(line.substr(first, last - first + 1));
       break;
     }
   }
@@ -128,13 +136,25 @@ inline std::string host_placement() {
   return out.str();
 }
 
-// The GPUs' models, for a run's raw output (the figures of an H100 and an
-// H200 differ, and a report must not mix them unawares): "unknown" where the
-// driver lists none.
-inline std::string gpu_model_names() {
+// The host's GPU models, for a run's raw output (the figures of an H100 and
+// an H200 differ, and a report must not mix them unawares): each model once,
+// with its count where several ("NVIDIA H100 80GB HBM3 x8"); empty where the
+// driver lists none. The device machines hold one GPU, or several of a kind.
+inline std::string gpu_model_names(const std::string& driver = "/proc/driver/nvidia/gpus") {
+  std::vector<std::pair<std::string, int>> counted;
+  for (const auto& model : detail::gpu_models(driver)) {
+    const auto it = std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == model; });
+    if (it == counted.end()) {
+      counted.emplace_back(model, 1);
+    } else {
+      ++it->second;
+    }
+  }
   std::string out;
-  for (const auto& model : detail::gpu_models()) out += (out.empty() ? "" : ", ") + model;
-  return out.empty() ? "unknown" : out;
+  for (const auto& [model, n] : counted) {
+    out += (out.empty() ? "" : ", ") + model + (n > 1 ? " x" + std::to_string(n) : "");
+  }
+  return out;
 }
 
 // Pins this process to the CPUs of the first NVIDIA GPU's NUMA node (before

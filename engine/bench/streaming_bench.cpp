@@ -977,10 +977,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(kQueryHeads), static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
   // The run's first peak line names the GPU: gpu_report says which machine each goal's points came from.
   std::string gpu = bench::gpu_model_names();
-  std::replace_if(gpu.begin(), gpu.end(), [](char c) { return c == '"' || c == '\\' || c < ' '; }, ' ');
-  std::printf("gpu: %s\n", gpu.c_str());
-  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu\": \"%s\"}\n", b.h2d_peak / 1e9,
-              b.d2h_peak / 1e9, gpu.c_str());
+  std::replace_if(gpu.begin(), gpu.end(),
+                  [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }, ' ');
+  std::printf("gpu: %s\n", gpu.empty() ? "not named (the NVIDIA driver lists none)" : gpu.c_str());
+  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f%s}\n", b.h2d_peak / 1e9,
+              b.d2h_peak / 1e9, gpu.empty() ? "" : (", \"gpu\": \"" + gpu + "\"").c_str());
 #ifdef ACTIVEKV_BENCH_PROFILE
   if (!b.o.profile_dir.empty()) {
     profile(b, b.o.profile_dir);

@@ -4,7 +4,7 @@ The CPU streaming benchmark's engine step tells how long a step took, and
 ActiveKV's stream_us how much of it was copying; neither says whether the
 rest is the connector's bookkeeping or vLLM's own model. HookClock wraps
 methods of classes (the connector's hooks, the model runner's forward, the
-scheduler's schedule) with a timer for as long as it is entered, in this
+attention backend's, the scheduler's schedule) with a timer for as long as it is entered, in this
 process only: the benchmark's LLMs run their engine core in-process.
 """
 
@@ -33,10 +33,16 @@ class HookClock:
         self._saved: list[tuple[type, str, Any]] = []
 
     def __enter__(self) -> HookClock:
+        # All checked before any is wrapped: a bad target leaves every class as it was.
+        for owner, name, _ in self.targets:
+            attr = owner.__dict__.get(name)  # a Python function, or the native connector's own
+            if not callable(attr) or isinstance(attr, (staticmethod, classmethod)):
+                raise ValueError(f"{owner.__qualname__}.{name} is not a method of that class itself "
+                                 "(inherited, renamed in this vLLM, or a static or class method)")
         for owner, name, label in self.targets:
             inner = owner.__dict__[name]  # the class's own attribute, restored as it was
             self._saved.append((owner, name, inner))
-            setattr(owner, name, self._timed(getattr(owner, name), label))
+            setattr(owner, name, self._timed(inner, label))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -60,15 +66,19 @@ class HookClock:
 
 
 def step_targets(connector_class: type | None) -> list[tuple[type, str, str]]:
-    """vLLM's model forward and schedule, and the connector's hooks that
-    connector_class defines (None: plain vLLM)."""
+    """vLLM's step, model forward, attention and schedule, and the
+    connector's hooks that connector_class defines (None: plain vLLM)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     # The model forward runs inside execute_model, and the connector's layer
-    # hooks inside the forward; build_connector_meta inside schedule.
+    # hooks and the attention (vLLM's CPU backend: the benchmark's) inside the
+    # forward; build_connector_meta inside schedule.
     targets = [(GPUModelRunner, "execute_model", "vllm: execute_model"),
                (GPUModelRunner, "_model_forward", "vllm: model forward"),
+               (CPUAttentionBackendImpl, "forward", "vllm: attention"),
+               (CPUAttentionBackendImpl, "do_kv_cache_update", "vllm: KV cache update"),
                (GPUModelRunner, "sample_tokens", "vllm: sample_tokens"),
                (Scheduler, "schedule", "vllm: schedule"),
                (Scheduler, "update_from_output", "vllm: update_from_output")]

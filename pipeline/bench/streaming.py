@@ -21,8 +21,8 @@ token, then N tokens. Two figures per repeat:
 Staged bytes per decode step are ActiveKV's counters (streamed_bytes_to_device,
 streamed_bytes_to_host, stream_us) moved by the N-token generate minus those of
 the 1-token generate, over N - 1. With --hook-times, the seconds spent inside
-vLLM's model forward and schedule and each of the connector's hooks, per
-decode step the same way (hook_times.py).
+vLLM's step, model forward, attention and schedule and each of the
+connector's hooks, per decode step the same way (hook_times.py).
 
 Longest context at budget B: vLLM's start-up refusal of a max_model_len of
 4096 (the model's max_position_embeddings) names "the estimated maximum model
@@ -114,14 +114,14 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
             prompt = _prompt(p)
             # As the counters: the N-token generate's less the 1-token one's
             # (its prefill step), over N - 1.
-            hooks_0 = hooks.snapshot() if hooks else no_hooks
+            hooks_0 = hooks.snapshot() if hooks is not None else no_hooks
             with h.TelemetryDelta(llm) if counted else contextlib.nullcontext({}) as one:
                 wall_1, _ = _generate(llm, prompt, 1, f"one-{p}-{r}")
-            hooks_1 = hooks.snapshot() if hooks else no_hooks
+            hooks_1 = hooks.snapshot() if hooks is not None else no_hooks
             clock.stamps.clear()
             with h.TelemetryDelta(llm) if counted else contextlib.nullcontext({}) as many:
                 wall_n, tokens = _generate(llm, prompt, new_tokens, f"many-{p}-{r}")
-            hooks_n = hooks.snapshot() if hooks else no_hooks
+            hooks_n = hooks.snapshot() if hooks is not None else no_hooks
             stamps = list(clock.stamps)
             if len(stamps) != new_tokens or len(tokens) != new_tokens:
                 raise RuntimeError(f"{len(stamps)} step outputs and {len(tokens)} tokens for "
@@ -135,7 +135,7 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
                 row["counters"].append({k: (many.get(k, 0) - one.get(k, 0)) / (new_tokens - 1)
                                         for k in ("streamed_bytes_to_device",
                                                   "streamed_bytes_to_host", "stream_us")})
-            row["hooks"].append({k: (hooks_n[k] - hooks_1[k] - (hooks_1[k] - hooks_0[k]))
+            row["hooks"].append({k: ((hooks_n[k] - hooks_1[k]) - (hooks_1[k] - hooks_0[k]))
                                  / (new_tokens - 1) for k in hooks_n})
     result = {}
     for p, row in raw.items():
@@ -150,7 +150,7 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
             entry["per_decode_step"] = per_step
             if moved:
                 entry["stream_bandwidth_Bps"] = runs.summary(moved)
-        if hooks:
+        if hooks is not None:
             entry["hook_s_per_decode_step"] = {k: runs.summary([x[k] for x in row["hooks"]])
                                                for k in row["hooks"][0]}
         result[str(p)] = entry
@@ -226,8 +226,8 @@ def main() -> None:
     parser.add_argument("--budgets", default="1,0.5",
                         help="budgets of the longest-context figures, in units of M ('' for none)")
     parser.add_argument("--hook-times", action="store_true",
-                        help="time vLLM's model forward and schedule and the connector's hooks "
-                             "per decode step (where a step's time goes)")
+                        help="time vLLM's step, model forward, attention and schedule and the "
+                             "connector's hooks per decode step (where a step's time goes)")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -263,13 +263,16 @@ def main() -> None:
                  else contextlib.nullcontext(None))
         try:
             before = runs.machine_state()
-            with hooks as clock:
+            with hooks as hook_clock:
                 steps = decode_steps(llm, connector is not None, contexts, args.new_tokens,
-                                     args.repeats, clock)
+                                     args.repeats, hook_clock)
         finally:
             h.shutdown(llm)
         record["decode"][name] = {"budget_bytes": times_m * BUDGET, "contexts": steps,
                                   "machine_before": before, "machine_after": runs.machine_state()}
+        if hook_clock is not None:
+            # A method vLLM never called here times nothing: said, not left out.
+            record["decode"][name]["hook_calls"] = dict(hook_clock.calls)
 
     record["longest"] = []
     for b in budgets:
@@ -311,9 +314,12 @@ def report(record: dict[str, Any]) -> str:
                     line += f" ({runs.fmt(c['stream_bandwidth_Bps'], 1e-9, 1)} GB/s)"
             say(line)
             if "hook_s_per_decode_step" in c:
+                uncalled = {k for k, n in e.get("hook_calls", {}).items() if n == 0}
                 say("      inside, per decode step (ms): " + ", ".join(
                     f"{k} {t['median'] * 1e3:.3f}" for k, t in c["hook_s_per_decode_step"].items()
-                    if t["median"] * 1e3 >= 0.0005))
+                    if k not in uncalled))
+                if uncalled:
+                    say(f"      never called: {', '.join(sorted(uncalled))}")
     if record["longest"]:
         say("\nLongest context served (tokens, vLLM's estimate from its refusal of 4096):")
     for e in record["longest"]:

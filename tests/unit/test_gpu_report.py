@@ -144,6 +144,11 @@ def test_each_goal_says_which_gpus_its_points_came_from(tmp_path):
     assert "met at all 2 points on NVIDIA H100 80GB HBM3 and a GPU its file does not name;" in line_of(
         verdict, "- exact homes")
     assert "met at the one point on NVIDIA H200;" in line_of(verdict, "- inside vLLM")
+    # The same point on two GPUs: two points, each naming its GPU, never one median.
+    h200 = run_file(tmp_path, "h200.txt", peak(gpu="NVIDIA H200"), GRID_HEADER, result("grid", ratio=1.09))
+    _, verdict = goals_of(h100, h200)
+    assert re.findall(r"^  - (.*)$", verdict, re.M) == ["decode 16k x1, 8 back to back, NVIDIA H200: 1.090x"]
+    assert "missed** at 1 of 2 points on NVIDIA H100 80GB HBM3 and NVIDIA H200;" in line_of(verdict, "- exact homes")
 
 
 def test_settings_that_make_another_point_keep_it_apart(tmp_path):

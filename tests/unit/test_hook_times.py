@@ -39,3 +39,20 @@ def test_a_snapshot_is_a_copy_so_differences_give_a_stretch():
         Runner().forward(0.01)
         after = clock.snapshot()
     assert before["model"] == 0.0 and after["model"] >= 0.01
+
+
+class Child(Runner):
+    @staticmethod
+    def helper() -> int:
+        return 1
+
+
+@pytest.mark.parametrize("name", ["forward", "helper", "absent"])
+def test_a_target_not_a_function_of_the_class_itself_wraps_nothing(name):
+    """Inherited (its timing would land on the base class), static, or missing
+    in this vLLM: refused before any method is wrapped."""
+    forward = Runner.__dict__["forward"]
+    with pytest.raises(ValueError, match=f"Child.{name} is not a method of that class itself"):
+        with HookClock([(Runner, "forward", "model"), (Child, name, "x")]):
+            pass
+    assert Runner.__dict__["forward"] is forward
