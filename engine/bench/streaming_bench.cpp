@@ -70,7 +70,8 @@ and after it.
 
 --contexts: only the tuning's, the grid's and the compressed part's points at
 these contexts (the shared prefix's is 16384 + the block), so a part fits one
-call.
+call. A point so picked draws other random ids than in the whole part (each
+point takes the next seed); its figures compare, its ids do not.
 
 --variants: only these compressed homes' variants in the compressed part
 (exact homes run whatever is named: they give each point's attention and the
