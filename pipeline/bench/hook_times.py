@@ -4,8 +4,9 @@ The CPU streaming benchmark's engine step tells how long a step took, and
 ActiveKV's stream_us how much of it was copying; neither says whether the
 rest is the connector's bookkeeping or vLLM's own model. HookClock wraps
 methods of classes (the connector's hooks, the model runner's forward, the
-attention backend's, the scheduler's schedule) with a timer for as long as it is entered, in this
-process only: the benchmark's LLMs run their engine core in-process.
+attention backend's, the scheduler's schedule) with a timer for as long as
+it is entered, in this process only: the benchmark's LLMs run their engine
+core in-process.
 """
 
 from __future__ import annotations
