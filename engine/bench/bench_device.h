@@ -59,29 +59,12 @@ inline std::string first_line(const std::filesystem::path& file) {
   return line;
 }
 
-// The NUMA node of each NVIDIA GPU the driver lists, in bus order (-1: the
-// platform does not say).
-inline std::vector<int> gpu_numa_nodes() {
-  namespace fs = std::filesystem;
-  std::vector<std::string> buses;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
-    buses.push_back(entry.path().filename().string());
-  }
-  std::sort(buses.begin(), buses.end());
-  std::vector<int> nodes;
-  for (const auto& bus : buses) {
-    const std::string node = first_line(fs::path("/sys/bus/pci/devices") / bus / "numa_node");
-    nodes.push_back(node.empty() ? -1 : std::stoi(node));
-  }
-  return nodes;
-}
+constexpr const char* kNvidiaGpus = "/proc/driver/nvidia/gpus";
 
-// Each NVIDIA GPU's model as the driver names it ("NVIDIA H200"), in bus
-// order: the "Model:" line of each GPU's information file under `driver`.
+// The PCI bus id of each NVIDIA GPU listed under `driver`, in bus order.
 // POSIX, not std::filesystem (temp_dir.h says why): the engine's tests run
 // this on the GPU machine too.
-inline std::vector<std::string> gpu_models(const std::string& driver = "/proc/driver/nvidia/gpus") {
+inline std::vector<std::string> gpu_buses(const std::string& driver = kNvidiaGpus) {
   std::vector<std::string> buses;
   if (DIR* dir = ::opendir(driver.c_str())) {
     while (const dirent* entry = ::readdir(dir)) {
@@ -91,8 +74,25 @@ inline std::vector<std::string> gpu_models(const std::string& driver = "/proc/dr
     ::closedir(dir);
   }
   std::sort(buses.begin(), buses.end());
+  return buses;
+}
+
+// The NUMA node of each NVIDIA GPU the driver lists, in bus order (-1: the
+// platform does not say).
+inline std::vector<int> gpu_numa_nodes() {
+  std::vector<int> nodes;
+  for (const auto& bus : gpu_buses()) {
+    const std::string node = first_line(std::filesystem::path("/sys/bus/pci/devices") / bus / "numa_node");
+    nodes.push_back(node.empty() ? -1 : std::stoi(node));
+  }
+  return nodes;
+}
+
+// Each NVIDIA GPU's model as the driver names it ("NVIDIA H200"), in bus
+// order: the "Model:" line of each GPU's information file under `driver`.
+inline std::vector<std::string> gpu_models(const std::string& driver = kNvidiaGpus) {
   std::vector<std::string> models;
-  for (const auto& bus : buses) {
+  for (const auto& bus : gpu_buses(driver)) {
     std::ifstream in(driver + "/" + bus + "/information");
     for (std::string line; std::getline(in, line);) {
       if (line.rfind("Model:", 0) != 0) continue;
@@ -140,7 +140,7 @@ inline std::string host_placement() {
 // an H200 differ, and a report must not mix them unawares): each model once,
 // with its count where several ("NVIDIA H100 80GB HBM3 x8"); empty where the
 // driver lists none. The device machines hold one GPU, or several of a kind.
-inline std::string gpu_model_names(const std::string& driver = "/proc/driver/nvidia/gpus") {
+inline std::string gpu_model_names(const std::string& driver = detail::kNvidiaGpus) {
   std::vector<std::pair<std::string, int>> counted;
   for (const auto& model : detail::gpu_models(driver)) {
     const auto it = std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == model; });
