@@ -6,14 +6,19 @@ rest is the connector's bookkeeping or vLLM's own model. HookClock wraps
 methods of classes (the connector's hooks, the model runner's forward, the
 attention backend's, the scheduler's schedule) with a timer for as long as
 it is entered, in this process only: the benchmark's LLMs run their engine
-core in-process.
+core in-process. It also times Python's garbage collector by generation: a
+collection lands inside whatever method allocated last, so time that grows
+in code the engine never runs may be the collector's.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import time
 from typing import Any
+
+GC_LABELS = tuple(f"python: gc, generation {g}" for g in range(3))
 
 # The connector's per-step hooks, worker side then scheduler side (vLLM's
 # KVConnectorBase_V1); a class lacking one is left alone.
@@ -29,9 +34,11 @@ class HookClock:
 
     def __init__(self, targets: list[tuple[type, str, str]]):
         self.targets = targets  # (class, method name, label)
-        self.seconds: dict[str, float] = {label: 0.0 for _, _, label in targets}
-        self.calls: dict[str, int] = {label: 0 for _, _, label in targets}
+        labels = [label for _, _, label in targets] + list(GC_LABELS)
+        self.seconds: dict[str, float] = {label: 0.0 for label in labels}
+        self.calls: dict[str, int] = {label: 0 for label in labels}
         self._saved: list[tuple[type, str, Any]] = []
+        self._gc_started = 0.0
 
     def __enter__(self) -> HookClock:
         # All checked before any is wrapped: a bad target leaves every class as it was.
@@ -44,12 +51,23 @@ class HookClock:
             inner = owner.__dict__[name]  # the class's own attribute, restored as it was
             self._saved.append((owner, name, inner))
             setattr(owner, name, self._timed(inner, label))
+        gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on_gc)
         for owner, name, inner in reversed(self._saved):
             setattr(owner, name, inner)
         self._saved.clear()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # A collection's time also counts inside the method it interrupted.
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        label = GC_LABELS[info["generation"]]
+        self.seconds[label] += time.perf_counter() - self._gc_started
+        self.calls[label] += 1
 
     def _timed(self, fn, label: str):
         @functools.wraps(fn)

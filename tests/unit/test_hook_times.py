@@ -1,11 +1,12 @@
 """HookClock: the CPU streaming benchmark's split of a step's time
 (pipeline/bench/hook_times.py)."""
 
+import gc
 import time
 
 import pytest
 
-from pipeline.bench.hook_times import HookClock
+from pipeline.bench.hook_times import GC_LABELS, HookClock
 
 
 class Runner:
@@ -26,7 +27,7 @@ def test_times_and_counts_calls_while_entered_and_restores_the_methods():
         with pytest.raises(KeyError, match="planted"):  # raised through, and still counted
             runner.fail()
         inside = clock.snapshot()
-    assert clock.calls == {"model": 2, "bad": 1}
+    assert (clock.calls["model"], clock.calls["bad"]) == (2, 1)
     assert 0.03 <= inside["model"] < 1.0
     assert Runner.__dict__["forward"] is forward and Runner.__dict__["fail"] is fail
     runner.forward(0.01)  # outside: not counted
@@ -56,3 +57,14 @@ def test_a_target_not_a_function_of_the_class_itself_wraps_nothing(name):
         with HookClock([(Runner, "forward", "model"), (Child, name, "x")]):
             pass
     assert Runner.__dict__["forward"] is forward
+
+
+def test_times_the_garbage_collector_by_generation_while_entered():
+    with HookClock([(Runner, "forward", "model")]) as clock:
+        gc.collect(1)
+        gc.collect(2)
+        gc.collect(2)
+    assert [clock.calls[label] for label in GC_LABELS] == [0, 1, 2]
+    assert clock.seconds[GC_LABELS[2]] > 0.0 and clock.seconds[GC_LABELS[0]] == 0.0
+    gc.collect(2)  # outside: not counted, and the callback is gone
+    assert clock.calls[GC_LABELS[2]] == 2
