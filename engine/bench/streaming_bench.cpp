@@ -109,7 +109,7 @@ struct Options {
   std::set<std::string> variants;  // compressed: only these compressed variants (all when empty)
   std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
   std::set<std::string> contexts;  // tuning, grid and compressed: only these contexts (all when empty)
-  bool timeline = false;  // tuning: also one step's compute stream, timed by events
+  bool timeline = false;  // tuning and compressed: also one step's compute stream, timed by events
   bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
   bool at_context(std::int64_t context) const {  // --contexts
@@ -787,6 +787,7 @@ void compressed(Bench& b) {
       if (homes == Mode::kExact) attention[i] = m.median_run(steps[i], false, b.o.iters);
       const double step = m.median_run(steps[i], true, b.o.iters);
       report(b, "compressed", m, steps[i], step, attention[i], v.label);
+      if (b.o.timeline) print_timeline(m, steps[i], v.label);
       if (homes == Mode::kExact) {
         exact_step[i] = step;
       } else {
