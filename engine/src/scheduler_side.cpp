@@ -186,8 +186,8 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   // hold nothing of theirs.
   const auto cdiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
   // Sorted vectors, not sets: this runs every step over every scheduled
-  // block (236 at 3776 tokens in the CPU benchmark), and node allocations
-  // were most of its time.
+  // block, and sets allocated a node per block (build_connector_meta took
+  // twice as long with them in the CPU benchmark).
   const auto sort_unique = [](std::vector<std::int64_t>& v) {
     std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -212,7 +212,8 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
     std::vector<std::int64_t> fresh;
     const auto hit = static_cast<std::size_t>(cdiv(computed, block_size_));
     for (std::size_t i = 0; i < table.size(); ++i) {
-      if (i >= hit || std::binary_search(loaded.begin(), loaded.end(), table[i]) || !homes_->has_row(table[i])) {
+      if (i >= hit || std::binary_search(loaded.begin(), loaded.end(), table[i]) ||
+          !homes_->has_row(table[i])) {
         fresh.push_back(table[i]);
       }
     }

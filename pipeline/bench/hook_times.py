@@ -38,7 +38,7 @@ class HookClock:
         self.seconds: dict[str, float] = {label: 0.0 for label in labels}
         self.calls: dict[str, int] = {label: 0 for label in labels}
         self._saved: list[tuple[type, str, Any]] = []
-        self._gc_started = 0.0
+        self._gc_started: float | None = None
 
     def __enter__(self) -> HookClock:
         # All checked before any is wrapped: a bad target leaves every class as it was.
@@ -55,19 +55,23 @@ class HookClock:
         return self
 
     def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self._on_gc)
         for owner, name, inner in reversed(self._saved):
             setattr(owner, name, inner)
         self._saved.clear()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         # A collection's time also counts inside the method it interrupted.
         if phase == "start":
             self._gc_started = time.perf_counter()
             return
+        if self._gc_started is None:  # entered during a collection: its start went unseen
+            return
         label = GC_LABELS[info["generation"]]
         self.seconds[label] += time.perf_counter() - self._gc_started
         self.calls[label] += 1
+        self._gc_started = None
 
     def _timed(self, fn, label: str):
         @functools.wraps(fn)
