@@ -5,18 +5,21 @@
 # source tree, packed here into folders that each fit one call with the
 # working tree beside them, and put back together there.
 #
-#   ci/gpu-carry.sh pack [DIR]     here, with network: DIR/c0 (the wheels the host
-#                                  lacks and GoogleTest's source), DIR/c1..cN (vLLM's
-#                                  wheel in pieces; pack says N). DIR defaults to build/carry.
+#   ci/gpu-carry.sh pack [DIR]     here, with network: DIR/c0 (GoogleTest's source, a
+#                                  few MiB), DIR/c1..cN (one archive of the wheels the
+#                                  host lacks and vLLM's wheel, in pieces sized to the
+#                                  working tree; pack says N). DIR defaults to build/carry.
 #   ci/gpu-carry.sh take N [DIR]   there, in the call that carried DIR/cN: moves it
 #                                  into STAGE (default /tmp/stage), in order from c0;
-#                                  once the last piece is in, joins the wheel and
-#                                  checks its sha256 against the pin. Taking a folder
-#                                  already taken changes nothing.
+#                                  once the last piece is in, joins the archive, checks
+#                                  it is the one packed, unpacks it and checks vLLM's
+#                                  wheel against the pin. Taking a folder already
+#                                  taken changes nothing.
 #   ci/gpu-carry.sh where          there: the checks' command lines, from STAGE.
 #
-# Calls follow each other within the machine's idle release (30 s), or the
-# next one starts a bare machine: `take` says so and names the call to redo.
+# Only c0 is a fixed size; the pieces shrink as the tree grows, so every call
+# fits. Calls follow each other within the machine's idle release (30 s), or
+# the next one starts a bare machine: `take` says so and names the call to redo.
 # PINS: the distributions file (default packaging/vllm-distributions.toml).
 set -euo pipefail
 here=$PWD
@@ -49,13 +52,22 @@ staged_pieces() {  # how many pieces of the wheel STAGE holds
   if [[ -e ${p[0]} ]]; then echo ${#p[@]}; else echo 0; fi
 }
 
+carry_bytes() {  # FILE...: bytes as a tar carries them (a 512-byte header, contents in 512-byte blocks)
+  local f size total=0
+  for f in "$@"; do
+    [[ -f $f ]] || continue
+    size=$(stat -c %s "$f")
+    total=$((total + 512 + (size + 511) / 512 * 512))
+  done
+  echo "$total"
+}
+
 pack() {
   local named=${1:-build/carry} dir  # named: as the caller wrote it, for the messages
   dir=$(absolute "$named")
-  local tree=0 size f  # bytes of the working tree that travels with every call
-  while IFS= read -r -d '' f; do
-    if [[ -f $f ]]; then size=$(stat -c %s "$f"); tree=$((tree + size)); fi
-  done < <(git ls-files -z --cached --others --exclude-standard)
+  local files=() tree  # the working tree travels with every call
+  mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard)
+  tree=$(carry_bytes "${files[@]}")
   local piece=$(((carry_limit - tree - (2 << 20)) >> 20))  # MiB, 2 MiB to spare
   [[ $piece -ge 16 ]] || { echo "the working tree ($tree bytes) leaves under 16 MiB of a call's carry" >&2; exit 3; }
   local gtest=${GOOGLETEST_SRC:-/usr/src/googletest}
@@ -63,12 +75,16 @@ pack() {
     echo "no GoogleTest source at $gtest: install Debian's googletest, or set GOOGLETEST_SRC" >&2; exit 3; }
   rm -rf "$dir"
   mkdir -p "$dir/c0" "$dir/download"
-  ci/gpu-vllm-check.sh --fetch "$dir/c0/deps"
   cp -a "$gtest" "$dir/c0/googletest"
+  ci/gpu-vllm-check.sh --fetch "$dir/download/deps"
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 "vllm==$version" -d "$dir/download"
   matches_pin "$dir/download/$wheel" || { echo "$dir/download/$wheel is not the wheel $pins pins" >&2; exit 3; }
-  split -b "${piece}M" -d -a 2 "$dir/download/$wheel" "$dir/download/piece."
+  tar -cf "$dir/download/payload.tar" -C "$dir/download" deps "$wheel"
+  local sum
+  sum=$(sha256sum "$dir/download/payload.tar")
+  echo "${sum%% *}" > "$dir/c0/payload.sha256"
+  split -b "${piece}M" -d -a 2 "$dir/download/payload.tar" "$dir/download/piece."
   local n=0 p
   for p in "$dir"/download/piece.*; do
     n=$((n + 1))
@@ -78,9 +94,11 @@ pack() {
   echo "$n" > "$dir/c0/pieces"
   rm -rf "$dir/download"
   local c0
-  c0=$(du -sb "$dir/c0" | cut -f1)
-  [[ $((c0 + tree)) -le $carry_limit ]] || { echo "$dir/c0 ($c0 bytes) and the tree pass 64 MiB" >&2; exit 3; }
-  echo "packed $named/c0 ($((c0 >> 20)) MiB) and $n pieces of $wheel (${piece} MiB each):"
+  mapfile -d '' files < <(find "$dir/c0" -type f -print0)
+  c0=$(carry_bytes "${files[@]}")
+  [[ $((c0 + tree + (1 << 20))) -le $carry_limit ]] || {
+    echo "$dir/c0 ($c0 bytes) and the tree ($tree) leave under 1 MiB of a call's carry" >&2; exit 3; }
+  echo "packed $named/c0 ($((c0 >> 20)) MiB) and $n pieces of the wheels' archive (${piece} MiB each):"
   echo "carry $named/c0, then $named/c1 .. $named/c$n, one a call, each running: ci/gpu-carry.sh take N $named"
 }
 
@@ -115,16 +133,29 @@ take() {
   local have total
   have=$(staged_pieces)
   total=$(cat "$stage/pieces")
-  echo "staged c$n: $have of $total pieces of $wheel"
+  echo "staged c$n: $have of $total pieces of the wheels' archive"
   [[ $have -eq $total ]] || return 0
-  cat "$stage"/piece.* > "$stage/$wheel.part"
-  if ! matches_pin "$stage/$wheel.part"; then
-    rm "$stage/$wheel.part"
-    echo "the joined $wheel is not the wheel $pins pins: carry $named/c0 and the pieces again" >&2
+  cat "$stage"/piece.* > "$stage/payload.tar"
+  local sum
+  sum=$(sha256sum "$stage/payload.tar")
+  if [[ ${sum%% *} != "$(cat "$stage/payload.sha256")" ]]; then
+    rm "$stage/payload.tar"
+    echo "the joined archive is not the one packed: carry $named/c0 and the pieces again" >&2
     exit 5
   fi
   rm "$stage"/piece.*
-  mv "$stage/$wheel.part" "$stage/$wheel"
+  rm -rf "$stage/unpacked"
+  mkdir "$stage/unpacked"
+  tar -xf "$stage/payload.tar" -C "$stage/unpacked"
+  rm "$stage/payload.tar"
+  if ! matches_pin "$stage/unpacked/$wheel"; then
+    rm -rf "$stage/unpacked"
+    echo "the archive's $wheel is not the wheel $pins pins: pack again, then carry c0 and the pieces" >&2
+    exit 5
+  fi
+  mv "$stage/unpacked/deps" "$stage/deps"
+  mv "$stage/unpacked/$wheel" "$stage/$wheel"
+  rmdir "$stage/unpacked"
   where
 }
 
