@@ -47,12 +47,12 @@ matches_pin() {  # FILE
   [[ ${got%% *} == "$sha256" ]]
 }
 
-staged_pieces() {  # how many pieces of the wheel STAGE holds
+staged_pieces() {  # how many pieces of the archive STAGE holds
   local p=("$stage"/piece.*)
   if [[ -e ${p[0]} ]]; then echo ${#p[@]}; else echo 0; fi
 }
 
-carry_bytes() {  # FILE...: bytes as a tar carries them (a 512-byte header, contents in 512-byte blocks)
+carry_bytes() {  # FILE...: bytes as tar carries them: a 512-byte header, contents in 512-byte blocks
   local f size total=0
   for f in "$@"; do
     [[ -f $f ]] || continue
