@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # What ci/gpu-vllm-check.sh and ci/gpu-engine-check.sh need on a GPU host that
-# has no network, moved there through a carry of 64 MiB a call (the lent GPU
-# machine's): vLLM's pinned wheel, the wheels the host lacks and a GoogleTest
-# source tree, packed here into folders that each fit one call with the
-# working tree beside them, and put back together there.
+# has no network, moved there through a carry of 64 MiB a call, the working
+# tree included (the lent GPU machine's): vLLM's pinned wheel, the wheels the
+# host lacks and a GoogleTest source tree, packed here into folders that each
+# fit one call with the working tree beside them, and put back together there.
 #
-#   ci/gpu-carry.sh pack [DIR]     here, with network: DIR/c0 (GoogleTest's source, a
-#                                  few MiB), DIR/c1..cN (one archive of the wheels the
+#   ci/gpu-carry.sh pack [DIR]     here, with network: one archive of the wheels the
 #                                  host lacks and vLLM's wheel, in pieces sized to the
-#                                  working tree; pack says N). DIR defaults to build/carry.
+#                                  working tree: DIR/c0 (GoogleTest's source and the
+#                                  first piece), DIR/c1..cN (the rest; pack says N).
+#                                  DIR defaults to build/carry.
 #   ci/gpu-carry.sh take N [DIR]   there, in the call that carried DIR/cN: moves it
 #                                  into STAGE (default /tmp/stage), in order from c0;
 #                                  once the last piece is in, joins the archive, checks
@@ -17,10 +18,13 @@
 #                                  taken changes nothing.
 #   ci/gpu-carry.sh where          there: the checks' command lines, from STAGE.
 #
-# Only c0 is a fixed size; the pieces shrink as the tree grows, so every call
-# fits. Calls follow each other within the machine's idle release (30 s), or
-# the next one starts a bare machine: `take` says so and names the call to redo.
+# The pieces are sized to the tree as it was at pack, with 2 MiB to spare:
+# pack again once the tree has grown, and keep a call's results out of the
+# tree until the last piece is taken. Calls follow each other within the
+# machine's idle release (30 s), or the next one starts a bare machine: `take`
+# says so and names the call to redo.
 # PINS: the distributions file (default packaging/vllm-distributions.toml).
+# DOWNLOADED: pack from this folder (deps/ and vLLM's wheel) instead of fetching.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
@@ -29,7 +33,8 @@ python=${PYTHON:-python3}
 stage=$(absolute "${STAGE:-/tmp/stage}")
 pins=$(absolute "${PINS:-$PWD/packaging/vllm-distributions.toml}")
 version=0.26.0
-carry_limit=$((64 << 20))
+carry_limit=${CARRY_LIMIT:-$((64 << 20))}  # bytes a call carries (tests set less)
+min_piece=${MIN_PIECE:-$((16 << 20))}     # fewer bytes a call: too many calls
 
 pin() {  # FIELD: the pinned vLLM's file or sha256
   "$python" -c 'import sys, tomllib
@@ -53,13 +58,10 @@ staged_pieces() {  # how many pieces of the archive STAGE holds
 }
 
 carry_bytes() {  # FILE...: bytes as tar carries them: a 512-byte header, contents in 512-byte blocks
-  local f size total=0
-  for f in "$@"; do
-    [[ -f $f ]] || continue
-    size=$(stat -c %s "$f")
-    total=$((total + 512 + (size + 511) / 512 * 512))
-  done
-  echo "$total"
+  local files=() f
+  for f in "$@"; do [[ -f $f ]] && files+=("$f"); done
+  [[ ${#files[@]} -gt 0 ]] || { echo 0; return; }
+  stat -c %s -- "${files[@]}" | awk '{ total += 512 + int(($1 + 511) / 512) * 512 } END { printf "%d\n", total }'
 }
 
 pack() {
@@ -67,38 +69,58 @@ pack() {
   dir=$(absolute "$named")
   local files=() tree  # the working tree travels with every call
   mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard)
+  [[ ${#files[@]} -gt 0 ]] || { echo "git lists no file in $PWD: pack from a checkout" >&2; exit 3; }
   tree=$(carry_bytes "${files[@]}")
-  local piece=$(((carry_limit - tree - (2 << 20)) >> 20))  # MiB, 2 MiB to spare
-  [[ $piece -ge 16 ]] || { echo "the working tree ($tree bytes) leaves under 16 MiB of a call's carry" >&2; exit 3; }
+  local piece=$((carry_limit - tree - (2 << 20)))  # bytes a call, 2 MiB to spare
+  [[ $piece -ge $min_piece ]] || {
+    echo "the working tree ($tree bytes) leaves $piece bytes of a call's carry, under $min_piece" >&2; exit 3; }
   local gtest=${GOOGLETEST_SRC:-/usr/src/googletest}
   [[ -f $gtest/CMakeLists.txt ]] || {
     echo "no GoogleTest source at $gtest: install Debian's googletest, or set GOOGLETEST_SRC" >&2; exit 3; }
-  rm -rf "$dir"
-  mkdir -p "$dir/c0" "$dir/download"
-  cp -a "$gtest" "$dir/c0/googletest"
-  ci/gpu-vllm-check.sh --fetch "$dir/download/deps"
-  "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --platform manylinux_2_28_x86_64 "vllm==$version" -d "$dir/download"
-  matches_pin "$dir/download/$wheel" || { echo "$dir/download/$wheel is not the wheel $pins pins" >&2; exit 3; }
-  tar -cf "$dir/download/payload.tar" -C "$dir/download" deps "$wheel"
-  local sum
-  sum=$(sha256sum "$dir/download/payload.tar")
-  echo "${sum%% *}" > "$dir/c0/payload.sha256"
-  split -b "${piece}M" -d -a 2 "$dir/download/payload.tar" "$dir/download/piece."
+  # Built beside DIR and moved in at the end: a pack that fails leaves the last one.
+  local new=$dir.new download
+  rm -rf "$new"
+  mkdir -p "$new/c0"
+  download=$new/download
+  if [[ -n ${DOWNLOADED:-} ]]; then
+    download=$(absolute "$DOWNLOADED")
+  else
+    ci/gpu-vllm-check.sh --fetch "$download/deps"
+    "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --platform manylinux_2_28_x86_64 "vllm==$version" -d "$download"
+  fi
+  matches_pin "$download/$wheel" || {
+    rm -rf "$new"
+    echo "$download/$wheel is not the wheel $pins pins" >&2
+    exit 3
+  }
+  cp -a "$gtest" "$new/c0/googletest"
+  local archive=$new/payload.tar sum
+  tar -cf "$archive" -C "$download" deps "$wheel"
+  sum=$(sha256sum "$archive")
+  echo "${sum%% *}" > "$new/c0/payload.sha256"
+  echo 0 > "$new/c0/pieces"  # counted below; here so that c0's size counts it
+  # c0 fills its call with GoogleTest and the first piece; the rest split
+  # evenly, each piece less its own tar header and rounding.
+  mapfile -d '' files < <(find "$new/c0" -type f -print0)
+  local first=$((piece - $(carry_bytes "${files[@]}") - 1024))
+  [[ $first -gt 0 ]] || { echo "GoogleTest ($gtest) leaves c0 no room for a piece" >&2; exit 3; }
+  head -c "$first" "$archive" > "$new/c0/piece.00"
   local n=0 p
-  for p in "$dir"/download/piece.*; do
-    n=$((n + 1))
-    mkdir -p "$dir/c$n"
-    mv "$p" "$dir/c$n/"
-  done
-  echo "$n" > "$dir/c0/pieces"
-  rm -rf "$dir/download"
-  local c0
-  mapfile -d '' files < <(find "$dir/c0" -type f -print0)
-  c0=$(carry_bytes "${files[@]}")
-  [[ $((c0 + tree + (1 << 20))) -le $carry_limit ]] || {
-    echo "$dir/c0 ($c0 bytes) and the tree ($tree) leave under 1 MiB of a call's carry" >&2; exit 3; }
-  echo "packed $named/c0 ($((c0 >> 20)) MiB) and $n pieces of the wheels' archive (${piece} MiB each):"
+  if [[ $(stat -c %s "$archive") -gt $first ]]; then
+    tail -c +$((first + 1)) "$archive" | split -b $((piece - 1024)) -a 2 --numeric-suffixes=1 - "$new/piece."
+    for p in "$new"/piece.*; do
+      n=$((n + 1))
+      mkdir -p "$new/c$n"
+      mv "$p" "$new/c$n/"
+    done
+  fi
+  echo "$((n + 1))" > "$new/c0/pieces"
+  rm -rf "$archive" "$new/download"
+  rm -rf "$dir"
+  mv "$new" "$dir"
+  echo "packed $named/c0 (GoogleTest and the first piece) and $n more pieces of the wheels' archive" \
+    "($((piece >> 20)) MiB each, the tree at $((tree >> 20)) MiB):"
   echo "carry $named/c0, then $named/c1 .. $named/c$n, one a call, each running: ci/gpu-carry.sh take N $named"
 }
 
@@ -106,56 +128,67 @@ take() {
   local n=$1 named=${2:-build/carry} dir
   dir=$(absolute "$named")
   [[ $n =~ ^[0-9]+$ ]] || { echo "take $n: N is the number of a carried folder (0, 1, ...)" >&2; exit 2; }
-  if [[ -f $stage/$wheel ]]; then
+  local carried=("$dir/c$n"/*)
+  if [[ $n -eq 0 && -e ${carried[0]} ]]; then
+    [[ -f $dir/c0/pieces && $(cat "$dir/c0/payload.sha256" 2>/dev/null) =~ ^[0-9a-f]{64}$ ]] || {
+      echo "$named/c0 holds no pieces count or archive sha256: pack again" >&2; exit 3; }
+    if [[ $(cat "$stage/payload.sha256" 2>/dev/null) == "$(cat "$dir/c0/payload.sha256")" ]]; then
+      echo "$named/c0 was taken already (the same archive)"
+    else
+      rm -rf "$stage"  # another archive, or none: start over
+      mkdir -p "$stage"
+      mv "$dir/c0"/* "$stage/"
+      rmdir "$dir/c0"
+    fi
+  elif [[ -f $stage/$wheel && -d $stage/deps ]]; then
     echo "$wheel is already joined in $stage"
     where
     return
-  fi
-  local carried=("$dir/c$n"/*)
-  if [[ ! -e ${carried[0]} ]]; then
-    if [[ $n -eq 0 && -f $stage/pieces ]]; then echo "$named/c0 was taken already"; return; fi
-    if [[ $n -gt 0 && -e $stage/piece.$(printf %02d $((n - 1))) ]]; then echo "$named/c$n was taken already"; return; fi
+  elif [[ ($n -eq 0 && -f $stage/pieces) || ($n -gt 0 && -e $stage/piece.$(printf %02d "$n")) ]]; then
+    echo "$named/c$n was taken already"  # and joined below if a join failed after it
+  elif [[ ! -e ${carried[0]} ]]; then
     echo "$named/c$n is not here (or empty): name it in this call's carry" >&2
     exit 3
-  fi
-  if [[ $n -eq 0 ]]; then
-    rm -rf "$stage"
-    mkdir -p "$stage"
-    mv "$dir/c0"/* "$stage/"
   else
     [[ -f $stage/pieces ]] || { echo "no $stage/pieces: the machine went back; carry $named/c0 again" >&2; exit 4; }
     local want
-    want=$(($(staged_pieces) + 1))
-    [[ $n -eq $want ]] || { echo "$stage holds $((want - 1)) pieces: carry $named/c$want next" >&2; exit 4; }
+    want=$(staged_pieces)  # c0 brought piece 00, cN brings piece N
+    [[ $n -eq $want ]] || { echo "$stage holds $want pieces: carry $named/c$want next" >&2; exit 4; }
     mv "$dir/c$n"/piece.* "$stage/"
+    rmdir "$dir/c$n"
   fi
-  rmdir "$dir/c$n"
+  [[ -f $stage/$wheel && -d $stage/deps ]] && { where; return; }  # c0 again, after the join
   local have total
   have=$(staged_pieces)
   total=$(cat "$stage/pieces")
   echo "staged c$n: $have of $total pieces of the wheels' archive"
   [[ $have -eq $total ]] || return 0
+  join_archive "$named"
+}
+
+join_archive() {  # NAMED: every piece is in STAGE; the archive, checked, unpacked there
+  local named=$1 sum
   cat "$stage"/piece.* > "$stage/payload.tar"
-  local sum
   sum=$(sha256sum "$stage/payload.tar")
   if [[ ${sum%% *} != "$(cat "$stage/payload.sha256")" ]]; then
-    rm "$stage/payload.tar"
+    rm -f "$stage/payload.tar" "$stage"/piece.*  # which piece changed is not known
     echo "the joined archive is not the one packed: carry $named/c0 and the pieces again" >&2
     exit 5
   fi
-  rm "$stage"/piece.*
   rm -rf "$stage/unpacked"
   mkdir "$stage/unpacked"
   tar -xf "$stage/payload.tar" -C "$stage/unpacked"
   rm "$stage/payload.tar"
   if ! matches_pin "$stage/unpacked/$wheel"; then
-    rm -rf "$stage/unpacked"
+    rm -rf "$stage/unpacked" "$stage"/piece.*
     echo "the archive's $wheel is not the wheel $pins pins: pack again, then carry c0 and the pieces" >&2
     exit 5
   fi
+  rm -rf "$stage/deps"
   mv "$stage/unpacked/deps" "$stage/deps"
   mv "$stage/unpacked/$wheel" "$stage/$wheel"
   rmdir "$stage/unpacked"
+  rm "$stage"/piece.*  # only now: a failed unpack can be taken again from the pieces
   where
 }
 
