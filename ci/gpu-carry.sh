@@ -46,10 +46,18 @@ wheel=$(pin file)
 sha256=$(pin sha256)
 [[ $sha256 =~ ^[0-9a-f]{64}$ ]] || { echo "$pins: vllm $version's sha256 is not 64 hex digits" >&2; exit 3; }
 
-matches_pin() {  # FILE
+sha256_of() {  # FILE: its sha256, hex
   local got
   got=$(sha256sum "$1")
-  [[ ${got%% *} == "$sha256" ]]
+  echo "${got%% *}"
+}
+
+matches_pin() {  # FILE
+  [[ $(sha256_of "$1") == "$sha256" ]]
+}
+
+joined() {  # whether STAGE holds the unpacked archive
+  [[ -f $stage/$wheel && -d $stage/deps ]]
 }
 
 staged_pieces() {  # how many pieces of the archive STAGE holds
@@ -95,10 +103,9 @@ pack() {
     exit 3
   }
   cp -a "$gtest" "$new/c0/googletest"
-  local archive=$new/payload.tar sum
+  local archive=$new/payload.tar
   tar -cf "$archive" -C "$download" deps "$wheel"
-  sum=$(sha256sum "$archive")
-  echo "${sum%% *}" > "$new/c0/payload.sha256"
+  sha256_of "$archive" > "$new/c0/payload.sha256"
   echo 0 > "$new/c0/pieces"  # counted below; here so that c0's size counts it
   # c0 fills its call with GoogleTest and the first piece; the rest split
   # evenly, each piece less its own tar header and rounding.
@@ -140,7 +147,7 @@ take() {
       mv "$dir/c0"/* "$stage/"
       rmdir "$dir/c0"
     fi
-  elif [[ -f $stage/$wheel && -d $stage/deps ]]; then
+  elif joined; then
     echo "$wheel is already joined in $stage"
     where
     return
@@ -157,7 +164,7 @@ take() {
     mv "$dir/c$n"/piece.* "$stage/"
     rmdir "$dir/c$n"
   fi
-  [[ -f $stage/$wheel && -d $stage/deps ]] && { where; return; }  # c0 again, after the join
+  joined && { where; return; }  # c0 again, after the join
   local have total
   have=$(staged_pieces)
   total=$(cat "$stage/pieces")
@@ -167,10 +174,9 @@ take() {
 }
 
 join_archive() {  # NAMED: every piece is in STAGE; the archive, checked, unpacked there
-  local named=$1 sum
+  local named=$1
   cat "$stage"/piece.* > "$stage/payload.tar"
-  sum=$(sha256sum "$stage/payload.tar")
-  if [[ ${sum%% *} != "$(cat "$stage/payload.sha256")" ]]; then
+  if [[ $(sha256_of "$stage/payload.tar") != "$(cat "$stage/payload.sha256")" ]]; then
     rm -f "$stage/payload.tar" "$stage"/piece.*  # which piece changed is not known
     echo "the joined archive is not the one packed: carry $named/c0 and the pieces again" >&2
     exit 5
