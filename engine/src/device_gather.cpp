@@ -102,9 +102,11 @@ void LayerStreamer::make_pieces() {
 }
 
 void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
-  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1 || tuning.batch_first_call < 0) {
+  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1 || tuning.batch_first_call < 0 ||
+      tuning.cpu_copy_thread_min_bytes < 0) {
     throw std::invalid_argument(
-        "set_tuning: pieces, piece_bytes and copy_engine_run must be positive, batch_first_call not negative");
+        "set_tuning: pieces, piece_bytes and copy_engine_run must be positive, batch_first_call and "
+        "cpu_copy_thread_min_bytes not negative");
   }
   synchronize();
   // A stream is fetched again only when its priority changes: the pool hands
@@ -120,7 +122,7 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
     if (new_gather_stream) gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
     make_pieces();
   }
-  if (has_streams()) apply_issue_thread();
+  apply_issue_thread();
 }
 
 const char* copy_method_name(StreamCopy method) {

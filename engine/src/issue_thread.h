@@ -14,10 +14,21 @@
 //
 // Tasks run one at a time, in the order posted, so whatever they issue onto a
 // stream lands there in that order.
+//
+// On CPU the thread makes the copies themselves (StreamingTuning::
+// cpu_copy_thread): a layer's copies are posted a layer's compute or more
+// before they are waited for, and take microseconds to tens. Waking the
+// sleeping thread is the poster's cost there (~4 us a post on this project's
+// 2-core VM), so each side wakes the other only when it sleeps, and a waiter
+// spins a while before it sleeps; a copy not due before the next layer's is
+// posted without a wake and runs with the next one that is. The thread itself does not spin for its next
+// task: there a spinning core slowed the forward's attention on the other
+// (0.52 to 1.27 ms a step at 3776 tokens, BENCHMARKS.md).
 #pragma once
 
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -37,8 +48,10 @@ class IssueThread {
   IssueThread(const IssueThread&) = delete;
   IssueThread& operator=(const IssueThread&) = delete;
 
-  // Queues `task`; returns its number (1, 2, ...), for wait_for.
-  std::uint64_t post(std::function<void()> task);
+  // Queues `task`; returns its number (1, 2, ...), for wait_for. `wake`
+  // false leaves a sleeping thread asleep: the task runs once a later post
+  // or a wait_for wakes it (a CPU copy not yet due, issue_thread.h).
+  std::uint64_t post(std::function<void()> task, bool wake = true);
   // Waits until task `n` and every task before it ran. Rethrows, once, the
   // first exception a task threw; the tasks queued behind it are dropped (the
   // state they would work on is the failed one's).
@@ -56,6 +69,12 @@ class IssueThread {
   std::uint64_t done_ = 0;
   std::exception_ptr error_;
   bool stopping_ = false;
+  bool idle_ = false;          // the thread sleeps, waiting for a task
+  std::uint64_t waiters_ = 0;  // callers asleep in wait_for
+  // Copies of done_ and of whether error_ is set, for wait_for's spin, which
+  // does not take the lock.
+  std::atomic<std::uint64_t> done_now_{0};
+  std::atomic<bool> failed_now_{false};
   std::thread thread_;  // last: starts once the rest is set up
 };
 

@@ -5,6 +5,7 @@
 
 #include "activekv/home_rows.h"
 
+#include "cpu_affinity.h"
 #include "cuda_batch_copy.h"
 #include "cuda_codec_kernels.h"
 #include "issue_thread.h"
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
 
 namespace activekv {
 namespace {
@@ -139,6 +141,11 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS");
   if (!has_streams() || (settle != nullptr && std::string_view(settle) == "0")) {
     tuning_.settle_across_steps = false;
+  }
+  if (!has_streams()) {
+    const char* thread = std::getenv("ACTIVEKV_CPU_COPY_THREAD");  // an operator's (and A/B's) way back
+    if (thread != nullptr && std::string_view(thread) == "0") tuning_.cpu_copy_thread = false;
+    apply_issue_thread();
   }
 }
 
@@ -297,6 +304,8 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
   settle_writebacks(/*wait=*/!from_last_step_);
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
+  copy_thread_this_step_ = issuer_ != nullptr && !has_streams() &&
+                           list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
   writeback_blocks_ = std::move(writeback_blocks);
   writeback_rows_ = std::move(writeback_rows);
   stage_runs_.clear();
@@ -460,8 +469,8 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
   }
 }
 
-std::uint64_t LayerStreamer::issue(std::function<void()> task) {
-  if (issuer_) return issuer_->post(std::move(task));
+std::uint64_t LayerStreamer::issue(std::function<void()> task, bool wake) {
+  if (issuer_) return issuer_->post(std::move(task), wake);
   task();
   return 0;
 }
@@ -471,17 +480,95 @@ void LayerStreamer::wait_issued(std::uint64_t task) {
 }
 
 void LayerStreamer::drain_issued() {
+  post_written_back_cpu();
   if (issuer_) issuer_->drain();
 }
 
 void LayerStreamer::apply_issue_thread() {
-  const bool wanted = tuning_.issue_thread && device_.is_cuda();
+  if (has_streams()) {
+    const bool wanted = tuning_.issue_thread && device_.is_cuda();
+    if (wanted == (issuer_ != nullptr)) return;
+    drain_issued();
+    issuer_ = wanted ? std::make_unique<detail::IssueThread>(device_) : nullptr;
+    return;
+  }
+  // CPU: exact homes and contiguous ring buffers, whose copies are memcpys.
+  // Compressed homes' codec is ATen work, whose threads are the forward's.
+  const bool wanted =
+      tuning_.cpu_copy_thread && !codec_ &&
+      std::all_of(streamed_kv_.begin(), streamed_kv_.end(), [](const at::Tensor& kv) { return kv.is_contiguous(); });
   if (wanted == (issuer_ != nullptr)) return;
   drain_issued();
-  issuer_ = wanted ? std::make_unique<detail::IssueThread>(device_) : nullptr;
+  issuer_.reset();
+  copy_thread_this_step_ = false;
+  copy_thread_cpus_.clear();
+  const std::vector<int> beside = wanted ? detail::cpus_beside_caller() : std::vector<int>{};
+  if (beside.empty()) return;  // the forward may run on every CPU: a thread would take turns with it
+  auto thread = std::make_unique<detail::IssueThread>(device_);
+  std::vector<int> pinned;
+  thread->wait_for(thread->post([&] { pinned = detail::pin_caller_to(beside); }));
+  if (pinned.empty()) return;  // the process's cpuset allows none of them
+  copy_thread_cpus_ = std::move(pinned);
+  issuer_ = std::move(thread);
+}
+
+void LayerStreamer::take_copy_thread_time(Telemetry& stats) {
+  if (const std::int64_t us = copy_thread_us_.exchange(0); us != 0) stats.add(Counter::kStreamUs, us);
+}
+
+void LayerStreamer::stage_cpu(std::int64_t streamed) {
+  for (const auto& run : stage_home_runs_) copy_run_cpu(streamed, run, /*to_home=*/false);
+}
+
+void LayerStreamer::write_back_cpu(std::int64_t streamed) {
+  for (const auto& run : writeback_home_runs_) copy_run_cpu(streamed, run, /*to_home=*/true);
+}
+
+bool LayerStreamer::posts_stage_cpu(std::int64_t streamed) const {
+  return streamed >= 0 && streamed < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(streamed)] &&
+         !stage_blocks_.empty();
+}
+
+void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due) {
+  const bool stage = posts_stage_cpu(staged);
+  if (written < 0 && !stage) return;
+  if (stage) note_stage_issued(staged, *stats);
+  // A sleeping thread is woken for copies due by the next layer's stage(): a
+  // wake costs the poster more than a layer's copy at short contexts, so a
+  // ring of K wakes it every K layers (issue_thread.h).
+  const bool wake = due || (stage && staged <= next_stage_) || (not_woken_for_ >= 0 && not_woken_for_ <= next_stage_);
+  const std::uint64_t task = issue(
+      [this, written, staged, stage] {
+        const Stopwatch t;
+        if (written >= 0) write_back_cpu(written);
+        if (stage) stage_cpu(staged);
+        copy_thread_us_ += t.us();
+      },
+      wake);
+  if (wake) {
+    not_woken_for_ = -1;
+  } else if (stage && not_woken_for_ < 0) {
+    not_woken_for_ = staged;
+  }
+  if (stage) stage_tasks_[static_cast<std::size_t>(staged)] = task;
+  // The buffer's next occupant's compute writes the blocks a write-back reads.
+  if (const std::int64_t next = written + geometry_.ring_size; written >= 0 && next < geometry_.num_streamed()) {
+    occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
+  }
+}
+
+void LayerStreamer::post_written_back_cpu() {
+  if (copies_on_thread() && written_back_ >= 0) post_copies_cpu(std::exchange(written_back_, -1), -1, nullptr, true);
 }
 
 void LayerStreamer::start(Telemetry& stats) {
+  if (copies_on_thread()) {  // the ring's first occupants; the last step's copies are done (begin_step)
+    const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
+    next_stage_ = 0;
+    not_woken_for_ = -1;
+    for (std::int64_t j = 0; j < first; ++j) post_copies_cpu(-1, j, &stats, /*due=*/true);
+    return;
+  }
   if (!has_streams() || !has_stage_work()) return;
   const Stopwatch t;
   // The ring's previous occupants (the last layers of the previous step, and
@@ -548,11 +635,20 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   const auto ju = static_cast<std::size_t>(j);
   if (staged_[ju]) return;
   staged_[ju] = 1;
+  if (copies_on_thread()) {
+    post_written_back_cpu();  // stage_ahead did not follow the last write_back
+    post_copies_cpu(-1, j, &stats, /*due=*/true);  // not posted ahead (start or the layer K places before did not run)
+    // The buffer's last occupant's write-back reads the blocks this layer's
+    // compute writes; its staging, posted after it, lands there too.
+    wait_issued(std::max(stage_tasks_[ju], occupant_writeback_tasks_[ju]));
+    take_copy_thread_time(stats);
+    return;
+  }
   if (!has_streams()) {
     if (!has_stage_work()) return;
     zero_fresh(j);
     const Stopwatch t;
-    for (const auto& run : stage_home_runs_) copy_run_cpu(j, run, /*to_home=*/false);
+    stage_cpu(j);
     stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
     stats.add(Counter::kStreamUs, t.us());
     return;
@@ -586,9 +682,17 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const std::int64_t j = it->second;
   if (!has_streams()) {
     if (writeback_blocks_.empty()) return;
-    const Stopwatch t;
-    for (const auto& run : writeback_home_runs_) copy_run_cpu(j, run, /*to_home=*/true);
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
+    if (copies_on_thread()) {
+      // Posted with the staging stage_ahead posts next, as one task: waking
+      // the thread is the poster's main cost (issue_thread.h).
+      post_written_back_cpu();
+      written_back_ = j;
+      take_copy_thread_time(stats);
+      return;
+    }
+    const Stopwatch t;
+    write_back_cpu(j);
     stats.add(Counter::kStreamUs, t.us());
     return;
   }
@@ -655,9 +759,17 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
 }
 
 void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered, Telemetry& stats) {
-  if (!has_streams()) return;
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
+  if (copies_on_thread()) {  // the store save read the buffer on this thread, done by now
+    const std::int64_t written = it->second == written_back_ ? std::exchange(written_back_, -1) : -1;
+    post_written_back_cpu();
+    next_stage_ = it->second + 1;
+    // The last layer's write-back overlaps what follows the forward.
+    post_copies_cpu(written, it->second + geometry_.ring_size, &stats, it->second + 1 == geometry_.num_streamed());
+    return;
+  }
+  if (!has_streams()) return;
   const std::int64_t next = it->second + geometry_.ring_size;
   const bool stage_next = next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)];
   if (!gathered && !stage_next) return;

@@ -167,6 +167,16 @@ std::string WorkerSide::streaming_copies_line() const {
   return copies_by() + settle;
 }
 
+std::string WorkerSide::copy_thread() const {
+  const std::vector<int>& cpus = streamer_->copy_thread_cpus();
+  if (cpus.empty()) return "";
+  std::string list;
+  for (const int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
+  const std::int64_t kib = streamer_->tuning().cpu_copy_thread_min_bytes >> 10;
+  return ", on a copy thread on CPUs " + list + ", beside the forward's, in steps staging " + std::to_string(kib) +
+         " KiB a layer or more";
+}
+
 std::string WorkerSide::copies_by() const {
   const std::string head = "ActiveKV layer streaming (rank " + std::to_string(tp_rank_) + "): ";
   // Compressed homes are decoded on the device: by which kernels, and why.
@@ -201,7 +211,7 @@ std::string WorkerSide::copies_by() const {
     }
     case StreamCopy::kRuns:
       return head + "one copy per run of home rows and blocks" +
-             (device_.is_cpu() ? "" : " (the ring's blocks are not whole rows)");
+             (device_.is_cpu() ? copy_thread() : " (the ring's blocks are not whole rows)");
   }
   return head;
 }

@@ -77,6 +77,24 @@ TEST(IssueThread, RethrowsATasksErrorOnceAndDropsTheTasksBehindIt) {
   EXPECT_NO_THROW(issuer.drain());
 }
 
+// A task posted without a wake (a CPU copy not yet due) waits for a later
+// post that wakes the thread, or for a caller's wait_for, which wakes it.
+TEST(IssueThread, ATaskPostedWithoutAWakeRunsOnceWaitedForOrWokenFor) {
+  detail::IssueThread issuer(kCpu);
+  std::atomic<int> ran{0};
+  issuer.drain();  // the thread is up
+  for (int round = 0; round < 100; ++round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));  // asleep by now, mostly
+    const auto lazy = issuer.post([&] { ++ran; }, /*wake=*/false);
+    issuer.wait_for(lazy);
+    ASSERT_EQ(ran.load(), 2 * round + 1);
+    issuer.post([&] { ++ran; }, /*wake=*/false);
+    issuer.wait_for(issuer.post([&] { ++ran; }));  // woken for this one, it runs both
+    ASSERT_EQ(ran.load(), 2 * round + 3);
+    ran -= 1;
+  }
+}
+
 TEST(IssueThread, DestructionRunsWhatWasPosted) {
   std::atomic<int> ran{0};
   {

@@ -2,8 +2,12 @@
 #include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <utility>
+
+#include <sched.h>
 
 #include "streaming_test_geometry.h"
 
@@ -304,6 +308,86 @@ TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironment
                   std::string::npos,
               !across)
         << line;
+  }
+}
+
+// The calling thread on one CPU, as vLLM binds its forward's OpenMP threads,
+// until this goes (its CPUs are restored then).
+class PinnedToOneCpu {
+ public:
+  PinnedToOneCpu() {
+    CPU_ZERO(&before_);
+    if (sched_getaffinity(0, sizeof(before_), &before_) != 0 || CPU_COUNT(&before_) < 2) return;
+    while (!CPU_ISSET(static_cast<std::size_t>(cpu_), &before_)) ++cpu_;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(static_cast<std::size_t>(cpu_), &one);
+    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
+  }
+  ~PinnedToOneCpu() {
+    if (pinned_) sched_setaffinity(0, sizeof(before_), &before_);
+  }
+  PinnedToOneCpu(const PinnedToOneCpu&) = delete;
+  PinnedToOneCpu& operator=(const PinnedToOneCpu&) = delete;
+  bool pinned() const { return pinned_; }
+  int cpu() const { return cpu_; }
+
+ private:
+  cpu_set_t before_;
+  int cpu_ = 0;
+  bool pinned_ = false;
+};
+
+// CPU with the forward's thread bound (vLLM's CPU worker): the copies run on
+// a thread of their own beside it, posted ahead and waited for per layer, and
+// every staged block and home byte is what the forward's own copies give.
+TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
+  const PinnedToOneCpu pinned;
+  if (!pinned.pinned()) GTEST_SKIP() << "one CPU: none beside the forward's for a copy thread";
+  Streaming threaded, inline_copies;  // registered on the pinned thread
+  StreamingTuning tuning = threaded.worker.streamer()->tuning();
+  ASSERT_TRUE(tuning.cpu_copy_thread);  // the default
+  tuning.cpu_copy_thread_min_bytes = 0;  // these steps stage 8 KiB a block
+  threaded.worker.streamer()->set_tuning(tuning);
+  tuning.cpu_copy_thread = false;
+  inline_copies.worker.streamer()->set_tuning(tuning);
+  const std::vector<int>& cpus = threaded.worker.streamer()->copy_thread_cpus();
+  ASSERT_FALSE(cpus.empty());
+  EXPECT_EQ(std::count(cpus.begin(), cpus.end(), pinned.cpu()), 0);
+  EXPECT_TRUE(inline_copies.worker.streamer()->copy_thread_cpus().empty());
+  EXPECT_NE(threaded.worker.streaming_copies_line().find(", on a copy thread on CPUs "), std::string::npos)
+      << threaded.worker.streaming_copies_line();
+
+  // Each step stages blocks earlier steps wrote back, and writes back blocks
+  // (its own content), one of them staged too where a decode step's last block is.
+  const std::vector<std::pair<Ids, Ids>> plans = {
+      {{}, {0, 1, 2, 3}}, {{0, 1, 2, 3}, {3, 4}}, {{1, 3, 4}, {4, 7, 9}}, {{0, 4, 7, 9}, {9}}, {{2, 9}, {}}};
+  std::int64_t step = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (const auto& [stage, writeback] : plans) {
+      ++step;
+      std::vector<std::string> seen[2];
+      int side = 0;
+      for (Streaming* s : {&threaded, &inline_copies}) {
+        s->worker.bind_plan(streaming_plan(stage, writeback));
+        s->worker.start_load();
+        for (std::int64_t l = 0; l < 5; ++l) {
+          const auto& name = kLayers[static_cast<std::size_t>(l)];
+          s->worker.wait_for_layer_load(name);
+          for (const std::int64_t b : stage) seen[side].push_back(bytes_of(s->kv[name][b]));
+          for (const std::int64_t b : writeback) s->kv[name][b].copy_(content(l, b, step));
+          s->worker.save_layer(name, s->kv[name]);
+        }
+        s->worker.wait_for_save();
+        s->worker.clear_plan();
+        ++side;
+      }
+      ASSERT_EQ(seen[0], seen[1]) << "step " << step;
+    }
+  }
+  for (const auto& name : {"l1", "l2", "l3", "l4"}) {
+    EXPECT_EQ(threaded.worker.streamer()->home_bytes(name), inline_copies.worker.streamer()->home_bytes(name))
+        << name;
   }
 }
 

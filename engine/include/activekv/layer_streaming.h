@@ -17,6 +17,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -163,6 +164,18 @@ struct StreamingTuning {
   // at start by NVRTC) rather than the codec's ATen operations, which queue
   // about fifteen kernels a layer between two layers' attention.
   bool fused_codec = true;
+  // CPU with exact homes: the copies run on a thread of their own, pinned to
+  // CPUs the forward's thread may not use (vLLM binds its OpenMP threads and
+  // reserves a core for its engine core), so a layer's staging crosses while
+  // the layers before it compute instead of in wait_for_layer_load's call.
+  // Without such a CPU (the forward may run anywhere) the copies stay on the
+  // forward's thread. ACTIVEKV_CPU_COPY_THREAD=0 in the environment turns it off.
+  bool cpu_copy_thread = true;
+  // cpu_copy_thread: a step whose staging is shorter than this per layer
+  // copies on the forward's thread. Waking the copy thread cost the forward
+  // about 10 us on this project's 2-core VM, the time memcpy takes for ~450 KB
+  // there (BENCHMARKS.md, 2026-12-05).
+  std::int64_t cpu_copy_thread_min_bytes = std::int64_t{512} << 10;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -227,6 +240,9 @@ class LayerStreamer {
   // where !can_copy_by(method). Must be called between steps.
   void set_copy_method(StreamCopy method);
   const StreamingTuning& tuning() const { return tuning_; }
+  // CPU: the CPUs the copy thread runs on (cpu_copy_thread); empty where the
+  // copies run on the forward's thread.
+  const std::vector<int>& copy_thread_cpus() const { return copy_thread_cpus_; }
   // Compressed homes on CUDA: whether the fused codec kernels were compiled,
   // and if not, why (empty where they do not apply).
   bool has_fused_codec() const { return codec_kernels_ != nullptr; }
@@ -315,12 +331,27 @@ class LayerStreamer {
   void issue_start_rest();
   // Runs `task` now, or posts it to the issue thread where there is one;
   // returns the number to wait_issued for (0: it ran).
-  std::uint64_t issue(std::function<void()> task);
+  std::uint64_t issue(std::function<void()> task, bool wake = true);
   // Waits until `task` ran on the issue thread; rethrows what it threw.
   void wait_issued(std::uint64_t task);
   // Waits for every task posted (before the step's state changes).
   void drain_issued();
   void apply_issue_thread();  // starts or stops it as tuning_ says
+  // CPU with the copy thread (cpu_copy_thread): the copies are its tasks.
+  bool copies_on_thread() const { return copy_thread_this_step_; }
+  // CPU: a layer's staging and write-back, on the calling thread.
+  void stage_cpu(std::int64_t streamed);
+  void write_back_cpu(std::int64_t streamed);
+  // CPU copy thread: posts, as one task, the write-back of streamed layer
+  // `written` and the staging of streamed layer `staged` (-1: none; a staging
+  // only where one is due and not yet posted, counted in `stats`).
+  // `due`: stage() waits for it next (the thread is woken for it).
+  void post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due);
+  bool posts_stage_cpu(std::int64_t streamed) const;
+  // Posts the write-back write_back left for stage_ahead, if any.
+  void post_written_back_cpu();
+  // Moves the copy thread's time so far into the caller's counters.
+  void take_copy_thread_time(Telemetry& stats);
   // Staging work this step: blocks to stage, or fresh blocks to zero.
   bool has_stage_work() const { return !stage_blocks_.empty() || !fresh_blocks_.empty(); }
   // Compressed homes: the step's fresh blocks (written, not staged) as zeros in
@@ -477,7 +508,17 @@ class LayerStreamer {
   // start_one_layer: streamed layers [1, start_rest_end_) are marked issued by
   // start but not yet issued (0: none).
   std::int64_t start_rest_end_ = 0;
-  std::unique_ptr<detail::IssueThread> issuer_;  // tuning_.issue_thread on CUDA
+  // tuning_.issue_thread on CUDA; tuning_.cpu_copy_thread on CPU, where it
+  // runs the copies themselves on copy_thread_cpus_.
+  std::unique_ptr<detail::IssueThread> issuer_;
+  std::vector<int> copy_thread_cpus_;
+  std::atomic<std::int64_t> copy_thread_us_{0};  // the copy thread's time, not yet in a Telemetry
+  bool copy_thread_this_step_ = false;  // set by begin_step (cpu_copy_thread_min_bytes)
+  std::int64_t written_back_ = -1;  // CPU copy thread: the write-back not yet posted
+  // CPU copy thread, per step: the streamed layer stage() is called for next,
+  // and the first whose staging was posted without waking the thread (-1: none).
+  std::int64_t next_stage_ = 0;
+  std::int64_t not_woken_for_ = -1;
   // Per step: no block is both staged and written back (set by begin_step).
   bool stage_writeback_disjoint_ = false;
   // Per streamed layer: the write-back of the ring buffer's previous occupant

@@ -143,6 +143,8 @@ class WorkerSide {
  private:
   // streaming_copies_line's first part: by what the homes and the ring cross.
   std::string copies_by() const;
+  // CPU: where the copy thread runs (StreamingTuning::cpu_copy_thread), if one does.
+  std::string copy_thread() const;
   Status open_store_file(const std::vector<std::int64_t>& block_shape);
   // A step's save after wait_for_save, until its fences settle it.
   struct PendingSave {

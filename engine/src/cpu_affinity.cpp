@@ -1,0 +1,105 @@
+// CPUs beside the calling thread (cpu_affinity.h).
+#include "cpu_affinity.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#ifdef __linux__
+#include <dirent.h>
+#include <sched.h>
+#endif
+
+namespace activekv::detail {
+
+std::vector<int> parse_cpu_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.find_first_not_of(" \n\t") == std::string::npos) continue;
+    const auto dash = item.find('-');
+    try {
+      const int first = std::stoi(item.substr(0, dash));
+      const int last = dash == std::string::npos ? first : std::stoi(item.substr(dash + 1));
+      for (int c = first; c <= last; ++c) out.push_back(c);
+    } catch (const std::exception&) {
+      return {};  // not a cpulist: no CPUs known
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+#ifdef __linux__
+namespace {
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+bool has(const cpu_set_t& set, int cpu) {
+  return cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(static_cast<std::size_t>(cpu), &set);
+}
+
+std::vector<int> cpus_of(const cpu_set_t& set) {
+  std::vector<int> out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (has(set, c)) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> cpus_beside_caller() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return {};
+  // The caller's NUMA nodes' CPUs: a copy from another node's core would cross
+  // the interconnect, and there the CPU may be another worker's. Without the
+  // node files (no NUMA in the kernel), every online CPU.
+  std::vector<int> near;
+  if (DIR* nodes = opendir("/sys/devices/system/node")) {
+    while (const dirent* entry = readdir(nodes)) {
+      const std::string name = entry->d_name;
+      if (name.size() <= 4 || name.rfind("node", 0) != 0 || name.find_first_not_of("0123456789", 4) != std::string::npos) {
+        continue;
+      }
+      const auto cpus = parse_cpu_list(read_line("/sys/devices/system/node/" + name + "/cpulist"));
+      if (std::any_of(cpus.begin(), cpus.end(), [&](int c) { return has(mine, c); })) {
+        near.insert(near.end(), cpus.begin(), cpus.end());
+      }
+    }
+    closedir(nodes);
+  }
+  if (near.empty()) near = parse_cpu_list(read_line("/sys/devices/system/cpu/online"));
+  std::vector<int> out;
+  for (const int c : near) {
+    if (c < CPU_SETSIZE && !has(mine, c)) out.push_back(c);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int> pin_caller_to(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(static_cast<std::size_t>(c), &set);
+  }
+  if (CPU_COUNT(&set) == 0 || sched_setaffinity(0, sizeof(set), &set) != 0) return {};
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {};
+  return cpus_of(set);
+}
+#else
+std::vector<int> cpus_beside_caller() { return {}; }
+std::vector<int> pin_caller_to(const std::vector<int>&) { return {}; }
+#endif
+
+}  // namespace activekv::detail
