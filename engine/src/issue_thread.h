@@ -18,12 +18,12 @@
 // On CPU the thread makes the copies themselves (StreamingTuning::
 // cpu_copy_thread): a layer's copies are posted a layer's compute or more
 // before they are waited for, and take microseconds to tens. Waking the
-// sleeping thread is the poster's cost there (~4 us a post on this project's
-// 2-core VM), so each side wakes the other only when it sleeps, and a waiter
-// spins a while before it sleeps; a copy not due before the next layer's is
-// posted without a wake and runs with the next one that is. The thread itself does not spin for its next
-// task: there a spinning core slowed the forward's attention on the other
-// (0.52 to 1.27 ms a step at 3776 tokens, BENCHMARKS.md).
+// sleeping thread is then the poster's main cost (about 10 us a wake on this
+// project's 2-core VM), so each side wakes the other only when it sleeps, a
+// copy not due before the next layer's is posted without a wake (it runs with
+// the next one that is), and a waiter spins a while before it sleeps. The
+// thread does not spin for its next task: a core spinning beside the forward
+// slowed its attention 1.9-2.6x there (BENCHMARKS.md, 2026-12-05).
 #pragma once
 
 #include <c10/core/Device.h>

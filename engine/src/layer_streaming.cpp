@@ -135,16 +135,20 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     }
     apply_issue_thread();
   }
-  // CPU copies land as they are issued: nothing is left in flight to settle
-  // across steps. With streams, =0 is an operator's (and the vLLM benchmarks'
-  // A/B) way back to the host settling each step.
+  // CPU copies have landed by the next begin_step (which waits for the copy
+  // thread's): nothing is left in flight to settle across steps. With
+  // streams, =0 is an operator's (and the vLLM benchmarks' A/B) way back to
+  // the host settling each step.
   const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS");
   if (!has_streams() || (settle != nullptr && std::string_view(settle) == "0")) {
     tuning_.settle_across_steps = false;
   }
   if (!has_streams()) {
-    const char* thread = std::getenv("ACTIVEKV_CPU_COPY_THREAD");  // an operator's (and A/B's) way back
+    // "0": an operator's (and an A/B's) way back; "all": every step's copies
+    // on the thread, however short (tests, on the tiny model's short prompts).
+    const char* thread = std::getenv("ACTIVEKV_CPU_COPY_THREAD");
     if (thread != nullptr && std::string_view(thread) == "0") tuning_.cpu_copy_thread = false;
+    if (thread != nullptr && std::string_view(thread) == "all") tuning_.cpu_copy_thread_min_bytes = 0;
     apply_issue_thread();
   }
 }

@@ -90,6 +90,11 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size);
     if (!streamer.ok()) return streamer.status();
     streamer_ = std::move(streamer.value());
+    if (workers_ > 1 && streamer_->tuning().cpu_copy_thread && !has_streams()) {
+      StreamingTuning tuning = streamer_->tuning();
+      tuning.cpu_copy_thread = false;
+      streamer_->set_tuning(tuning);
+    }
   }
   if (has_streams()) {
     c10::impl::VirtualGuardImpl impl(device_.type());
@@ -157,7 +162,7 @@ std::string WorkerSide::store_file_line() const {
 
 std::string WorkerSide::streaming_copies_line() const {
   if (!streamer_) return "";
-  // CPU copies land as issued: nothing to say there.
+  // CPU copies have landed by the next step: nothing to say there.
   std::string settle;
   if (has_streams()) {
     settle = streamer_->tuning().settle_across_steps

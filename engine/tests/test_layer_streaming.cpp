@@ -391,6 +391,20 @@ TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
   }
 }
 
+// Beside other workers of the same vLLM (tensor parallel on one host), the
+// CPUs a bound forward leaves are theirs: the copies stay on its thread.
+TEST(LayerStreamer, ACopyThreadOnlyForTheInstancesOneWorker) {
+  const PinnedToOneCpu pinned;
+  if (!pinned.pinned()) GTEST_SKIP() << "one CPU: none beside the forward's for a copy thread";
+  for (const std::int64_t workers : {1, 2}) {
+    WorkerSide worker(Config{}, layout(), 8, 0, geometry(1, 2, Mode::kExact));
+    worker.set_workers(workers);
+    ASSERT_TRUE(worker.register_kv_caches(ring_caches()).ok());
+    EXPECT_EQ(worker.streamer()->copy_thread_cpus().empty(), workers > 1) << workers << " workers";
+    EXPECT_EQ(worker.streamer()->tuning().cpu_copy_thread, workers == 1) << workers << " workers";
+  }
+}
+
 TEST(LayerStreamer, ResidentLayersAreNeverStaged) {
   Streaming s;
   s.kv["l0"][4].fill_(3);

@@ -84,6 +84,28 @@ def reserve_cpus(value: str) -> dict[str, str | None]:
     return {name: os.environ.get(name)}
 
 
+def forward_binding(cpus: str) -> dict[str, str]:
+    """The environment that binds the forward's OpenMP threads one to each CPU
+    of `cpus` ("0", "0,1"; "" leaves them unbound), as vLLM's CPU worker binds
+    its own when it runs in a process of its own (`vllm serve`; OMP_PLACES and
+    OMP_PROC_BIND, vllm/utils/ompmultiprocessing.py). An in-process engine
+    (the benchmarks' and tests') is not bound: its threads float over every
+    CPU. torch reads these once, as it loads. ActiveKV's CPU copy thread runs
+    only beside a bound forward (StreamingTuning::cpu_copy_thread)."""
+    if not cpus:
+        return {}
+    ids = [c.strip() for c in cpus.split(",") if c.strip()]
+    if not ids or not all(c.isdigit() for c in ids):
+        raise SystemExit(f"--forward-cpus {cpus!r}: CPU numbers separated by commas, e.g. '0' or '0,1'")
+    return {"OMP_NUM_THREADS": str(len(ids)), "OMP_PROC_BIND": "true",
+            "OMP_PLACES": ",".join("{" + c + "}" for c in ids)}
+
+
+def activekv_env() -> dict[str, str]:
+    """ACTIVEKV_* settings in the environment (an A/B's switch), for the record."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("ACTIVEKV_")}
+
+
 def write(path: Path | None, record: dict[str, Any], text: str) -> None:
     """The record as JSON at `path`, and the printed figures beside it (.txt)."""
     if path is None:

@@ -228,8 +228,17 @@ def main() -> None:
     parser.add_argument("--hook-times", action="store_true",
                         help="time vLLM's step, model forward, attention and schedule and the "
                              "connector's hooks per decode step (where a step's time goes)")
+    parser.add_argument("--forward-cpus", default="",
+                        help="bind the forward's OpenMP threads one to each of these CPUs (e.g. "
+                             "'0'), as vLLM's CPU worker binds its own under `vllm serve`, which "
+                             "leaves the other CPUs to its engine core; by default the in-process "
+                             "engine's threads are not bound (see runs.forward_binding)")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
+    bound = runs.forward_binding(args.forward_cpus)
+    if bound and "torch" in sys.modules:
+        raise RuntimeError("--forward-cpus: torch is loaded already, with its OpenMP threads unbound")
+    os.environ.update(bound)  # before torch loads its OpenMP runtime
     contexts = [int(c) for c in args.contexts.split(",")]
     engines = [e for e in args.engines.split(",") if e]
     budgets = [float(b) for b in args.budgets.split(",") if b]
@@ -247,7 +256,7 @@ def main() -> None:
         "model": {"layers": STREAMING_LAYERS, "layer_block_bytes": h.layer_block_bytes(),
                   "block_size": h.BLOCK_SIZE, "M_bytes": BUDGET},
         "streaming": h.STREAMING, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "max_model_len": args.max_model_len, "env": runs.reserve_cpus(args.reserved_cpus),
+        "max_model_len": args.max_model_len, "env": {**runs.reserve_cpus(args.reserved_cpus), **bound, **runs.activekv_env()},
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
     }
     record["machine_start"] = runs.machine_state()

@@ -157,7 +157,7 @@ struct StreamingTuning {
   // H200, prefill chunks queued back to back read 1.005-1.024x their bound
   // with it and 1.025-1.055x without; decode steps are alike (medians;
   // BENCHMARKS.md, 2026-12-05). A new streamer turns it on only with
-  // streams (CPU copies land as issued, so the host settles), and not with
+  // streams (CPU copies have landed by the next begin_step), and not with
   // ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
   bool settle_across_steps = true;
   // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
@@ -169,13 +169,16 @@ struct StreamingTuning {
   // reserves a core for its engine core), so a layer's staging crosses while
   // the layers before it compute instead of in wait_for_layer_load's call.
   // Without such a CPU (the forward may run anywhere) the copies stay on the
-  // forward's thread. ACTIVEKV_CPU_COPY_THREAD=0 in the environment turns it off.
+  // forward's thread. ACTIVEKV_CPU_COPY_THREAD=0 in the environment turns it
+  // off; =all sets cpu_copy_thread_min_bytes to 0.
   bool cpu_copy_thread = true;
   // cpu_copy_thread: a step whose staging is shorter than this per layer
-  // copies on the forward's thread. Waking the copy thread cost the forward
-  // about 10 us on this project's 2-core VM, the time memcpy takes for ~450 KB
-  // there (BENCHMARKS.md, 2026-12-05).
-  std::int64_t cpu_copy_thread_min_bytes = std::int64_t{512} << 10;
+  // copies on the forward's thread. Waking the copy thread costs the forward
+  // about 10 us on this project's 2-core VM, about what memcpy takes for
+  // 450 KB there: with the CPU benchmark's forward bound to one core, the
+  // thread cost 0.02-0.04 ms a step at 523 KiB a layer (2048 tokens) and
+  // saved 0.12-0.14 ms at 955 KiB (3776 tokens; BENCHMARKS.md, 2026-12-05).
+  std::int64_t cpu_copy_thread_min_bytes = std::int64_t{768} << 10;
 };
 
 // Worker side: the homes of the streamed layers and the copies in and out.
@@ -188,8 +191,13 @@ struct StreamingTuning {
 // CUDA with home rows of 32 KiB and more, kDeviceGather on CUDA and
 // XPU otherwise when the ring buffer's blocks are whole rows, kRuns otherwise.
 //
-// On CPU every copy is synchronous: stage copies in wait_for_layer_load's
-// call, write_back in save_kv_layer's. On a device (CUDA, XPU) one copy stream
+// On CPU the copies are the forward's own: stage copies in
+// wait_for_layer_load's call, write_back in save_kv_layer's. Beside a bound
+// forward (cpu_copy_thread) a thread of their own plays the copy stream's part
+// below, in post order: start posts the first K stagings, stage_ahead posts
+// layer j's write-back with layer j + K's staging as one task, and stage waits
+// for the layer's staging and its buffer's last occupant's write-back;
+// begin_step waits for the last step's. On a device (CUDA, XPU) one copy stream
 // carries every staging and write-back, so a buffer's write-back of streamed
 // layer j precedes the staging of layer j + K into it:
 //   start          the copy stream waits for the compute stream (the ring's

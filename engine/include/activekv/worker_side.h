@@ -73,6 +73,12 @@ class WorkerSide {
   WorkerSide(const WorkerSide&) = delete;
   WorkerSide& operator=(const WorkerSide&) = delete;
 
+  // How many workers the vLLM instance runs (tensor x pipeline parallel).
+  // Call before register_kv_caches. Beside more than one, a CPU streamer
+  // keeps its copies on the forward's thread: the CPUs its own forward leaves
+  // are other workers' forwards' (StreamingTuning::cpu_copy_thread).
+  void set_workers(std::int64_t workers) { workers_ = workers; }
+
   // The host store goes into this rank's store file at `path`
   // (store_file.h, store_file_of_rank), whose header must say `identity` (the
   // model's identity digest, mode, dtype; register_kv_caches adds the blocks'
@@ -174,6 +180,7 @@ class WorkerSide {
   KVLayout layout_;
   std::int64_t num_slots_;
   std::int64_t tp_rank_;
+  std::int64_t workers_ = 1;
   std::string store_path_;  // empty: the store lives in process memory
   std::string store_identity_;
   std::int64_t layer_bytes_;
