@@ -18,7 +18,7 @@
 // On CPU the thread makes the copies themselves (StreamingTuning::
 // cpu_copy_thread): a layer's copies are posted a layer's compute or more
 // before they are waited for, and take microseconds to tens. Waking the
-// sleeping thread is then the poster's main cost (about 10 us a wake on this
+// sleeping thread is then the poster's main cost (about 8 us a wake on this
 // project's 2-core VM), so each side wakes the other only when it sleeps, a
 // copy not due before the next layer's is posted without a wake (it runs with
 // the next one that is), and a waiter spins a while before it sleeps. The

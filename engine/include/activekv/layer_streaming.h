@@ -174,10 +174,11 @@ struct StreamingTuning {
   bool cpu_copy_thread = true;
   // cpu_copy_thread: a step whose staging is shorter than this per layer
   // copies on the forward's thread. Waking the copy thread costs the forward
-  // about 10 us on this project's 2-core VM, about what memcpy takes for
-  // 450 KB there: with the CPU benchmark's forward bound to one core, the
-  // thread cost 0.02-0.04 ms a step at 523 KiB a layer (2048 tokens) and
-  // saved 0.12-0.14 ms at 955 KiB (3776 tokens; BENCHMARKS.md, 2026-12-05).
+  // about 8 us on this project's 2-core VM, about what memcpy takes for
+  // 350 KB there. With the CPU benchmark's forward bound to one core, the
+  // thread gained nothing clear at 523 KiB a layer (2048 tokens: 0.02 ms less
+  // to 0.04 ms more a step) and took 0.12-0.17 ms a step off the forward's
+  // path at 955 KiB (3776 tokens; BENCHMARKS.md, 2026-12-05).
   std::int64_t cpu_copy_thread_min_bytes = std::int64_t{768} << 10;
 };
 
