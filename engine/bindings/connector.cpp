@@ -169,9 +169,10 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
         py::module_::import("vllm.distributed.parallel_state").attr("get_tensor_model_parallel_rank")());
     auto worker = std::make_unique<WorkerSide>(config, layout, num_slots, rank, std::move(geometry));
     // Tensor x pipeline parallel (vLLM's world_size; tensor parallel where a
-    // config has no world_size).
-    worker->set_workers(py::cast<std::int64_t>(py::getattr(vllm_config.attr("parallel_config"), "world_size",
-                                                           py::int_(id.tp_size))));
+    // config has no world_size), times the data-parallel ranks on this host.
+    const py::object parallel = vllm_config.attr("parallel_config");
+    worker->set_workers(py::cast<std::int64_t>(py::getattr(parallel, "world_size", py::int_(id.tp_size))) *
+                        py::cast<std::int64_t>(py::getattr(parallel, "data_parallel_size_local", py::int_(1))));
     if (!config.store_path.empty()) {
       // What must match for the file's bytes to be read back (the blocks'
       // shape and strides are added at register_kv_caches).

@@ -1,4 +1,4 @@
-// CPUs beside the calling thread (cpu_affinity.h).
+// CPUs beside the forward (cpu_affinity.h).
 #include "cpu_affinity.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #ifdef __linux__
 #include <dirent.h>
+#include <pthread.h>
 #include <sched.h>
 #endif
 
@@ -57,13 +58,34 @@ std::vector<int> cpus_of(const cpu_set_t& set) {
 
 }  // namespace
 
-std::vector<int> cpus_beside_caller() {
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return {};
-  // The caller's NUMA nodes' CPUs: a copy from another node's core would cross
-  // the interconnect, and there the CPU may be another worker's. Without the
-  // node files (no NUMA in the kernel), every online CPU.
+std::vector<int> forward_cpus() {
+  // Every thread's CPUs but a copy thread's: vLLM binds the forward's threads
+  // as torch loads, before the process starts any other, so the others share
+  // the forward's CPUs (unbound, all of them: no CPU is left beside).
+  std::vector<int> all;
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* entry = readdir(tasks)) {
+      const std::string task = std::string("/proc/self/task/") + entry->d_name;
+      if (entry->d_name[0] == '.' || read_line(task + "/comm") == kCopyThreadName) continue;
+      std::ifstream status(task + "/status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("Cpus_allowed_list:", 0) != 0) continue;
+        const auto cpus = parse_cpu_list(line.substr(line.find(':') + 1));
+        all.insert(all.end(), cpus.begin(), cpus.end());
+      }
+    }
+    closedir(tasks);
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+std::vector<int> cpus_beside(const std::vector<int>& forward) {
+  const auto in_forward = [&](int c) { return std::binary_search(forward.begin(), forward.end(), c); };
+  // The forward's NUMA nodes' CPUs: a copy from another node's core would
+  // cross the interconnect, and there the CPU may be another worker's.
+  // Without the node files (no NUMA in the kernel), every online CPU.
   std::vector<int> near;
   if (DIR* nodes = opendir("/sys/devices/system/node")) {
     while (const dirent* entry = readdir(nodes)) {
@@ -72,22 +94,34 @@ std::vector<int> cpus_beside_caller() {
         continue;
       }
       const auto cpus = parse_cpu_list(read_line("/sys/devices/system/node/" + name + "/cpulist"));
-      if (std::any_of(cpus.begin(), cpus.end(), [&](int c) { return has(mine, c); })) {
-        near.insert(near.end(), cpus.begin(), cpus.end());
-      }
+      if (std::any_of(cpus.begin(), cpus.end(), in_forward)) near.insert(near.end(), cpus.begin(), cpus.end());
     }
     closedir(nodes);
   }
   if (near.empty()) near = parse_cpu_list(read_line("/sys/devices/system/cpu/online"));
+  // A hyperthread sibling shares its core's units with the forward's thread.
+  std::vector<int> taken(forward);
+  for (const int c : forward) {
+    const auto siblings =
+        parse_cpu_list(read_line("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
+    taken.insert(taken.end(), siblings.begin(), siblings.end());
+  }
+  std::sort(taken.begin(), taken.end());
+  // A container's cpuset (cgroup v2), where one is in force.
+  const auto allowed = parse_cpu_list(read_line("/sys/fs/cgroup/cpuset.cpus.effective"));
   std::vector<int> out;
   for (const int c : near) {
-    if (c < CPU_SETSIZE && !has(mine, c)) out.push_back(c);
+    if (std::binary_search(taken.begin(), taken.end(), c)) continue;
+    if (!allowed.empty() && !std::binary_search(allowed.begin(), allowed.end(), c)) continue;
+    out.push_back(c);
   }
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 std::vector<int> pin_caller_to(const std::vector<int>& cpus) {
+  pthread_setname_np(pthread_self(), kCopyThreadName);
   cpu_set_t set;
   CPU_ZERO(&set);
   for (const int c : cpus) {
@@ -98,7 +132,8 @@ std::vector<int> pin_caller_to(const std::vector<int>& cpus) {
   return cpus_of(set);
 }
 #else
-std::vector<int> cpus_beside_caller() { return {}; }
+std::vector<int> forward_cpus() { return {}; }
+std::vector<int> cpus_beside(const std::vector<int>&) { return {}; }
 std::vector<int> pin_caller_to(const std::vector<int>&) { return {}; }
 #endif
 

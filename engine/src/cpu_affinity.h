@@ -1,10 +1,11 @@
-// Which CPUs a helper thread may use beside the calling thread (internal):
-// the CPU layer streamer's copy thread (StreamingTuning::cpu_copy_thread).
+// Which CPUs a helper thread may use beside the forward (internal): the CPU
+// layer streamer's copy thread (StreamingTuning::cpu_copy_thread).
 //
-// vLLM's CPU worker binds its OpenMP threads, the forward's, one to a core and
-// leaves a core for its engine core process, which mostly waits for the
-// worker. A copy thread on the forward's cores would take turns with the
-// forward; on a left core it runs beside it.
+// vLLM's CPU worker binds its forward's OpenMP threads to its cores (all to
+// one set of CPUs, or one to each with Intel's or GNU's OpenMP preloaded) and
+// leaves a core to its engine core, one more with a KV connector. A copy
+// thread on the forward's cores, or on their hyperthread siblings, would take
+// turns with the forward; on a core it leaves, it runs beside it.
 #pragma once
 
 #include <string>
@@ -12,13 +13,24 @@
 
 namespace activekv::detail {
 
-// CPUs on the calling thread's NUMA nodes that the calling thread's affinity
-// excludes, ascending; empty where it may run on all of them (unbound), or
-// off Linux.
-std::vector<int> cpus_beside_caller();
+// What pin_caller_to names the calling thread (its /proc comm).
+inline constexpr const char* kCopyThreadName = "activekv-copy";
 
-// Restricts the calling thread to `cpus`; returns those it may run on now (the
-// kernel drops CPUs the process's cpuset excludes), empty where it failed.
+// The CPUs the forward may run on: those of every thread of the process but a
+// copy thread (each forward thread may be bound to a CPU of its own);
+// ascending. Empty off Linux.
+std::vector<int> forward_cpus();
+
+// CPUs on `forward`'s NUMA nodes that are neither in `forward` nor a
+// hyperthread sibling of one, and that the process's cgroup cpuset allows;
+// ascending. Empty where the forward may run on all of them (unbound), or off
+// Linux. A process confined by its affinity alone (taskset, numactl -C) and
+// not by a cpuset is not seen: its forward's bound threads hide the rest.
+std::vector<int> cpus_beside(const std::vector<int>& forward);
+
+// Names the calling thread kCopyThreadName and restricts it to `cpus`;
+// returns those it may run on now (the kernel drops CPUs the process's
+// cpuset excludes), empty where it failed.
 std::vector<int> pin_caller_to(const std::vector<int>& cpus);
 
 // "0-3,8,10-11" (the kernel's cpulist format) as CPU numbers.

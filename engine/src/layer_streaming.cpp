@@ -506,7 +506,7 @@ void LayerStreamer::apply_issue_thread() {
   issuer_.reset();
   copy_thread_this_step_ = false;
   copy_thread_cpus_.clear();
-  const std::vector<int> beside = wanted ? detail::cpus_beside_caller() : std::vector<int>{};
+  const std::vector<int> beside = wanted ? detail::cpus_beside(detail::forward_cpus()) : std::vector<int>{};
   if (beside.empty()) return;  // the forward may run on every CPU: a thread would take turns with it
   auto thread = std::make_unique<detail::IssueThread>(device_);
   std::vector<int> pinned;

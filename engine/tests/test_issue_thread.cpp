@@ -83,14 +83,22 @@ TEST(IssueThread, ATaskPostedWithoutAWakeRunsOnceWaitedForOrWokenFor) {
   detail::IssueThread issuer(kCpu);
   std::atomic<int> ran{0};
   issuer.drain();  // the thread is up
-  for (int round = 0; round < 100; ++round) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // asleep by now, mostly
+  // Unwoken, the thread would still look at its queue once a second: each
+  // wait must end well before that.
+  const auto timed_wait = [&](std::uint64_t task) {
+    const auto t0 = std::chrono::steady_clock::now();
+    issuer.wait_for(task);
+    return std::chrono::steady_clock::now() - t0;
+  };
+  for (int round = 0; round < 20; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // asleep by now
     const auto lazy = issuer.post([&] { ++ran; }, /*wake=*/false);
-    issuer.wait_for(lazy);
+    ASSERT_LT(timed_wait(lazy), std::chrono::milliseconds(300)) << "round " << round;
     ASSERT_EQ(ran.load(), 2 * round + 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
     issuer.post([&] { ++ran; }, /*wake=*/false);
-    issuer.wait_for(issuer.post([&] { ++ran; }));  // woken for this one, it runs both
-    ASSERT_EQ(ran.load(), 2 * round + 3);
+    ASSERT_LT(timed_wait(issuer.post([&] { ++ran; })), std::chrono::milliseconds(300)) << "round " << round;
+    ASSERT_EQ(ran.load(), 2 * round + 3);  // woken for the second, it ran both
     ran -= 1;
   }
 }

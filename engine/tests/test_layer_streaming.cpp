@@ -1,4 +1,5 @@
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
 
@@ -311,11 +312,13 @@ TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironment
   }
 }
 
-// The calling thread on one CPU, as vLLM binds its forward's OpenMP threads,
-// until this goes (its CPUs are restored then).
+// The forward as one thread on one CPU, as vLLM binds its forward's OpenMP
+// threads (here ATen's pool is the calling thread alone), until this goes (its
+// CPUs and ATen's threads are restored then).
 class PinnedToOneCpu {
  public:
-  PinnedToOneCpu() {
+  PinnedToOneCpu() : threads_(at::get_num_threads()) {
+    at::set_num_threads(1);
     CPU_ZERO(&before_);
     if (sched_getaffinity(0, sizeof(before_), &before_) != 0 || CPU_COUNT(&before_) < 2) return;
     while (!CPU_ISSET(static_cast<std::size_t>(cpu_), &before_)) ++cpu_;
@@ -326,6 +329,7 @@ class PinnedToOneCpu {
   }
   ~PinnedToOneCpu() {
     if (pinned_) sched_setaffinity(0, sizeof(before_), &before_);
+    at::set_num_threads(threads_);
   }
   PinnedToOneCpu(const PinnedToOneCpu&) = delete;
   PinnedToOneCpu& operator=(const PinnedToOneCpu&) = delete;
@@ -333,6 +337,7 @@ class PinnedToOneCpu {
   int cpu() const { return cpu_; }
 
  private:
+  int threads_;
   cpu_set_t before_;
   int cpu_ = 0;
   bool pinned_ = false;
@@ -347,7 +352,9 @@ TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
   Streaming threaded, inline_copies;  // registered on the pinned thread
   StreamingTuning tuning = threaded.worker.streamer()->tuning();
   ASSERT_TRUE(tuning.cpu_copy_thread);  // the default
-  tuning.cpu_copy_thread_min_bytes = 0;  // these steps stage 8 KiB a block
+  // 8 KiB a block: steps staging 3 blocks or more a layer copy on the thread,
+  // the others on the forward's, with a write-back pending across the switch.
+  tuning.cpu_copy_thread_min_bytes = 24 << 10;
   threaded.worker.streamer()->set_tuning(tuning);
   tuning.cpu_copy_thread = false;
   inline_copies.worker.streamer()->set_tuning(tuning);
@@ -360,8 +367,9 @@ TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
 
   // Each step stages blocks earlier steps wrote back, and writes back blocks
   // (its own content), one of them staged too where a decode step's last block is.
-  const std::vector<std::pair<Ids, Ids>> plans = {
-      {{}, {0, 1, 2, 3}}, {{0, 1, 2, 3}, {3, 4}}, {{1, 3, 4}, {4, 7, 9}}, {{0, 4, 7, 9}, {9}}, {{2, 9}, {}}};
+  const std::vector<std::pair<Ids, Ids>> plans = {{{}, {0, 1, 2, 3}},       {{0, 1, 2, 3}, {3, 4}},
+                                                  {{1, 3, 4}, {4, 7, 9}},   {{2, 9}, {2, 5}},
+                                                  {{0, 4, 7, 9}, {9}},     {{2, 5}, {}}};
   std::int64_t step = 0;
   for (int round = 0; round < 20; ++round) {
     for (const auto& [stage, writeback] : plans) {

@@ -273,17 +273,20 @@ class LayerStreamer {
                   std::vector<std::int64_t> writeback_blocks,
                   std::vector<std::int64_t> writeback_rows);
   bool has_work() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
-  // Device: issues the staging of the first K streamed layers. CPU: nothing.
+  // Device: issues the staging of the first K streamed layers. CPU: posts
+  // them to the copy thread where one runs this step, otherwise nothing.
   void start(Telemetry& stats);
   // The layer's stage blocks are in its buffer once this returns (CPU) or on
   // the compute stream (device); once per layer and step, nothing for a
   // resident layer.
   void stage(const std::string& name, Telemetry& stats);
-  // The layer's write-back blocks go home (issued, on a device). Must be called
-  // after the layer's attention.
+  // The layer's write-back blocks go home (issued, on a device; left for
+  // stage_ahead to post, on the CPU copy thread). Must be called after the
+  // layer's attention.
   void write_back(const std::string& name, Telemetry& stats);
-  // Device only, after write_back and the store save's gather of `name`
-  // (`gathered`, when there was one): stages the streamed layer K places later.
+  // Device and the CPU copy thread, after write_back and the store save's
+  // gather of `name` (`gathered`, when there was one): stages the streamed
+  // layer K places later (on the copy thread, with `name`'s write-back).
   void stage_ahead(const std::string& name, std::optional<c10::Event> gathered, Telemetry& stats);
   // The bytes of a streamed layer's home, every row in row order (the
   // reference's home tensor); waits for the copies in flight. For parity
@@ -521,7 +524,9 @@ class LayerStreamer {
   // runs the copies themselves on copy_thread_cpus_.
   std::unique_ptr<detail::IssueThread> issuer_;
   std::vector<int> copy_thread_cpus_;
-  std::atomic<std::int64_t> copy_thread_us_{0};  // the copy thread's time, not yet in a Telemetry
+  // The copy thread's time, not yet in a Telemetry: the next stage or
+  // write_back counts it, so a step's last copies count in the next step.
+  std::atomic<std::int64_t> copy_thread_us_{0};
   bool copy_thread_this_step_ = false;  // set by begin_step (cpu_copy_thread_min_bytes)
   std::int64_t written_back_ = -1;  // CPU copy thread: the write-back not yet posted
   // CPU copy thread, per step: the streamed layer stage() is called for next,

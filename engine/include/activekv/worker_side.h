@@ -73,10 +73,11 @@ class WorkerSide {
   WorkerSide(const WorkerSide&) = delete;
   WorkerSide& operator=(const WorkerSide&) = delete;
 
-  // How many workers the vLLM instance runs (tensor x pipeline parallel).
-  // Call before register_kv_caches. Beside more than one, a CPU streamer
-  // keeps its copies on the forward's thread: the CPUs its own forward leaves
-  // are other workers' forwards' (StreamingTuning::cpu_copy_thread).
+  // How many workers the vLLM instance runs on this host (tensor x pipeline x
+  // local data parallel). Call before register_kv_caches. Beside more than
+  // one, a CPU streamer keeps its copies on the forward's thread: the CPUs its
+  // own forward leaves may be other workers' forwards'
+  // (StreamingTuning::cpu_copy_thread).
   void set_workers(std::int64_t workers) { workers_ = workers; }
 
   // The host store goes into this rank's store file at `path`
