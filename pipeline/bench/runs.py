@@ -89,9 +89,9 @@ def forward_binding(cpus: str) -> dict[str, str]:
     of `cpus` ("0", "0,1"; "" leaves them unbound). vLLM's CPU worker binds its
     own when it runs in a process of its own (`vllm serve`; OMP_PLACES and
     OMP_PROC_BIND, vllm/utils/ompmultiprocessing.py), by default all of them
-    to one place of all its cores; with one CPU the two are the same. An in-process engine
-    (the benchmarks' and tests') is not bound: its threads float over every
-    CPU. torch reads these once, as it loads. ActiveKV's CPU copy thread runs
+    to one place of all its cores; with one CPU the two are the same. An
+    in-process engine (the benchmarks' and tests') is not bound: its threads
+    float over every CPU. torch reads these once, as it loads. ActiveKV's CPU copy thread runs
     only beside a bound forward (StreamingTuning::cpu_copy_thread)."""
     if not cpus:
         return {}

@@ -256,7 +256,8 @@ def main() -> None:
         "model": {"layers": STREAMING_LAYERS, "layer_block_bytes": h.layer_block_bytes(),
                   "block_size": h.BLOCK_SIZE, "M_bytes": BUDGET},
         "streaming": h.STREAMING, "new_tokens": args.new_tokens, "repeats": args.repeats,
-        "max_model_len": args.max_model_len, "env": {**runs.reserve_cpus(args.reserved_cpus), **bound, **runs.activekv_env()},
+        "max_model_len": args.max_model_len,
+        "env": {**runs.reserve_cpus(args.reserved_cpus), **bound, **runs.activekv_env()},
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
     }
     record["machine_start"] = runs.machine_state()

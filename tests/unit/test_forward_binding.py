@@ -12,7 +12,8 @@ from pipeline.bench import runs
 
 def test_unbound_by_default_and_one_place_per_cpu():
     assert runs.forward_binding("") == {}
-    assert runs.forward_binding("1") == {"OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "true", "OMP_PLACES": "{1}"}
+    assert runs.forward_binding("1") == {"OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "true",
+                                         "OMP_PLACES": "{1}"}
     assert runs.forward_binding("0, 2")["OMP_PLACES"] == "{0},{2}"
     assert runs.forward_binding("0, 2")["OMP_NUM_THREADS"] == "2"
     with pytest.raises(SystemExit, match=r"--forward-cpus 'a': CPU numbers separated by commas"):

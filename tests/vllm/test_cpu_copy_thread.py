@@ -1,6 +1,6 @@
 """Layer streaming's CPU copy thread in real vLLM.
 
-vLLM's CPU worker binds its forward's OpenMP threads one to a core when it
+vLLM's CPU worker binds its forward's OpenMP threads to its cores when it
 runs in a process of its own (`vllm serve`), leaving a core to its engine
 core; there ActiveKV's copies run on a thread of their own beside the forward
 (StreamingTuning::cpu_copy_thread). The tests' in-process engines are not
@@ -61,7 +61,8 @@ def test_copies_on_a_thread_beside_a_bound_forward_are_bitwise_the_forwards_own(
     thread, inline = result["thread"], result["inline"]
     lines = [line for line in log.splitlines() if "ActiveKV layer streaming (rank 0): " in line]
     assert any(", on a copy thread on CPUs " in line for line in lines), lines
-    assert not any(f"on a copy thread on CPUs {cpus[0]}," in line for line in lines), lines  # not the forward's
+    # Not on the forward's CPU.
+    assert not any(f"on a copy thread on CPUs {cpus[0]}," in line for line in lines), lines
     assert any(line.endswith("one copy per run of home rows and blocks") for line in lines), lines  # =0
     assert thread["staged"] == inline["staged"] > 0
     assert thread["tokens"] == inline["tokens"]
