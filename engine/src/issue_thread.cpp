@@ -22,17 +22,15 @@ void wait_until_done(std::condition_variable& changed, std::unique_lock<std::mut
 // on a CPU (14 us at 3776 tokens of the tiny Llama).
 constexpr auto kWaitSpin = std::chrono::microseconds(50);
 
-// Whether `ready()` came true within `spin`, checked without sleeping.
+// Checks `ready()` without sleeping until it is true or `spin` has passed.
 template <class Ready>
-bool spin_until(Ready ready, std::chrono::microseconds spin) {
+void spin_until(Ready ready, std::chrono::microseconds spin) {
   const auto until = std::chrono::steady_clock::now() + spin;
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
+  while (!ready() && std::chrono::steady_clock::now() < until) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
   }
-  return true;
 }
 
 }  // namespace

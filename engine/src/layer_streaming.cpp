@@ -34,6 +34,12 @@ std::int64_t list_bytes(const std::vector<std::int64_t>& blocks, std::int64_t la
 
 SlotRun rows_of(const auto& run) { return SlotRun{run.row, run.count, run.offset}; }
 
+// Whether the environment sets `name` to `value` (an operator's switches).
+bool env_says(const char* name, std::string_view value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::string_view(set) == value;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
@@ -121,8 +127,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     }
     if (codec_ && device_gather_possible_ && device_.is_cuda()) {
       const at::Tensor& kv = streamed_kv_.front();
-      const char* off = std::getenv("ACTIVEKV_FUSED_CODEC");  // an operator's way around them
-      if (off != nullptr && std::string_view(off) == "0") {
+      if (env_says("ACTIVEKV_FUSED_CODEC", "0")) {  // an operator's way around them
         codec_kernels_missing_ = "turned off by ACTIVEKV_FUSED_CODEC=0";
       } else if (kv.scalar_type() != at::kBFloat16) {
         codec_kernels_missing_ = std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
@@ -139,16 +144,14 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   // thread's): nothing is left in flight to settle across steps. With
   // streams, =0 is an operator's (and the vLLM benchmarks' A/B) way back to
   // the host settling each step.
-  const char* settle = std::getenv("ACTIVEKV_SETTLE_ACROSS_STEPS");
-  if (!has_streams() || (settle != nullptr && std::string_view(settle) == "0")) {
+  if (!has_streams() || env_says("ACTIVEKV_SETTLE_ACROSS_STEPS", "0")) {
     tuning_.settle_across_steps = false;
   }
   if (!has_streams()) {
     // "0": an operator's (and an A/B's) way back; "all": every step's copies
     // on the thread, however short (tests, on the tiny model's short prompts).
-    const char* thread = std::getenv("ACTIVEKV_CPU_COPY_THREAD");
-    if (thread != nullptr && std::string_view(thread) == "0") tuning_.cpu_copy_thread = false;
-    if (thread != nullptr && std::string_view(thread) == "all") tuning_.cpu_copy_thread_min_bytes = 0;
+    if (env_says("ACTIVEKV_CPU_COPY_THREAD", "0")) tuning_.cpu_copy_thread = false;
+    if (env_says("ACTIVEKV_CPU_COPY_THREAD", "all")) tuning_.cpu_copy_thread_min_bytes = 0;
     apply_issue_thread();
   }
 }
@@ -530,7 +533,7 @@ void LayerStreamer::write_back_cpu(std::int64_t streamed) {
 
 bool LayerStreamer::posts_stage_cpu(std::int64_t streamed) const {
   return streamed >= 0 && streamed < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(streamed)] &&
-         !stage_blocks_.empty();
+         has_stage_work();
 }
 
 void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due) {

@@ -11,6 +11,7 @@
 #include <sched.h>
 
 #include "cpu_affinity.h"
+#include "pinned_cpu.h"
 
 namespace activekv {
 namespace {
@@ -60,14 +61,8 @@ TEST(CpuAffinity, TheCpusBesideABoundForwardAreTheOthers) {
 // preloaded), the calling thread's CPU alone is not the forward's.
 TEST(CpuAffinity, TheForwardsCpusAreEveryThreadsButACopyThreads) {
   const std::vector<int> all = allowed_cpus();
-  if (all.size() < 2) GTEST_SKIP() << "one CPU";
-  cpu_set_t before;
-  CPU_ZERO(&before);
-  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
-  cpu_set_t first;
-  CPU_ZERO(&first);
-  CPU_SET(static_cast<std::size_t>(all[0]), &first);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(first), &first), 0);  // this thread: the forward's first
+  const test::PinnedToOneCpu pinned;  // this thread: the forward's first, on the first allowed CPU
+  if (!pinned.pinned()) GTEST_SKIP() << "one CPU";
   const std::vector<int> alone = detail::forward_cpus();
   std::mutex mu;
   std::condition_variable changed;
@@ -104,7 +99,6 @@ TEST(CpuAffinity, TheForwardsCpusAreEveryThreadsButACopyThreads) {
   };
   const std::vector<int> with_copy_thread = seen_beside(true);
   const std::vector<int> with_forward_thread = seen_beside(false);
-  sched_setaffinity(0, sizeof(before), &before);
   if (alone != std::vector<int>{all[0]}) GTEST_SKIP() << "other threads of this process run anywhere";
   EXPECT_EQ(with_copy_thread, std::vector<int>{all[0]});
   EXPECT_EQ(with_forward_thread, (std::vector<int>{all[0], all[1]}));

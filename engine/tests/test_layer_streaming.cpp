@@ -1,5 +1,4 @@
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
 
@@ -8,8 +7,7 @@
 #include <optional>
 #include <utility>
 
-#include <sched.h>
-
+#include "pinned_cpu.h"
 #include "streaming_test_geometry.h"
 
 #include "activekv/home_rows.h"
@@ -312,42 +310,11 @@ TEST(LayerStreamerOnAccelerator, WriteBacksSettleAcrossStepsUnlessTheEnvironment
   }
 }
 
-// The forward as one thread on one CPU, as vLLM binds its forward's OpenMP
-// threads (here ATen's pool is the calling thread alone), until this goes (its
-// CPUs and ATen's threads are restored then).
-class PinnedToOneCpu {
- public:
-  PinnedToOneCpu() : threads_(at::get_num_threads()) {
-    at::set_num_threads(1);
-    CPU_ZERO(&before_);
-    if (sched_getaffinity(0, sizeof(before_), &before_) != 0 || CPU_COUNT(&before_) < 2) return;
-    while (!CPU_ISSET(static_cast<std::size_t>(cpu_), &before_)) ++cpu_;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(static_cast<std::size_t>(cpu_), &one);
-    pinned_ = sched_setaffinity(0, sizeof(one), &one) == 0;
-  }
-  ~PinnedToOneCpu() {
-    if (pinned_) sched_setaffinity(0, sizeof(before_), &before_);
-    at::set_num_threads(threads_);
-  }
-  PinnedToOneCpu(const PinnedToOneCpu&) = delete;
-  PinnedToOneCpu& operator=(const PinnedToOneCpu&) = delete;
-  bool pinned() const { return pinned_; }
-  int cpu() const { return cpu_; }
-
- private:
-  int threads_;
-  cpu_set_t before_;
-  int cpu_ = 0;
-  bool pinned_ = false;
-};
-
 // CPU with the forward's thread bound (vLLM's CPU worker): the copies run on
 // a thread of their own beside it, posted ahead and waited for per layer, and
 // every staged block and home byte is what the forward's own copies give.
 TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
-  const PinnedToOneCpu pinned;
+  const test::PinnedToOneCpu pinned;
   if (!pinned.pinned()) GTEST_SKIP() << "one CPU: none beside the forward's for a copy thread";
   Streaming threaded, inline_copies;  // registered on the pinned thread
   StreamingTuning tuning = threaded.worker.streamer()->tuning();
@@ -402,7 +369,7 @@ TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
 // Beside other workers of the same vLLM (tensor parallel on one host), the
 // CPUs a bound forward leaves are theirs: the copies stay on its thread.
 TEST(LayerStreamer, ACopyThreadOnlyForTheInstancesOneWorker) {
-  const PinnedToOneCpu pinned;
+  const test::PinnedToOneCpu pinned;
   if (!pinned.pinned()) GTEST_SKIP() << "one CPU: none beside the forward's for a copy thread";
   for (const std::int64_t workers : {1, 2}) {
     WorkerSide worker(Config{}, layout(), 8, 0, geometry(1, 2, Mode::kExact));
