@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #endif
 
 namespace activekv::detail {
@@ -48,6 +49,15 @@ bool has(const cpu_set_t& set, int cpu) {
   return cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(static_cast<std::size_t>(cpu), &set);
 }
 
+// The CPUs a /proc status file (a process's or a thread's) says it may use.
+std::vector<int> allowed_list_of(const std::string& status_path) {
+  std::ifstream status(status_path);
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) return parse_cpu_list(line.substr(line.find(':') + 1));
+  }
+  return {};
+}
+
 std::vector<int> cpus_of(const cpu_set_t& set) {
   std::vector<int> out;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
@@ -67,12 +77,8 @@ std::vector<int> forward_cpus() {
     while (const dirent* entry = readdir(tasks)) {
       const std::string task = std::string("/proc/self/task/") + entry->d_name;
       if (entry->d_name[0] == '.' || read_line(task + "/comm") == kCopyThreadName) continue;
-      std::ifstream status(task + "/status");
-      for (std::string line; std::getline(status, line);) {
-        if (line.rfind("Cpus_allowed_list:", 0) != 0) continue;
-        const auto cpus = parse_cpu_list(line.substr(line.find(':') + 1));
-        all.insert(all.end(), cpus.begin(), cpus.end());
-      }
+      const auto cpus = allowed_list_of(task + "/status");
+      all.insert(all.end(), cpus.begin(), cpus.end());
     }
     closedir(tasks);
   }
@@ -109,10 +115,16 @@ std::vector<int> cpus_beside(const std::vector<int>& forward) {
   std::sort(taken.begin(), taken.end());
   // A container's cpuset (cgroup v2), where one is in force.
   const auto allowed = parse_cpu_list(read_line("/sys/fs/cgroup/cpuset.cpus.effective"));
+  // The parent's CPUs: vllm serve's worker is a child of a process that keeps
+  // the affinity it was started with (taskset, numactl -C), which the
+  // worker's own bound threads no longer show.
+  const auto parents = allowed_list_of("/proc/" + std::to_string(getppid()) + "/status");
+  const auto within = [](const std::vector<int>& set, int c) {
+    return set.empty() || std::binary_search(set.begin(), set.end(), c);  // empty: not known, no limit
+  };
   std::vector<int> out;
   for (const int c : near) {
-    if (std::binary_search(taken.begin(), taken.end(), c)) continue;
-    if (!allowed.empty() && !std::binary_search(allowed.begin(), allowed.end(), c)) continue;
+    if (std::binary_search(taken.begin(), taken.end(), c) || !within(allowed, c) || !within(parents, c)) continue;
     out.push_back(c);
   }
   std::sort(out.begin(), out.end());

@@ -22,10 +22,12 @@ inline constexpr const char* kCopyThreadName = "activekv-copy";
 std::vector<int> forward_cpus();
 
 // CPUs on `forward`'s NUMA nodes that are neither in `forward` nor a
-// hyperthread sibling of one, and that the process's cgroup cpuset allows;
-// ascending. Empty where the forward may run on all of them (unbound), or off
-// Linux. A process confined by its affinity alone (taskset, numactl -C) and
-// not by a cpuset is not seen: its forward's bound threads hide the rest.
+// hyperthread sibling of one, and that both the process's cgroup cpuset and
+// its parent process's affinity allow; ascending. Empty where the forward may
+// run on all of them (unbound), or off Linux. The parent's affinity keeps
+// vllm serve's worker within a taskset or numactl -C its server was started
+// under; a process started so itself (vLLM in-process) is not seen that way:
+// its forward's bound threads hide the rest.
 std::vector<int> cpus_beside(const std::vector<int>& forward);
 
 // Names the calling thread kCopyThreadName and restricts it to `cpus`;

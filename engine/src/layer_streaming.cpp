@@ -44,7 +44,7 @@ bool env_says(const char* name, std::string_view value) {
 
 Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
     StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
-    std::int64_t fence_timeout_ms, std::int64_t head_size) {
+    std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers) {
   // Every layer of a ring buffer must be a view of the same bytes, or staging
   // into the buffer would not reach the layer vLLM's attention reads.
   std::unordered_map<std::int64_t, const void*> ring_ptr;
@@ -92,12 +92,12 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
   }
   return std::unique_ptr<LayerStreamer>(
       new LayerStreamer(std::move(geometry), std::move(streamed_kv), std::move(homes), std::move(codec),
-                        fence_timeout_ms, head_size));
+                        fence_timeout_ms, head_size, workers));
 }
 
 LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
                              std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
-                             std::int64_t fence_timeout_ms, std::int64_t head_size)
+                             std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers)
     : geometry_(std::move(geometry)),
       streamed_kv_(std::move(streamed_kv)),
       homes_(std::move(homes)),
@@ -150,7 +150,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   if (!has_streams()) {
     // "0": an operator's (and an A/B's) way back; "all": every step's copies
     // on the thread, however short (tests, on the tiny model's short prompts).
-    if (env_says("ACTIVEKV_CPU_COPY_THREAD", "0")) tuning_.cpu_copy_thread = false;
+    if (workers > 1 || env_says("ACTIVEKV_CPU_COPY_THREAD", "0")) tuning_.cpu_copy_thread = false;
     if (env_says("ACTIVEKV_CPU_COPY_THREAD", "all")) tuning_.cpu_copy_thread_min_bytes = 0;
     apply_issue_thread();
   }

@@ -87,14 +87,9 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   if (streaming_) {
-    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size);
+    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size, workers_);
     if (!streamer.ok()) return streamer.status();
     streamer_ = std::move(streamer.value());
-    if (workers_ > 1 && streamer_->tuning().cpu_copy_thread && !has_streams()) {
-      StreamingTuning tuning = streamer_->tuning();
-      tuning.cpu_copy_thread = false;
-      streamer_->set_tuning(tuning);
-    }
   }
   if (has_streams()) {
     c10::impl::VirtualGuardImpl impl(device_.type());

@@ -9,6 +9,8 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cpu_affinity.h"
 #include "pinned_cpu.h"
@@ -54,6 +56,29 @@ TEST(CpuAffinity, TheCpusBesideABoundForwardAreTheOthers) {
   copier.join();
   EXPECT_EQ(pinned_to, beside);
   EXPECT_TRUE(detail::pin_caller_to({}).empty());  // nothing to run on: refused, the caller unchanged
+}
+
+// Whether a child process, its forward bound to `forward`, finds CPUs beside
+// it (vllm serve's worker is a child of the process it was started from).
+bool child_finds_cpus_beside(int forward) {
+  const pid_t child = fork();
+  if (child == 0) _exit(detail::cpus_beside({forward}).empty() ? 1 : 0);
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  return WEXITSTATUS(status) == 0;
+}
+
+// A worker whose parent was started under taskset (or numactl -C) stays
+// within it: the CPUs its own bound forward leaves may be another process's.
+TEST(CpuAffinity, NoCpuBesideTheForwardOutsideTheParentsAffinity) {
+  const std::vector<int> all = allowed_cpus();
+  if (all.size() < 2) GTEST_SKIP() << "one CPU";
+  if (detail::cpus_beside({all.front()}).empty()) GTEST_SKIP() << "no CPU beside the first on its node";
+  EXPECT_TRUE(child_finds_cpus_beside(all.front())) << "a parent that may run anywhere";
+  const test::PinnedToOneCpu confined;  // this process as its parent: the first CPU alone
+  ASSERT_TRUE(confined.pinned());
+  EXPECT_FALSE(child_finds_cpus_beside(all.front())) << "a parent confined to the forward's CPU";
 }
 
 // The forward is every thread of the process but a copy thread: with each

@@ -231,9 +231,12 @@ class LayerStreamer {
   // reference's message) and allocates the homes. `kv_caches` must hold every
   // layer of the geometry, checked by the caller.
   // `head_size` splits blocks into head vectors for compressed homes.
+  // `workers`: how many of vLLM's workers share this host's CPUs; beside a
+  // second one a CPU copy thread is not started (cpu_copy_thread: the
+  // forward's neighbouring cores may be another worker's forward).
   static Result<std::unique_ptr<LayerStreamer>> create(
       StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
-      std::int64_t fence_timeout_ms, std::int64_t head_size);
+      std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers = 1);
   ~LayerStreamer();
   LayerStreamer(const LayerStreamer&) = delete;
   LayerStreamer& operator=(const LayerStreamer&) = delete;
@@ -301,7 +304,7 @@ class LayerStreamer {
  private:
   LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
                 std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
-                std::int64_t fence_timeout_ms, std::int64_t head_size);
+                std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers);
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
   // The home rows of a run: their bytes, [count, layer_bytes].
   at::Tensor home_bytes_of(std::int64_t streamed, const SlotRun& run);
