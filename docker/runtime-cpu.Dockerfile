@@ -23,7 +23,7 @@ RUN set -eux; \
     removed="$(echo ${BROKEN_BESIDE_TORCH:-none} | tr ' ' '|')"; \
     if grep -v -E "^No broken requirements found|requires (${removed}), which is not installed" /tmp/pip-check.txt; then \
         echo "the image's packages do not satisfy each other (above)"; exit 1; fi; \
-    python -c "import torch, vllm, activekv; activekv.ActiveKVConnector"; \
+    python -c "import torch, vllm, activekv; activekv.ActiveKVHostConnector"; \
     rm -rf /tmp/activekv-wheels /tmp/pip-check.txt /root/.cache/pip
 
 # Declared last: they change with every release, the layers above need not.

@@ -117,10 +117,10 @@ def census() -> tuple[list[dict], list[str]]:
 
     rows, violations = [], []
     # What the class namespaces hold by construction and vLLM never calls.
-    data = {"__module__", "__doc__", "__qualname__", "__signature__", "_cache_hit_source",
+    data = {"__module__", "__doc__", "__qualname__", "__signature__", "_cache_hit_source", "__slotnames__",
             "__dict__", "__weakref__", "__abstractmethods__", "_abc_impl", "__orig_bases__",
             "__parameters__", "__annotations__"}
-    for cls_name in ("ActiveKVConnector", "ActiveKVMetadata", "ActiveKVWorkerMetadata",
+    for cls_name in ("ActiveKVHostConnector", "ActiveKVMetadata", "ActiveKVWorkerMetadata",
                      "ActiveKVStats", "ActiveKVPromMetrics"):
         cls = getattr(activekv, cls_name)
         for name, value in sorted(vars(cls).items()):

@@ -109,10 +109,38 @@ void unpin_store_file(const py::object& self) {
   py::module_::import("torch").attr("cuda").attr("cudart")().attr("cudaHostUnregister")(ptr);
 }
 
+// vLLM 0.34's extensible KV cache (on by default on CUDA) commits to the KV
+// cache, after warm-up, the device memory vLLM measured free; with
+// gpu_memory_utilization unset it takes all of it (1.0). ActiveKV's loads
+// stage blocks through device buffers of their own, which vLLM does not
+// measure; and layer streaming views every layer of a region onto one
+// allocation, which the extensible cache's per-layer commit does not keep.
+// Asked before vLLM sizes its cache and again by each connector; throws
+// ValueError naming the setting to use.
+void check_extensible_kv_cache(const py::handle& vllm_config, const Config& config) {
+  if (!g_classes->features.extensible_kv_cache) return;
+  const py::object cache = py::getattr(vllm_config, "cache_config", py::none());
+  if (!py::getattr(cache, "enable_extensible_kv_cache", py::none()).is(py::bool_(true))) return;
+  if (config.streaming) {
+    throw py::value_error(
+        "ActiveKV layer streaming cannot run on vLLM's extensible KV cache (enable_extensible_kv_cache, on "
+        "by default on CUDA since vLLM 0.34): its ring regions must share one allocation. Start vLLM with "
+        "--no-enable-extensible-kv-cache (LLM(..., enable_extensible_kv_cache=False))");
+  }
+  if (py::getattr(cache, "gpu_memory_utilization", py::none()).is_none()) {
+    throw py::value_error(
+        "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by default "
+        "on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset (it then takes "
+        "1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM with "
+        "--no-enable-extensible-kv-cache");
+  }
+}
+
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
   const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
+  check_extensible_kv_cache(vllm_config, config);
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
   const std::int64_t host_bytes = physical_memory_bytes();
@@ -307,7 +335,17 @@ py::dict connector_namespace() {
     scheduler_of(self).update_state_after_alloc(request, blocks, n);
   });
   ns["build_connector_meta"] = named("build_connector_meta", [](py::object self, py::object so) {
-    return plan_to_python(scheduler_of(self).build(so));
+    const StepPlan plan = scheduler_of(self).build(so);
+    // vLLM 0.34's model runner starts the loads before the forward only on a
+    // step the scheduler marks (a request newly scheduled with host tokens);
+    // others it starts after the forward. A step that stages streamed layers
+    // or loads into blocks its attention reads must start first, as vLLM's
+    // own HiSparse connector marks its steps.
+    if (g_classes->features.sync_kv_loads_flag &&
+        (!plan.loads.empty() || !plan.stage_blocks.empty() || !plan.writeback_blocks.empty())) {
+      so.attr("has_sync_kv_loads") = true;
+    }
+    return plan_to_python(plan);
   });
   ns["update_connector_output"] = named("update_connector_output", [](py::object self, py::object output) {
     const py::object wm = output.attr("kv_connector_worker_meta");
@@ -345,7 +383,10 @@ py::dict connector_namespace() {
         const py::object transfer = vllm_config.attr("kv_transfer_config");
         if (transfer.is_none()) return py::none();
         auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
-        if (!parsed.ok() || !parsed.value().streaming) return py::none();
+        if (!parsed.ok()) return py::none();
+        // vLLM asks this before sizing its KV cache: refuse there, not after warm-up.
+        check_extensible_kv_cache(vllm_config, parsed.value());
+        if (!parsed.value().streaming) return py::none();
         return py::str("HND");
       }));
   // Called by vLLM's engine core at start-up (patch 0002), before any
@@ -357,6 +398,12 @@ py::dict connector_namespace() {
         if (!config.streaming) return py::none();
         return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups).regions());
       }));
+  // Sleep mode (vLLM 0.33+) frees and remaps the device KV cache under the
+  // connector; ActiveKV's worker keeps views of it and copies in flight, so
+  // vLLM refuses the combination at start-up, naming the connector.
+  ns["supports_sleep_mode"] = classmethod(named("supports_sleep_mode", [](py::object, py::object) {
+    return false;
+  }));
   ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
       [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
         return g_classes->prom(vllm_config, types, labels, per_engine);

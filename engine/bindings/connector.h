@@ -1,4 +1,4 @@
-// ActiveKVConnector's methods: vLLM's factory reads the connector's constructor
+// ActiveKVHostConnector's methods: vLLM's factory reads the connector's constructor
 // signature and checks isinstance(..., KVConnectorBase_V1), so the connector is
 // a real subclass made with the base's own metaclass (make_vllm_classes) and
 // these are native functions. Each method takes what it needs from the Python
@@ -13,7 +13,7 @@ namespace activekv::bindings {
 
 namespace py = pybind11;
 
-// The class namespace of ActiveKVConnector; needs g_classes' bases and features.
+// The class namespace of ActiveKVHostConnector; needs g_classes' bases and features.
 py::dict connector_namespace();
 
 }  // namespace activekv::bindings

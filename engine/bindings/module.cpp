@@ -1,6 +1,6 @@
 // The pybind11 module `activekv`: its functions, and read-only views of the two
 // sides for the parity harness and tests. The rest of this folder:
-//   connector.h          ActiveKVConnector's methods
+//   connector.h          ActiveKVHostConnector's methods
 //   scheduler_adapter.h  the scheduler side as a connector holds it
 //   vllm_classes.h       the classes vLLM sees, made on first use
 //   metrics.h            ActiveKVStats and ActiveKVPromMetrics
@@ -64,10 +64,13 @@ PYBIND11_MODULE(activekv, m) {
   }, "What the installed vLLM offers ActiveKV (its version, the patch series' hooks, the optional\n"
      "interfaces ActiveKV uses where present), as probed when the connector class was built.");
   m.def("register", [] {
-    py::module_::import("vllm.distributed.kv_transfer.kv_connector.factory")
-        .attr("KVConnectorFactory")
-        .attr("register_connector")(kConnectorName, kModule, kConnectorName);
-  }, "vllm.general_plugins entry point: makes 'ActiveKVConnector' known to vLLM by name.");
+    const py::object factory =
+        py::module_::import("vllm.distributed.kv_transfer.kv_connector.factory").attr("KVConnectorFactory");
+    for (const char* name : {kConnectorName, kConnectorAlias}) {
+      factory.attr("register_connector")(name, kModule, kConnectorName);
+    }
+  }, "vllm.general_plugins entry point: makes 'ActiveKVHostConnector' (and its older name\n"
+     "'ActiveKVConnector') known to vLLM by name.");
 
   // ---- the device check: the engine's device scenarios, for operators and the
   // release's GPU check of the shipped wheel (device_check.h) ----

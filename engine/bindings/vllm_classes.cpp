@@ -57,6 +57,7 @@ void make_vllm_classes(py::module_ m) {
   m.attr("ActiveKVStats") = g_classes->stats;
   m.attr("ActiveKVPromMetrics") = g_classes->prom;
   m.attr(kConnectorName) = connector;
+  m.attr(kConnectorAlias) = connector;
 }
 
 }  // namespace activekv::bindings

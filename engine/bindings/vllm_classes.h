@@ -14,11 +14,16 @@ namespace activekv::bindings {
 namespace py = pybind11;
 
 inline constexpr const char* kModule = "activekv";
-inline constexpr const char* kConnectorName = "ActiveKVConnector";
+// The connector's name in kv_connector. vLLM has a class of its own named
+// ActiveKVConnector since 0.26 (its model runner's wrapper of "the active
+// connector"), so logs and tracebacks name ours apart from it; the old name
+// stays an alias of the same class for configs written before.
+inline constexpr const char* kConnectorName = "ActiveKVHostConnector";
+inline constexpr const char* kConnectorAlias = "ActiveKVConnector";
 // The module's attributes made by make_vllm_classes.
-inline constexpr std::array<const char*, 5> kVllmFacing = {"ActiveKVConnector", "ActiveKVMetadata",
-                                                           "ActiveKVWorkerMetadata", "ActiveKVStats",
-                                                           "ActiveKVPromMetrics"};
+inline constexpr std::array<const char*, 6> kVllmFacing = {kConnectorName,           kConnectorAlias,
+                                                           "ActiveKVMetadata",       "ActiveKVWorkerMetadata",
+                                                           "ActiveKVStats",          "ActiveKVPromMetrics"};
 
 struct Classes {
   py::object base;            // KVConnectorBase_V1

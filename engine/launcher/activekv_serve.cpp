@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   if (!capacity.empty()) add("capacity_bytes", capacity);
   if (!streaming.empty()) add("streaming", streaming);
   extra += "}";
-  const std::string transfer = "{\"kv_connector\": \"ActiveKVConnector\", \"kv_role\": \"kv_both\", "
+  const std::string transfer = "{\"kv_connector\": \"ActiveKVHostConnector\", \"kv_role\": \"kv_both\", "
                                "\"kv_connector_extra_config\": " + extra + "}";
 
   PyConfig config;

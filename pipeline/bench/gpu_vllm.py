@@ -183,8 +183,8 @@ ENGINES = {
     # Plain vLLM in the graph mode a connector with per-layer hooks runs:
     # what the mode alone costs a decode step (`decode`).
     "plain-piecewise": (None, None),
-    "activekv-exact": ("ActiveKVConnector", {"mode": "exact", "capacity_bytes": 32 * GIB}),
-    "activekv-compressed": ("ActiveKVConnector", {"mode": "compressed", "capacity_bytes": 32 * GIB}),
+    "activekv-exact": ("ActiveKVHostConnector", {"mode": "exact", "capacity_bytes": 32 * GIB}),
+    "activekv-compressed": ("ActiveKVHostConnector", {"mode": "compressed", "capacity_bytes": 32 * GIB}),
     "vllm-offloading": ("OffloadingConnector", {"cpu_bytes_to_use": 32 * GIB}),
 }
 
@@ -276,7 +276,7 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
             # Read by each worker at start-up (vLLM's engine process inherits it).
             os.environ["ACTIVEKV_SETTLE_ACROSS_STEPS"] = "1" if settled else "0"
             t0 = time.perf_counter()
-            llm = make_llm("ActiveKVConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
+            llm = make_llm("ActiveKVHostConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
                            max_model_len=max_len, kv_cache_bytes=budget_bytes, async_scheduling=async_scheduling)
             start_s = round(time.perf_counter() - t0, 1)
             blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
@@ -362,7 +362,7 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,
                            "capacity_gib": round(capacity / GIB, 2), "store": str(path), "by_length": {}}
     t0 = time.perf_counter()
-    llm = make_llm("ActiveKVConnector", extra, max_model_len=max_len)
+    llm = make_llm("ActiveKVHostConnector", extra, max_model_len=max_len)
     out["first_start_s"] = round(time.perf_counter() - t0, 1)
     try:
         timed_generate(llm, prompt_of(2048, 0), "warm-up")
@@ -371,7 +371,7 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     finally:
         shutdown(llm)
     t0 = time.perf_counter()
-    llm = make_llm("ActiveKVConnector", extra, max_model_len=max_len)
+    llm = make_llm("ActiveKVHostConnector", extra, max_model_len=max_len)
     out["restart_s"] = round(time.perf_counter() - t0, 1)
     try:
         timed_generate(llm, prompt_of(2048, 1), "warm-up")  # not stored before: a recompute

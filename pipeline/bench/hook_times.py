@@ -117,7 +117,7 @@ def connector_class(connector: str | None) -> type | None:
         return None
     if connector == "native":
         import activekv
-        return activekv.ActiveKVConnector
+        return activekv.ActiveKVHostConnector
     if connector == "reference":
         from activekv_reference import ActiveKVReferenceConnector
         return ActiveKVReferenceConnector

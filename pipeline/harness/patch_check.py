@@ -85,8 +85,8 @@ def main() -> int:
         failures.append(f"{args.dist} {installed} has no +activekv local version label")
     if not hasattr(KVConnectorBase_V1, "has_layer_work"):
         failures.append("KVConnectorBase_V1.has_layer_work is missing: the patch did not take")
-    elif activekv.ActiveKVConnector.has_layer_work is KVConnectorBase_V1.has_layer_work:
-        failures.append("ActiveKVConnector does not override has_layer_work")
+    elif activekv.ActiveKVHostConnector.has_layer_work is KVConnectorBase_V1.has_layer_work:
+        failures.append("ActiveKVHostConnector does not override has_layer_work")
 
     first, second, generation_failures = reload_check(tiny_llama(args.cache_dir))
     failures += generation_failures

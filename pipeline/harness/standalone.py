@@ -12,7 +12,7 @@ import torch
 
 IMPLEMENTATIONS = {
     "reference": ("activekv_reference", "ActiveKVReferenceConnector"),
-    "native": ("activekv", "ActiveKVConnector"),
+    "native": ("activekv", "ActiveKVHostConnector"),
 }
 
 

@@ -39,7 +39,7 @@ MIN_MARGIN = 1.0
 CONNECTORS = {
     "reference": {"kv_connector": "ActiveKVReferenceConnector",
                   "kv_connector_module_path": "activekv_reference"},
-    "native": {"kv_connector": "ActiveKVConnector"},
+    "native": {"kv_connector": "ActiveKVHostConnector"},
 }
 # The reference with a bug planted (every load serves another stored block):
 # the reload tests' oracles must fail on it (tests/vllm/wrong_block.py).

@@ -59,6 +59,30 @@ def model_identity(vllm_config: VllmConfig, layout: KVLayout) -> ModelIdentity:
     )
 
 
+def check_extensible_kv_cache(vllm_config: VllmConfig, config: ActiveKVConfig) -> None:
+    """vLLM 0.34's extensible KV cache (on by default on CUDA) commits the
+    device memory vLLM measured free after warm-up; with gpu_memory_utilization
+    unset it takes all of it. The loads stage through device buffers of their
+    own, and streaming's regions must share one allocation: refused, naming
+    the setting to use."""
+    cache = getattr(vllm_config, "cache_config", None)
+    if getattr(cache, "enable_extensible_kv_cache", None) is not True:
+        return
+    if config.streaming is not None:
+        raise ValueError(
+            "ActiveKV layer streaming cannot run on vLLM's extensible KV cache (enable_extensible_kv_cache, "
+            "on by default on CUDA since vLLM 0.34): its ring regions must share one allocation. Start "
+            "vLLM with --no-enable-extensible-kv-cache (LLM(..., enable_extensible_kv_cache=False))"
+        )
+    if cache.gpu_memory_utilization is None:
+        raise ValueError(
+            "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by "
+            "default on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset "
+            "(it then takes 1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM "
+            "with --no-enable-extensible-kv-cache"
+        )
+
+
 class ActiveKVReferenceConnector(KVConnectorBase_V1):
 
     def __init__(
@@ -68,10 +92,11 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         self.config = ActiveKVConfig.from_extra_config(
             self._kv_transfer_config.kv_connector_extra_config
         )
+        check_extensible_kv_cache(vllm_config, self.config)
         if self.config.store_path is not None:
             raise ActiveKVConfigError(
                 "kv_connector_extra_config['store_path']: the reference engine keeps its host store "
-                "in process memory; a store file is the native engine's (ActiveKVConnector)"
+                "in process memory; a store file is the native engine's (ActiveKVHostConnector)"
             )
         layout = KVLayout.from_kv_cache_config(kv_cache_config)
         slot_bytes = layout.slot_bytes(self.config.mode)
@@ -153,7 +178,14 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             )
         except ValueError:  # refused by the constructor, with its message
             return None
+        check_extensible_kv_cache(vllm_config, config)
         return "HND" if config.streaming is not None else None
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config) -> bool:
+        """Sleep mode (vLLM 0.33+) remaps the device KV cache under the worker's
+        views and copies in flight: vLLM refuses it, naming the connector."""
+        return False
 
     def loads_before_kv_cache_update(self) -> bool:
         return self.worker_side is not None and self.worker_side.streaming is not None
@@ -207,7 +239,14 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> ActiveKVMetadata:
-        return self.scheduler_side.build_connector_meta(scheduler_output)
+        meta = self.scheduler_side.build_connector_meta(scheduler_output)
+        # vLLM 0.34 starts the loads before the forward only on a step marked
+        # so (else after it): a step that loads or streams must start first.
+        if hasattr(scheduler_output, "has_sync_kv_loads") and (
+            meta.loads or meta.stage_blocks or meta.writeback_blocks
+        ):
+            scheduler_output.has_sync_kv_loads = True
+        return meta
 
     def update_connector_output(self, connector_output) -> None:
         self.scheduler_side.update_connector_output(connector_output)

@@ -16,7 +16,10 @@ IMPLS = ["reference", "native"]
 
 
 def test_connector_is_a_real_subclass_with_the_factory_signature():
-    cls = activekv.ActiveKVConnector
+    cls = activekv.ActiveKVHostConnector
+    # Named apart from vLLM's own ActiveKVConnector (its runner's wrapper of
+    # "the active connector"), with the older name kept as an alias.
+    assert cls.__name__ == "ActiveKVHostConnector" and activekv.ActiveKVConnector is cls
     assert issubclass(cls, KVConnectorBase_V1)
     assert list(inspect.signature(cls).parameters) == ["vllm_config", "role", "kv_cache_config"]
     # Native all the way down: no method of ours is a Python function.
@@ -29,10 +32,27 @@ def test_register_makes_the_connector_known_by_name():
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     activekv.register()
-    found = KVConnectorFactory.get_connector_class(
-        KVTransferConfig(kv_connector="ActiveKVConnector", kv_role="kv_both")
-    )
-    assert found is activekv.ActiveKVConnector
+    for name in ("ActiveKVHostConnector", "ActiveKVConnector"):
+        found = KVConnectorFactory.get_connector_class(KVTransferConfig(kv_connector=name, kv_role="kv_both"))
+        assert found is activekv.ActiveKVHostConnector
+
+
+def test_sleep_mode_is_refused_by_name():
+    # vLLM 0.33+ asks this when sleep mode is on and refuses a connector that
+    # answers False, naming it; older vLLM never asks.
+    assert activekv.ActiveKVHostConnector.supports_sleep_mode(None) is False
+
+
+def test_features_report_what_this_vllm_offers():
+    import dataclasses
+
+    from vllm.config import CacheConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    features = activekv.vllm_features()
+    assert features["sync_kv_loads_flag"] == ("has_sync_kv_loads" in {f.name for f in dataclasses.fields(SchedulerOutput)})
+    assert features["extensible_kv_cache"] == ("enable_extensible_kv_cache" in CacheConfig.__dataclass_fields__)
+    assert features["sleep_mode_hook"] == hasattr(KVConnectorBase_V1, "supports_sleep_mode")
 
 
 def test_metadata_is_plain_picklable_data():
@@ -55,7 +75,7 @@ def test_worker_metadata_aggregates_over_ranks():
 
 
 def test_stats_sum_and_reduce_every_counter():
-    stats = activekv.ActiveKVConnector.build_kv_connector_stats({"hit_blocks": 2})
+    stats = activekv.ActiveKVHostConnector.build_kv_connector_stats({"hit_blocks": 2})
     total = stats.aggregate(activekv.ActiveKVStats(data={"hit_blocks": 3, "lookups": 1}))
     reduced = total.reduce()
     assert reduced["hit_blocks"] == 5 and reduced["lookups"] == 1 and reduced["stored_blocks"] == 0
