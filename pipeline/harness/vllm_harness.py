@@ -204,6 +204,7 @@ def make_llm(
     compilation_config: dict[str, Any] | None = None,
     async_scheduling: bool | None = None,
     in_process: bool | None = None,
+    llm_args: dict[str, Any] | None = None,
 ):
     """An LLM on the tiny model with the named connector (None: without ActiveKV).
 
@@ -217,7 +218,9 @@ def make_llm(
     `env`: environment variables for vLLM's processes (e.g. SAME_THREADS),
     set while the engine starts. `enforce_eager=False`: vLLM's default
     compiled mode (CUDA graphs on a GPU), with `compilation_config` if given.
-    `async_scheduling`: vLLM's own choice unless given.
+    `async_scheduling`: vLLM's own choice unless given. `llm_args`: more
+    of vLLM's engine arguments, over the harness's own (gpu_memory_utilization
+    None: vLLM's default).
 
     `in_process`: the engine and its one worker in this process
     (VLLM_ENABLE_V1_MULTIPROCESSING=0), by default for one worker on CPU. A
@@ -249,8 +252,8 @@ def make_llm(
             kwargs["compilation_config"] = compilation_config
         if async_scheduling is not None:
             kwargs["async_scheduling"] = async_scheduling
-        return _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector,
-                    tensor_parallel_size)
+        return _llm(model_path, {**kwargs, **(llm_args or {})}, kv_cache_bytes, max_model_len,
+                    connector, tensor_parallel_size)
     except BaseException:
         if in_process:  # a start that failed here must not leave its connector to the next one
             from vllm.distributed.kv_transfer import kv_transfer_state
@@ -268,20 +271,21 @@ def make_llm(
 def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_parallel_size):
     from vllm import LLM
 
-    return LLM(
-        model=str(model_path),
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        block_size=BLOCK_SIZE,
-        max_model_len=max_model_len,
+    args = {
+        "model": str(model_path),
+        "skip_tokenizer_init": True,
+        "dtype": "bfloat16",
+        "block_size": BLOCK_SIZE,
+        "max_model_len": max_model_len,
         **({"num_gpu_blocks_override": NUM_DEVICE_BLOCKS} if kv_cache_bytes is None
            else {"kv_cache_memory_bytes": kv_cache_bytes}),
-        gpu_memory_utilization=0.3,
-        disable_log_stats=connector is None,  # ActiveKV telemetry reaches us through the metrics
-        seed=0,
-        tensor_parallel_size=tensor_parallel_size,
+        "gpu_memory_utilization": 0.3,
+        "disable_log_stats": connector is None,  # ActiveKV telemetry reaches us through the metrics
+        "seed": 0,
+        "tensor_parallel_size": tensor_parallel_size,
         **kwargs,
-    )
+    }
+    return LLM(**{k: v for k, v in args.items() if v is not None})
 
 
 def shutdown(llm) -> None:

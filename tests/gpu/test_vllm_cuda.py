@@ -401,6 +401,43 @@ def test_a_bad_extra_config_is_refused_naming_the_key(llms, eager_model, capfd):
     assert "unknown key 'capacity'" in err and "capacity_bytes" in err
 
 
+def offers(feature: str) -> bool:
+    import activekv
+
+    return bool(activekv.vllm_features()[feature])
+
+
+def test_sleep_mode_is_refused_naming_the_connector(llms, eager_model):
+    if not offers("sleep_mode_hook"):
+        pytest.skip(f"vLLM {vllm_version()} has no sleep mode hook for connectors (0.33+)")
+    llms.close()
+    with pytest.raises(ValueError, match="ActiveKVHostConnector does not support sleep mode"):
+        h.make_llm(eager_model, {"mode": "exact"}, connector="native", llm_args={"enable_sleep_mode": True})
+
+
+# vLLM 0.34's extensible KV cache (on by default on CUDA): where the engine
+# cannot run on it, start-up stops and names the setting to use.
+@pytest.mark.parametrize("extra, llm_args, setting_named", [
+    ({"mode": "exact"}, {"gpu_memory_utilization": None}, "--gpu-memory-utilization"),
+    ({"streaming": h.STREAMING}, {"enable_extensible_kv_cache": True}, "--no-enable-extensible-kv-cache"),
+], ids=["store-with-utilization-unset", "streaming"])
+def test_the_extensible_kv_cache_is_refused_naming_the_setting(llms, eager_model, capfd, extra, llm_args,
+                                                               setting_named):
+    if not offers("extensible_kv_cache"):
+        pytest.skip(f"vLLM {vllm_version()} has no extensible KV cache (0.34+)")
+    llms.close()
+    with pytest.raises(Exception) as raised:
+        h.make_llm(eager_model, extra, connector="native", llm_args=llm_args)
+    err = capfd.readouterr().err + str(raised.value)
+    assert "extensible KV cache" in err and setting_named in err, err[-3000:]
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
 @pytest.mark.skipif(not os.environ.get("ACTIVEKV_UNPATCHED_VLLM"),
                     reason="needs ACTIVEKV_UNPATCHED_VLLM (ci/gpu-vllm-check.sh sets it)")
 def test_an_unpatched_vllm_is_refused_for_streaming(eager_model, tmp_path):
