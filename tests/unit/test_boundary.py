@@ -12,7 +12,7 @@ from pipeline import boundary
 from pipeline.patch_series import PATCHES_DIR
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.34.0"])
 def test_every_hunk_of_each_series_is_a_cited_contract(version):
     rows, violations = boundary.retention(version)
     assert violations == []
@@ -22,9 +22,15 @@ def test_every_hunk_of_each_series_is_a_cited_contract(version):
 
 
 def test_the_audit_covers_every_version_the_targets_name():
-    from pipeline import config
+    from packaging.version import Version
 
-    assert boundary.release_versions(config.load(environ={})) == ["0.26.0", "0.32.0"]
+    from pipeline import config
+    from pipeline.patch_series import supported_versions
+
+    cfg = config.load(environ={})
+    named = sorted({t.vllm_version for t in cfg.targets.values()}, key=Version)
+    assert boundary.release_versions(cfg) == named
+    assert {"0.26.0", "0.32.0"} <= set(named) and set(named) <= set(supported_versions())
 
 
 def test_a_label_of_another_version_does_not_count(tmp_path):
@@ -78,6 +84,13 @@ def test_hunks_are_read_per_file(tmp_path):
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
         ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
         ("0002", "kv_cache_utils.py", 3), ("0002", "kv_cache_utils.py", 4)]
+    shutil.copytree(PATCHES_DIR / "0.34.0", patches / "0.34.0")
+    rows, _ = boundary.retention("0.34.0", patches_dir=patches)
+    assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
+        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0002", "kv_cache_planning.py", 1)]
 
 
 def test_census_finds_every_vllm_facing_method_native():

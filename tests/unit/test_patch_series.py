@@ -13,7 +13,7 @@ from pipeline.errors import PatchError
 from pipeline.stages import patch_vllm
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.34.0"])
 def test_each_series_loads_with_its_headers(version):
     series = patch_series.load_series(version)
     assert series.local_version.startswith("activekv.")
@@ -40,20 +40,54 @@ def test_every_release_target_with_a_pin_has_a_series_and_a_pin():
         assert pin.file.startswith(target.vllm_distribution.replace("-", "_") + "-" + target.vllm_version + "-")
 
 
+def test_vllm_0_34_0_is_pinned():
+    pin = patch_vllm.load_pin("vllm", "0.34.0")
+    assert pin.file == "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert pin.sha256 == "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
+
+
 def test_the_cuda_target_pins_vllm_0_26_0():
     pin = patch_vllm.load_pin("vllm", "0.26.0")
     assert pin.file == "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     assert pin.sha256 == "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
 
 
-def test_both_series_make_the_same_changes():
-    """0.26.0's series is 0.32.0's written for the older tree: the same files
-    and, but for kv_cache_utils.py (rewritten), the same added lines."""
-    old, new = (patch_series.load_series(v) for v in ("0.26.0", "0.32.0"))
-    for a, b in zip(old.patches, new.patches, strict=True):
-        assert patch_series.touched_files(a) == patch_series.touched_files(b)
-        added = lambda p: [t for f, _, t in patch_series.added_blocks(p) if not f.endswith("kv_cache_utils.py")]
-        assert added(a) == added(b)
+# Where each series sizes the KV cache by regions: 0.34.0 moved the sizing
+# out of kv_cache_utils.py.
+SIZING_FILE = {"0.26.0": "vllm/v1/core/kv_cache_utils.py", "0.32.0": "vllm/v1/core/kv_cache_utils.py",
+               "0.34.0": "vllm/v1/core/kv_cache_planning.py"}
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.34.0"])
+def test_every_series_makes_the_same_changes(version):
+    """0.26.0's and 0.34.0's series are 0.32.0's written for another tree: the
+    same files, the sizing file aside, and, but for the sizing (rewritten),
+    the same added lines, so one native module serves all three."""
+    other, ref = (patch_series.load_series(v) for v in (version, "0.32.0"))
+    for a, b in zip(other.patches, ref.patches, strict=True):
+        sizing = lambda v, p: [f for f in patch_series.touched_files(p) if f != SIZING_FILE[v]]
+        assert sizing(version, a) == sizing("0.32.0", b)
+        added = lambda v, p: [t for f, _, t in patch_series.added_blocks(p) if f != SIZING_FILE[v]]
+        assert added(version, a) == added("0.32.0", b)
+
+
+def test_the_0_34_0_series_touches_no_file_it_need_not():
+    """0.34.0's sizing is one hunk of kv_cache_planning.py (every size there
+    is read from the KV cache config builder's placement), and
+    kv_cache_utils.py is not touched."""
+    from pipeline import boundary
+
+    series = patch_series.load_series("0.34.0")
+    rows = [(h.patch[:4], h.file.rsplit("/", 1)[1], h.index) for p in series.patches for h in boundary.hunks(p)]
+    assert rows == [
+        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0002", "kv_cache_planning.py", 1)]
+    header = series.patches[1].read_text().split("\n--- a/", 1)[0]
+    for finding in ("extensible", "--no-enable-extensible-kv-cache", "LBHNC", "block size 64",
+                    "breakable"):
+        assert finding in header, finding
 
 
 def test_unknown_version_names_supported_and_nearest():
@@ -61,10 +95,12 @@ def test_unknown_version_names_supported_and_nearest():
         patch_series.load_series("0.33.1")
     message = str(err.value)
     assert "vLLM 0.33.1 is not supported" in message
-    assert "Supported versions: 0.26.0, 0.32.0" in message and "Nearest series: 0.32.0" in message
+    assert "Supported versions: 0.26.0, 0.32.0, 0.34.0" in message and "Nearest series: 0.32.0" in message
     assert "--rebase" in message
-    with pytest.raises(PatchError, match="Supported versions: 0.26.0, 0.32.0. Nearest series: 0.26.0"):
+    with pytest.raises(PatchError, match="Supported versions: 0.26.0, 0.32.0, 0.34.0. Nearest series: 0.26.0"):
         patch_series.load_series("0.27.1")
+    with pytest.raises(PatchError, match="Nearest series: 0.34.0"):
+        patch_series.load_series("0.35.0")
 
 
 def test_nearest_version_prefers_the_newest_not_after():
