@@ -75,7 +75,7 @@ LLAMA3_8B = {
     "max_position_embeddings": 1 << 21, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
     "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
 }
-BLOCK = 16  # vLLM's default on CUDA
+BLOCK = 16  # tokens a block: vLLM's default on CUDA before 0.34 (64 since); --block-size
 KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 128 * 2  # K and V, 8 heads of 128, bf16
 CAPTURE_SIZES = [1, 2, 4, 8, 16, 32]
 
@@ -121,8 +121,11 @@ def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
         kw["kv_cache_memory_bytes"] = kv_cache_bytes
     if async_scheduling is not None:
         kw["async_scheduling"] = async_scheduling
+    # gpu_memory_utilization set: vLLM 0.34's extensible KV cache otherwise
+    # takes the whole device, leaving no room for a connector's own buffers.
     return LLM(model=str(model_dir()), load_format="dummy", skip_tokenizer_init=True,
                dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
+               block_size=BLOCK,
                enable_prefix_caching=True, seed=0, disable_log_stats=connector is None,
                max_num_batched_tokens=8192,
                **({"enforce_eager": True} if EAGER else
@@ -391,6 +394,7 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BLOCK
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_vllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["ttft", "streaming", "decode", "restart"])
@@ -410,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", help="streaming: off,on: write-backs settling across steps, "
                         "an LLM each (ACTIVEKV_SETTLE_ACROSS_STEPS otherwise)")
     parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
+    parser.add_argument("--block-size", type=int, default=BLOCK, help="tokens a KV block, every engine")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    BLOCK = args.block_size
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least 1")
     if args.settle and set(args.settle.split(",")) - {"on", "off"}:
@@ -433,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
-    result["eager"] = EAGER
+    result["eager"], result["block_size"] = EAGER, BLOCK
     result["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                          "vllm": vllm.__version__}
     text = json.dumps(result, indent=1)
