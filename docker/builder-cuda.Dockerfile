@@ -10,6 +10,10 @@
 # its manylinux_2_34 tag (a newer distribution's glibc would not). The source
 # is the upstream tarball as Ubuntu's archive carries it (reachable where
 # python.org is not), pinned by sha256 below: add a line there for another.
+# It is built with its shared library (libpython3.X.so, found by rpath), which
+# activekv-serve embeds: a static one would leave the launcher without the
+# symbols torch's extension modules need. The runtime base of the target
+# copies /opt/cpython from this image (docker/runtime-base-cuda.Dockerfile).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
@@ -43,11 +47,13 @@ RUN set -eux; \
       curl -fsSL -o "$src/python.tar.xz" "$url"; \
       echo "$sha256  $src/python.tar.xz" | sha256sum -c -; \
       tar -xJf "$src/python.tar.xz" -C "$src" --strip-components=1; \
-      (cd "$src" && ./configure --prefix="/opt/cpython/$v" --with-ensurepip=install >/dev/null \
+      (cd "$src" && ./configure --prefix="/opt/cpython/$v" --enable-shared \
+          LDFLAGS="-Wl,-rpath,/opt/cpython/$v/lib" --with-ensurepip=install >/dev/null \
         && nice -n 10 make -j"$(nproc)" >/dev/null && make altinstall >/dev/null); \
       rm -rf "$src" "/opt/cpython/$v/lib/python$v/test"; \
       ln -s "/opt/cpython/$v/bin/python$v" "/usr/local/bin/python$v"; \
     done; \
+    mkdir -p /opt/cpython; \
     rm -rf /var/lib/apt/lists/*
 
 COPY wheelhouse/ /wheelhouse/

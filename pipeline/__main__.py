@@ -10,6 +10,7 @@ Stages, in the release's order (pipeline/stages/registry.py):
     audit [--static-only]       (the manifest stage refuses a static-only audit)
     patch-vllm [--vllm X.Y.Z] [--rebase] [--no-verify]
     parity [--parity-evidence T=FILE]
+    parity --target T --engine-wheel W --vllm-wheel V [--out FILE]   (on a host with T's accelerator)
     runtime-image
     manifest [--key ed25519.pem]
     publish
@@ -61,6 +62,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parity-evidence", action="append", default=[], metavar="TARGET=FILE",
                         help="parity: the parity.json the parity stage wrote for TARGET on a host "
                              "with its accelerator (for the same wheels)")
+    parser.add_argument("--engine-wheel", type=Path,
+                        help="parity, on a host with the target's accelerator: the engine wheel to run "
+                             "the gate on (the release's, carried there)")
+    parser.add_argument("--vllm-wheel", type=Path,
+                        help="parity, with --engine-wheel: the patched vLLM wheel to run it with")
+    parser.add_argument("--out", type=Path,
+                        help="parity, with --engine-wheel: where the record goes (default "
+                             "build/release/<target>/parity.json)")
     parser.add_argument("--key", help="manifest: the Ed25519 signing key (PEM, mode 0600; or "
                         "ACTIVEKV_SIGNING_KEY; passphrase: ACTIVEKV_SIGNING_KEY_PASSPHRASE or asked)")
     verify.add_arguments(parser)
@@ -76,8 +85,19 @@ def options(args: argparse.Namespace) -> Options:
         if not Path(file).is_file():
             raise ConfigError(f"--parity-evidence {item}: {file} is not a file")
         evidence[target] = Path(file).resolve()
+    given = (args.engine_wheel, args.vllm_wheel)
+    if any(given) and (args.stage != "parity" or not all(given) or evidence):
+        raise ConfigError("--engine-wheel and --vllm-wheel go together, with the parity stage alone "
+                          "(on a host with the target's accelerator), without --parity-evidence")
+    if args.out is not None and not all(given):
+        raise ConfigError("--out is the record of `parity --engine-wheel W --vllm-wheel V`")
+    for flag, path in (("--engine-wheel", args.engine_wheel), ("--vllm-wheel", args.vllm_wheel)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{flag} {path}: not a file")
     return Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
-                   vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify, parity_evidence=evidence)
+                   vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify, parity_evidence=evidence,
+                   parity_wheels=(args.engine_wheel.resolve(), args.vllm_wheel.resolve()) if all(given) else None,
+                   parity_out=args.out.resolve() if args.out is not None else None)
 
 
 def main(argv: list[str]) -> int:

@@ -79,6 +79,25 @@ def gate_problem(record: dict) -> str:
     return "; ".join(problems + expectation_problems(cells))
 
 
+def wheel_differences(ran: list, ships: list[dict]) -> list[str]:
+    """How a parity record's wheels (`ran`) differ from those that ship, file
+    by file ([] when they are the same, by name and sha256)."""
+    ran_by = {w.get("file"): w.get("sha256") for w in ran if isinstance(w, dict)}
+    ships_by = {w["file"]: w["sha256"] for w in ships}
+    out = []
+    for file in sorted(set(ran_by) | set(ships_by)):
+        have, want = ran_by.get(file), ships_by.get(file)
+        if have == want:
+            continue
+        if file not in ran_by:
+            out.append(f"{file} (sha256 {want}) ships but did not run")
+        elif file not in ships_by:
+            out.append(f"{file} (sha256 {have}) ran but does not ship")
+        else:
+            out.append(f"{file} ran as sha256 {have}, ships as sha256 {want}")
+    return out
+
+
 def inputs_digest(version: str, commit: str, wheels: list[Path]) -> str:
     """sha256 over the version, the commit and each file's name and sha256
     (the wheels and the launcher)."""

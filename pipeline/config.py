@@ -17,15 +17,22 @@ from pipeline.paths import ROOT
 
 RELEASE_TOML = ROOT / "release.toml"
 
-TargetName = Literal["cpu", "cuda", "xpu"]
+# What a target builds for. A target is named by its accelerator, or by a name
+# of its own with an `accelerator` key (cuda-vllm0.26: a second cuda target
+# for another vLLM and torch).
+Accelerator = Literal["cpu", "cuda", "xpu"]
 EngineName = Literal["docker", "podman"]
-TARGETS: tuple[str, ...] = get_args(TargetName)
+ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
+# A target's name is a folder (build/release/<target>) and part of image names.
+_TARGET_NAME = re.compile(r"^[a-z][a-z0-9.-]*[a-z0-9]$")
+# A PEP 440 local version label, normalised (lower case, dot-separated).
+_LOCAL_VERSION = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
 _PYTHON = re.compile(r"^3\.(\d+)$")
 _DIGEST_PIN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PEP 508 name
 _RELEASE_VERSION = re.compile(r"^\d+(\.\d+)*$")  # a vLLM release: 0.32.0
 # Keys a target table may leave out (their defaults are the dataclass's).
-OPTIONAL_TARGET_KEYS = {"broken_beside_torch"}
+OPTIONAL_TARGET_KEYS = {"broken_beside_torch", "accelerator"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,8 +52,12 @@ class PulledBase:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Target:
-    name: TargetName
+    name: str
+    accelerator: Accelerator
     torch: str
+    # The local version label of the target's engine wheels (0.1.0+cu130):
+    # one index holds every target's wheels under distinct names.
+    local_version: str
     python: tuple[str, ...]
     platform_tag: str
     builder_base: DebootstrapBase | PulledBase
@@ -76,12 +87,16 @@ class Target:
         """The public version (2.13.0 of 2.13.0+cpu)."""
         return self.torch.split("+", 1)[0]
 
+    def wheel_version(self, release: str) -> str:
+        """The version its engine wheels carry for a release: 0.1.0+cu130."""
+        return f"{release}+{self.local_version}"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Profile:
     name: str
     description: str
-    targets: tuple[TargetName, ...]
+    targets: tuple[str, ...]
     # Where a release of this profile is published (see pipeline/stages/publish.py).
     index: str = paths.relative(paths.PUBLISH_INDEX)
     registry: str = "local"
@@ -126,8 +141,10 @@ class _Reader:
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.filename}: [{key}] {message}")
 
-    def table(self, data: Mapping[str, Any], key: str, allowed: set[str], required: set[str]) -> dict:
-        value = data.get(key.rsplit(".", 1)[-1])
+    def table(self, data: Mapping[str, Any], key: str, allowed: set[str], required: set[str], *,
+              entry: str | None = None) -> dict:
+        """data[entry] (default: the last part of `key`, which names it in errors)."""
+        value = data.get(entry or key.rsplit(".", 1)[-1])
         if not isinstance(value, dict):
             raise self.fail(key, "missing or not a table")
         unknown = sorted(set(value) - allowed)
@@ -184,7 +201,7 @@ class _Reader:
         for name in raw:
             where = f"profiles.{name}"
             t = self.table(raw, where, {"description", "targets", "index", "registry", "manifests"},
-                           {"targets"})
+                           {"targets"}, entry=name)
             names = self.strings(t, where, "targets")
             for n in names:
                 if n not in targets:
@@ -198,14 +215,26 @@ class _Reader:
         raw = data.get("targets")
         if not isinstance(raw, dict) or not raw:
             raise self.fail("targets", "missing: define at least one target")
-        return {name: self.target(raw, name) for name in raw}
+        targets = {name: self.target(raw, name) for name in raw}
+        labels: dict[str, str] = {}
+        for t in targets.values():
+            if t.local_version in labels:
+                raise self.fail(f"targets.{t.name}", f"local_version {t.local_version!r} is also "
+                                f"[targets.{labels[t.local_version]}]'s: each target's engine wheels "
+                                f"need a label of their own (one index holds them all)")
+            labels[t.local_version] = t.name
+        return targets
 
     def target(self, raw: Mapping[str, Any], name: str) -> Target:
         where = f"targets.{name}"
-        if name not in TARGETS:
-            raise self.fail(where, f"unknown target; accepted targets: {', '.join(TARGETS)}")
+        if not _TARGET_NAME.match(name):
+            raise self.fail(where, "a target's name is lower-case letters, digits, '.' and '-', "
+                                   "starting with a letter (it names folders and images)")
         keys = {f.name for f in dataclasses.fields(Target)} - {"name"}
-        t = self.table(raw, where, keys, keys - OPTIONAL_TARGET_KEYS)
+        t = self.table(raw, where, keys, keys - OPTIONAL_TARGET_KEYS, entry=name)
+        accelerator = self.accelerator(t, where, name)
+        torch = self.typed(t, where, "torch", str)
+        local = self.local_version(t, where, torch)
         python = self.strings(t, where, "python")
         for v in python:
             if not _PYTHON.match(v):
@@ -219,8 +248,10 @@ class _Reader:
         find_links = [self.root / p for p in self.strings(t, where, "find_links")]
         find_links += [Path(p) for p in self.environ.get("PIP_FIND_LINKS", "").split() if p]
         return Target(
-            name=name,  # type: ignore[arg-type]
-            torch=self.typed(t, where, "torch", str),
+            name=name,
+            accelerator=accelerator,  # type: ignore[arg-type]
+            torch=torch,
+            local_version=local,
             python=python,
             platform_tag=self.typed(t, where, "platform_tag", str),
             builder_base=self.base(t, where),
@@ -236,6 +267,31 @@ class _Reader:
             vllm_version=self.release_version(t, where, "vllm_version"),
             broken_beside_torch=self.distributions(t, where, "broken_beside_torch"),
         )
+
+    def accelerator(self, t: Mapping[str, Any], where: str, name: str) -> str:
+        if "accelerator" not in t:
+            if name not in ACCELERATORS:
+                raise self.fail(where, f"missing key 'accelerator': a target not named "
+                                       f"{', '.join(ACCELERATORS)} says which it builds for")
+            return name
+        value = self.typed(t, where, "accelerator", str)
+        if value not in ACCELERATORS:
+            raise self.fail(where, f"accelerator {value!r} is not accepted; accepted values: "
+                                   f"{', '.join(repr(a) for a in ACCELERATORS)}")
+        if name in ACCELERATORS and value != name:
+            raise self.fail(where, f"accelerator {value!r}: a target named {name!r} builds for {name}")
+        return value
+
+    def local_version(self, t: Mapping[str, Any], where: str, torch: str) -> str:
+        value = self.typed(t, where, "local_version", str)
+        if not _LOCAL_VERSION.match(value):
+            raise self.fail(where, f"local_version: {value!r} is not a PEP 440 local version label "
+                                   f"(lower-case letters and digits, dot-separated, like 'cu130')")
+        own = torch.partition("+")[2]
+        if own and value.split(".")[0] != own:
+            raise self.fail(where, f"local_version {value!r}: torch {torch} is the {own!r} build, so "
+                                   f"the label starts with {own!r}")
+        return value
 
     def release_version(self, t: Mapping[str, Any], where: str, key: str) -> str:
         value = self.typed(t, where, key, str)

@@ -205,10 +205,15 @@ def builder_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
 
 def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     """(reference, image id) of the target's runtime base: Python and torch
-    (on cpu, with what inductor needs: g++ and Python.h). The payload audit
+    (on cpu, with what inductor needs: g++ and Python.h; on cuda, with
+    torch's CUDA libraries and the builder's CPython). The payload audit
     loads the wheels there."""
+    # A runtime base that takes the builder's CPython (the cuda one: bookworm
+    # lacks 3.12) names the builder's image as a build argument.
+    extra = ({"BUILDER_IMAGE": builder_image(runtime, target)[0]}
+             if "ARG BUILDER_IMAGE" in target.runtime_dockerfile.read_text() else {})
     return _image(runtime, target, "runtime-base", target.runtime_dockerfile,
-                  {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
+                  {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, extra)
 
 
 def runtime_dependencies_image(runtime: ContainerRuntime, target: Target, requirements: Path,

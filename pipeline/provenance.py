@@ -36,7 +36,7 @@ from pipeline import signing
 from pipeline.digest import sha256_of
 from pipeline.paths import ROOT
 from pipeline.release_format import (OPERATOR_KINDS, PROJECT, WHEEL_KINDS, check_schema, constraints_name,
-                                     project_of, provenance_name, requirements_name)
+                                     provenance_name, requirements_name, wheel_name)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -47,7 +47,8 @@ BUILDER_ID = "https://activekv.invalid/release-pipeline/builder/local"
 
 def distribution(wheel: str) -> tuple[str, str]:
     """(project name as pip spells it, version) of a wheel file name."""
-    return project_of(wheel), wheel.split("-")[1]
+    parts = wheel_name(wheel)
+    return parts.project, parts.version
 
 
 def requirements_text(version: str, target: str, wheels: list[dict]) -> str:

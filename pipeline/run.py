@@ -29,6 +29,10 @@ class Options:
     rebase: bool = False
     no_verify: bool = False
     parity_evidence: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    # parity on a host with the target's accelerator: (engine wheel, patched
+    # vLLM wheel) to run the gate on, and where its record goes.
+    parity_wheels: tuple[Path, Path] | None = None
+    parity_out: Path | None = None
 
 
 class Run:

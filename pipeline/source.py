@@ -38,9 +38,13 @@ def source_date_epoch() -> str:
     return git("log", "-1", "--format=%ct")
 
 
-def engine_version() -> str:
-    """The engine's version (engine/pyproject.toml): the release's version."""
-    return tomllib.loads((ROOT / ENGINE / "pyproject.toml").read_text())["project"]["version"]
+def engine_version(root: Path = ROOT) -> str:
+    """The release's version: `release` of engine/pyproject.toml's version
+    provider (packaging/build_support/engine_version.py). Each target's engine
+    wheels carry it with the target's local label (Target.wheel_version)."""
+    project = tomllib.loads((root / ENGINE / "pyproject.toml").read_text())
+    (release,) = [e["release"] for e in project["tool"]["dynamic-metadata"] if e.get("field") == "version"]
+    return release
 
 
 def snapshot_source(dest: Path) -> list[str]:

@@ -17,7 +17,7 @@ Where each rule lives:
     static.py      format (an unreadable zip), size; runs the static rules
     entries.py     duplicate, path, special-file, shadows, no-python,
                    foreign-library, not-ours, missing, format (an entry)
-    metadata.py    tags, metadata, torch-pin, entry-point, sbom, record
+    metadata.py    tags, version, metadata, torch-pin, entry-point, sbom, record
     elf.py         elf, needed, rpath, foreign-library (a graft none needs)
     load_check.py  loads
 """

@@ -12,6 +12,7 @@ from email.parser import Parser
 
 from pipeline.audit.wheel import Wheel, escaped
 from pipeline.digest import record_hash
+from pipeline.source import engine_version
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 ENTRY_POINT = "activekv = activekv:register"
@@ -71,6 +72,11 @@ def metadata(wheel: Wheel, files: dict[str, bytes]) -> None:
         wheel.fail(wheel.path.name, "metadata", f"distribution {wheel.name_parts[0]!r} in the "
                    f"file name; expected {wheel.policy.distribution!r} "
                    f"(packaging/payload-policy.toml: distribution)")
+    want = wheel.target.wheel_version(engine_version())
+    if wheel.name_parts and wheel.name_parts[1] != want:
+        wheel.fail(wheel.path.name, "version", f"version {wheel.name_parts[1]!r} in the file name; "
+                   f"expected {want!r} (the release's version, engine/pyproject.toml, with release.toml "
+                   f"[targets.{wheel.target.name}] local_version: each target's wheels are named apart)")
     if name in files:
         meta, why = _headers(files[name])
         if meta is None:

@@ -25,7 +25,8 @@ from pipeline.errors import BuildError
 from pipeline.images import builder_image
 from pipeline.paths import CCACHE_DIR, ccache_env, target_dir
 from pipeline.run import Run
-from pipeline.source import ENGINE, commit, snapshot_source, source_date_epoch, tree_changes
+from pipeline.release_format import PROJECT as DISTRIBUTION
+from pipeline.source import ENGINE, commit, engine_version, snapshot_source, source_date_epoch, tree_changes
 
 
 def repair_command(target: Target) -> str:
@@ -38,6 +39,8 @@ def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool 
                      ) -> dict[str, str]:
     build_env = {
         "SOURCE_DATE_EPOCH": epoch,
+        # The wheels' version: the release's with the target's label (0.1.0+cu130).
+        "ACTIVEKV_LOCAL_VERSION": target.local_version,
         "ACTIVEKV_WERROR": "ON",
         **ccache_env("/ccache", "/project"),
         # Offline and without isolation: the builder image holds exactly the
@@ -67,6 +70,13 @@ def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool 
     }
 
 
+def expected_wheels(target: Target, release: str) -> list[str]:
+    """The file names the build must make: one wheel per Python version, of
+    the release's version with the target's local label."""
+    version = target.wheel_version(release)
+    return sorted(f"{DISTRIBUTION}-{version}-{tag}-{tag}-{target.platform_tag}.whl" for tag in target.cpython_tags)
+
+
 def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
           use_cache: bool = True) -> dict:
     """Build and repair the target's wheels into `out` (default
@@ -92,9 +102,11 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
         raise BuildError(f"target {target.name}: cibuildwheel failed (exit {result.returncode}); "
                          f"its output is above. Earlier wheels in {wheels} are untouched.")
     built = sorted(staging.glob("*.whl"))
-    if len(built) != len(target.python):
-        raise BuildError(f"target {target.name}: expected {len(target.python)} wheel(s) "
-                         f"(python {', '.join(target.python)}), got {[w.name for w in built]}")
+    expected = expected_wheels(target, engine_version())
+    if sorted(w.name for w in built) != expected:
+        raise BuildError(f"target {target.name}: expected {', '.join(expected)} "
+                         f"(python {', '.join(target.python)}, version {target.wheel_version(engine_version())}), "
+                         f"got {[w.name for w in built]}")
     shutil.rmtree(wheels, ignore_errors=True)
     staging.rename(wheels)
     compiler = runtime.run_in_image(image_ref, "c++", "--version").splitlines()[0]
@@ -109,6 +121,7 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
         "builder_image": {"ref": image_ref, "id": image_id},
         "compiler": compiler,
         "torch": target.torch,
+        "version": target.wheel_version(engine_version()),
         "platform_tag": target.platform_tag,
         "source_files": len(files),
         "seconds": round(time.monotonic() - started, 1),

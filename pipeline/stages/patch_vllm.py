@@ -371,8 +371,8 @@ def report_rebase(run: Run, dist: str, version: str) -> None:
 
 def generates_here(target: Target) -> bool:
     """Whether this host can run the target's vLLM for the generation check:
-    only the cpu target's (the others need their accelerator and torch)."""
-    return target.name == "cpu"
+    only a cpu target's (the others need their accelerator and torch)."""
+    return target.accelerator == "cpu"
 
 
 def execute(run: Run) -> None:

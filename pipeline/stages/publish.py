@@ -46,7 +46,7 @@ from pipeline.digest import sha256_of
 from pipeline.errors import CollisionError, PipelineError, PublishError
 from pipeline.host import ensure_debian_packages, running, start_daemon
 from pipeline.paths import LOCAL_REGISTRY_DIR, MANIFEST_DIR, RELEASE_DIR, ROOT, VLLM_DIR, relative
-from pipeline.release_format import PUBLIC_KEY_FILE, images_name, manifest_name, project_of
+from pipeline.release_format import PUBLIC_KEY_FILE, images_name, manifest_name, project_of, wheel_name
 from pipeline.run import Run
 from pipeline.source import engine_version
 
@@ -142,7 +142,9 @@ class DirectoryIndex:
         projects = sorted(p for p in self.root.iterdir() if p.is_dir())
         for project in projects:
             links = "".join(
-                f'<a href="{html.escape(f.name)}#sha256={sha256_of(f)}">{html.escape(f.name)}</a><br>\n'
+                # The href quoted ('+' of a local version as %2B, as torch's index
+                # writes it); pip unquotes it back to the file's name.
+                f'<a href="{urllib.parse.quote(f.name)}#sha256={sha256_of(f)}">{html.escape(f.name)}</a><br>\n'
                 for f in sorted(project.glob("*.whl")))
             write_atomic(project / "index.html",
                          data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
@@ -176,7 +178,8 @@ class HttpIndex:
         return None
 
     def upload(self, path: Path) -> None:
-        name, version = path.name.split("-")[:2]
+        parts = wheel_name(path.name, PublishError)
+        name, version = parts.project, parts.version
         boundary = uuid.uuid4().hex
         fields = {":action": "file_upload", "protocol_version": "1", "name": name, "version": version,
                   "filetype": "bdist_wheel", "sha256_digest": sha256_of(path)}

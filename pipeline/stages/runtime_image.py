@@ -25,10 +25,15 @@ from pipeline.errors import BuildError, ImageError
 from pipeline.images import builder_image, runtime_base_image, runtime_dependencies_image
 from pipeline.paths import CCACHE_DIR, IMAGES_DIR, ROOT, target_dir
 from pipeline.run import Run
+from pipeline.runtime_pins import load_overrides, overrides_file
 from pipeline.source import ENGINE, commit, engine_version, snapshot_source, source_date_epoch
 
-DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile"}
-CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt"}
+DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile",
+               "cuda": ROOT / "docker" / "runtime-cuda.Dockerfile"}
+# cpu: versions, constraining pip's resolution; cuda: every distribution by
+# its hash (pipeline/runtime_pins.py), installed as it is.
+CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt",
+               "cuda": ROOT / "packaging" / "cuda" / "constraints.txt"}
 # Free space the build needs where the runtime keeps its layers: the install
 # layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
 BUILD_SPACE = 8 * 2**30
@@ -70,6 +75,7 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
         image_id = runtime.build_image(
             tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
             build_args={"RUNTIME_DEPENDENCIES": dependencies_ref, "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
+                        **pip_check_allowed(target),
                         "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
     finally:
         shutil.rmtree(ctx)
@@ -90,6 +96,19 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def pip_check_allowed(target: Target) -> dict[str, str]:
+    """PIP_CHECK_ALLOWED for a target whose pins differ from vLLM's on purpose
+    (packaging/<target>/overrides.toml): an ERE matching exactly pip check's
+    line for each such pin (none where there is no such file)."""
+    overrides = load_overrides(overrides_file(target.name))
+    if not overrides:
+        return {}
+    ere = lambda s: s.replace(".", "\\.").replace("+", "\\+")  # names, versions: letters, digits, '.', '-', '_', '+'
+    lines = [f"has requirement {ere(o['name'])}=={ere(o['pinned'])}, but you have "
+             f"{ere(o['name'])} {ere(o['instead'])}\\.$" for o in overrides.values()]
+    return {"PIP_CHECK_ALLOWED": "|".join(lines)}
 
 
 def wheel_requirements(wheel: Path) -> str:

@@ -196,7 +196,9 @@ def test_only_a_target_checked_by_a_generation_builds_first():
     from pipeline import sessions
 
     assert sessions.patch_vllm_builds_first([])  # the default profile: cpu
-    assert sessions.patch_vllm_builds_first(["--profile", "gpu-test"])
+    # The GPU test machine's and the CUDA release's vLLM are checked statically: no build first.
+    assert not sessions.patch_vllm_builds_first(["--profile", "gpu-test"])
+    assert not sessions.patch_vllm_builds_first(["--profile", "cuda"])
     assert not sessions.patch_vllm_builds_first(["--target", "cuda"])
     assert not sessions.patch_vllm_builds_first(["--target", "cpu", "--no-verify"])
     assert not sessions.patch_vllm_builds_first(["--vllm", "0.33.0", "--rebase"])

