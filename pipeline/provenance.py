@@ -9,9 +9,11 @@ listed in it (so the manifest's signature covers them):
   never be installed together.
 - `activekv-<version>-<target>-constraints.txt`: the dependency set the
   release was built and tested with (packaging/<target>/constraints.txt), for
-  the second pip command that installs our wheels' dependencies (torch,
-  vLLM's own): they are not ours and their hashes are not known here, so they
-  are pinned by version only. Written only for a target that has the file.
+  the pip command that installs our wheels' dependencies (torch, vLLM's own):
+  the cpu target's by version only (a second command, constraining pip's
+  resolution), the cuda target's every file by sha256 (pipeline/runtime_pins.py:
+  installed with ours in one `--require-hashes` command). Written only for a
+  target that has the file.
 - `activekv-<version>.intoto.jsonl`: the provenance, an in-toto Statement v1
   with a SLSA provenance v1 predicate, in a DSSE envelope signed with the
   release key (one line of JSON). Its subjects are every other artifact of
@@ -51,18 +53,26 @@ def distribution(wheel: str) -> tuple[str, str]:
     return parts.project, parts.version
 
 
-def requirements_text(version: str, target: str, wheels: list[dict]) -> str:
+def requirements_text(version: str, target: str, wheels: list[dict], *, hashed_constraints: bool = False) -> str:
     """A requirements file for pip's hash-checking mode: one line per
     distribution, every wheel of it as a --hash (pip takes the one it
-    installs)."""
+    installs). Its comment says how to install: with constraints pinned by
+    hash (hashed_constraints, the cuda target's), both files in one pip
+    command; else ours, then the dependencies at the constraints' versions."""
     hashes: dict[tuple[str, str], list[str]] = {}
     for a in wheels:
         hashes.setdefault(distribution(a["file"]), []).append(a["sha256"])
-    lines = [f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256.",
-             f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)}",
-             "# then their dependencies, ours being installed already (see the release's README):",
-             f"#   pip install -c {constraints_name(version, target)} "
-             + " ".join(f"'{n}=={v}'" for n, v in hashes)]
+    if hashed_constraints:
+        lines = [f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256;",
+                 f"# {constraints_name(version, target)} pins every dependency by sha256 too. Both at once:",
+                 f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)} "
+                 f"-r {constraints_name(version, target)}"]
+    else:
+        lines = [f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256.",
+                 f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)}",
+                 "# then their dependencies, ours being installed already (see the release's README):",
+                 f"#   pip install -c {constraints_name(version, target)} "
+                 + " ".join(f"'{n}=={v}'" for n, v in hashes)]
     lines += [f"{n}=={v} " + " ".join(f"--hash=sha256:{h}" for h in sorted(hs))
               for (n, v), hs in hashes.items()]
     return "\n".join(lines) + "\n"
@@ -70,8 +80,10 @@ def requirements_text(version: str, target: str, wheels: list[dict]) -> str:
 
 def constraints_text(version: str, target: str, source: Path) -> str:
     pins = [line for line in source.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    how = ("versions and the sha256 of each file, resolved by pip against PyPI"
+           if any("--hash=sha256:" in p for p in pins) else "versions")
     return (f"# ActiveKV {version}, target {target}: the dependency set the release was built and "
-            f"tested with (versions; these are not our files).\n" + "\n".join(pins) + "\n")
+            f"tested with ({how}; these are not our files).\n" + "\n".join(pins) + "\n")
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -163,11 +175,12 @@ def add_operator_files(manifest: dict, out: Path, key: Ed25519PrivateKey, *,
     targets = sorted({a["target"] for a in manifest["artifacts"] if a["kind"] in WHEEL_KINDS})
     for target in targets:
         wheels = [a for a in manifest["artifacts"] if a["kind"] in WHEEL_KINDS and a["target"] == target]
+        source = packaging / target / "constraints.txt"
         path = out / requirements_name(version, target)
-        path.write_text(requirements_text(version, target, wheels))
+        hashed = source.is_file() and "--hash=sha256:" in source.read_text()
+        path.write_text(requirements_text(version, target, wheels, hashed_constraints=hashed))
         written.append(path)
         manifest["artifacts"].append(_artifact("requirements", target, path))
-        source = packaging / target / "constraints.txt"
         if source.is_file():
             path = out / constraints_name(version, target)
             path.write_text(constraints_text(version, target, source))

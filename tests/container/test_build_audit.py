@@ -35,7 +35,8 @@ def sha256(path: Path) -> str:
 def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
     target = cpu_built.target
     wheel = cpu_built.wheel
-    assert wheel.name.endswith(f"-cp311-cp311-{target.platform_tag}.whl")
+    # The release's version with the cpu target's local label (one index holds every target's wheels).
+    assert wheel.name == f"activekv-0.1.0+cpu-cp311-cp311-{target.platform_tag}.whl"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert [n for n in names if not n.startswith("activekv-")] == [
@@ -129,7 +130,7 @@ def test_audit_rejects_a_library_nobody_provides(cpu_built, policy, tmp_path):
 
 
 def test_audit_rejects_a_wrong_torch_pin(cpu_built, policy, tmp_path):
-    meta = "activekv-0.1.0.dist-info/METADATA"
+    meta = "activekv-0.1.0+cpu.dist-info/METADATA"
     pin = f"torch=={cpu_built.target.torch}".encode()
     bad = rewrite_wheel(cpu_built.wheel, tmp_path / cpu_built.wheel.name,
                         edit={meta: lambda b: b.replace(pin, b"torch==2.12.0")})
@@ -141,7 +142,7 @@ def test_audit_rejects_a_wrong_torch_pin(cpu_built, policy, tmp_path):
 def test_audit_rejects_a_wrong_platform_tag(cpu_built, policy, tmp_path):
     tag = cpu_built.target.platform_tag
     name = cpu_built.wheel.name.replace(tag, "manylinux_2_17_x86_64")
-    wheel_file = "activekv-0.1.0.dist-info/WHEEL"
+    wheel_file = "activekv-0.1.0+cpu.dist-info/WHEEL"
     bad = rewrite_wheel(cpu_built.wheel, tmp_path / name,
                         edit={wheel_file: lambda b: b.replace(tag.encode(), b"manylinux_2_17_x86_64")})
     findings = audit_findings(bad, cpu_built, policy)
