@@ -111,28 +111,34 @@ void unpin_store_file(const py::object& self) {
 
 // vLLM 0.34's extensible KV cache (on by default on CUDA) commits to the KV
 // cache, after warm-up, the device memory vLLM measured free; with
-// gpu_memory_utilization unset it takes all of it (1.0). ActiveKV's loads
-// stage blocks through device buffers of their own, which vLLM does not
-// measure; and layer streaming views every layer of a region onto one
-// allocation, which the extensible cache's per-layer commit does not keep.
-// Asked before vLLM sizes its cache and again by each connector; throws
-// ValueError naming the setting to use.
-void check_extensible_kv_cache(const py::handle& vllm_config, const Config& config) {
-  if (!g_classes->features.extensible_kv_cache) return;
+// gpu_memory_utilization unset it takes all of it (1.0). Streaming's ring
+// regions live in that committed memory (one segment per region, every layer
+// of a region on it), but the engine's loads and stagings go through device
+// buffers of its own, which vLLM does not measure. And where vLLM captures
+// breakable CUDA graphs (auto-enabled for some architectures since 0.34), the
+// KV cache update op is captured with its layer's early wait, which streaming
+// needs every step. Asked before vLLM sizes its cache and again by each
+// connector; throws ValueError naming the setting to use.
+void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   const py::object cache = py::getattr(vllm_config, "cache_config", py::none());
-  if (!py::getattr(cache, "enable_extensible_kv_cache", py::none()).is(py::bool_(true))) return;
-  if (config.streaming) {
-    throw py::value_error(
-        "ActiveKV layer streaming cannot run on vLLM's extensible KV cache (enable_extensible_kv_cache, on "
-        "by default on CUDA since vLLM 0.34): its ring regions must share one allocation. Start vLLM with "
-        "--no-enable-extensible-kv-cache (LLM(..., enable_extensible_kv_cache=False))");
-  }
-  if (py::getattr(cache, "gpu_memory_utilization", py::none()).is_none()) {
+  if (g_classes->features.extensible_kv_cache &&
+      py::getattr(cache, "enable_extensible_kv_cache", py::none()).is(py::bool_(true)) &&
+      py::getattr(cache, "gpu_memory_utilization", py::none()).is_none()) {
     throw py::value_error(
         "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by default "
         "on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset (it then takes "
         "1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM with "
         "--no-enable-extensible-kv-cache");
+  }
+  if (!config.streaming) return;
+  const py::object compilation = py::getattr(vllm_config, "compilation_config", py::none());
+  const py::object model = py::getattr(vllm_config, "model_config", py::none());
+  const bool eager = !model.is_none() && py::getattr(model, "enforce_eager", py::bool_(false)).is(py::bool_(true));
+  if (!eager && py::getattr(compilation, "use_breakable_cudagraph", py::none()).is(py::bool_(true))) {
+    throw py::value_error(
+        "ActiveKV layer streaming needs each layer's KV cache update to run outside CUDA graphs, which "
+        "vLLM's breakable CUDA graphs capture: start vLLM with VLLM_USE_BREAKABLE_CUDAGRAPH=0 in its "
+        "environment (or --enforce-eager)");
   }
 }
 
@@ -140,7 +146,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
   const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
-  check_extensible_kv_cache(vllm_config, config);
+  check_vllm_settings(vllm_config, config);
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
   const std::int64_t host_bytes = physical_memory_bytes();
@@ -385,7 +391,7 @@ py::dict connector_namespace() {
         auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
         if (!parsed.ok()) return py::none();
         // vLLM asks this before sizing its KV cache: refuse there, not after warm-up.
-        check_extensible_kv_cache(vllm_config, parsed.value());
+        check_vllm_settings(vllm_config, parsed.value());
         if (!parsed.value().streaming) return py::none();
         return py::str("HND");
       }));

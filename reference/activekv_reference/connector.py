@@ -59,27 +59,30 @@ def model_identity(vllm_config: VllmConfig, layout: KVLayout) -> ModelIdentity:
     )
 
 
-def check_extensible_kv_cache(vllm_config: VllmConfig, config: ActiveKVConfig) -> None:
+def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None:
     """vLLM 0.34's extensible KV cache (on by default on CUDA) commits the
     device memory vLLM measured free after warm-up; with gpu_memory_utilization
-    unset it takes all of it. The loads stage through device buffers of their
-    own, and streaming's regions must share one allocation: refused, naming
-    the setting to use."""
+    unset it takes all of it, and the loads stage through device buffers of
+    their own. Breakable CUDA graphs capture the KV cache update op with the
+    early wait streaming needs. Refused, naming the setting to use."""
     cache = getattr(vllm_config, "cache_config", None)
-    if getattr(cache, "enable_extensible_kv_cache", None) is not True:
-        return
-    if config.streaming is not None:
-        raise ValueError(
-            "ActiveKV layer streaming cannot run on vLLM's extensible KV cache (enable_extensible_kv_cache, "
-            "on by default on CUDA since vLLM 0.34): its ring regions must share one allocation. Start "
-            "vLLM with --no-enable-extensible-kv-cache (LLM(..., enable_extensible_kv_cache=False))"
-        )
-    if cache.gpu_memory_utilization is None:
+    if (getattr(cache, "enable_extensible_kv_cache", None) is True
+            and getattr(cache, "gpu_memory_utilization", None) is None):
         raise ValueError(
             "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by "
             "default on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset "
             "(it then takes 1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM "
             "with --no-enable-extensible-kv-cache"
+        )
+    if config.streaming is None:
+        return
+    compilation = getattr(vllm_config, "compilation_config", None)
+    eager = getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False) is True
+    if not eager and getattr(compilation, "use_breakable_cudagraph", None) is True:
+        raise ValueError(
+            "ActiveKV layer streaming needs each layer's KV cache update to run outside CUDA graphs, "
+            "which vLLM's breakable CUDA graphs capture: start vLLM with VLLM_USE_BREAKABLE_CUDAGRAPH=0 "
+            "in its environment (or --enforce-eager)"
         )
 
 
@@ -92,7 +95,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         self.config = ActiveKVConfig.from_extra_config(
             self._kv_transfer_config.kv_connector_extra_config
         )
-        check_extensible_kv_cache(vllm_config, self.config)
+        check_vllm_settings(vllm_config, self.config)
         if self.config.store_path is not None:
             raise ActiveKVConfigError(
                 "kv_connector_extra_config['store_path']: the reference engine keeps its host store "
@@ -178,7 +181,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             )
         except ValueError:  # refused by the constructor, with its message
             return None
-        check_extensible_kv_cache(vllm_config, config)
+        check_vllm_settings(vllm_config, config)
         return "HND" if config.streaming is not None else None
 
     @classmethod

@@ -415,21 +415,39 @@ def test_sleep_mode_is_refused_naming_the_connector(llms, eager_model):
         h.make_llm(eager_model, {"mode": "exact"}, connector="native", llm_args={"enable_sleep_mode": True})
 
 
-# vLLM 0.34's extensible KV cache (on by default on CUDA): where the engine
-# cannot run on it, start-up stops and names the setting to use.
-@pytest.mark.parametrize("extra, llm_args, setting_named", [
-    ({"mode": "exact"}, {"gpu_memory_utilization": None}, "--gpu-memory-utilization"),
-    ({"streaming": h.STREAMING}, {"enable_extensible_kv_cache": True}, "--no-enable-extensible-kv-cache"),
-], ids=["store-with-utilization-unset", "streaming"])
-def test_the_extensible_kv_cache_is_refused_naming_the_setting(llms, eager_model, capfd, extra, llm_args,
-                                                               setting_named):
+# vLLM 0.34's extensible KV cache (on by default on CUDA) with
+# gpu_memory_utilization unset takes the whole device: start-up stops and
+# names the setting to use.
+@pytest.mark.parametrize("extra", [{"mode": "exact"}, {"streaming": h.STREAMING}], ids=["store", "streaming"])
+def test_the_extensible_kv_cache_with_utilization_unset_is_refused_naming_the_setting(llms, eager_model, capfd,
+                                                                                      extra):
     if not offers("extensible_kv_cache"):
         pytest.skip(f"vLLM {vllm_version()} has no extensible KV cache (0.34+)")
     llms.close()
     with pytest.raises(Exception) as raised:
-        h.make_llm(eager_model, extra, connector="native", llm_args=llm_args)
+        h.make_llm(eager_model, extra, connector="native",
+                   llm_args={"gpu_memory_utilization": None, "num_gpu_blocks_override": None})
     err = capfd.readouterr().err + str(raised.value)
-    assert "extensible KV cache" in err and setting_named in err, err[-3000:]
+    assert "extensible KV cache" in err and "--gpu-memory-utilization" in err, err[-3000:]
+
+
+def test_streaming_on_the_extensible_kv_cache_is_plain_vllm_bit_for_bit(llms, eager_model):
+    """The ring's regions in the memory vLLM commits after warm-up (no KV
+    budget given: vLLM sizes the cache, and a short context)."""
+    if not offers("extensible_kv_cache"):
+        pytest.skip(f"vLLM {vllm_version()} has no extensible KV cache (0.34+)")
+    llms.close()
+    args = {"num_gpu_blocks_override": None, "enable_extensible_kv_cache": True}
+    prompts = [h.random_tokens(random.Random(7), 6 * h.BLOCK_SIZE + 3)]
+    plain = h.make_llm(eager_model, connector=None, llm_args=args)
+    want = h.generate(plain, prompts)
+    h.shutdown(plain)
+    llm = h.make_llm(eager_model, {"streaming": h.STREAMING}, connector="native", llm_args=args)
+    try:
+        assert llm.llm_engine.vllm_config.cache_config.enable_extensible_kv_cache is True
+        bitwise(h.generate(llm, prompts), want, "streaming on the extensible KV cache")
+    finally:
+        h.shutdown(llm)
 
 
 def vllm_version() -> str:
