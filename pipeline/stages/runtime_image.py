@@ -143,9 +143,13 @@ def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | Non
     binary = out / "launcher" / "activekv-serve"
     with Container(runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
                    env=env) as c:
+        # The builder's own CMake definitions for the engine (the cuda builder's
+        # ACTIVEKV_TORCH_CMAKE=OFF: it has no CUDA toolkit), as its wheel builds get them.
+        image_defines = c.call(["sh", "-c", 'printf %s "${SKBUILD_CMAKE_DEFINE:-}"'], capture=True).stdout
+        defines = [f"-D{d}" for d in image_defines.split(";") if d.strip()]
         configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
                             "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
-                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON",
+                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON", *defines,
                             "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
                            check=False)
         built = configure.returncode == 0 and c.call(
