@@ -5,7 +5,7 @@ package index, one `name==version --hash=sha256:...` line per distribution
 with `pip install --require-hashes --no-deps -r`, and the release publishes it
 for operators (pipeline/provenance.py), who install with hashes too.
 
-    python -m pipeline.runtime_pins cuda --vllm-wheel vllm-0.34.0-...whl [--out FILE]
+    python -m pipeline.runtime_pins cuda --vllm-wheel vllm-0.34.0-...whl [--python-exe python3.12] [--out FILE]
 
 The requirements are the vLLM wheel's own (Requires-Dist) and the target's
 torch pin, less the pins of packaging/<target>/overrides.toml: a vLLM pin that
@@ -22,6 +22,7 @@ import email.parser
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,16 +94,31 @@ def requirements(vllm_wheel: Path, torch: str, overrides: dict[str, dict]) -> li
     return [*out, f"torch=={torch}"]
 
 
-def resolve(lines: list[str], python: str, index_url: str) -> list[dict]:
-    """pip's resolution of `lines` for CPython `python` on the runtime's
-    platform: [{name, version, file, sha256}], sorted by name."""
+def interpreter(python: str, given: Path | None) -> Path:
+    """A CPython `python` (X.Y) to run pip with: pip evaluates requirements'
+    markers (python_version > "3.11") against the interpreter it runs in,
+    whatever --python-version says, so it must be one of the target's."""
+    exe = str(given) if given is not None else shutil.which(f"python{python}")
+    found = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True) if exe else None
+    if found is None or found.returncode != 0 or found.stdout.strip() != python:
+        raise ConfigError(f"no CPython {python} to resolve with ({exe or f'python{python} not on PATH'}"
+                          f"{': it is ' + found.stdout.strip() if found and found.returncode == 0 else ''}); "
+                          f"give one with --python-exe (pip reads requirements' markers from its own Python)")
+    return Path(exe)
+
+
+def resolve(lines: list[str], python: str, index_url: str, exe: Path) -> list[dict]:
+    """pip's resolution of `lines` for CPython `python` (run by `exe`, of that
+    version) on the runtime's platform: [{name, version, file, sha256}],
+    sorted by name."""
     tag = "cp" + python.replace(".", "")
     env = {k: v for k, v in os.environ.items() if k not in PIP_SOURCES}
     env["PIP_CONFIG_FILE"] = os.devnull  # no machine or user configuration: the index alone
     with tempfile.TemporaryDirectory(prefix="activekv-pins-") as tmp:
         reqs, report = Path(tmp) / "requirements.txt", Path(tmp) / "report.json"
         reqs.write_text("\n".join(lines) + "\n")
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+        cmd = [str(exe), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                "--report", str(report), "--index-url", index_url, "--only-binary=:all:",
                "--python-version", python, "--implementation", "cp", "--abi", tag, "--abi", "abi3",
                "--abi", "none", *(a for p in PLATFORMS for a in ("--platform", p)),
@@ -127,7 +143,8 @@ def render(target: config.Target, vllm_wheel: str, pins: list[dict], overrides: 
         f"# The {target.name} target's runtime environment (release.toml [targets.{target.name}]): what",
         f"# {target.vllm_distribution} {target.vllm_version} ({vllm_wheel}) and torch {target.torch} need on "
         f"CPython {target.python[0]},",
-        "# x86_64 Linux (glibc 2.36), resolved by pip against the index and pinned by the sha256",
+        f"# x86_64 Linux (glibc 2.36), resolved by pip (run by CPython {target.python[0]}: requirements'",
+        "# markers are its own) against the index and pinned by the sha256",
         "# of the file pip chose. Made by (do not edit by hand):",
         f"#   python -m pipeline.runtime_pins {target.name} --vllm-wheel {vllm_wheel}",
         "# Installed by the runtime image (pip install --require-hashes --no-deps -r) and published",
@@ -164,12 +181,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--vllm-wheel", type=Path, required=True,
                         help="the target's pinned vLLM wheel (packaging/vllm-distributions.toml)")
     parser.add_argument("--out", type=Path, help="default packaging/<target>/constraints.txt")
+    parser.add_argument("--python-exe", type=Path,
+                        help="a CPython of the target's first Python version (default pythonX.Y on PATH)")
     args = parser.parse_args(argv)
     try:
         target = config.load().target(args.target)
         overrides = load_overrides(overrides_file(target.name))
         lines = requirements(args.vllm_wheel, target.torch, overrides)
-        pins = resolve(lines, target.python[0], target.index_url)
+        pins = resolve(lines, target.python[0], target.index_url, interpreter(target.python[0], args.python_exe))
         out = args.out or ROOT / "packaging" / target.name / "constraints.txt"
         out.write_text(render(target, args.vllm_wheel.name, pins, overrides))
     except PipelineError as e:

@@ -221,3 +221,17 @@ def test_a_manifest_of_both_targets_lists_each_engine_wheel_under_its_own_name()
     assert ("pip install --require-hashes --no-deps -r activekv-0.1.0-cuda-requirements.txt "
             "-r activekv-0.1.0-cuda-constraints.txt") in text
     assert json.dumps  # (the manifest's own checks are test_release_checks')
+
+
+def test_the_pins_are_resolved_by_a_python_of_the_targets_version():
+    """pip reads requirements' markers from the Python it runs in: vLLM's
+    `six` and `setuptools<81` (python_version > "3.11") are in the cuda pins
+    only because a 3.12 pip resolved them; another Python is refused."""
+    pins = runtime_pins.parse((ROOT / "packaging" / "cuda" / "constraints.txt").read_text())
+    assert "six" in pins
+    from packaging.version import Version
+
+    assert Version("78.1.1") <= Version(pins["setuptools"][0]) < Version("81")
+    with pytest.raises(ConfigError, match=f"no CPython 3.12 to resolve with .*it is "
+                                          f"{sys.version_info.major}.{sys.version_info.minor}"):
+        runtime_pins.interpreter("3.12", Path(sys.executable))
