@@ -34,8 +34,13 @@ def tree_changes(root: Path = ROOT) -> list[str]:
     return git("status", "--porcelain", "--untracked-files=all", cwd=root).splitlines()
 
 
-def source_date_epoch() -> str:
-    return git("log", "-1", "--format=%ct")
+def source_date_epoch(*paths: str) -> str:
+    """SOURCE_DATE_EPOCH for what is built from `paths` (default: the
+    engine's sources): the time of the last commit that changed them. A
+    commit elsewhere then leaves the artifact's bytes as they were, so
+    evidence made on another host from them (the GPU host's parity record)
+    holds until their sources change."""
+    return git("log", "-1", "--format=%ct", "--", *(paths or SOURCE_PATHS)) or git("log", "-1", "--format=%ct")
 
 
 def engine_version(root: Path = ROOT) -> str:

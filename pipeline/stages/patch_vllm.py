@@ -382,7 +382,10 @@ def execute(run: Run) -> None:
         if run.options.rebase:
             report_rebase(run, dist, version)
             continue
-        record = patch_vllm(dist, version, epoch=int(source_date_epoch()))
+        # Its bytes follow from the pinned wheel, the series and this code alone.
+        epoch = int(source_date_epoch(f"patches/vllm/{version}", "pipeline/stages/patch_vllm.py",
+                                      "pipeline/patch_series.py"))
+        record = patch_vllm(dist, version, epoch=epoch)
         out = VLLM_DIR / f"{dist}-{version}"
         run.say(f"{target.name}: {record['patched']['file']} ({relative(out)})")
         if run.options.no_verify:
