@@ -1,6 +1,6 @@
 """`python -m pipeline.parity`: record, replay, judge; exit 1 on a failed gating cell.
 
-    python -m pipeline.parity --out build/parity [--modes exact compressed]
+    python -m pipeline.parity --out build/parity [--modes exact compressed] [--device cuda]
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["exact", "compressed"],
                         choices=["exact", "compressed"])
     parser.add_argument("--cache", type=Path, default=TEST_CACHE)
+    parser.add_argument("--device", default="cpu",
+                        help="where the replays' KV caches live: the target's device (cpu, cuda); "
+                             "the recordings and end-to-end cells run on the device vLLM runs on")
     args = parser.parse_args(argv)
 
     h.reference_on_path()
@@ -39,12 +42,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(directory, ignore_errors=True)
             record_session(tiny_llama(args.cache, session.num_layers), session, directory)
             sched, worker = read_traces(directory)
-            runs = [replay(sched, worker, impl) for impl in ("reference", "reference", "native")]
+            runs = [replay(sched, worker, impl, device=args.device)
+                    for impl in ("reference", "reference", "native")]
             # Steps under a full CUDA graph (no per-layer hook): each engine
             # must observe what the reference did with the hooks. Streaming
             # has vLLM capture piecewise graphs only.
             graph_runs = [] if session.streams else [
-                replay(sched, worker, impl, layer_hooks=False) for impl in ("reference", "native")]
+                replay(sched, worker, impl, layer_hooks=False, device=args.device)
+                for impl in ("reference", "native")]
             for scenario, _ in session.scenarios:
                 ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
                 live = runs[0].live_differs.get(scenario, 0)

@@ -101,9 +101,10 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
         meta = self._get_connector_metadata()
         ids = [op.block_id for op in meta.saves]
         back = list(meta.writeback_blocks) if self.worker_side.streamer is not None else []
-        # What the save and the write-back read: the blocks as the forward left them.
-        self._trace.add("save_kv_layer", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].clone(),
-                        writeback_ids=back, writeback=kv_layer[back].clone())
+        # What the save and the write-back read: the blocks as the forward left them
+        # (copies in host memory: a trace replays on any device).
+        self._trace.add("save_kv_layer", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].cpu(),
+                        writeback_ids=back, writeback=kv_layer[back].cpu())
         super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
     def wait_for_save(self):

@@ -114,9 +114,10 @@ def _check_identity(sched_init: dict, worker_init: dict, model_identity: str | N
 
 def replay(
     sched_events: list[dict], worker_events: list[dict], impl: str,
-    model_identity: str | None = None, layer_hooks: bool = True,
+    model_identity: str | None = None, layer_hooks: bool = True, device: str = "cpu",
 ) -> ReplayResult:
-    """Replays the recording on one fresh pair of connectors of `impl`."""
+    """Replays the recording on one fresh pair of connectors of `impl`, the
+    KV caches on `device` (the target's: its copies are what is compared)."""
     if not sched_events or sched_events[0]["kind"] != "init":
         raise TraceMismatchError("scheduler trace does not start with its init event")
     if not worker_events or worker_events[0]["kind"] != "init":
@@ -142,7 +143,7 @@ def replay(
     # One tensor per region: the layers that shared bytes in vLLM share them here.
     for region in register[0].get("regions", [[n] for n in layers]):
         shape, dtype = layers[region[0]]
-        tensor = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
+        tensor = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
         kv.update((name, tensor) for name in region)
     worker.register_kv_caches(kv)
     steps = _worker_steps(worker_events[1:])
@@ -249,7 +250,7 @@ def _block_ids(ops) -> list[int]:
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
 def full_graph_forward_context():

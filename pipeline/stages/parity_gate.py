@@ -177,7 +177,11 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
     # --no-compile: the harness compiles what it imports (17 s against 6 s for vLLM here).
     _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
            "--target", str(site), *(str(w["path"]) for w in ran)])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR)]))
+    # The wheels first; behind them what the host put on the path (a GPU host
+    # without network: the carried torch and vLLM's dependencies). The check
+    # below refuses anything that shadows the wheels.
+    outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR), *outer]))
     host = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
     if needs_accelerator and host["accelerator"] != target.accelerator:
         raise ParityError(f"target {target.name}: torch {host['torch']} here sees no {target.accelerator} "
@@ -202,7 +206,7 @@ def run_harness(target: Target, python: Path, env: dict[str, str], out: Path) ->
     """The parity harness's cells, run with `python` on the installed wheels
     (`env` puts them first on the import path): the one call of the harness,
     where a target's own harness (the GPU's) slots in."""
-    _echo([str(python), "-m", "pipeline.parity", "--out", str(out)], env=env)
+    _echo([str(python), "-m", "pipeline.parity", "--out", str(out), "--device", target.accelerator], env=env)
     return json.loads((out / "parity.json").read_text())["cells"]
 
 
