@@ -5,24 +5,36 @@
 # host lacks and a GoogleTest source tree, packed here into folders that each
 # fit one call with the working tree beside them, and put back together there.
 #
-#   ci/gpu-carry.sh pack [DIR]     here, with network: one archive of the wheels the
+#   ci/gpu-carry.sh [--vllm-version V] pack [DIR]
+#                                  here, with network: one archive of the wheels the
 #                                  host lacks and vLLM's wheel, in pieces sized to the
 #                                  working tree: DIR/c0 (GoogleTest's source and the
 #                                  first piece), DIR/c1..cN (the rest; pack says N).
 #                                  DIR defaults to build/carry.
-#   ci/gpu-carry.sh take N [DIR]   there, in the call that carried DIR/cN: moves it
+#   ci/gpu-carry.sh [--vllm-version V] take N [DIR]
+#                                  there, in the call that carried DIR/cN: moves it
 #                                  into STAGE (default /tmp/stage), in order from c0;
 #                                  once the last piece is in, joins the archive, checks
 #                                  it is the one packed, unpacks it and checks vLLM's
 #                                  wheel against the pin. Taking a folder already
-#                                  taken changes nothing.
-#   ci/gpu-carry.sh where          there: the checks' command lines, from STAGE.
+#                                  taken changes nothing. Taking c0 also probes.
+#   ci/gpu-carry.sh [--vllm-version V] where
+#                                  there: the checks' command lines, from STAGE.
+#   ci/gpu-carry.sh probe          there: the host's torch stack and CUDA libraries
+#                                  (pip show), to compare with what a vLLM's torch pins.
 #
-# The pieces are sized to the tree as it was at pack, with 2 MiB to spare:
-# pack again once the tree has grown, and keep a call's results out of the
-# tree until the last piece is taken. Calls follow each other within the
-# machine's idle release (30 s), or the next one starts a bare machine: `take`
-# says so and names the call to redo.
+# The vLLM: 0.26.0 (on the host's own torch 2.11.0) unless --vllm-version or
+# VLLM_VERSION names another (0.34.0: torch 2.14.0, its triton and NCCL travel
+# too, about 1.4 GB, some 30 calls). Its wheel is the one PINS pins for that
+# version, the other wheels ci/gpu-vllm-check.sh's list for it. A pack for
+# another version than 0.26.0 says which in c0 (vllm-version), and take refuses
+# it under another version.
+# The pieces are sized to the tree as it was at pack, with SPARE_MIB (default
+# 2) MiB to spare: pack again once the tree has grown (or leave more to spare
+# where others add files), and keep a call's results out of the tree until the
+# last piece is taken. Calls follow each other within the machine's idle
+# release (30 s), or the next one starts a bare machine: `take` says so and
+# names the call to redo.
 # PINS: the distributions file (default packaging/vllm-distributions.toml).
 # DOWNLOADED: pack from this folder (deps/ and vLLM's wheel) instead of fetching.
 set -euo pipefail
@@ -32,7 +44,14 @@ absolute() { [[ $1 == /* ]] && echo "$1" || echo "$here/$1"; }  # as the caller 
 python=${PYTHON:-python3}
 stage=$(absolute "${STAGE:-/tmp/stage}")
 pins=$(absolute "${PINS:-$PWD/packaging/vllm-distributions.toml}")
-version=0.26.0
+version=${VLLM_VERSION:-0.26.0}
+if [[ ${1:-} == --vllm-version ]]; then
+  [[ $# -ge 2 ]] || { echo "--vllm-version needs a version" >&2; exit 2; }
+  version=$2
+  shift 2
+fi
+default_version=0.26.0  # a pack without c0/vllm-version is one of it
+spare=$(( ${SPARE_MIB:-2} << 20 ))  # bytes a call leaves unused
 carry_limit=${CARRY_LIMIT:-$((64 << 20))}  # bytes a call carries (tests set less)
 min_piece=${MIN_PIECE:-$((16 << 20))}     # fewer bytes a call: too many calls
 
@@ -42,9 +61,11 @@ pins = tomllib.load(open(sys.argv[1], "rb"))["distribution"]
 print(next(d[sys.argv[3]] for d in pins if d["name"] == "vllm" and d["version"] == sys.argv[2]))' \
     "$pins" "$version" "$1" 2>/dev/null || { echo "no vllm $version $1 read from $pins" >&2; exit 3; }
 }
-wheel=$(pin file)
-sha256=$(pin sha256)
-[[ $sha256 =~ ^[0-9a-f]{64}$ ]] || { echo "$pins: vllm $version's sha256 is not 64 hex digits" >&2; exit 3; }
+if [[ ${1:-} != probe ]]; then  # the probe needs no pin
+  wheel=$(pin file)
+  sha256=$(pin sha256)
+  [[ $sha256 =~ ^[0-9a-f]{64}$ ]] || { echo "$pins: vllm $version's sha256 is not 64 hex digits" >&2; exit 3; }
+fi
 
 sha256_of() {  # FILE: its sha256, hex
   local got
@@ -58,6 +79,10 @@ matches_pin() {  # FILE
 
 joined() {  # whether STAGE holds the unpacked archive
   [[ -f $stage/$wheel && -d $stage/deps ]]
+}
+
+version_of() {  # FOLDER: the vLLM of the pack whose c0 it holds (c0, or STAGE once c0 is taken)
+  cat "$1/vllm-version" 2>/dev/null || echo "$default_version"
 }
 
 staged_pieces() {  # how many pieces of the archive STAGE holds
@@ -79,7 +104,7 @@ pack() {
   mapfile -d '' files < <(git ls-files -z --cached --others --exclude-standard)
   [[ ${#files[@]} -gt 0 ]] || { echo "git lists no file in $PWD: pack from a checkout" >&2; exit 3; }
   tree=$(carry_bytes "${files[@]}")
-  local piece=$((carry_limit - tree - (2 << 20)))  # bytes a call, 2 MiB to spare
+  local piece=$((carry_limit - tree - spare))  # bytes a call
   [[ $piece -ge $min_piece ]] || {
     echo "the working tree ($tree bytes) leaves $piece bytes of a call's carry, under $min_piece" >&2; exit 3; }
   local gtest=${GOOGLETEST_SRC:-/usr/src/googletest}
@@ -93,7 +118,7 @@ pack() {
   if [[ -n ${DOWNLOADED:-} ]]; then
     download=$(absolute "$DOWNLOADED")
   else
-    ci/gpu-vllm-check.sh --fetch "$download/deps"
+    ci/gpu-vllm-check.sh --vllm-version "$version" --fetch "$download/deps"
     "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --platform manylinux_2_28_x86_64 "vllm==$version" -d "$download"
   fi
@@ -107,6 +132,7 @@ pack() {
   tar -cf "$archive" -C "$download" deps "$wheel"
   sha256_of "$archive" > "$new/c0/payload.sha256"
   echo 0 > "$new/c0/pieces"  # counted below; here so that c0's size counts it
+  [[ $version == "$default_version" ]] || echo "$version" > "$new/c0/vllm-version"
   # c0 fills its call with GoogleTest and the first piece; the rest split
   # evenly, each piece less its own tar header and rounding.
   mapfile -d '' files < <(find "$new/c0" -type f -print0)
@@ -126,19 +152,24 @@ pack() {
   rm -rf "$archive" "$new/download"
   rm -rf "$dir"
   mv "$new" "$dir"
-  echo "packed $named/c0 (GoogleTest and the first piece) and $n more pieces of the wheels' archive" \
-    "($((piece >> 20)) MiB each, the tree at $((tree >> 20)) MiB):"
-  echo "carry $named/c0, then $named/c1 .. $named/c$n, one a call, each running: ci/gpu-carry.sh take N $named"
+  local run=ci/gpu-carry.sh
+  [[ $version == "$default_version" ]] || run="VLLM_VERSION=$version $run"
+  echo "packed vLLM $version: $named/c0 (GoogleTest and the first piece) and $n more pieces of the wheels'" \
+    "archive ($((piece >> 20)) MiB each, the tree at $((tree >> 20)) MiB, $((spare >> 20)) MiB to spare):"
+  echo "carry $named/c0, then $named/c1 .. $named/c$n, one a call, each running: $run take N $named"
 }
 
 take() {
   local n=$1 named=${2:-build/carry} dir
   dir=$(absolute "$named")
   [[ $n =~ ^[0-9]+$ ]] || { echo "take $n: N is the number of a carried folder (0, 1, ...)" >&2; exit 2; }
-  local carried=("$dir/c$n"/*)
+  local carried=("$dir/c$n"/*) packed
   if [[ $n -eq 0 && -e ${carried[0]} ]]; then
     [[ -f $dir/c0/pieces && $(cat "$dir/c0/payload.sha256" 2>/dev/null) =~ ^[0-9a-f]{64}$ ]] || {
       echo "$named/c0 holds no pieces count or archive sha256: pack again" >&2; exit 3; }
+    packed=$(version_of "$dir/c0")
+    [[ $packed == "$version" ]] || {
+      echo "$named/c0 was packed for vLLM $packed, not $version: take it with VLLM_VERSION=$packed" >&2; exit 3; }
     if [[ $(cat "$stage/payload.sha256" 2>/dev/null) == "$(cat "$dir/c0/payload.sha256")" ]]; then
       echo "$named/c0 was taken already (the same archive)"
     else
@@ -146,7 +177,12 @@ take() {
       mkdir -p "$stage"
       mv "$dir/c0"/* "$stage/"
       rmdir "$dir/c0"
+      probe
     fi
+  elif [[ -f $stage/pieces && $(version_of "$stage") != "$version" ]]; then
+    packed=$(version_of "$stage")
+    echo "$stage holds the archive of vLLM $packed, not $version: take with VLLM_VERSION=$packed" >&2
+    exit 3
   elif joined; then
     echo "$wheel is already joined in $stage"
     where
@@ -201,12 +237,20 @@ join_archive() {  # NAMED: every piece is in STAGE; the archive, checked, unpack
 where() {
   [[ -f $stage/$wheel ]] || { echo "no $stage/$wheel yet" >&2; exit 4; }
   echo "ci/gpu-engine-check.sh $stage/googletest"
-  echo "ci/gpu-vllm-check.sh --engine-source --vllm $stage/$wheel --deps $stage/deps"
+  echo "ci/gpu-vllm-check.sh --vllm-version $version --engine-source --vllm $stage/$wheel --deps $stage/deps"
+}
+
+probe() {  # the host's torch and CUDA libraries, as pip knows them
+  echo "the host's torch stack and CUDA libraries (pip show):"
+  "$python" -m pip show torch triton nvidia-nccl-cu13 nvidia-cudnn-cu13 nvidia-cusparselt-cu13 \
+    nvidia-nvshmem-cu13 cuda-toolkit nvidia-cuda-runtime \
+    | awk '/^Name:/ { name = $2 } /^Version:/ { printf "  %s %s\n", name, $2 }' || true
 }
 
 case ${1:-} in
   pack) shift; pack "$@" ;;
   take) [[ $# -ge 2 ]] || { echo "usage: $0 take N [DIR]" >&2; exit 2; }; shift; take "$@" ;;
   where) where ;;
-  *) echo "usage: $0 pack [DIR] | take N [DIR] | where (see the top of $0)" >&2; exit 2 ;;
+  probe) probe ;;
+  *) echo "usage: $0 [--vllm-version V] pack [DIR] | take N [DIR] | where | probe (see the top of $0)" >&2; exit 2 ;;
 esac

@@ -194,3 +194,233 @@ def test_a_folder_not_carried_is_named(tmp_path):
     missing = take(tmp_path, 40)
     assert missing.returncode == 3
     assert f"{carry}/c40 is not here" in missing.stderr
+
+
+# Another vLLM than 0.26.0 (VLLM_VERSION or --vllm-version): its pinned wheel,
+# its list of wheels, its patch series, and (0.34.0) a torch of its own.
+
+CHECK = REPO / "ci" / "gpu-vllm-check.sh"
+WHEEL_34 = "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+TORCH_214_SHA256 = "fecffb58f51fd643d213acd68da21cc3fc19bea05a3bc64b4ee55128f47a4963"
+
+
+def packed_34(tmp_path: Path) -> Path:
+    """`pack` for vLLM 0.34.0 (VLLM_VERSION), from a download of 40 KiB and a
+    distributions file that pins 0.26.0's wheel and 0.34.0's."""
+    download = tmp_path / "download"
+    (download / "deps").mkdir(parents=True, exist_ok=True)
+    (download / "deps" / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(os.urandom(10 << 10))
+    wheel = os.urandom(30 << 10)
+    (download / WHEEL_34).write_bytes(wheel)
+    gtest = tmp_path / "googletest"
+    gtest.mkdir(exist_ok=True)
+    (gtest / "CMakeLists.txt").write_text("project(googletest)\n")
+    (tmp_path / "pins.toml").write_text(
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n\n'
+        f'[[distribution]]\nname = "vllm"\nversion = "0.34.0"\nfile = "{WHEEL_34}"\n'
+        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n')
+    limit = tree_bytes() + (6 << 20) + PIECE
+    done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
+               CARRY_LIMIT=str(limit), MIN_PIECE="1", SPARE_MIB="6", VLLM_VERSION="0.34.0")
+    assert done.returncode == 0, done.stderr
+    assert f"VLLM_VERSION=0.34.0 ci/gpu-carry.sh take N {tmp_path}/carry" in done.stdout
+    assert "6 MiB to spare" in done.stdout
+    return tmp_path / "carry"
+
+
+def test_a_pack_for_034_says_its_version_in_c0_and_is_taken_and_joined_as_034(tmp_path):
+    carry, stage = packed_34(tmp_path), tmp_path / "stage"
+    names = folders(carry)
+    assert len(names) >= 5, "40 KiB in calls of 8 KiB"
+    assert (carry / "c0" / "vllm-version").read_text().strip() == "0.34.0"
+    for name in names:
+        assert carried_bytes(list((carry / name).rglob("*"))) <= PIECE, f"{name} passes a call"
+    first = run(tmp_path, "--vllm-version", "0.34.0", "take", "0", str(carry))  # the flag, as the variable
+    assert first.returncode == 0, first.stderr
+    assert "the host's torch stack and CUDA libraries" in first.stdout, "taking c0 probes the host"
+    for n in range(1, len(names)):
+        taken = run(tmp_path, "take", str(n), str(carry), VLLM_VERSION="0.34.0")
+        assert taken.returncode == 0, taken.stderr
+    assert (stage / WHEEL_34).read_bytes() == (tmp_path / "download" / WHEEL_34).read_bytes()
+    assert (stage / "deps" / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl").exists()
+    assert f"ci/gpu-vllm-check.sh --vllm-version 0.34.0 --engine-source --vllm {stage}/{WHEEL_34} " \
+        f"--deps {stage}/deps" in taken.stdout
+    assert f"--vllm {stage}/{WHEEL_34}" in run(tmp_path, "where", VLLM_VERSION="0.34.0").stdout
+
+
+def test_a_034_c0_taken_as_026_is_refused_and_stays_where_it_was_carried(tmp_path):
+    carry = packed_34(tmp_path)
+    refused = take(tmp_path, 0)  # no VLLM_VERSION: 0.26.0
+    assert refused.returncode == 3
+    assert f"{carry}/c0 was packed for vLLM 0.34.0, not 0.26.0: take it with VLLM_VERSION=0.34.0" in refused.stderr
+    assert (carry / "c0" / "piece.00").exists() and not (tmp_path / "stage").exists()
+
+
+def test_a_piece_of_a_staged_034_archive_taken_as_026_is_refused(tmp_path):
+    carry = packed_34(tmp_path)
+    assert run(tmp_path, "take", "0", str(carry), VLLM_VERSION="0.34.0").returncode == 0
+    refused = take(tmp_path, 1)
+    assert refused.returncode == 3
+    assert "holds the archive of vLLM 0.34.0, not 0.26.0: take with VLLM_VERSION=0.34.0" in refused.stderr
+    assert (carry / "c1" / "piece.01").exists()
+
+
+def test_a_version_without_a_pin_is_said(tmp_path):
+    packed(tmp_path)
+    unread = run(tmp_path, "take", "0", str(tmp_path / "carry"), VLLM_VERSION="0.99.0")
+    assert unread.returncode == 3
+    assert f"no vllm 0.99.0 file read from {tmp_path}/pins.toml" in unread.stderr
+
+
+def test_the_probe_needs_no_pin(tmp_path):
+    probed = run(tmp_path, "probe", PINS=str(tmp_path / "no-such-pins.toml"))
+    assert probed.returncode == 0, probed.stderr
+    assert "the host's torch stack and CUDA libraries (pip show):" in probed.stdout
+
+
+def requirement_lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_034_list_pins_every_wheel_by_hash_and_reads_the_torch_cuda_list():
+    listed = REPO / "packaging" / "cuda" / "gpu-vllm-0.34.0-requirements.txt"
+    lines = requirement_lines(listed)
+    included = [line.split()[1] for line in lines if line.startswith("-r ")]
+    assert included == ["gpu-torch-2.14-cuda-libs.txt"]
+    pins = [line for line in lines if not line.startswith("-r ")]
+    pins += requirement_lines(listed.parent / included[0])
+    pinned = {}
+    for line in pins:
+        name, rest = line.split("==", 1)
+        version, hashed = rest.split(" --hash=sha256:")
+        assert len(hashed) == 64 and int(hashed, 16) >= 0, line
+        assert name not in pinned, f"{name} twice"
+        pinned[name] = (version, hashed)
+    assert pinned["torch"] == ("2.14.0", TORCH_214_SHA256)
+    assert pinned["triton"][0] == "3.8.0" and pinned["torchvision"][0] == "0.29.0"
+    assert pinned["xgrammar"][0] == "0.2.8" and pinned["apache-tvm-ffi"][0] == "0.1.11"
+    assert pinned["nvidia-nccl-cu13"][0] == "2.30.7"
+    assert "vllm" not in pinned, "vLLM's wheel travels by its pin, not by the list"
+
+
+def fake_python(tmp_path: Path) -> Path:
+    """A `python` that logs each call (with PYTHONPATH and the cuDNN switch) and
+    does what the check needs of it: pip --target and zipfile -e make their
+    folder (the deps folder with a torch in it where FAKE_TORCH is set), the
+    probe for the machine's CUDA libraries names FAKE_NVIDIA, the carried
+    torch's report says its cuDNN is older."""
+    script = tmp_path / "python"
+    script.write_text(r'''#!/usr/bin/env bash
+echo "PYTHONPATH=${PYTHONPATH:-} SKIP=${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-} CMAKE=${SKBUILD_CMAKE_DEFINE:-} :: $*" >> "$FAKE_LOG"
+args=("$@")
+if [[ $1 == -m && $2 == pip ]]; then
+  for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --target ]] && target=${args[i + 1]}; done
+  [[ -n ${target:-} ]] || exit 0
+  mkdir -p "$target"
+  if [[ $target == */deps.tmp && -n ${FAKE_TORCH:-} ]]; then
+    mkdir -p "$target/torch" "$target/torch-2.14.0.dist-info" "$target/nvidia/nccl"
+  elif [[ $target == */engine.tmp ]]; then
+    mkdir -p "$target/activekv-0.1.0.dist-info"
+    echo "Requires-Dist: torch==${FAKE_BUILT_AGAINST:-2.14.0}" > "$target/activekv-0.1.0.dist-info/METADATA"
+  fi
+elif [[ $1 == -m && $2 == zipfile ]]; then
+  mkdir -p "$5"
+elif [[ $1 == -c && $2 == *'"nvidia"'* ]]; then
+  echo "$FAKE_NVIDIA"
+elif [[ $1 == -c && $2 == *CUDNN_OLDER* ]]; then
+  echo "torch 2.14.0"; echo "CUDNN_OLDER"
+fi
+''')
+    script.chmod(0o755)
+    machine = tmp_path / "machine" / "nvidia"
+    for lib in ("cu13", "cudnn", "nccl"):
+        (machine / lib).mkdir(parents=True)
+    series = tmp_path / "patches" / "0.34.0" / "series"
+    series.parent.mkdir(parents=True)
+    series.write_text("# no patch: the check's order is under test, not the series\n")
+    (tmp_path / "patches" / "0.26.0").mkdir()
+    (tmp_path / "patches" / "0.26.0" / "series").write_text("# none\n")
+    return script
+
+
+def check(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(tmp_path / "log"),
+           "FAKE_NVIDIA": str(tmp_path / "machine" / "nvidia"), "PATCHES": str(tmp_path / "patches"),
+           "WORK": str(tmp_path / "work"), "PYTHONPATH": "", **env}
+    env.pop("PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK", None)
+    return subprocess.run(["bash", str(CHECK), *args], env=env, capture_output=True, text=True, check=False)
+
+
+def logged(tmp_path: Path, marker: str) -> str:
+    return next(line for line in (tmp_path / "log").read_text().splitlines() if marker in line)
+
+
+def test_a_carried_torch_comes_first_before_the_engine_is_built_and_for_the_tests(tmp_path):
+    fake_python(tmp_path)
+    work = tmp_path / "work"
+    done = check(tmp_path, "--vllm-version", "0.34.0", "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
+                 "--deps", str(tmp_path / "wheels"), "--", "-k", "streaming", FAKE_TORCH="1", PYTHONPATH="/outer")
+    assert done.returncode == 0, done.stderr
+    built = logged(tmp_path, f"--target {work}/engine.tmp ./engine")
+    assert built.startswith(f"PYTHONPATH={work}/deps:/outer "), built
+    assert f"CMAKE=Torch_DIR={work}/deps/torch/share/cmake/Torch " in built
+    assert "built against torch 2.14.0" in done.stdout
+    tests = logged(tmp_path, "-m pytest -m gpu tests/gpu")
+    assert tests.startswith(f"PYTHONPATH={work}/engine:{work}/vllm:{work}/deps:{REPO}:/outer SKIP=1 "), tests
+    assert tests.endswith("-k streaming")
+    installed = logged(tmp_path, f"--target {work}/deps.tmp")
+    assert "-r packaging/cuda/gpu-vllm-0.34.0-requirements.txt" in installed
+    links = work / "deps" / "nvidia"
+    assert (links / "cu13").resolve() == (tmp_path / "machine" / "nvidia" / "cu13").resolve()
+    assert not (links / "nccl").is_symlink(), "the carried NCCL stays"
+    assert (work / "vllm-version").read_text().strip() == "0.34.0"
+
+
+def test_an_engine_built_against_another_torch_is_refused(tmp_path):
+    fake_python(tmp_path)
+    refused = check(tmp_path, "--vllm-version", "0.34.0", "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
+                    "--deps", str(tmp_path / "wheels"), FAKE_TORCH="1", FAKE_BUILT_AGAINST="2.11.0+cu130")
+    assert refused.returncode == 3
+    assert "the engine was built against torch 2.11.0+cu130, not the carried 2.14.0" in refused.stderr
+    assert not (tmp_path / "work" / "engine").exists()
+
+
+def test_without_a_carried_torch_the_engine_builds_on_the_machines(tmp_path):
+    fake_python(tmp_path)
+    done = check(tmp_path, "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
+                 "--deps", str(tmp_path / "wheels"))
+    assert done.returncode == 0, done.stderr
+    built = logged(tmp_path, "./engine")
+    assert built.startswith("PYTHONPATH= SKIP= CMAKE= "), built
+    assert "-r packaging/cuda/gpu-vllm-requirements.txt" in logged(tmp_path, "deps.tmp")
+    assert not (tmp_path / "work" / "deps" / "nvidia").exists()
+
+
+def test_a_work_folder_of_another_version_is_refused(tmp_path):
+    fake_python(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "vllm-version").write_text("0.26.0\n")
+    refused = check(tmp_path, "--vllm-version", "0.34.0", "--engine-source", "--vllm", "x.whl", "--deps", "wheels")
+    assert refused.returncode == 3
+    assert "holds the installs for vLLM 0.26.0, not 0.34.0" in refused.stderr
+
+
+def test_the_check_says_a_version_has_no_list_or_no_series(tmp_path):
+    fake_python(tmp_path)
+    unlisted = check(tmp_path, "--vllm-version", "0.99.0", "--engine-source", "--vllm", "x.whl", "--deps", "wheels")
+    assert unlisted.returncode == 3
+    assert "packaging/cuda/gpu-vllm-0.99.0-requirements.txt is missing" in unlisted.stderr
+    shutil.rmtree(tmp_path / "patches" / "0.34.0")
+    unpatched = check(tmp_path, "--engine-source", "--vllm", "x.whl", "--deps", "wheels", VLLM_VERSION="0.34.0")
+    assert unpatched.returncode == 3
+    assert f"no patch series for vLLM 0.34.0: {tmp_path}/patches/0.34.0/series is missing" in unpatched.stderr
+    assert not (tmp_path / "log").exists(), "nothing was installed"
+
+
+def test_fetch_downloads_the_versions_list(tmp_path):
+    fake_python(tmp_path)
+    assert check(tmp_path, "--vllm-version", "0.34.0", "--fetch", str(tmp_path / "dl")).returncode == 0
+    assert "--require-hashes -r packaging/cuda/gpu-vllm-0.34.0-requirements.txt -d " in logged(tmp_path, "download")
+    (tmp_path / "log").unlink()
+    assert check(tmp_path, "--fetch", str(tmp_path / "dl")).returncode == 0
+    assert "-r packaging/cuda/gpu-vllm-requirements.txt -d " in logged(tmp_path, "download")
