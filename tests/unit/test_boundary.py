@@ -99,7 +99,7 @@ def test_census_finds_every_vllm_facing_method_native():
     names = {r["where"] for r in rows}
     for method in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
                    "get_finished", "build_connector_meta", "has_layer_work"):
-        assert f"ActiveKVConnector.{method}" in names
+        assert f"ActiveKVHostConnector.{method}" in names
     assert any(n.startswith("entry point activekv:register") for n in names)
 
 
