@@ -37,6 +37,11 @@
 # names the call to redo.
 # PINS: the distributions file (default packaging/vllm-distributions.toml).
 # DOWNLOADED: pack from this folder (deps/ and vLLM's wheel) instead of fetching.
+# RELEASE=1 (with DOWNLOADED): carry a release's wheels from DOWNLOADED/release/
+# (its patched vLLM wheel and engine wheel, and any wheel its checks need)
+# instead of the pinned pristine vLLM: a check then runs on what ships, and the
+# archive is some 240 MB smaller. The archive's sha256 vouches for them; `where`
+# names them.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
@@ -77,8 +82,12 @@ matches_pin() {  # FILE
   [[ $(sha256_of "$1") == "$sha256" ]]
 }
 
+carries_release() {  # whether the staged archive holds a release's wheels, not the pinned vLLM
+  [[ -f $stage/carries-release ]]
+}
+
 joined() {  # whether STAGE holds the unpacked archive
-  [[ -f $stage/$wheel && -d $stage/deps ]]
+  if carries_release; then [[ -d $stage/release && -d $stage/deps ]]; else [[ -f $stage/$wheel && -d $stage/deps ]]; fi
 }
 
 version_of() {  # FOLDER: the vLLM of the pack whose c0 it holds (c0, or STAGE once c0 is taken)
@@ -122,14 +131,21 @@ pack() {
     "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --platform manylinux_2_28_x86_64 "vllm==$version" -d "$download"
   fi
-  matches_pin "$download/$wheel" || {
+  local carried=("$wheel")
+  if [[ -n ${RELEASE:-} ]]; then
+    local patched=("$download/release/vllm-$version+"*.whl)
+    [[ -n ${DOWNLOADED:-} && -f ${patched[0]} ]] || {
+      rm -rf "$new"; echo "RELEASE: no $download/release/vllm-$version+*.whl (a patched vLLM wheel) to carry" >&2; exit 3; }
+    carried=(release)
+    touch "$new/c0/carries-release"
+  elif ! matches_pin "$download/$wheel"; then
     rm -rf "$new"
     echo "$download/$wheel is not the wheel $pins pins" >&2
     exit 3
-  }
+  fi
   cp -a "$gtest" "$new/c0/googletest"
   local archive=$new/payload.tar
-  tar -cf "$archive" -C "$download" deps "$wheel"
+  tar -cf "$archive" -C "$download" deps "${carried[@]}"
   sha256_of "$archive" > "$new/c0/payload.sha256"
   echo 0 > "$new/c0/pieces"  # counted below; here so that c0's size counts it
   [[ $version == "$default_version" ]] || echo "$version" > "$new/c0/vllm-version"
@@ -221,20 +237,27 @@ join_archive() {  # NAMED: every piece is in STAGE; the archive, checked, unpack
   mkdir "$stage/unpacked"
   tar -xf "$stage/payload.tar" -C "$stage/unpacked"
   rm "$stage/payload.tar"
-  if ! matches_pin "$stage/unpacked/$wheel"; then
+  if ! carries_release && ! matches_pin "$stage/unpacked/$wheel"; then
     rm -rf "$stage/unpacked" "$stage"/piece.*
     echo "the archive's $wheel is not the wheel $pins pins: pack again, then carry c0 and the pieces" >&2
     exit 5
   fi
-  rm -rf "$stage/deps"
+  rm -rf "$stage/deps" "$stage/release"
   mv "$stage/unpacked/deps" "$stage/deps"
-  mv "$stage/unpacked/$wheel" "$stage/$wheel"
+  if carries_release; then mv "$stage/unpacked/release" "$stage/release"; else mv "$stage/unpacked/$wheel" "$stage/$wheel"; fi
   rmdir "$stage/unpacked"
   rm "$stage"/piece.*  # only now: a failed unpack can be taken again from the pieces
   where
 }
 
 where() {
+  if carries_release; then
+    local engine=("$stage"/release/activekv-*.whl) patched=("$stage"/release/vllm-"$version"+*.whl)
+    [[ -f ${patched[0]} ]] || { echo "no $stage/release/vllm-$version+*.whl yet" >&2; exit 4; }
+    echo "ci/gpu-engine-check.sh $stage/googletest"
+    echo "ci/gpu-vllm-check.sh --vllm-version $version --engine ${engine[0]} --vllm ${patched[0]} --deps $stage/deps"
+    return
+  fi
   [[ -f $stage/$wheel ]] || { echo "no $stage/$wheel yet" >&2; exit 4; }
   echo "ci/gpu-engine-check.sh $stage/googletest"
   echo "ci/gpu-vllm-check.sh --vllm-version $version --engine-source --vllm $stage/$wheel --deps $stage/deps"
