@@ -176,6 +176,11 @@ else  # a binary-only wheel is its site-packages layout: unpacking it installs i
 fi
 
 export PYTHONPATH="$WORK/engine:$WORK/vllm:$WORK/deps:$PWD${outer:+:$outer}"
+# The CuTe DSL's `cutlass` (vLLM 0.34's warm-up imports it) is found through
+# its .pth, which Python reads in site-packages but not on PYTHONPATH.
+if [[ -d $WORK/deps/nvidia_cutlass_dsl/dsl_packages ]]; then
+  PYTHONPATH="$PYTHONPATH:$WORK/deps/nvidia_cutlass_dsl/dsl_packages"
+fi
 export ACTIVEKV_UNPATCHED_VLLM="$WORK/vllm-unpatched" ACTIVEKV_TEST_CACHE="$WORK/cache"
 "$python" -c 'import torch, activekv, vllm; from vllm import LLM; print("torch", torch.__version__, "activekv from", activekv.__file__); print("vllm", vllm.__version__, "offers", activekv.vllm_features())'
 # vLLM and its dependencies warn at import on this stack: the warnings are not ours to fail on.

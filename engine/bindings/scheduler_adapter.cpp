@@ -75,7 +75,16 @@ StepPlan SchedulerEngine::build(const py::handle& so) {
   }
   const py::object cached = get(so, k.scheduled_cached_reqs);
   const py::list ids = get(cached, k.req_ids);
-  const py::object resumed = get(cached, k.resumed_req_ids);
+  // Requests resumed after preemption: vLLM 0.34 has no such list (it sends
+  // them again as new requests, with their whole block list).
+  py::object resumed = py::tuple();
+  if (PyObject* r = PyObject_GetAttr(cached.ptr(), k.resumed_req_ids)) {
+    resumed = py::reinterpret_steal<py::object>(r);
+  } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+    PyErr_Clear();
+  } else {
+    throw py::error_already_set();
+  }
   const py::list new_block_ids = get(cached, k.new_block_ids);
   const py::list computed = get(cached, k.num_computed_tokens);
   std::vector<SchedulerSide::CachedRequest> running;

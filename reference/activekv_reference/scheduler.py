@@ -145,7 +145,9 @@ class SchedulerSide:
             if st is None:
                 continue
             new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:  # after preemption: a fresh block list
+            # After preemption: a fresh block list (vLLM 0.34 has no such list:
+            # it sends a resumed request again as a new one).
+            if req_id in getattr(cached, "resumed_req_ids", ()):
                 st.block_ids = list(new_ids[0]) if new_ids is not None else []
                 st.save_cursor = 0
             elif new_ids is not None:
@@ -184,7 +186,7 @@ class SchedulerSide:
         for i, req_id in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             computed = cached.num_computed_tokens[i]
-            if req_id in cached.resumed_req_ids or req_id not in self._block_tables:
+            if req_id in getattr(cached, "resumed_req_ids", ()) or req_id not in self._block_tables:
                 start_over(req_id, list(new_ids[0]) if new_ids is not None else [], computed)
                 continue
             fresh = list(new_ids[0]) if new_ids is not None else []

@@ -424,3 +424,47 @@ def test_fetch_downloads_the_versions_list(tmp_path):
     (tmp_path / "log").unlink()
     assert check(tmp_path, "--fetch", str(tmp_path / "dl")).returncode == 0
     assert "-r packaging/cuda/gpu-vllm-requirements.txt -d " in logged(tmp_path, "download")
+
+
+def test_a_release_is_carried_instead_of_the_pinned_wheel_and_named_for_the_checks(tmp_path):
+    """RELEASE=1: the release's patched vLLM and engine wheels travel in the
+    archive (the pinned pristine wheel stays behind), and `where` names them."""
+    download = tmp_path / "download"
+    (download / "deps").mkdir(parents=True)
+    (download / "deps" / "dep-1.0-py3-none-any.whl").write_bytes(os.urandom(10 << 10))
+    release = download / "release"
+    release.mkdir()
+    patched = "vllm-0.26.0+activekv.2-cp38-abi3-manylinux_2_28_x86_64.whl"
+    engine = "activekv-0.1.0+cu130-cp312-cp312-manylinux_2_34_x86_64.whl"
+    (release / patched).write_bytes(os.urandom(20 << 10))
+    (release / engine).write_bytes(os.urandom(4 << 10))
+    gtest = tmp_path / "googletest"
+    gtest.mkdir()
+    (gtest / "CMakeLists.txt").write_text("project(googletest)\n")
+    (tmp_path / "pins.toml").write_text(
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
+    done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
+               CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE), MIN_PIECE="1", RELEASE="1")
+    assert done.returncode == 0, done.stderr
+    for n in range(len(folders(tmp_path / "carry"))):
+        taken = take(tmp_path, n)
+        assert taken.returncode == 0, taken.stderr
+    stage = tmp_path / "stage"
+    assert (stage / "release" / patched).read_bytes() == (release / patched).read_bytes()
+    assert not (stage / WHEEL).exists()
+    assert f"--engine {stage}/release/{engine} --vllm {stage}/release/{patched}" in taken.stdout
+
+
+def test_a_release_pack_without_a_patched_vllm_is_refused(tmp_path):
+    download = tmp_path / "download"
+    (download / "deps").mkdir(parents=True)
+    (download / "release").mkdir()
+    gtest = tmp_path / "googletest"
+    gtest.mkdir()
+    (gtest / "CMakeLists.txt").write_text("project(googletest)\n")
+    (tmp_path / "pins.toml").write_text(
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
+    refused = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
+                  MIN_PIECE="1", RELEASE="1")
+    assert refused.returncode == 3
+    assert "a patched vLLM wheel" in refused.stderr and not (tmp_path / "carry").exists()
