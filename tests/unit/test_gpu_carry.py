@@ -426,25 +426,35 @@ def test_fetch_downloads_the_versions_list(tmp_path):
     assert "-r packaging/cuda/gpu-vllm-requirements.txt -d " in logged(tmp_path, "download")
 
 
-def test_a_release_is_carried_instead_of_the_pinned_wheel_and_named_for_the_checks(tmp_path):
-    """RELEASE=1: the release's patched vLLM and engine wheels travel in the
-    archive (the pinned pristine wheel stays behind), and `where` names them."""
+def release_download(tmp_path: Path) -> Path:
+    """A download holding deps/ and an empty release/, GoogleTest, and a
+    distributions file (PINS) whose pinned wheel is not there."""
     download = tmp_path / "download"
     (download / "deps").mkdir(parents=True)
     (download / "deps" / "dep-1.0-py3-none-any.whl").write_bytes(os.urandom(10 << 10))
-    release = download / "release"
-    release.mkdir()
+    (download / "release").mkdir()
+    (tmp_path / "googletest").mkdir()
+    (tmp_path / "googletest" / "CMakeLists.txt").write_text("project(googletest)\n")
+    (tmp_path / "pins.toml").write_text(
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
+    return download
+
+
+def pack_release(tmp_path: Path, download: Path) -> subprocess.CompletedProcess[str]:
+    return run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download),
+               GOOGLETEST_SRC=str(tmp_path / "googletest"), CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
+               MIN_PIECE="1", RELEASE="1")
+
+
+def test_a_release_is_carried_instead_of_the_pinned_wheel_and_named_for_the_checks(tmp_path):
+    """RELEASE=1: the release's patched vLLM and engine wheels travel in the
+    archive (the pinned pristine wheel stays behind), and `where` names them."""
+    release = release_download(tmp_path) / "release"
     patched = "vllm-0.26.0+activekv.2-cp38-abi3-manylinux_2_28_x86_64.whl"
     engine = "activekv-0.1.0+cu130-cp312-cp312-manylinux_2_34_x86_64.whl"
     (release / patched).write_bytes(os.urandom(20 << 10))
     (release / engine).write_bytes(os.urandom(4 << 10))
-    gtest = tmp_path / "googletest"
-    gtest.mkdir()
-    (gtest / "CMakeLists.txt").write_text("project(googletest)\n")
-    (tmp_path / "pins.toml").write_text(
-        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
-    done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
-               CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE), MIN_PIECE="1", RELEASE="1")
+    done = pack_release(tmp_path, release.parent)
     assert done.returncode == 0, done.stderr
     for n in range(len(folders(tmp_path / "carry"))):
         taken = take(tmp_path, n)
@@ -456,15 +466,6 @@ def test_a_release_is_carried_instead_of_the_pinned_wheel_and_named_for_the_chec
 
 
 def test_a_release_pack_without_a_patched_vllm_is_refused(tmp_path):
-    download = tmp_path / "download"
-    (download / "deps").mkdir(parents=True)
-    (download / "release").mkdir()
-    gtest = tmp_path / "googletest"
-    gtest.mkdir()
-    (gtest / "CMakeLists.txt").write_text("project(googletest)\n")
-    (tmp_path / "pins.toml").write_text(
-        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
-    refused = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
-                  MIN_PIECE="1", RELEASE="1")
+    refused = pack_release(tmp_path, release_download(tmp_path))
     assert refused.returncode == 3
     assert "a patched vLLM wheel" in refused.stderr and not (tmp_path / "carry").exists()
