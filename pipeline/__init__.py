@@ -8,7 +8,8 @@
     parity/    the parity harness: the native engine against the Python reference
     bench/     benchmarks that print figures
     the rest   what they share: release.toml (config), one run of stages and
-               its options (run), the build tree (paths), exit codes (errors),
+               its options (run), what a release will do, said first (plan),
+               the build tree (paths), exit codes (errors),
                the container runtime (container), the builder and runtime base
                images (images), what a stage reads of another's output
                (artifacts), a vLLM patch series (patch_series), a release as

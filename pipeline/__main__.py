@@ -1,7 +1,14 @@
 """The release pipeline's commands (nox sessions call these).
 
     python -m pipeline release [--profile P] [--allow-dirty] [--key K] [--parity-evidence T=FILE]
+    python -m pipeline plan [the release's flags]   its plan and cheap checks; no stage runs
     python -m pipeline STAGE [--profile P] [--target T ...] [flags]   one stage of the release
+
+A release prints its plan first (the profile, each target's vLLM and torch,
+the package index, the registry, the manifests folder, the signing key),
+each stage's elapsed time as it ends, and last its outputs. `plan` prints the
+plan and refuses what needs no stage to refuse: the flags, the signing key,
+a dirty tree (without --allow-dirty).
 
 Stages, in the release's order (pipeline/stages/registry.py):
 
@@ -43,7 +50,7 @@ from pipeline.stages import registry
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=["release", *registry.BY_NAME, "verify", "verify-rebuild"])
+    parser.add_argument("stage", choices=["release", "plan", *registry.BY_NAME, "verify", "verify-rebuild"])
     parser.add_argument("manifest", nargs="?", type=Path, help="verify, verify-rebuild: the manifest")
     parser.add_argument("--repo", help="verify-rebuild: the repository to clone the manifest's commit "
                                        "from (default: this checkout's)")
@@ -115,6 +122,9 @@ def main(argv: list[str]) -> int:
             return 0
         run = Run.create(profile=args.profile, targets=args.target, python=args.python,
                          options=options(args))
+        if args.stage == "plan":  # reads only: no lock
+            registry.preflight(run)
+            return 0
         with pipeline_lock(command_line()):
             if args.stage == "release":
                 registry.run_release(run)

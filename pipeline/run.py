@@ -45,6 +45,10 @@ class Run:
         self.targets = targets
         self.options = options
         self._runtime: ContainerRuntime | None = None
+        # What the stages made for the release engineer, as (what, where):
+        # the published wheels, the image, the manifest. A release's last
+        # lines name them (pipeline/stages/registry.py).
+        self.outputs: list[tuple[str, str]] = []
 
     @classmethod
     def create(cls, *, profile: str | None, targets: list[str] | None, python: list[str] | None,
@@ -80,3 +84,8 @@ class Run:
     @staticmethod
     def say(message: str) -> None:
         print(message, flush=True)
+
+    def output(self, what: str, where: str) -> None:
+        """Record one output of the run (`what` it is, `where` it is), named
+        again when the release ends."""
+        self.outputs.append((what, where))

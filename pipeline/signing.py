@@ -177,3 +177,23 @@ def signing_key(path: str | None) -> Ed25519PrivateKey:
     print(f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
           f"{relative(SIGNING_KEY)}. Use your own key for any shared destination.", flush=True)
     return generate_key(SIGNING_KEY)
+
+
+def key_in_use(path: str | None) -> tuple[str, str]:
+    """Which key the manifest stage will sign with, said before a release
+    runs: (where it is and who chose it, its identity: the fingerprint).
+    The same choice as signing_key's, without making or asking anything: a
+    given key that cannot be used (missing, too open, not Ed25519) is refused
+    here, before any stage; an encrypted key is opened only where its
+    passphrase is in ACTIVEKV_SIGNING_KEY_PASSPHRASE (the manifest stage asks
+    on the terminal otherwise); the local key not made yet has no identity."""
+    given = path or os.environ.get("ACTIVEKV_SIGNING_KEY")
+    if given:
+        where = f"{given} ({'--key' if path else 'ACTIVEKV_SIGNING_KEY'})"
+        if b"ENCRYPTED" in _read_private(Path(given)) and PASSPHRASE_ENV not in os.environ:
+            return where, "encrypted: its passphrase is asked for at the manifest stage"
+        return where, fingerprint(load_private_key(Path(given)))
+    where = f"{relative(SIGNING_KEY)} (this checkout's local key: local destinations only)"
+    if SIGNING_KEY.is_file():
+        return where, fingerprint(load_private_key(SIGNING_KEY))
+    return where, "none yet: the manifest stage makes it"

@@ -238,3 +238,5 @@ def make_manifest(runtime: ContainerRuntime, profile: Profile, key_path: str | N
 def execute(run: Run) -> None:
     path = make_manifest(run.runtime, run.profile, run.options.key)
     run.say(f"signed manifest: {relative(path)}")
+    run.output("signing key", f"{(MANIFEST_DIR / FINGERPRINT_FILE).read_text().strip()} (the fingerprint "
+                              f"operators pin)")

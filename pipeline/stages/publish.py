@@ -134,6 +134,14 @@ class DirectoryIndex:
         path = self.root / project_of(wheel) / wheel
         return sha256_of(path) if path.is_file() else None
 
+    def location(self, wheel: str) -> str:
+        """Where the published `wheel` lies."""
+        return relative(self.root / project_of(wheel) / wheel)
+
+    def pip_url(self) -> str:
+        """What `pip install --index-url` takes to install from it."""
+        return f"file://{self.root.resolve()}"
+
     def upload(self, path: Path) -> None:
         write_atomic(self.root / project_of(path.name) / path.name, path)  # never half a wheel
         self._pages()
@@ -162,6 +170,12 @@ class HttpIndex:
 
     def __str__(self) -> str:
         return f"package index {self.url}"
+
+    def location(self, wheel: str) -> str:
+        return f"{wheel} at {self.pip_url()}{project_of(wheel)}/"
+
+    def pip_url(self) -> str:
+        return f"{self.url}/simple/"
 
     def existing(self, wheel: str) -> str | None:
         page_url = f"{self.url}/simple/{project_of(wheel)}/"
@@ -426,6 +440,9 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
             "wheels": [a["file"] for a in todo_wheels], "files": [a["file"] for a in todo_files],
             "images": [n for _, n in todo_images], "manifest": str(published),
             "image_references": [ref for _, ref in refs],
+            # Every artifact where it is published (this run's and those already there).
+            "index": dest.index.pip_url(), "published_wheels": [dest.index.location(a["file"]) for a in wheels],
+            "files_dir": str(files_dir) if files or images else None,
             "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images)}
 
 
@@ -504,8 +521,23 @@ def latest_manifest() -> Path:
     return path
 
 
+def outputs(record: dict) -> list[tuple[str, str]]:
+    """What a publish made, as the release's last lines name it: each wheel
+    where it is published, the index pip installs from, each image by its
+    registry digest, the folder of the release's other files, the manifest."""
+    named = [("wheel", w) for w in record["published_wheels"]]
+    named.append(("package index", f"{record['index']} (pip install --index-url)"))
+    named += [("image", ref) for ref in record["image_references"]]
+    if record["files_dir"]:
+        named.append(("release files", relative(Path(record["files_dir"]))))
+    named.append(("manifest", relative(Path(record["manifest"]))))
+    return named
+
+
 def execute(run: Run) -> None:
     record = publish(latest_manifest(), artifact_dirs=artifact_dirs(),
                      dest=destinations(run.profile, run.runtime))
     run.say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "
-            f"{record['skipped']} already there; manifest {record['manifest']}")
+            f"{record['skipped']} already there; manifest {relative(Path(record['manifest']))}")
+    for what, where in outputs(record):
+        run.output(what, where)

@@ -188,3 +188,40 @@ def test_images_are_published_by_their_registry_digest(tmp_path):
     text = (tmp_path / "dest" / "manifests" / VERSION / "activekv-0.1.0-images.txt").read_text()
     assert [line for line in text.splitlines() if not line.startswith("#")] == [reference]
     assert config in text
+
+
+def test_the_outputs_name_each_published_wheel_the_image_by_digest_and_the_manifest(tmp_path):
+    config = "sha256:" + "d" * 64
+    FakeRegistryHandler.body = json.dumps({"schemaVersion": 2, "config": {"digest": config}}).encode()
+    server = http.server.HTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_port}"
+        image = {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
+                 "digest": config, "inputs_digest": "sha256:" + "c" * 64}
+        path, files = small_release(tmp_path / "release", image=image)
+        dest = destinations(tmp_path / "dest", publish.Registry(address, None))
+        first = publish.publish(path, artifact_dirs=[files, path.parent], dest=dest)
+        again = publish.publish(path, artifact_dirs=[files, path.parent], dest=dest)  # all there: a resumed run
+    finally:
+        server.shutdown()
+        server.server_close()
+    reference = f"{address}/activekv-runtime-cpu@sha256:{hashlib.sha256(FakeRegistryHandler.body).hexdigest()}"
+    wheel = tmp_path / "dest" / "simple" / "activekv" / WHEEL
+    assert again["wheels"] == [] and again["skipped"] == 3
+    for record in (first, again):  # what is published, whether this run or an earlier one sent it
+        assert publish.outputs(record) == [
+            ("wheel", str(wheel)),
+            ("package index", f"file://{(tmp_path / 'dest' / 'simple').resolve()} (pip install --index-url)"),
+            ("image", reference),
+            ("release files", str(tmp_path / "dest" / "manifests" / VERSION)),
+            ("manifest", str(tmp_path / "dest" / "manifests" / path.name)),
+        ]
+    assert wheel.read_bytes() == (files / WHEEL).read_bytes()
+    assert (tmp_path / "dest" / "manifests" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_an_http_index_names_where_pip_finds_each_wheel():
+    index = publish.HttpIndex("https://pypi.example.org/")
+    assert index.pip_url() == "https://pypi.example.org/simple/"
+    assert index.location(WHEEL) == f"{WHEEL} at https://pypi.example.org/simple/activekv/"
