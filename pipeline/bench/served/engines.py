@@ -1,0 +1,64 @@
+"""The engines a served sweep compares: each is `vllm serve` with one KV tier,
+given the same host bytes, on the same server flags otherwise.
+
+plain               vLLM with its GPU prefix cache only (what every peer adds to)
+activekv-exact      ActiveKV's host store, bit for bit vLLM's own KV
+activekv-compressed ActiveKV's host store, compressed homes
+activekv-streaming  ActiveKV with layer streaming (long contexts past the GPU's budget)
+vllm-offloading     vLLM's OffloadingConnector (its CPU tier; --kv-offloading-backend native)
+lmcache             LMCache's in-process connector (LMCacheConnectorV1) on its local CPU tier
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+GIB = 1 << 30
+ACTIVEKV = "ActiveKVHostConnector"
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    connector: str | None = None
+    extra: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+    def server_args(self, host_bytes: int) -> list[str]:
+        if not self.connector:
+            return []
+        extra = {k: (host_bytes if v == "HOST_BYTES" else v) for k, v in self.extra.items()}
+        config = {"kv_connector": self.connector, "kv_role": "kv_both", "kv_connector_extra_config": extra}
+        return ["--kv-transfer-config", json.dumps(config)]
+
+    def server_env(self, host_bytes: int) -> dict[str, str]:
+        return {k: (f"{host_bytes / GIB:g}" if v == "HOST_GIB" else v) for k, v in self.env.items()}
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in [
+    Engine("plain"),
+    Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "HOST_BYTES"}),
+    Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "HOST_BYTES"}),
+    # R resident layers and the ring as the streaming figures in BENCHMARKS.md
+    # ran them on a 16 GiB budget; --engine-option overrides.
+    Engine("activekv-streaming", ACTIVEKV, {"capacity_bytes": "HOST_BYTES",
+                                            "streaming": {"resident_layers": 14, "ring_size": 2}}),
+    Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
+    # LMCache keys its chunks with Python's hash(): without a fixed seed each
+    # process keys differently (its docs: 0% hits).
+    Engine("lmcache", "LMCacheConnectorV1", {}, {
+        "PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "HOST_GIB",
+        "LMCACHE_CHUNK_SIZE": "256", "LMCACHE_TRACK_USAGE": "false"}),
+]}
+
+DEFAULT_SWEEP = ["plain", "activekv-exact", "activekv-compressed", "vllm-offloading", "lmcache"]
+
+
+def with_options(engine: Engine, options: dict) -> Engine:
+    """The engine with connector options changed (--engine-option key=value)."""
+    if not options:
+        return engine
+    if not engine.connector:
+        raise ValueError(f"engine {engine.name} has no connector to take options {sorted(options)}")
+    return Engine(engine.name, engine.connector, {**engine.extra, **options}, engine.env)

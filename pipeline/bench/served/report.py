@@ -1,0 +1,181 @@
+"""The report of a served sweep, drawn from whatever records exist.
+
+Per workload and machine (engines are compared only within one machine's
+runs), per engine and rate: requests, errors, TTFT p50/p90/p99, TPOT p50/p99,
+output tokens/s and requests/s over the rate point, the share of prompt tokens
+that came from vLLM's GPU prefix cache and from the connector (the host tier:
+vLLM's own counters, the same definition for every peer), and how many answers
+were the same as plain vLLM's. Then each ActiveKV engine against the best peer
+at each rate, and the curves as PNGs (TTFT p50 and p99 against rate,
+throughput against rate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.served.engines import ENGINES
+from pipeline.bench.served.runner import read_records
+
+PEERS = ("plain", "vllm-offloading", "lmcache")
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-th percentile, linear between closest ranks (numpy's default)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(1000 * x, 1)
+
+
+def summarize(requests: list[dict[str, Any]], counters: dict[str, float]) -> dict[str, Any]:
+    ok = [r for r in requests if "error" not in r]
+    ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
+    tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
+    out: dict[str, Any] = {"requests": len(requests), "errors": len(requests) - len(ok),
+                           "ttft_p50_ms": _ms(percentile(ttft, 50)), "ttft_p90_ms": _ms(percentile(ttft, 90)),
+                           "ttft_p99_ms": _ms(percentile(ttft, 99)), "tpot_p50_ms": _ms(percentile(tpot, 50)),
+                           "tpot_p99_ms": _ms(percentile(tpot, 99))}
+    if ok:
+        span = max(r["sent"] + r["latency_s"] for r in ok) - min(r["sent"] for r in requests)
+        out["output_tok_s"] = round(sum(r["output_tokens"] for r in ok) / span, 1)
+        out["requests_s"] = round(len(ok) / span, 3)
+    queried = counters.get("vllm:prefix_cache_queries_total")
+    if queried:
+        out["gpu_hit_pct"] = round(100 * counters.get("vllm:prefix_cache_hits_total", 0) / queried, 1)
+        out["host_hit_pct"] = round(100 * counters.get("vllm:external_prefix_cache_hits_total", 0) / queried, 1)
+    out["preemptions"] = counters.get("vllm:num_preemptions_total")
+    return out
+
+
+def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]]:
+    """{(workload, machine): {engine: {rate: summary}}} from every records file."""
+    table: dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]] = defaultdict(dict)
+    for path in sorted(records.glob("*/*.jsonl")):
+        lines = read_records(path)
+        runs = [r for r in lines if r["type"] == "run"]
+        if not runs:
+            continue
+        engine, workload = runs[-1]["engine"], runs[-1]["workload"]["name"]
+        device = runs[-1]["machine"].get("device", "?")
+        by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
+        for r in lines:
+            if r["type"] == "request" and r["phase"] == "measured":
+                by_rate[r["rate"]].append(r)
+        points = {}
+        for p in (r for r in lines if r["type"] == "point"):
+            points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"])
+            points[p["rate"]]["_answers"] = {_key(r): r.get("output_sha") for r in by_rate[p["rate"]]}
+        table[(workload, device)][engine] = points
+    order = list(ENGINES)
+    for key, engines in table.items():  # engines in engines.py's order
+        table[key] = dict(sorted(engines.items(), key=lambda e: (order.index(e[0]) if e[0] in order
+                                                                 else len(order), e[0])))
+    for engines in table.values():
+        plain = engines.get("plain", {})
+        for name, points in engines.items():
+            for rate, s in points.items():
+                theirs = plain.get(rate, {}).get("_answers")
+                mine = s["_answers"]
+                if name != "plain" and theirs:
+                    common = [k for k in mine if k in theirs and mine[k] and theirs[k]]
+                    s["same_answers"] = f"{sum(mine[k] == theirs[k] for k in common)}/{len(common)}"
+    for engines in table.values():
+        for points in engines.values():
+            for s in points.values():
+                s.pop("_answers")
+    return table
+
+
+def _key(r: dict[str, Any]) -> tuple:
+    return (r.get("user"), r.get("turn"), r.get("doc"), r.get("index"))
+
+
+COLUMNS = [("rate", "rate/s"), ("requests", "req"), ("errors", "err"), ("ttft_p50_ms", "TTFT p50 ms"),
+           ("ttft_p90_ms", "p90"), ("ttft_p99_ms", "p99"), ("tpot_p50_ms", "TPOT p50 ms"),
+           ("tpot_p99_ms", "p99"), ("output_tok_s", "out tok/s"), ("requests_s", "req/s"),
+           ("gpu_hit_pct", "GPU hit %"), ("host_hit_pct", "host hit %"), ("preemptions", "preempt"),
+           ("same_answers", "same as plain")]
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def markdown(table) -> str:
+    out = []
+    for (workload, device), engines in sorted(table.items()):
+        out.append(f"### {workload} on {device}\n")
+        out.append("| engine | " + " | ".join(h for _, h in COLUMNS) + " |")
+        out.append("|---|" + "---|" * len(COLUMNS))
+        for engine, points in engines.items():
+            for rate, s in sorted(points.items()):
+                row = {**s, "rate": rate}
+                out.append(f"| {engine} | " + " | ".join(_cell(row.get(k)) for k, _ in COLUMNS) + " |")
+        out.append("")
+        out.extend(against_peers(engines))
+        out.append("")
+    return "\n".join(out)
+
+
+def against_peers(engines: dict[str, dict[float, dict[str, Any]]]) -> list[str]:
+    """Each ActiveKV engine's TTFT and throughput over the best peer's at each
+    rate (TTFT: lower is better, so below 1 is ActiveKV ahead)."""
+    lines = []
+    peers = {n: p for n, p in engines.items() if n in PEERS}
+    for name, points in engines.items():
+        if not name.startswith("activekv") or not peers:
+            continue
+        for rate, s in sorted(points.items()):
+            row = []
+            for key, better in (("ttft_p50_ms", min), ("ttft_p99_ms", min), ("output_tok_s", max)):
+                theirs = [(p[rate][key], n) for n, p in peers.items() if rate in p and p[rate].get(key)]
+                if not theirs or not s.get(key):
+                    continue
+                best, who = better(theirs)
+                row.append(f"{key.replace('_ms', '')} {s[key] / best:.2f}x {who}'s")
+            if row:
+                lines.append(f"- {name} at {rate:g}/s against the best peer: " + "; ".join(row))
+    return lines
+
+
+def plot(table, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (workload, device), engines in sorted(table.items()):
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for engine, points in engines.items():
+            rates = sorted(points)
+            for ax, key in zip(axes, ("ttft_p50_ms", "ttft_p99_ms", "output_tok_s")):
+                ys = [points[r].get(key) for r in rates]
+                ax.plot(rates, [float("nan") if y is None else y for y in ys], marker="o", label=engine)
+        for ax, title in zip(axes, ("TTFT p50 (ms)", "TTFT p99 (ms)", "output tokens/s")):
+            ax.set_xlabel("request rate (requests/s)")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{workload} on {device}")
+        fig.tight_layout()
+        path = out_dir / f"served-{workload}-{device.replace(' ', '-')}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

