@@ -145,3 +145,13 @@ def test_resumption_counts_only_whole_rate_points(tmp_path):
     with path.open("a") as f:  # a rate point cut off: requests, no "point" line
         f.write(json.dumps(_request(2.0, 0, 0.1)) + "\n")
     assert runner.rates_done(path) == {1.0}
+
+
+def test_connector_time_from_activekv_counters():
+    counters = {"vllm:activekv_load_us_total": 20000.0, "vllm:activekv_bytes_to_device_total": 1e9,
+                "vllm:activekv_save_us_total": 0.0, "vllm:activekv_hit_tokens_total": 640.0}
+    c = report.connector_time(counters, requests=10)
+    assert c["load_ms_a_request"] == 2.0
+    assert c["load_gbps"] == 50.0  # 1 GB in 20 ms
+    assert c["save_gbps"] is None and c["hit_tokens"] == 640.0
+    assert report.connector_time({"vllm:prefix_cache_hits_total": 3.0}, requests=10) is None

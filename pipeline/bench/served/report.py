@@ -54,7 +54,25 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float]) -> dic
         out["gpu_hit_pct"] = round(100 * counters.get("vllm:prefix_cache_hits_total", 0) / queried, 1)
         out["host_hit_pct"] = round(100 * counters.get("vllm:external_prefix_cache_hits_total", 0) / queried, 1)
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
+    out["connector"] = connector_time(counters, len(requests))
     return out
+
+
+def connector_time(counters: dict[str, float], requests: int) -> dict[str, float] | None:
+    """Where ActiveKV's own time went over the rate point, from its counters:
+    loads and saves (milliseconds a request, and the bytes' rate while they
+    ran), lookups and hits. None for an engine without them."""
+    get = lambda name: counters.get(f"vllm:activekv_{name}_total", 0.0)  # noqa: E731
+    if not any(k.startswith("vllm:activekv_") for k in counters) or not requests:
+        return None
+    load_s, save_s, stream_s = get("load_us") / 1e6, get("save_us") / 1e6, get("stream_us") / 1e6
+    return {"load_ms_a_request": round(1000 * load_s / requests, 2),
+            "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s else None,
+            "save_ms_a_request": round(1000 * save_s / requests, 2),
+            "save_gbps": round(get("bytes_to_host") / save_s / 1e9, 2) if save_s else None,
+            "stream_ms_a_request": round(1000 * stream_s / requests, 2),
+            "hit_tokens": get("hit_tokens"), "stored_blocks": get("stored_blocks"),
+            "evicted_blocks": get("evicted_blocks"), "failed_loads": get("failed_loads")}
 
 
 def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]]:
@@ -127,6 +145,15 @@ def markdown(table) -> str:
                 out.append(f"| {engine} | " + " | ".join(_cell(row.get(k)) for k, _ in COLUMNS) + " |")
         out.append("")
         out.extend(against_peers(engines))
+        for engine, points in engines.items():
+            for rate, s in sorted(points.items()):
+                if s.get("connector"):
+                    c = s["connector"]
+                    out.append(f"- {engine} at {rate:g}/s, its own time: loads {c['load_ms_a_request']} ms a "
+                               f"request ({c['load_gbps']} GB/s while loading), saves {c['save_ms_a_request']} ms "
+                               f"({c['save_gbps']} GB/s), streaming {c['stream_ms_a_request']} ms; "
+                               f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
+                               f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads")
         out.append("")
     return "\n".join(out)
 
