@@ -1,7 +1,10 @@
-# Runtime base for the xpu target: pypa's manylinux_2_28 image with Intel's
-# GPU runtime (Level Zero, compute runtime) and oneAPI's runtime libraries, and
-# torch +xpu (which brings the SYCL, Unified Runtime, MKL and OpenMP runtimes as
-# wheels). No compilers. The payload audit imports the wheels here.
+# Runtime base for the xpu target: pypa's manylinux_2_28 image (the builder's
+# base) with torch +xpu and the wheels it depends on in a venv, and nothing
+# else: no compilers, and not Intel's GPU user-space driver (the Level Zero
+# loader and compute runtime), which a host or image that runs on an Arc GPU
+# must add. The payload audit would import the wheels here. Never built yet
+# (no oneAPI base or Intel GPU was reachable), and no runtime image is built
+# on it: the runtime-image stage has no xpu recipe.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
