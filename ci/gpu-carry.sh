@@ -42,6 +42,12 @@
 # instead of the pinned pristine vLLM: a check then runs on what ships, and the
 # archive is some 240 MB smaller. The archive's sha256 vouches for them; `where`
 # names them.
+# LMCACHE=1 (vLLM 0.26.0 only; pack): LMCache's wheels travel too
+# (packaging/cuda/gpu-lmcache-requirements.txt, in deps/ beside vLLM's, some 28 MiB:
+# at most one piece more), for the served benchmark's `lmcache` engine; fetched with
+# vLLM's list, or found in DOWNLOADED/deps. c0 says so (carries-lmcache): take needs no
+# switch, and `where` names the check with LMCACHE=1. Taking with LMCACHE=1 a pack
+# without them is refused.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
@@ -56,6 +62,13 @@ if [[ ${1:-} == --vllm-version ]]; then
   shift 2
 fi
 default_version=0.26.0  # a pack without c0/vllm-version is one of it
+lmcache=${LMCACHE:-0}  # LMCache's wheels too: anything but 0 or empty
+[[ $lmcache == 0 ]] && lmcache=
+lmcache_list=packaging/cuda/gpu-lmcache-requirements.txt
+if [[ -n $lmcache && $version != 0.26.0 ]]; then
+  echo "LMCACHE=1: LMCache's wheels ($lmcache_list) travel with vLLM 0.26.0 only, not $version" >&2
+  exit 3
+fi
 spare=$(( ${SPARE_MIB:-2} << 20 ))  # bytes a call leaves unused
 carry_limit=${CARRY_LIMIT:-$((64 << 20))}  # bytes a call carries (tests set less)
 min_piece=${MIN_PIECE:-$((16 << 20))}     # fewer bytes a call: too many calls
@@ -143,6 +156,15 @@ pack() {
     echo "$download/$wheel is not the wheel $pins pins" >&2
     exit 3
   fi
+  if [[ -n $lmcache ]]; then  # the list's wheels were fetched into deps/ with vLLM's
+    local lmc
+    lmc=$(sed -n 's/^lmcache==\([^ ]*\).*/\1/p' "$lmcache_list")
+    local found=("$download/deps/lmcache-$lmc-"*.whl)
+    [[ -n $lmc && -f ${found[0]} ]] || { rm -rf "$new"
+      echo "LMCACHE: no $download/deps/lmcache-$lmc-*.whl: fetch with LMCACHE=1 ci/gpu-vllm-check.sh --fetch DIR/deps" >&2
+      exit 3; }
+    touch "$new/c0/carries-lmcache"
+  fi
   cp -a "$gtest" "$new/c0/googletest"
   local archive=$new/payload.tar
   tar -cf "$archive" -C "$download" deps "${carried[@]}"
@@ -170,7 +192,9 @@ pack() {
   mv "$new" "$dir"
   local run=ci/gpu-carry.sh
   [[ $version == "$default_version" ]] || run="VLLM_VERSION=$version $run"
-  echo "packed vLLM $version: $named/c0 (GoogleTest and the first piece) and $n more pieces of the wheels'" \
+  local with=
+  [[ -z $lmcache ]] || with=" and LMCache's wheels"
+  echo "packed vLLM $version$with: $named/c0 (GoogleTest and the first piece) and $n more pieces of the wheels'" \
     "archive ($((piece >> 20)) MiB each, the tree at $((tree >> 20)) MiB, $((spare >> 20)) MiB to spare):"
   echo "carry $named/c0, then $named/c1 .. $named/c$n, one a call, each running: $run take N $named"
 }
@@ -186,6 +210,8 @@ take() {
     packed=$(version_of "$dir/c0")
     [[ $packed == "$version" ]] || {
       echo "$named/c0 was packed for vLLM $packed, not $version: take it with VLLM_VERSION=$packed" >&2; exit 3; }
+    [[ -z $lmcache || -f $dir/c0/carries-lmcache ]] || {
+      echo "$named/c0 was packed without LMCache's wheels: pack again with LMCACHE=1" >&2; exit 3; }
     if [[ $(cat "$stage/payload.sha256" 2>/dev/null) == "$(cat "$dir/c0/payload.sha256")" ]]; then
       echo "$named/c0 was taken already (the same archive)"
     else
@@ -251,16 +277,18 @@ join_archive() {  # NAMED: every piece is in STAGE; the archive, checked, unpack
 }
 
 where() {
+  local check=ci/gpu-vllm-check.sh
+  [[ ! -f $stage/carries-lmcache ]] || check="LMCACHE=1 $check"  # its wheels are in deps/
   if carries_release; then
     local engine=("$stage"/release/activekv-*.whl) patched=("$stage"/release/vllm-"$version"+*.whl)
     [[ -f ${patched[0]} ]] || { echo "no $stage/release/vllm-$version+*.whl yet" >&2; exit 4; }
     echo "ci/gpu-engine-check.sh $stage/googletest"
-    echo "ci/gpu-vllm-check.sh --vllm-version $version --engine ${engine[0]} --vllm ${patched[0]} --deps $stage/deps"
+    echo "$check --vllm-version $version --engine ${engine[0]} --vllm ${patched[0]} --deps $stage/deps"
     return
   fi
   [[ -f $stage/$wheel ]] || { echo "no $stage/$wheel yet" >&2; exit 4; }
   echo "ci/gpu-engine-check.sh $stage/googletest"
-  echo "ci/gpu-vllm-check.sh --vllm-version $version --engine-source --vllm $stage/$wheel --deps $stage/deps"
+  echo "$check --vllm-version $version --engine-source --vllm $stage/$wheel --deps $stage/deps"
 }
 
 probe() {  # the host's torch and CUDA libraries, as pip knows them

@@ -19,6 +19,11 @@
 # it before the machine's on PYTHONPATH before the engine is built, so that the
 # engine is compiled against the torch vLLM runs on; the check prints which
 # torch and which CUDA libraries it loaded.
+# LMCACHE=1 (vLLM 0.26.0 only): LMCache as well, for the served benchmark's
+# `lmcache` engine: packaging/cuda/gpu-lmcache-requirements.txt's wheels, fetched
+# with vLLM's list into the same DIR and installed from --deps into WORK/lmcache,
+# on PYTHONPATH after vLLM's dependencies; its connector is imported before the
+# tests, and the PYTHONPATH printed for later runs (keep WORK).
 # WORK=dir keeps the installs between runs (default: a temporary folder); one
 # WORK serves one vLLM version. PINS: the distributions file (default
 # packaging/vllm-distributions.toml). PATCHES: the series' folder (default
@@ -53,6 +58,15 @@ else
 fi
 [[ -f $requirements ]] || {
   echo "no list of the wheels vLLM $version needs on the GPU machine: $requirements is missing" >&2; exit 3; }
+lists=(-r "$requirements")
+lmcache=${LMCACHE:-0}  # anything but 0 or empty
+[[ $lmcache == 0 ]] && lmcache=
+lmcache_list=packaging/cuda/gpu-lmcache-requirements.txt
+if [[ -n $lmcache ]]; then
+  [[ $version == 0.26.0 ]] || {
+    echo "LMCACHE=1: LMCache's wheels ($lmcache_list) are resolved for vLLM 0.26.0 only, not $version" >&2; exit 3; }
+  lists+=(-r "$lmcache_list")
+fi
 if [[ -n $fetch ]]; then
   exec "$python" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
@@ -60,7 +74,7 @@ if [[ -n $fetch ]]; then
     --platform manylinux_2_24_x86_64 --platform manylinux_2_18_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any \
-    --require-hashes -r "$requirements" -d "$fetch"
+    --require-hashes "${lists[@]}" -d "$fetch"
 fi
 [[ -n $engine && -n $vllm_wheel && -n $deps ]] || {
   echo "usage: $0 [--vllm-version V] --engine WHEEL|--engine-source --vllm VLLM_WHEEL --deps DIR [-- PYTEST_ARGS]" >&2; exit 2; }
@@ -89,6 +103,16 @@ if [[ ! -d $WORK/deps ]]; then
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/deps.tmp" \
     --find-links "$deps" --require-hashes -r "$requirements"
   mv "$WORK/deps.tmp" "$WORK/deps"
+fi
+if [[ -n $lmcache ]]; then
+  echo "+ LMCache ($lmcache_list)"
+  if [[ ! -d $WORK/lmcache ]]; then  # a folder of its own: a WORK without it gains it
+    rm -rf "$WORK/lmcache.tmp"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/lmcache.tmp" \
+      --find-links "$deps" --require-hashes -r "$lmcache_list"
+    rm -rf "$WORK/lmcache.tmp/tests"  # cufile-python's top-level tests: not to shadow ours on PYTHONPATH
+    mv "$WORK/lmcache.tmp" "$WORK/lmcache"
+  fi
 fi
 if [[ -d $WORK/deps/torch ]]; then
   # A torch of the list's own (and the CUDA libraries carried beside it, found
@@ -175,13 +199,26 @@ else  # a binary-only wheel is its site-packages layout: unpacking it installs i
   "$python" -m zipfile -e "$engine" "$WORK/engine"
 fi
 
-export PYTHONPATH="$WORK/engine:$WORK/vllm:$WORK/deps:$PWD${outer:+:$outer}"
+export PYTHONPATH="$WORK/engine:$WORK/vllm:$WORK/deps${lmcache:+:$WORK/lmcache}:$PWD${outer:+:$outer}"
 # The CuTe DSL's `cutlass` (vLLM 0.34's warm-up imports it) is found through
 # its .pth, which Python reads in site-packages but not on PYTHONPATH.
 if [[ -d $WORK/deps/nvidia_cutlass_dsl/dsl_packages ]]; then
   PYTHONPATH="$PYTHONPATH:$WORK/deps/nvidia_cutlass_dsl/dsl_packages"
 fi
 export ACTIVEKV_UNPATCHED_VLLM="$WORK/vllm-unpatched" ACTIVEKV_TEST_CACHE="$WORK/cache"
+if [[ -n $lmcache ]]; then
+  # vLLM's LMCacheConnectorV1 loads this adapter. LMCache binds its compiled ops
+  # (pybind11 functions) over a torch fallback, silently where they fail to load.
+  "$python" -c 'import importlib.metadata as m, types, lmcache
+from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl
+ops = lmcache.c_ops
+native = [n for n in dir(ops) if isinstance(getattr(ops, n, None), types.BuiltinFunctionType)
+          and "c_ops" in (getattr(getattr(ops, n), "__module__", None) or "")]
+print("lmcache", m.version("lmcache"), "from", lmcache.__file__, "compiled ops", len(native))
+if not native:
+    raise SystemExit("lmcache: its compiled ops (lmcache/c_ops) did not load with this torch: it would run its slow torch fallback")'
+  echo "+ for later runs here (python -m pipeline.bench.served ... --engines lmcache): PYTHONPATH=$PYTHONPATH"
+fi
 "$python" -c 'import torch, activekv, vllm; from vllm import LLM; print("torch", torch.__version__, "activekv from", activekv.__file__); print("vllm", vllm.__version__, "offers", activekv.vllm_features())'
 # vLLM and its dependencies warn at import on this stack: the warnings are not ours to fail on.
 exec "$python" -m pytest -m gpu tests/gpu -o filterwarnings=default -ra "${pytest_args[@]}"

@@ -31,11 +31,11 @@ def tree_bytes() -> int:
 
 
 def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STAGE": str(tmp_path / "stage"), "PINS": str(tmp_path / "pins.toml"), **env}
+    env = {**{k: v for k, v in os.environ.items() if k != "LMCACHE"}, "STAGE": str(tmp_path / "stage"), "PINS": str(tmp_path / "pins.toml"), **env}
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, check=False)
 
 
-def packed(tmp_path: Path, pin_the_wheel: bool = True) -> Path:
+def packed(tmp_path: Path, pin_the_wheel: bool = True, **env: str) -> Path:
     """`pack` run on a download of 40 KiB (deps/ and the wheel), with calls of
     PIECE bytes beside the tree, and a distributions file (PINS) that pins the
     wheel or other bytes."""
@@ -52,7 +52,7 @@ def packed(tmp_path: Path, pin_the_wheel: bool = True) -> Path:
     pins.write_text(f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{sha256}"\n')
     limit = tree_bytes() + (2 << 20) + PIECE
     done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
-               CARRY_LIMIT=str(limit), MIN_PIECE="1")
+               CARRY_LIMIT=str(limit), MIN_PIECE="1", **env)
     assert done.returncode == 0, done.stderr
     if not pin_the_wheel:
         pins.write_text(pins.read_text().replace(sha256, hashlib.sha256(b"other bytes").hexdigest()))
@@ -319,6 +319,8 @@ if [[ $1 == -m && $2 == pip ]]; then
   mkdir -p "$target"
   if [[ $target == */deps.tmp && -n ${FAKE_TORCH:-} ]]; then
     mkdir -p "$target/torch" "$target/torch-2.14.0.dist-info" "$target/nvidia/nccl"
+  elif [[ $target == */lmcache.tmp ]]; then
+    mkdir -p "$target/lmcache" "$target/tests"  # cufile-python's stray top-level tests
   elif [[ $target == */engine.tmp ]]; then
     mkdir -p "$target/activekv-0.1.0.dist-info"
     echo "Requires-Dist: torch==${FAKE_BUILT_AGAINST:-2.14.0}" > "$target/activekv-0.1.0.dist-info/METADATA"
@@ -344,7 +346,7 @@ fi
 
 
 def check(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(tmp_path / "log"),
+    env = {**{k: v for k, v in os.environ.items() if k != "LMCACHE"}, "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(tmp_path / "log"),
            "FAKE_NVIDIA": str(tmp_path / "machine" / "nvidia"), "PATCHES": str(tmp_path / "patches"),
            "WORK": str(tmp_path / "work"), "PYTHONPATH": "", **env}
     env.pop("PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK", None)
@@ -469,3 +471,131 @@ def test_a_release_pack_without_a_patched_vllm_is_refused(tmp_path):
     refused = pack_release(tmp_path, release_download(tmp_path))
     assert refused.returncode == 3
     assert "a patched vLLM wheel" in refused.stderr and not (tmp_path / "carry").exists()
+
+
+# LMCACHE=1: LMCache's wheels (packaging/cuda/gpu-lmcache-requirements.txt) with
+# vLLM 0.26.0's, for the served benchmark's `lmcache` engine.
+
+LMCACHE_LIST = REPO / "packaging" / "cuda" / "gpu-lmcache-requirements.txt"
+LMCACHE_WHEEL = "lmcache-0.5.3-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+
+
+def pack_lmcache(tmp_path: Path, with_its_wheel: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+    """`pack` with LMCACHE=1 from a download whose deps/ holds LMCache's wheel
+    beside vLLM's dependencies (or not), the wheel pinned."""
+    download = tmp_path / "download"
+    (download / "deps").mkdir(parents=True)
+    (download / "deps" / "dep-1.0-py3-none-any.whl").write_bytes(os.urandom(10 << 10))
+    if with_its_wheel:
+        (download / "deps" / LMCACHE_WHEEL).write_bytes(os.urandom(6 << 10))
+    wheel = os.urandom(24 << 10)
+    (download / WHEEL).write_bytes(wheel)
+    (tmp_path / "googletest").mkdir()
+    (tmp_path / "googletest" / "CMakeLists.txt").write_text("project(googletest)\n")
+    (tmp_path / "pins.toml").write_text(f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\n'
+                                        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n')
+    return run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download),
+               GOOGLETEST_SRC=str(tmp_path / "googletest"), CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
+               MIN_PIECE="1", **{"LMCACHE": "1", **env})
+
+
+def test_lmcache_wheels_travel_in_deps_and_where_names_the_check_with_lmcache(tmp_path):
+    packed_now = pack_lmcache(tmp_path)
+    assert packed_now.returncode == 0, packed_now.stderr
+    assert "packed vLLM 0.26.0 and LMCache's wheels" in packed_now.stdout
+    carry, stage = tmp_path / "carry", tmp_path / "stage"
+    assert (carry / "c0" / "carries-lmcache").exists()
+    for name in folders(carry):
+        assert carried_bytes(list((carry / name).rglob("*"))) <= PIECE, f"{name} passes a call"
+    for n in range(len(folders(carry))):  # taken without the switch: c0 says it
+        taken = take(tmp_path, n)
+        assert taken.returncode == 0, taken.stderr
+    assert (stage / "deps" / LMCACHE_WHEEL).read_bytes() == \
+        (tmp_path / "download" / "deps" / LMCACHE_WHEEL).read_bytes()
+    assert (stage / WHEEL).exists()
+    check_line = f"LMCACHE=1 ci/gpu-vllm-check.sh --vllm-version 0.26.0 --engine-source --vllm {stage}/{WHEEL} " \
+        f"--deps {stage}/deps"
+    assert check_line in taken.stdout
+    assert check_line in run(tmp_path, "where").stdout
+
+
+def test_a_plain_pack_says_no_lmcache_and_lmcache_0_is_plain(tmp_path):
+    carry = packed(tmp_path, LMCACHE="0")
+    assert not (carry / "c0" / "carries-lmcache").exists()
+    for n in range(len(folders(carry))):
+        taken = take(tmp_path, n)
+    assert taken.returncode == 0, taken.stderr
+    assert "\nci/gpu-vllm-check.sh --vllm-version 0.26.0 --engine-source" in taken.stdout
+    assert "LMCACHE" not in taken.stdout
+
+
+def test_lmcache_pack_without_its_wheel_is_refused_and_nothing_packed(tmp_path):
+    refused = pack_lmcache(tmp_path, with_its_wheel=False)
+    assert refused.returncode == 3
+    assert f"LMCACHE: no {tmp_path}/download/deps/lmcache-0.5.3-*.whl" in refused.stderr
+    assert not (tmp_path / "carry").exists() and not (tmp_path / "carry.new").exists()
+
+
+def test_lmcache_take_of_a_pack_without_it_is_refused(tmp_path):
+    carry = packed(tmp_path)
+    refused = run(tmp_path, "take", "0", str(carry), LMCACHE="1")
+    assert refused.returncode == 3
+    assert f"{carry}/c0 was packed without LMCache's wheels: pack again with LMCACHE=1" in refused.stderr
+    assert (carry / "c0" / "piece.00").exists() and not (tmp_path / "stage").exists()
+
+
+def test_lmcache_with_another_vllm_is_refused_by_both_scripts(tmp_path):
+    fake_python(tmp_path)
+    for args, env in ((["--vllm-version", "0.34.0", "--fetch", str(tmp_path / "dl")], {}),
+                      (["--fetch", str(tmp_path / "dl")], {"VLLM_VERSION": "0.34.0"}),
+                      (["--vllm-version", "0.34.0", "--engine-source", "--vllm", "x.whl", "--deps", "wheels"], {})):
+        refused = check(tmp_path, *args, LMCACHE="1", **env)
+        assert refused.returncode == 3
+        assert "LMCACHE=1: LMCache's wheels (packaging/cuda/gpu-lmcache-requirements.txt) are resolved for " \
+            "vLLM 0.26.0 only, not 0.34.0" in refused.stderr
+    assert not (tmp_path / "log").exists(), "nothing was fetched or installed"
+    refused = run(tmp_path, "--vllm-version", "0.34.0", "pack", str(tmp_path / "carry"), LMCACHE="1")
+    assert refused.returncode == 3
+    assert "travel with vLLM 0.26.0 only, not 0.34.0" in refused.stderr and not (tmp_path / "carry").exists()
+
+
+def test_lmcache_is_fetched_with_vllms_list_installed_apart_and_on_the_path_after_vllms_deps(tmp_path):
+    fake_python(tmp_path)
+    assert check(tmp_path, "--fetch", str(tmp_path / "dl"), LMCACHE="1").returncode == 0
+    assert "--require-hashes -r packaging/cuda/gpu-vllm-requirements.txt " \
+        "-r packaging/cuda/gpu-lmcache-requirements.txt -d " in logged(tmp_path, "download")
+    (tmp_path / "log").unlink()
+    work = tmp_path / "work"
+    done = check(tmp_path, "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
+                 "--deps", str(tmp_path / "wheels"), LMCACHE="1", PYTHONPATH="/outer")
+    assert done.returncode == 0, done.stderr
+    assert "-r packaging/cuda/gpu-vllm-requirements.txt" in logged(tmp_path, f"--target {work}/deps.tmp")
+    installed = logged(tmp_path, f"--target {work}/lmcache.tmp")
+    assert f"--find-links {tmp_path}/wheels --require-hashes -r packaging/cuda/gpu-lmcache-requirements.txt" \
+        in installed
+    assert (work / "lmcache" / "lmcache").is_dir() and not (work / "lmcache" / "tests").exists()
+    path = f"{work}/engine:{work}/vllm:{work}/deps:{work}/lmcache:{REPO}:/outer"
+    assert logged(tmp_path, "-m pytest -m gpu tests/gpu").startswith(f"PYTHONPATH={path} "), "the tests' path"
+    log = (tmp_path / "log").read_text()
+    assert "compiled ops" in log and log.index("LMCacheConnectorV1Impl") < log.index("-m pytest -m gpu"), \
+        "the connector and its compiled ops are checked before the tests"
+    assert f"PYTHONPATH={path}" in done.stdout, "the path said for the served benchmark"
+
+
+def test_the_lmcache_list_pins_by_hash_only_what_the_machine_and_vllms_list_lack():
+    def names(path: Path) -> set[str]:
+        return {line.split("==")[0].lower().replace("_", "-") for line in requirement_lines(path)}
+
+    lines = requirement_lines(LMCACHE_LIST)
+    for line in lines:
+        name, rest = line.split("==", 1)
+        version, hashed = rest.split(" --hash=sha256:")
+        assert len(hashed) == 64 and int(hashed, 16) >= 0, line
+    assert "lmcache==0.5.3 --hash=sha256:" in "\n".join(lines)
+    listed = names(LMCACHE_LIST)
+    assert len(listed) == len(lines), "a name twice"
+    machine = names(REPO / "packaging" / "cuda" / "gpu-machine-packages.txt")
+    vllms = names(REPO / "packaging" / "cuda" / "gpu-vllm-requirements.txt")
+    assert not listed & machine, "shadows the machine's (numpy, protobuf, ...)"
+    assert not listed & vllms, "twice with vLLM 0.26.0's list"
+    assert {"uvicorn", "aiofile", "caio"} <= listed, "the in-process connector imports them"
