@@ -36,7 +36,7 @@ def test_the_audit_covers_every_version_the_targets_name():
 def test_a_label_of_another_version_does_not_count(tmp_path):
     path = labels_copy(tmp_path, lambda t: t.replace('version = "0.26.0"', 'version = "0.25.0"'))
     rows, violations = boundary.retention("0.26.0", path)
-    assert len(violations) == len(rows) == 10
+    assert len(violations) == len(rows) == 13
     assert all("no label for vLLM 0.26.0" in v for v in violations)
     _, violations = boundary.retention("0.32.0", path)
     assert violations == []
@@ -75,7 +75,8 @@ def test_hunks_are_read_per_file(tmp_path):
         ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
         ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
-        ("0002", "kv_cache_utils.py", 3)]
+        ("0002", "kv_cache_utils.py", 3),
+        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
     shutil.copytree(PATCHES_DIR / "0.26.0", patches / "0.26.0")
     rows, _ = boundary.retention("0.26.0", patches_dir=patches)
     assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
@@ -83,14 +84,16 @@ def test_hunks_are_read_per_file(tmp_path):
         ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
         ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
-        ("0002", "kv_cache_utils.py", 3), ("0002", "kv_cache_utils.py", 4)]
+        ("0002", "kv_cache_utils.py", 3), ("0002", "kv_cache_utils.py", 4),
+        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
     shutil.copytree(PATCHES_DIR / "0.34.0", patches / "0.34.0")
     rows, _ = boundary.retention("0.34.0", patches_dir=patches)
     assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
         ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
         ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
-        ("0002", "kv_cache_planning.py", 1)]
+        ("0002", "kv_cache_planning.py", 1),
+        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
 
 
 def test_census_finds_every_vllm_facing_method_native():

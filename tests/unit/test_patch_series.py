@@ -18,7 +18,8 @@ def test_each_series_loads_with_its_headers(version):
     series = patch_series.load_series(version)
     assert series.local_version.startswith("activekv.")
     assert [p.name for p in series.patches] == ["0001-connector-has-layer-work.patch",
-                                                 "0002-connector-layer-streaming.patch"]
+                                                 "0002-connector-layer-streaming.patch",
+                                                 "0003-kv-offloading-backend-activekv.patch"]
     assert [p.name for p in series.patches][0].startswith("0001-")
     for patch in series.patches:
         header = patch.read_text().split("\n--- a/", 1)[0]
@@ -83,7 +84,8 @@ def test_the_0_34_0_series_touches_no_file_it_need_not():
         ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
         ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
         ("0002", "attention.py", 1), ("0002", "attention.py", 2),
-        ("0002", "kv_cache_planning.py", 1)]
+        ("0002", "kv_cache_planning.py", 1),
+        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
     header = series.patches[1].read_text().split("\n--- a/", 1)[0]
     for finding in ("extensible", "--no-enable-extensible-kv-cache", "LBHNC", "block size 64",
                     "breakable"):
