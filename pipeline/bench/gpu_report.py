@@ -1,15 +1,15 @@
-"""Tables (and the resident-layers plot) for BENCHMARKS.md from streaming_bench's raw output.
+"""Tables (and the resident-layers plot) for the benchmark record from streaming_bench's raw output.
 
 streaming_bench (engine/bench/streaming_bench.cpp) prints a ``RESULT {json}``
 line per measured point. This reads them back and prints the markdown tables
-BENCHMARKS.md quotes, including the Arc Pro B60 table, which is *computed*
+docs/benchmarks/history.md quotes, including the Arc Pro B60 table, which is *computed*
 from the H200's measured ratios and the card's published link and memory
 figures, never measured.
 
     python -m pipeline.bench.gpu_report bench/raw/<run>.txt [--plot PNG] [--trace TRACE.json.gz ...]
     python -m pipeline.bench.gpu_report --goals bench/raw/<grid>.txt bench/raw/<compressed>.txt
 
---goals says, point by point, whether issue 21's goals are met by the runs
+--goals says, point by point, whether the layer-streaming goals are met by the runs
 given (several runs of a point: their median). It also reads
 `python -m pipeline.bench.gpu_vllm streaming --out X.json`'s JSON for the goal
 inside vLLM. Exit 0: every goal measured and met; 1: one missed; 3: none
@@ -37,7 +37,7 @@ ARC_MEMORY_GBS = 456.0
 WEIGHT_BYTES = 16.06e9
 
 
-# Issue 21's goals. Exact homes: every point with scattered ids at most 1.05x
+# The layer-streaming goals. Exact homes: every point with scattered ids at most 1.05x
 # its bound, copied by the engine's own method. Compressed homes, by the
 # engine's default on CUDA (fused codec kernels, batched copies): at most 1.10x
 # their bound, and at least 1.6x exact homes' tokens/s at 128k decode. Inside
@@ -237,7 +237,7 @@ def _goal(title: str, rows: list[dict], key: str, limit: float, at_most: bool = 
 
 
 def goals(results: list[dict]) -> tuple[bool | None, str]:
-    """Issue 21's goals against these results: (True when every goal is
+    """The layer-streaming goals against these results: (True when every goal is
     measured and met, False when one is missed, None when none is missed but
     some are not measured; the verdict as markdown lines, each missed point
     named). Raises BadRun when the grid's rows cannot be judged."""
@@ -431,7 +431,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, nargs="*", default=[],
                         help="kineto traces of streaming_bench_profiled to summarise per stream")
     parser.add_argument("--goals", action="store_true",
-                        help="only issue 21's goals, point by point (exit 0 met, 1 missed, 3 not all measured)")
+                        help="only the layer-streaming goals, point by point (exit 0 met, 1 missed, 3 not all measured)")
     args = parser.parse_args()
     missing = [str(path) for path in args.raw if not path.is_file()]
     if missing:
@@ -448,7 +448,7 @@ def main() -> None:
             met, verdict = goals(results)
         except BadRun as e:
             parser.error(str(e))
-        print(f"### Issue 21's goals\n\n{verdict}")
+        print(f"### The layer-streaming goals\n\n{verdict}")
         if met is None:
             print("\nNo goal is missed, but not every goal was measured (exit 3).")
         sys.exit({True: 0, False: 1, None: 3}[met])

@@ -25,7 +25,7 @@ measured in the same run, plus the same request's GPU prefix hit.
 streaming: decode step time with layer streaming in a device KV budget, from
 the time of generate(N tokens) minus generate(1 token) on the same prompt
 (both after a first generate(1) that settles what the prefill left in flight:
-without it the 32k step read below the bus's own time, BENCHMARKS.md
+without it the 32k step read below the bus's own time, docs/benchmarks/history.md
 2026-12-04 evening), the median of --repeats such pairs (each pair's step is
 reported too), against the bus bound (the streamed bytes of a step, exact or
 compressed as the homes hold them, over the same peak) and plain vLLM's

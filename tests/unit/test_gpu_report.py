@@ -1,4 +1,4 @@
-"""pipeline.bench.gpu_report --goals: issue 21's goals read from streaming_bench's
+"""pipeline.bench.gpu_report --goals: the layer-streaming goals read from streaming_bench's
 output and gpu_vllm's JSON, point by point. Only the engine's own copy method
 and layout count, repeated runs of a point count by their median, settings that
 make another point stay apart, wrong bytes fail whatever the speed, a goal with

@@ -40,8 +40,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in [
     Engine("plain"),
     Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "HOST_BYTES"}),
     Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "HOST_BYTES"}),
-    # R resident layers and the ring as the streaming figures in BENCHMARKS.md
-    # ran them on a 16 GiB budget; --engine-option overrides.
+    # R resident layers and the ring as the streaming figures in
+    # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
     Engine("activekv-streaming", ACTIVEKV, {"capacity_bytes": "HOST_BYTES",
                                             "streaming": {"resident_layers": 14, "ring_size": 2}}),
     Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
