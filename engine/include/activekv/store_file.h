@@ -1,5 +1,5 @@
 // A host store's slots in a memory-mapped file that outlives the process
-// (issue 24's first part: warm restart). Plain bytes, no torch: the host
+// (a warm restart serves from it). Plain bytes, no torch: the host
 // arena (host_arena.h) maps its chunks onto chunk_data().
 //
 // Layout: a 4 KiB header (magic, format, the slot geometry, the identity of
