@@ -1,6 +1,6 @@
 """Can the copy engine alone scatter a step's blocks between pinned homes and the ring?
 
-A probe for issue 21 on a CUDA machine (no vLLM, no engine): the driver's
+A probe for layer streaming on a CUDA machine (no vLLM, no engine): the driver's
 batched copy (cuMemcpyBatchAsync, CUDA 12.8 and later) takes thousands of
 block-sized copies in one call and runs them on the copy engines, so no SM
 work would be left in a step's staging. It answers, each figure beside the
