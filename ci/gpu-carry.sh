@@ -43,7 +43,7 @@
 # archive is some 240 MB smaller. The archive's sha256 vouches for them; `where`
 # names them.
 # LMCACHE=1 (vLLM 0.26.0 only; pack): LMCache's wheels travel too
-# (packaging/cuda/gpu-lmcache-requirements.txt, in deps/ beside vLLM's, some 28 MiB:
+# (packaging/cuda/gpu-lmcache-requirements.txt, in deps/ beside vLLM's, some 27 MiB:
 # at most one piece more), for the served benchmark's `lmcache` engine; fetched with
 # vLLM's list, or found in DOWNLOADED/deps. c0 says so (carries-lmcache): take needs no
 # switch, and `where` names the check with LMCACHE=1. Taking with LMCACHE=1 a pack

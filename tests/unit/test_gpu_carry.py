@@ -282,6 +282,30 @@ def requirement_lines(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
+def test_the_026_list_pins_every_wheel_by_hash_and_carries_what_vllm_serve_imports():
+    listed = REPO / "packaging" / "cuda" / "gpu-vllm-requirements.txt"
+    pinned = {}
+    for line in requirement_lines(listed):
+        name, rest = line.split("==", 1)
+        version, hashed = rest.split(" --hash=sha256:")
+        assert len(hashed) == 64 and int(hashed, 16) >= 0, line
+        assert name not in pinned, f"{name} twice"
+        pinned[name] = (version, hashed)
+    machine = {line.split("==")[0].lower().replace("_", "-")
+               for line in requirement_lines(REPO / "packaging" / "cuda" / "gpu-machine-packages.txt")}
+    assert not set(pinned) & machine, "shadows the machine's"
+    # The OpenAI server (`vllm serve`), at the 0.34.0 list's wheels.
+    served = {"uvicorn", "httptools", "websockets", "python-multipart", "model-hosting-container-standards",
+              "jmespath"}
+    assert served <= set(pinned)
+    newer = {}
+    for line in requirement_lines(listed.parent / "gpu-vllm-0.34.0-requirements.txt"):
+        if not line.startswith("-r "):
+            name, rest = line.split("==", 1)
+            newer[name] = tuple(rest.split(" --hash=sha256:"))
+    assert {name: pinned[name] for name in served} == {name: newer[name] for name in served}
+
+
 def test_the_034_list_pins_every_wheel_by_hash_and_reads_the_torch_cuda_list():
     listed = REPO / "packaging" / "cuda" / "gpu-vllm-0.34.0-requirements.txt"
     lines = requirement_lines(listed)
@@ -598,4 +622,4 @@ def test_the_lmcache_list_pins_by_hash_only_what_the_machine_and_vllms_list_lack
     vllms = names(REPO / "packaging" / "cuda" / "gpu-vllm-requirements.txt")
     assert not listed & machine, "shadows the machine's (numpy, protobuf, ...)"
     assert not listed & vllms, "twice with vLLM 0.26.0's list"
-    assert {"uvicorn", "aiofile", "caio"} <= listed, "the in-process connector imports them"
+    assert {"aiofile", "caio"} <= listed and "uvicorn" in vllms, "the in-process connector imports them"
