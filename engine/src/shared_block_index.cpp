@@ -21,7 +21,7 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
-constexpr std::uint32_t kFormat = 3;  // 2: the LRU list in the slots; 3: dead holders counted
+constexpr std::uint32_t kFormat = 4;  // 2: the LRU list in the slots; 3: dead holders counted; 4: visible counted
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::int32_t kEmpty = -1;      // hash table: never used
 constexpr std::int32_t kTombstone = -2;  // hash table: erased
@@ -54,6 +54,7 @@ struct SharedBlockIndex::Header {
   std::int32_t lru_head;  // the least recently used visible slot, or -1
   std::int32_t lru_tail;  // the most recently used, or -1
   pthread_mutex_t mutex;
+  std::int64_t visible;  // slots on the LRU list (kVisible)
 };
 
 struct SharedBlockIndex::Slot {
@@ -271,6 +272,7 @@ void SharedBlockIndex::rebuild_derived() const {
   h.tombstones = 0;
   h.free_top = 0;
   h.lru_head = h.lru_tail = -1;
+  h.visible = 0;
   for (std::int64_t s = num_slots_ - 1; s >= 0; --s) {  // slot 0 handed out first, as BlockIndex
     Slot& e = slot_at(s);
     if (e.state == kFree) {
@@ -301,6 +303,7 @@ void SharedBlockIndex::link_newest(std::int64_t slot) const {
   e.lru_next = -1;
   (h.lru_tail >= 0 ? slot_at(h.lru_tail).lru_next : h.lru_head) = static_cast<std::int32_t>(slot);
   h.lru_tail = static_cast<std::int32_t>(slot);
+  ++h.visible;
 }
 
 void SharedBlockIndex::unlink(std::int64_t slot) const {
@@ -308,6 +311,7 @@ void SharedBlockIndex::unlink(std::int64_t slot) const {
   const Slot& e = slot_at(slot);
   (e.lru_prev >= 0 ? slot_at(e.lru_prev).lru_next : h.lru_head) = e.lru_next;
   (e.lru_next >= 0 ? slot_at(e.lru_next).lru_prev : h.lru_tail) = e.lru_prev;
+  --h.visible;
 }
 
 void SharedBlockIndex::used(std::int64_t slot) const {
@@ -491,6 +495,11 @@ std::int64_t SharedBlockIndex::restore(const std::vector<std::pair<BlockKey, std
 std::uint64_t SharedBlockIndex::dead_holders() const {
   Locked lock(*this);
   return header().dead_holders;
+}
+
+StoreIndex::Occupancy SharedBlockIndex::occupancy() const {
+  Locked lock(*this);
+  return {header().visible, header().free_top};
 }
 
 std::int64_t SharedBlockIndex::visible_blocks() const {

@@ -27,6 +27,20 @@ TEST(BlockIndex, InvisibleUntilCommitted) {
   EXPECT_EQ(index.lookup(k(1)), r.slot);
 }
 
+TEST(BlockIndex, OccupancyCountsVisibleBlocksAndFreeSlots) {
+  BlockIndex index(4);
+  EXPECT_EQ(index.occupancy().visible, 0);
+  EXPECT_EQ(index.occupancy().free, 4);
+  store(index, {1, 2});
+  const auto pending = index.reserve(k(3));
+  EXPECT_EQ(index.occupancy().visible, 2);
+  EXPECT_EQ(index.occupancy().free, 1);
+  index.retire(*pending.slot);  // neither visible nor free again
+  index.discard(*index.lookup(k(1)));
+  EXPECT_EQ(index.occupancy().visible, 1);
+  EXPECT_EQ(index.occupancy().free, 2);
+}
+
 TEST(BlockIndex, EvictsLeastRecentlyUsed) {
   BlockIndex index(3);
   store(index, {1, 2, 3});

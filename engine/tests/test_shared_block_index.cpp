@@ -191,6 +191,7 @@ TEST(SharedBlockIndex, AHolderKilledInsideTheLockLeavesAWorkingIndex) {
   }
   for (std::uint8_t i = 1; i <= 8; ++i) EXPECT_EQ(a->lookup(k(i)), held[i - 1]) << static_cast<int>(i);
   EXPECT_LE(a->visible_blocks(), kSlots);
+  EXPECT_EQ(a->occupancy().visible, a->visible_blocks()) << "the header's count drifted from the slots";
 }
 
 TEST(SharedBlockIndex, WhenTheLastInstanceLeavesTheNextRebuildsAndAClosedOnesSavesAreDropped) {
@@ -224,6 +225,28 @@ TEST(SharedBlockIndex, RetiredAndDiscardedSlots) {
   EXPECT_EQ(full.evicted[0], k(2));
   b->discard(*full.slot);
   EXPECT_FALSE(a->contains(k(3)));
+}
+
+TEST(SharedBlockIndex, OccupancyIsTheWholeStoresOfEveryInstance) {
+  Store s;
+  auto a = s.attach(4, {{k(9), 3}});
+  EXPECT_EQ(a->occupancy().visible, 1);  // restored
+  EXPECT_EQ(a->occupancy().free, 3);
+  auto b = s.attach(4);
+  store(*a, 1);
+  const auto r = b->reserve(k(2));  // pending: taken, not visible
+  EXPECT_EQ(b->occupancy().visible, 2);
+  EXPECT_EQ(b->occupancy().free, 1);
+  b->commit(*r.slot);
+  a->touch(k(2));  // a use moves it in the LRU list: no count changes
+  EXPECT_EQ(a->occupancy().visible, 3);
+  a->retire(*a->lookup(k(1)));  // neither visible nor free again
+  EXPECT_EQ(a->occupancy().visible, 2);
+  EXPECT_EQ(a->occupancy().free, 1);
+  b->discard(*b->lookup(k(2)));
+  EXPECT_EQ(a->occupancy().visible, 1);
+  EXPECT_EQ(a->occupancy().free, 2);
+  EXPECT_EQ(a->occupancy().visible, a->visible_blocks());
 }
 
 TEST(SharedBlockIndex, ManyRoundsThroughTheTableKeepEveryBlockFindable) {

@@ -54,6 +54,13 @@ class StoreIndex {
   // first: each visible in its slot, in that LRU order. One taken already
   // (its key or its slot) or out of range is skipped. Returns how many came back.
   virtual std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) = 0;
+  // How the slots are taken now, for the telemetry's gauges (cheap: read
+  // every step). The rest of num_slots() are pending saves and retired slots.
+  struct Occupancy {
+    std::int64_t visible = 0;  // blocks lookups can find
+    std::int64_t free = 0;     // slots holding nothing
+  };
+  virtual Occupancy occupancy() const = 0;
 };
 
 class BlockIndex final : public StoreIndex {
@@ -77,6 +84,9 @@ class BlockIndex final : public StoreIndex {
   void discard(std::int64_t slot) override;
   void retire(std::int64_t slot) override;
   std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) override;
+  Occupancy occupancy() const override {
+    return {static_cast<std::int64_t>(lru_.size()), static_cast<std::int64_t>(free_.size())};
+  }
 
  private:
   struct Entry {

@@ -1,5 +1,5 @@
 // One host store's index shared by every vLLM on the host that names the
-// store (issue 24's second part). The block data lives in the store files
+// store. The block data lives in the store files
 // (store_file.h, one per tensor-parallel rank), which every instance maps;
 // this is the scheduler's index of them, in a memory-mapped file of its own
 // next to them ("<store_path>.index"), so a block one instance saved is found
@@ -66,6 +66,9 @@ class SharedBlockIndex final : public StoreIndex {
   void discard(std::int64_t slot) override;
   void retire(std::int64_t slot) override;
   std::int64_t restore(const std::vector<std::pair<BlockKey, std::int64_t>>& blocks) override;
+  // Of the whole store, every instance's blocks: two numbers the index keeps
+  // in its header, read under the lock.
+  Occupancy occupancy() const override;
 
   // This instance's number (0..kMaxInstances-1), whether it joined live
   // instances, how many it restored when it was the first, and how many other
