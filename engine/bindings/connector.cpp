@@ -329,8 +329,11 @@ py::dict connector_namespace() {
     return r.empty() ? py::none() : report_to_python(r);
   });
   ns["get_kv_connector_stats"] = named("get_kv_connector_stats", [](py::object self) -> py::object {
-    if (WorkerSide* w = find_worker(self)) return stats_or_none(w->take_telemetry());
-    return stats_or_none(scheduler_of(self).take_telemetry());
+    // Each worker is a source of its own (its gauges add up over the ranks).
+    if (WorkerSide* w = find_worker(self)) {
+      return stats_or_none(w->take_telemetry(), "worker" + std::to_string(w->tp_rank()));
+    }
+    return stats_or_none(scheduler_of(self).take_telemetry(), "scheduler");
   });
 
   // -- scheduler --
@@ -367,8 +370,14 @@ py::dict connector_namespace() {
 
   // -- telemetry --
   const py::object classmethod = py::module_::import("builtins").attr("classmethod");
+  // A copy of the payload, as the reference's dict(data): vLLM's log line
+  // aggregates into the first stats it built, and the payload stays as sent.
   ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
-    return g_classes->stats("data"_a = data.is_none() ? py::dict() : py::dict(data));
+    py::dict copy;
+    if (!data.is_none()) {
+      for (const auto& [k, v] : py::dict(data)) copy[k] = v;
+    }
+    return g_classes->stats("data"_a = copy);
   }));
   // A full CUDA graph replays with no per-layer hook. The store's loads and
   // saves then run at the step's edges (start_load_kv, wait_for_save), but

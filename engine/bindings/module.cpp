@@ -19,6 +19,7 @@
 
 #include "activekv/worker_side.h"
 #include "check_device.h"
+#include "metrics.h"
 #include "scheduler_adapter.h"
 #include "vllm_classes.h"
 
@@ -71,6 +72,11 @@ PYBIND11_MODULE(activekv, m) {
     }
   }, "vllm.general_plugins entry point: makes 'ActiveKVHostConnector' (and its older name\n"
      "'ActiveKVConnector') known to vLLM by name.");
+
+  m.def("telemetry_names", [] { return telemetry_names(); },
+        "The telemetry the engine exports (docs/metrics.md): {'counters': {name: help}, 'gauges':\n"
+        "{name: help}, 'info': {'name', 'help', 'labels'}}; Prometheus shows each as vllm:activekv_<name>\n"
+        "(a counter with _total).");
 
   // ---- the device check: the engine's device scenarios, for operators and the
   // release's GPU check of the shipped wheel (device_check.h) ----

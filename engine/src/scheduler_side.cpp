@@ -17,6 +17,7 @@ SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest
     : config_(config),
       identity_digest_(identity_digest),
       block_size_(block_size),
+      slot_bytes_(slot_bytes),
       tp_size_(tp_size),
       index_(std::make_unique<BlockIndex>(num_slots)),
       policy_(config, slot_bytes) {
@@ -107,11 +108,16 @@ bool SchedulerSide::wants_tokens(const std::string& req_id, std::int64_t compute
 
 std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id,
                                                        std::int64_t num_computed_tokens) {
-  if (num_computed_tokens % block_size_ != 0) return 0;
+  if (num_computed_tokens % block_size_ != 0) {
+    if (const auto it = requests_.find(req_id); it != requests_.end()) it->second.lookup_tokens = 0;
+    return 0;
+  }
   auto& st = requests_.at(req_id);
   const std::int64_t first = num_computed_tokens / block_size_;
   // The block holding the last prompt token is always computed by vLLM.
   const std::int64_t limit = (st.num_prompt_tokens - 1) / block_size_;
+  // What the store could serve at most: the full blocks from `first` below it.
+  st.lookup_tokens = std::max<std::int64_t>(limit - first, 0) * block_size_;
   const auto& keys = keys_upto(st, limit);
   std::int64_t hits = 0;
   for (std::int64_t i = first; i < limit; ++i) {
@@ -127,6 +133,9 @@ void SchedulerSide::update_state_after_alloc(const std::string& req_id,
                                              std::int64_t num_external_tokens) {
   auto& st = requests_.at(req_id);
   stats_.add(Counter::kLookups, 1);
+  stats_.add(Counter::kLookupTokens, st.lookup_tokens);
+  total_lookup_tokens_ += st.lookup_tokens;
+  st.lookup_tokens = 0;
   if (num_external_tokens <= 0) return;
   const std::int64_t n = num_external_tokens / block_size_;
   for (std::int64_t i = st.lookup_start; i < st.lookup_start + n; ++i) {
@@ -138,6 +147,7 @@ void SchedulerSide::update_state_after_alloc(const std::string& req_id,
   }
   stats_.add(Counter::kHitBlocks, n);
   stats_.add(Counter::kHitTokens, num_external_tokens);
+  total_hit_tokens_ += num_external_tokens;
 }
 
 StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
@@ -369,13 +379,27 @@ bool SchedulerSide::request_finished(const std::string& req_id) {
 namespace activekv {
 
 void SchedulerSide::report_streaming(const StartupReport& report) {
-  stats_.add(Counter::kStreamingResidentLayers, report.resident_layers);
-  stats_.add(Counter::kStreamingStreamedLayers, report.streamed_layers);
-  stats_.add(Counter::kStreamingRingSize, report.ring_size);
-  stats_.add(Counter::kStreamingDeviceBlocks, report.device_blocks);
-  stats_.add(Counter::kStreamingDeviceBlocksWithout, report.device_blocks_without);
-  stats_.add(Counter::kStreamingHostBytes, report.host_bytes);
-  stats_.add(Counter::kStreamingDecodeStepBytes, report.decode_step_bytes);
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  stats_.set(Gauge::kStreamingStreamedLayers, d(report.streamed_layers));
+  stats_.set(Gauge::kStreamingDeviceBlocks, d(report.device_blocks));
+  stats_.set(Gauge::kStreamingDeviceBlocksWithout, d(report.device_blocks_without));
+  stats_.set(Gauge::kStreamingHostBytes, d(report.host_bytes * tp_size_));
+  stats_.set(Gauge::kStreamingDecodeStepBytes, d(report.decode_step_bytes * tp_size_));
+}
+
+Telemetry SchedulerSide::take_telemetry() {
+  const StoreIndex::Occupancy o = index_->occupancy();
+  const std::int64_t slots = index_->num_slots();
+  const auto bytes = [this](std::int64_t n) { return static_cast<double>(n * slot_bytes_ * tp_size_); };
+  stats_.set(Gauge::kStoreBlocks, static_cast<double>(o.visible));
+  stats_.set(Gauge::kStoreUsedBytes, bytes(slots - o.free));
+  stats_.set(Gauge::kStoreFreeBytes, bytes(o.free));
+  stats_.set(Gauge::kStoreCapacityBytes, bytes(slots));
+  if (total_lookup_tokens_ > 0) {
+    stats_.set(Gauge::kStoreHitRatio,
+               static_cast<double>(total_hit_tokens_) / static_cast<double>(total_lookup_tokens_));
+  }
+  return stats_.take();
 }
 
 }  // namespace activekv

@@ -154,6 +154,14 @@ TEST(LayerStreamer, HomesRoundTripBitwiseThroughTheRing) {
   const std::int64_t layer_bytes = 2 * 32 * 64 * 2;
   EXPECT_EQ(t.get(Counter::kStreamedBytesToHost), 4 * 2 * layer_bytes);
   EXPECT_EQ(t.get(Counter::kStreamedBytesToDevice), 2 * 4 * 2 * layer_bytes);
+  // The step gauges: the bytes since the last take (vLLM takes once a step).
+  EXPECT_EQ(t.gauge(Gauge::kStreamedStepBytesToHost), 4 * 2 * layer_bytes);
+  EXPECT_EQ(t.gauge(Gauge::kStreamedStepBytesToDevice), 2 * 4 * 2 * layer_bytes);
+  // A step that streams nothing reports zeros once, then nothing.
+  const Telemetry idle = s.worker.take_telemetry();
+  EXPECT_EQ(idle.gauge(Gauge::kStreamedStepBytesToHost), 0);
+  EXPECT_EQ(idle.gauge(Gauge::kStreamedStepBytesToDevice), 0);
+  EXPECT_TRUE(s.worker.take_telemetry().empty());
 }
 
 TEST(LayerStreamer, CompressedHomesHoldTheCodecsBytesAndStageTheirDecode) {

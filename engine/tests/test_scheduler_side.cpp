@@ -160,8 +160,8 @@ TEST(SchedulerSideStreaming, AFreshBlockLeavesItsOldRowAndFinishedRequestsDropTh
   EXPECT_TRUE(s.homes()->has_row(3));
 }
 
-TEST(SchedulerSideStreaming, TheGeometryIsReportedOnceInTheStats) {
-  auto s = streaming_scheduler();
+TEST(SchedulerSideStreaming, TheGeometryIsReportedOnceInTheStatsAsGauges) {
+  auto s = SchedulerSide(Config{}, Digest{}, kBlockSize, 64, 16, /*tp_size=*/2, /*streaming_blocks=*/64);
   StartupReport report;
   report.resident_layers = 1;
   report.streamed_layers = 15;
@@ -172,14 +172,14 @@ TEST(SchedulerSideStreaming, TheGeometryIsReportedOnceInTheStats) {
   report.decode_step_bytes = 4096;
   s.report_streaming(report);
   const Telemetry first = s.take_telemetry();
-  EXPECT_EQ(first.get(Counter::kStreamingResidentLayers), 1);
-  EXPECT_EQ(first.get(Counter::kStreamingStreamedLayers), 15);
-  EXPECT_EQ(first.get(Counter::kStreamingRingSize), 2);
-  EXPECT_EQ(first.get(Counter::kStreamingDeviceBlocks), 128);
-  EXPECT_EQ(first.get(Counter::kStreamingDeviceBlocksWithout), 24);
-  EXPECT_EQ(first.get(Counter::kStreamingHostBytes), 1 << 20);
-  EXPECT_EQ(first.get(Counter::kStreamingDecodeStepBytes), 4096);
-  EXPECT_TRUE(s.take_telemetry().empty());  // counted once: a counter reads as the value
+  EXPECT_EQ(first.gauge(Gauge::kStreamingStreamedLayers), 15);
+  EXPECT_EQ(first.gauge(Gauge::kStreamingDeviceBlocks), 128);
+  EXPECT_EQ(first.gauge(Gauge::kStreamingDeviceBlocksWithout), 24);
+  // Bytes of every worker: per worker times tp_size.
+  EXPECT_EQ(first.gauge(Gauge::kStreamingHostBytes), 2 << 20);
+  EXPECT_EQ(first.gauge(Gauge::kStreamingDecodeStepBytes), 2 * 4096);
+  for (std::size_t i = 0; i < kCounterNames.size(); ++i) EXPECT_EQ(first.get(static_cast<Counter>(i)), 0);
+  EXPECT_TRUE(s.take_telemetry().empty());  // unchanged: not reported again
 }
 
 TEST(SchedulerSideStreaming, NothingPlannedWithoutStreaming) {
@@ -281,6 +281,57 @@ TEST(SchedulerSide, AStoredPrefixLoadsFromTheSlotsItWasSavedToIntoTheNewBlocks) 
   EXPECT_EQ(t.get(Counter::kHitBlocks), 2);
   EXPECT_EQ(t.get(Counter::kHitTokens), 8);
   EXPECT_EQ(t.get(Counter::kStoredBlocks), 2);
+}
+
+TEST(SchedulerSide, TheStoreGaugesFollowTheIndexAndAreReportedWhenTheyChange) {
+  auto s = store(store_config(), /*num_slots=*/16, /*tp_size=*/2);
+  const double slot = 64 * 2;  // a slot's bytes on every worker
+  const Telemetry start = s.take_telemetry();
+  EXPECT_EQ(start.seq(), 1u);
+  EXPECT_EQ(start.gauge(Gauge::kStoreCapacityBytes), 16 * slot);
+  EXPECT_EQ(start.gauge(Gauge::kStoreFreeBytes), 16 * slot);
+  EXPECT_EQ(start.gauge(Gauge::kStoreUsedBytes), 0);
+  EXPECT_EQ(start.gauge(Gauge::kStoreBlocks), 0);
+  EXPECT_FALSE(start.gauge(Gauge::kStoreHitRatio));  // nothing looked up yet
+  const Telemetry idle = s.take_telemetry();
+  EXPECT_TRUE(idle.empty());
+  EXPECT_EQ(idle.seq(), 2u);
+
+  // Two saves in flight: their slots are taken, no block is visible yet.
+  const StepPlan first = prefill(s, "a", tokens(10), {7, 3, 9});
+  Telemetry t = s.take_telemetry();
+  EXPECT_EQ(t.gauge(Gauge::kStoreUsedBytes), 2 * slot);
+  EXPECT_EQ(t.gauge(Gauge::kStoreFreeBytes), 14 * slot);
+  EXPECT_FALSE(t.gauge(Gauge::kStoreCapacityBytes));  // unchanged
+  EXPECT_FALSE(t.gauge(Gauge::kStoreBlocks));
+  EXPECT_EQ(t.get(Counter::kLookupTokens), 8);  // blocks 0 and 1; block 2 holds the last token
+  EXPECT_EQ(t.gauge(Gauge::kStoreHitRatio), 0.0);
+  // Sealed by one rank of two: still not visible; by both: visible.
+  s.apply_report(saved(first));
+  EXPECT_FALSE(s.take_telemetry().gauge(Gauge::kStoreBlocks));
+  s.apply_report(saved(first));
+  EXPECT_EQ(s.take_telemetry().gauge(Gauge::kStoreBlocks), 2);
+
+  // The same prompt again: 8 of its 8 lookup tokens hit; 8 of 16 since start-up.
+  prefill(s, "b", tokens(10), {5, 6, 8});
+  t = s.take_telemetry();
+  EXPECT_EQ(t.get(Counter::kLookupTokens), 8);
+  EXPECT_EQ(t.get(Counter::kHitTokens), 8);
+  EXPECT_EQ(t.gauge(Gauge::kStoreHitRatio), 0.5);
+}
+
+TEST(SchedulerSide, ALookupOffABlockBoundaryLooksUpNoTokens) {
+  auto s = store();
+  s.observe_request("a", std::nullopt, 13, tokens(13));
+  EXPECT_EQ(s.get_num_new_matched_tokens("a", 4), 0);
+  s.update_state_after_alloc("a", Ids{1, 2, 3, 4}, 0);
+  EXPECT_EQ(s.take_telemetry().get(Counter::kLookupTokens), 8);  // blocks 1 and 2
+  s.observe_request("b", std::nullopt, 13, tokens(13, 900));
+  EXPECT_EQ(s.get_num_new_matched_tokens("b", 5), 0);
+  s.update_state_after_alloc("b", Ids{1, 2, 3, 4}, 0);
+  const Telemetry t = s.take_telemetry();
+  EXPECT_EQ(t.get(Counter::kLookups), 1);
+  EXPECT_EQ(t.get(Counter::kLookupTokens), 0);
 }
 
 TEST(SchedulerSide, TheBlockHoldingTheLastPromptTokenIsAlwaysComputed) {

@@ -330,14 +330,22 @@ def _top(logprobs) -> tuple[tuple[tuple[int, float], ...], ...]:
     return tuple(steps)
 
 
+TELEMETRY_PREFIX = "vllm:activekv_"
+
+
+def _activekv_metrics(llm) -> list:
+    return [m for m in llm.get_metrics() if m.name.startswith(TELEMETRY_PREFIX) and hasattr(m, "value")]
+
+
 def telemetry(llm) -> dict[str, float]:
-    """ActiveKV's counters since the LLM started, from vLLM's metrics."""
-    prefix = "vllm:activekv_"
-    return {m.name[len(prefix) :]: m.value for m in llm.get_metrics() if m.name.startswith(prefix)}
+    """ActiveKV's counters since the LLM started and its gauges now, from
+    vLLM's metrics, by name without the prefix (docs/metrics.md)."""
+    return {m.name[len(TELEMETRY_PREFIX) :]: m.value for m in _activekv_metrics(llm)}
 
 
 class TelemetryDelta:
-    """Counters moved by the code run inside ``with``."""
+    """Counters moved by the code run inside ``with``; gauges as they stand
+    at its end (a gauge's difference means nothing)."""
 
     def __init__(self, llm):
         self.llm = llm
@@ -348,8 +356,12 @@ class TelemetryDelta:
         return self.delta
 
     def __exit__(self, *exc) -> None:
-        after = telemetry(self.llm)
-        self.delta.update({k: v - self._before.get(k, 0) for k, v in after.items()})
+        from vllm.v1.metrics.reader import Gauge
+
+        after = _activekv_metrics(self.llm)
+        for m in after:
+            name = m.name[len(TELEMETRY_PREFIX) :]
+            self.delta[name] = m.value if isinstance(m, Gauge) else m.value - self._before.get(name, 0)
 
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:

@@ -226,7 +226,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self):
         side = self.worker_side or self.scheduler_side
-        return side.stats.take()
+        return side.take_stats()
 
     def _meta(self) -> ActiveKVMetadata:
         meta = self._get_connector_metadata()

@@ -110,6 +110,11 @@ class BlockIndex:
             del self._by_key[entry.key]
             self._lru.pop(entry.key, None)
 
+    def occupancy(self) -> tuple[int, int]:
+        """(visible blocks, free slots), for the telemetry's gauges; the rest
+        of num_slots are pending saves and retired slots."""
+        return len(self._lru), len(self._free)
+
     def state(self, key: BlockKey) -> SlotState | None:
         entry = self._by_key.get(key)
         return None if entry is None else entry.state

@@ -29,7 +29,7 @@ from .homes import HomeRows
 from .index import BlockIndex
 from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
 from .policy import AdmissionPolicy
-from .stats import ActiveKVStats
+from .stats import ActiveKVStats, Telemetry
 from .streaming import cdiv
 
 
@@ -40,6 +40,7 @@ class _RequestState:
     keys: list[BlockKey] = dataclasses.field(default_factory=list)
     block_ids: list[int] = dataclasses.field(default_factory=list)
     lookup_start: int = 0  # first block index past vLLM's own prefix hit
+    lookup_tokens: int = 0  # what the last lookup could have served
     sighted: bool = False
     save_cursor: int = 0  # blocks below it were already offered for saving
     blocks_written: int = 0
@@ -69,7 +70,10 @@ class SchedulerSide:
         self.tp_size = tp_size
         self.index = BlockIndex(num_slots)
         self.policy = AdmissionPolicy(config, slot_bytes)
-        self.stats = ActiveKVStats()
+        self.stats = Telemetry("scheduler")
+        # Since start-up, for the hit ratio gauge.
+        self._total_lookup_tokens = 0
+        self._total_hit_tokens = 0
         self._requests: dict[str, _RequestState] = {}
         self._pending_loads: list[LoadOp] = []
         self._slot_owner: dict[int, str] = {}  # pending save slot -> request id
@@ -94,11 +98,15 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         if num_computed_tokens % self.block_size:
+            if request.request_id in self._requests:
+                self._requests[request.request_id].lookup_tokens = 0
             return 0, False
         st = self._state(request)
         first = num_computed_tokens // self.block_size
         # The block holding the last prompt token is always computed by vLLM.
         limit = (request.num_prompt_tokens - 1) // self.block_size
+        # What the store could serve at most: the full blocks from `first` below it.
+        st.lookup_tokens = max(limit - first, 0) * self.block_size
         keys = self._keys_upto(st, limit)
         hits = 0
         for i in range(first, limit):
@@ -111,6 +119,9 @@ class SchedulerSide:
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self._state(request)
         self.stats.add("lookups", 1)
+        self.stats.add("lookup_tokens", st.lookup_tokens)
+        self._total_lookup_tokens += st.lookup_tokens
+        st.lookup_tokens = 0
         if num_external_tokens <= 0:
             return
         block_ids = blocks.get_block_ids()[0]
@@ -120,6 +131,7 @@ class SchedulerSide:
             self._pending_loads.append(LoadOp(slot=slot, block_id=block_ids[i], key=st.keys[i]))
         self.stats.add("hit_blocks", n)
         self.stats.add("hit_tokens", num_external_tokens)
+        self._total_hit_tokens += num_external_tokens
 
     # -- per-step plan ------------------------------------------------------------
     def build_connector_meta(self, scheduler_output) -> ActiveKVMetadata:
@@ -289,13 +301,28 @@ class SchedulerSide:
         return True, None
 
     def report_streaming(self, report) -> None:
-        """The streaming geometry, counted once: each counter reads as its value."""
-        for name in ("resident_layers", "streamed_layers", "ring_size", "device_blocks",
-                     "device_blocks_without", "host_bytes", "decode_step_bytes"):
-            self.stats.add(f"streaming_{name}", getattr(report, name))
+        """The streaming geometry, reported once in the stats as gauges (its
+        byte figures per worker times tp_size, as the store's)."""
+        self.stats.set("streaming_streamed_layers", report.streamed_layers)
+        self.stats.set("streaming_device_blocks", report.device_blocks)
+        self.stats.set("streaming_device_blocks_without", report.device_blocks_without)
+        self.stats.set("streaming_host_bytes", report.host_bytes * self.tp_size)
+        self.stats.set("streaming_decode_step_bytes", report.decode_step_bytes * self.tp_size)
 
     def has_pending_work(self) -> bool:
         return bool(self._finished_awaiting or self._notify_awaiting)
 
     def take_stats(self) -> ActiveKVStats | None:
+        """The counters since the last take, and the gauges that changed: the
+        host store's occupancy (of every worker: its slots times slot_bytes
+        times tp_size) and its hit ratio, read from the index now, and the
+        streaming geometry once."""
+        visible, free = self.index.occupancy()
+        slot = self.slot_bytes * self.tp_size
+        self.stats.set("store_blocks", visible)
+        self.stats.set("store_used_bytes", (self.index.num_slots - free) * slot)
+        self.stats.set("store_free_bytes", free * slot)
+        self.stats.set("store_capacity_bytes", self.index.num_slots * slot)
+        if self._total_lookup_tokens > 0:
+            self.stats.set("store_hit_ratio", self._total_hit_tokens / self._total_lookup_tokens)
         return self.stats.take()

@@ -30,7 +30,7 @@ from .codec import Codec, make_codec
 from .config import ActiveKVConfig
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp
-from .stats import ActiveKVStats
+from .stats import ActiveKVStats, Telemetry
 from .streaming import LayerStreamer, StreamingGeometry
 
 _RECENT_FINISHED = 4096
@@ -51,7 +51,7 @@ class WorkerSide:
         self.tp_rank = tp_rank
         self.layer_bytes = layout.layer_bytes(config.mode)
         self.layer_offset = {n: i * self.layer_bytes for i, n in enumerate(layout.layer_names)}
-        self.stats = ActiveKVStats()
+        self.stats = Telemetry(f"worker{tp_rank}")  # each worker a source of its own
         self.codec: Codec | None = None
         self.arena: HostArena | None = None
         self._kv: dict[str, torch.Tensor] = {}
@@ -232,6 +232,14 @@ class WorkerSide:
     def take_load_errors(self) -> set[int]:
         errors, self._load_error_blocks = self._load_error_blocks, set()
         return errors
+
+    def take_stats(self) -> ActiveKVStats | None:
+        """The counters since the last take (vLLM takes once a step) and, with
+        streaming, the gauges of the step's streamed bytes each way."""
+        if self.streaming is not None:
+            self.stats.set("streamed_step_bytes_to_device", self.stats.data["streamed_bytes_to_device"])
+            self.stats.set("streamed_step_bytes_to_host", self.stats.data["streamed_bytes_to_host"])
+        return self.stats.take()
 
     def take_worker_meta(self) -> ActiveKVWorkerMetadata | None:
         out, self._out = self._out, ActiveKVWorkerMetadata()

@@ -369,13 +369,16 @@ def test_streaming_steps_are_bitwise_the_reference():
             # read back what went home
             (dict(stage=[1, 2, 5, 6, 7], writeback=[]), []),
         ]
-        seen = []
+        seen, per_step = [], []
         for step, (plan, written) in enumerate(steps):
             held, _ = _streaming_step(worker, kv, _metadata(impl, **plan), written, step)
             seen.append(held)
-        stats = worker.get_kv_connector_stats().reduce()
+            # vLLM takes a worker's stats once a step: the step gauges are its bytes.
+            data = worker.get_kv_connector_stats().data
+            per_step.append({k: v for k, v in data.items() if not k.endswith("_us")})
+        stats = {c: sum(d[c] for d in per_step) for c in per_step[0] if c != "gauges"}
         runs[impl] = (seen, streamed_homes(worker), standalone_store(worker), stats,
-                      worker.get_block_ids_with_load_errors())
+                      worker.get_block_ids_with_load_errors(), per_step)
     ref, nat = runs["reference"], runs["native"]
     for step, (a, b) in enumerate(zip(ref[0], nat[0])):
         for name in a:
@@ -385,6 +388,14 @@ def test_streaming_steps_are_bitwise_the_reference():
     for counter in ("streamed_bytes_to_device", "streamed_bytes_to_host", "loaded_blocks"):
         assert nat[3][counter] == ref[3][counter] and nat[3][counter] > 0, counter
     assert nat[4] == ref[4] == set()
+    assert nat[5] == ref[5]
+    for seq, step in enumerate(nat[5], start=1):
+        for way in ("to_device", "to_host"):
+            reported = step["gauges"].get(f"streamed_step_bytes_{way}")
+            if reported is not None:  # else unchanged since the last step
+                assert reported == {"worker0": [seq, step[f"streamed_bytes_{way}"]]}, (seq, way)
+    # The last step stages and writes back nothing: its gauge says 0.
+    assert nat[5][-1]["gauges"]["streamed_step_bytes_to_host"] == {"worker0": [4, 0]}
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -42,6 +42,7 @@ def test_each_rank_streams_its_own_heads(cache_dir, connector, answer_with_8x_me
             got = h.generate(llm, [PROMPT])
     finally:
         h.shutdown(llm)
+    streamed = STREAMING_LAYERS - h.STREAMING["resident_layers"]
     diff = h.difference(got, answer_with_8x_memory)
     assert not diff, f"TP=2 streaming differs from vLLM TP=2 given 8x the budget: {diff}"
     # Both ranks staged and wrote back their own shard: half a layer's block each.
@@ -49,3 +50,9 @@ def test_each_rank_streams_its_own_heads(cache_dir, connector, answer_with_8x_me
     assert moved["streamed_bytes_to_device"] > 0
     assert moved["streamed_bytes_to_device"] % shard == 0
     assert moved["streamed_bytes_to_host"] % shard == 0
+    # The gauges: the geometry's bytes and the last step's are of both workers.
+    full_step = 2 * -(-h.STREAMING_CONTEXT // h.BLOCK_SIZE) * streamed * shard
+    assert moved["streaming_decode_step_bytes"] == full_step
+    assert moved["streamed_step_bytes_to_device"] % shard == 0
+    assert 0 <= moved["streamed_step_bytes_to_device"] <= full_step
+    assert moved["config_info"] == 1

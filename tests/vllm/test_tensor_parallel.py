@@ -38,6 +38,14 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     assert first["bytes_to_host"] == 2 * blocks * h.exact_block_bytes() // 2
     assert second["hit_tokens"] == h.reusable_tokens(len(prompt))
     assert second["loaded_blocks"] == 2 * blocks
+    # The store's gauges are of both workers: each holds a half-block slot
+    # in capacity_bytes (1 GiB) of its own.
+    slot = 2 * (h.exact_block_bytes() // 2)
+    assert second["store_capacity_bytes"] == (1 << 30) // (slot // 2) * slot
+    assert second["store_used_bytes"] + second["store_free_bytes"] == second["store_capacity_bytes"]
+    assert second["store_blocks"] >= blocks and second["store_used_bytes"] >= second["store_blocks"] * slot
+    assert second["store_hit_ratio"] == pytest.approx(
+        h.telemetry(tp2_llm)["hit_tokens"] / h.telemetry(tp2_llm)["lookup_tokens"])
     # Against the same TP=2 engine (TP=1 may round differently): the cold run's
     # tokens, and vLLM's own prefix hit of the same cached-token count bit for bit.
     h.require_clear_margins([cold], "the TP=2 engine's cold run")

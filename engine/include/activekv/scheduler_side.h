@@ -75,10 +75,15 @@ class SchedulerSide {
   bool request_finished(const std::string& req_id);
   bool has_pending_work() const { return !finished_awaiting_.empty() || !notify_awaiting_.empty(); }
 
-  Telemetry take_telemetry() { return stats_.take(); }
+  // The counters since the last take, and the gauges that changed: the host
+  // store's occupancy (of every worker: its slots times slot_bytes times
+  // tp_size) and its hit ratio, read from the index now, and the streaming
+  // geometry once.
+  Telemetry take_telemetry();
   // Streaming's home rows (nullptr without streaming).
   const HomeRows* homes() const { return homes_ ? &*homes_ : nullptr; }
-  // The streaming geometry, reported once in the stats (see Telemetry).
+  // The streaming geometry, reported once in the stats as gauges (its byte
+  // figures per worker times tp_size, as the store's).
   void report_streaming(const StartupReport& report);
   // With config.store_path: the index becomes the store's shared one
   // (shared_block_index.h, "<store_path>.index"). The first vLLM to attach
@@ -96,6 +101,7 @@ class SchedulerSide {
     std::vector<BlockKey> keys;
     std::vector<std::int64_t> block_ids;
     std::int64_t lookup_start = 0;
+    std::int64_t lookup_tokens = 0;  // what the last lookup could have served
     bool sighted = false;
     std::int64_t save_cursor = 0;
     std::int64_t blocks_written = 0;
@@ -112,7 +118,11 @@ class SchedulerSide {
   Config config_;
   Digest identity_digest_;
   std::int64_t block_size_;
+  std::int64_t slot_bytes_;
   std::int64_t tp_size_;
+  // Since start-up, for the hit ratio gauge.
+  std::int64_t total_lookup_tokens_ = 0;
+  std::int64_t total_hit_tokens_ = 0;
   // Streaming (homes_ set): the block table of every scheduled request, as
   // vLLM grows it, and the blocks' home rows.
   std::unordered_map<std::string, std::vector<std::int64_t>> block_tables_;

@@ -139,7 +139,16 @@ class WorkerSide {
   std::vector<std::string> get_finished(const std::vector<std::string>& finished_req_ids);
   std::vector<std::int64_t> take_load_errors();
   WorkerReport take_report();
-  Telemetry take_telemetry() { return stats_.take(); }
+  // The counters since the last take (vLLM takes once a step) and, with
+  // streaming, the gauges of the step's streamed bytes each way.
+  Telemetry take_telemetry() {
+    if (streaming_) {
+      stats_.set(Gauge::kStreamedStepBytesToDevice, static_cast<double>(stats_.get(Counter::kStreamedBytesToDevice)));
+      stats_.set(Gauge::kStreamedStepBytesToHost, static_cast<double>(stats_.get(Counter::kStreamedBytesToHost)));
+    }
+    return stats_.take();
+  }
+  std::int64_t tp_rank() const { return tp_rank_; }
 
   // What a sealed slot records: the block key and this worker's TP rank
   // (36 bytes: a store file's tag).
