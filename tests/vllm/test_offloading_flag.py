@@ -6,6 +6,8 @@ a prefix vLLM evicted, bit for bit plain vLLM's answer."""
 from __future__ import annotations
 
 import random
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -16,13 +18,23 @@ pytestmark = pytest.mark.vllm
 SIZE_GIB = 0.25
 
 
-def test_the_command_line_takes_the_backend():
+def readme_quick_start_line() -> list[str]:
+    """The README quick start's `vllm serve` line, its flags after MODEL."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    (line,) = [x.strip() for x in quick.splitlines() if x.strip().startswith("vllm serve MODEL")]
+    return shlex.split(line)[3:]
+
+
+def test_the_command_line_takes_the_backend_as_the_readme_writes_it():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = parser.parse_args(["--kv-offloading-backend", "activekv", "--kv-offloading-size", "2.5"])
-    assert (args.kv_offloading_backend, args.kv_offloading_size) == ("activekv", 2.5)
+    args = parser.parse_args(readme_quick_start_line())
+    assert args.kv_offloading_backend == "activekv" and args.kv_offloading_size > 0
+    config = EngineArgs.from_cli_args(args)
+    assert (config.kv_offloading_backend, config.kv_offloading_size) == ("activekv", args.kv_offloading_size)
     with pytest.raises(SystemExit):  # the Literal still refuses what it does not name
         parser.parse_args(["--kv-offloading-backend", "activekvx", "--kv-offloading-size", "1"])
 
