@@ -87,11 +87,21 @@ def test_metrics_are_summed_over_labels():
             'vllm:prefix_cache_hits_total{engine="0",model_name="bench"} 10.0\n'
             'vllm:prefix_cache_hits_total{engine="1",model_name="bench"} 5.0\n'
             'vllm:num_requests_running{engine="0"} 3\n')
-    assert server.parse_metrics(text) == {"vllm:prefix_cache_hits_total": 15.0,
-                                          "vllm:num_requests_running": 3.0}
-    delta = runner.counters_delta({"vllm:prefix_cache_hits_total": 4.0},
-                                  {"vllm:prefix_cache_hits_total": 15.0, "vllm:prefix_cache_hits_created": 9.0})
-    assert delta == {"vllm:prefix_cache_hits_total": 11.0}
+    text += ('vllm:prompt_tokens_cached_by_source_total{engine="0",source="device"} 7.0\n'
+             'vllm:prompt_tokens_cached_by_source_total{engine="0",source="host"} 2.0\n'
+             'vllm:prompt_tokens_cached_by_source_total{engine="1",source="host"} 1.0\n')
+    assert server.parse_metrics(text) == {
+        "vllm:prefix_cache_hits_total": 15.0, "vllm:num_requests_running": 3.0,
+        "vllm:prompt_tokens_cached_by_source_total": 10.0,
+        "vllm:prompt_tokens_cached_by_source_total{source=device}": 7.0,
+        "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0}
+    delta = runner.counters_delta(
+        {"vllm:prefix_cache_hits_total": 4.0, "vllm:prompt_tokens_cached_by_source_total{source=host}": 1.0},
+        {"vllm:prefix_cache_hits_total": 15.0, "vllm:prefix_cache_hits_created": 9.0,
+         "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0,
+         "vllm:prompt_tokens_cached_by_source_created{source=host}": 5.0})
+    assert delta == {"vllm:prefix_cache_hits_total": 11.0,
+                     "vllm:prompt_tokens_cached_by_source_total{source=host}": 2.0}
 
 
 def test_percentile_is_numpys():
@@ -126,13 +136,16 @@ def test_report_hit_shares_answers_and_the_best_peer(tmp_path):
             "vllm:external_prefix_cache_hits_total": 300})
     _write(tmp_path, "activekv-exact", 2.0, [0.1, 0.1, 0.2],
            {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200,
-            "vllm:external_prefix_cache_hits_total": 700}, shas={1: "other"})
+            "vllm:external_prefix_cache_hits_total": 700,
+            "vllm:prompt_tokens_cached_by_source_total{source=host}": 700,
+            "vllm:prompt_tokens_cached_by_source_total{source=disk}": 0}, shas={1: "other"})
     table = report.load(tmp_path)
     engines = table[("multi-turn", "GPU-X")]
     assert list(engines) == ["plain", "activekv-exact", "vllm-offloading"]  # engines.py's order
     exact = engines["activekv-exact"][2.0]
     assert (exact["gpu_hit_pct"], exact["host_hit_pct"]) == (20.0, 70.0)
     assert exact["same_answers"] == "2/3"
+    assert exact["cached_by_source"] == {"host": 700}
     assert exact["ttft_p50_ms"] == 100.0
     lines = report.against_peers(engines)
     (line,) = [x for x in lines if x.startswith("- activekv-exact")]

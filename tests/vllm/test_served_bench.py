@@ -54,6 +54,10 @@ def test_host_tier_serves_what_vllm_evicted_and_answers_stay_the_same(records):
     plain, exact = table[key]["plain"][4.0], table[key]["activekv-exact"][4.0]
     assert plain["host_hit_pct"] == 0
     assert exact["host_hit_pct"] > 0
+    # vLLM's per-tier count (0.32+) has every connector hit as host memory,
+    # the tier ActiveKV tells vLLM its hits come from.
+    assert "host" not in plain.get("cached_by_source", {})
+    assert set(exact["cached_by_source"]) <= {"device", "host"} and exact["cached_by_source"]["host"] > 0
     # Exact mode is bit for bit vLLM's own KV: every answer equals plain vLLM's.
     assert exact["same_answers"] == f"{USERS * TURNS}/{USERS * TURNS}"
 

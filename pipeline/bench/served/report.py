@@ -53,6 +53,10 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float]) -> dic
     if queried:
         out["gpu_hit_pct"] = round(100 * counters.get("vllm:prefix_cache_hits_total", 0) / queried, 1)
         out["host_hit_pct"] = round(100 * counters.get("vllm:external_prefix_cache_hits_total", 0) / queried, 1)
+    by_source = {k.split("source=", 1)[1].rstrip("}"): v for k, v in counters.items()
+                 if k.startswith("vllm:prompt_tokens_cached_by_source_total{") and v}
+    if by_source:  # vLLM 0.32+: the tier the connector says each hit came from
+        out["cached_by_source"] = by_source
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
     out["connector"] = connector_time(counters, len(requests))
     return out

@@ -174,12 +174,17 @@ def point_prompts(w: wl.Workload, rate: float, vocab: int) -> list[tuple[dict, l
 def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What changed over a rate point, for the counters a report reads (gauges
     as they stood at its end)."""
+    # vllm:prompt_tokens_cached_by_source_total{source=host} and the like
+    # (parse_metrics) keep the tier each cached token came from, as the
+    # connector reports it to vLLM.
     keep = ("vllm:prefix_cache_", "vllm:external_prefix_cache_", "vllm:activekv_", "vllm:num_preemptions",
             "vllm:request_success", "vllm:prompt_tokens", "vllm:generation_tokens", "lmcache:")
     out = {}
     for name, value in after.items():
-        if name.startswith(keep) and not name.endswith("_created"):
-            out[name] = value - before.get(name, 0.0) if name.endswith(("_total", "_count", "_sum")) else value
+        base = name.split("{", 1)[0]
+        if name.startswith(keep) and not base.endswith("_created"):
+            counter = base.endswith(("_total", "_count", "_sum"))
+            out[name] = value - before.get(name, 0.0) if counter else value
     return out
 
 

@@ -96,9 +96,13 @@ class Server:
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_SOURCE = re.compile(r'source="([^"]*)"')
 
 
 def parse_metrics(text: str) -> dict[str, float]:
+    """Each metric summed over its labels; a metric with a `source` label
+    (vLLM's cached tokens by the tier that supplied them) also per source,
+    as NAME{source=TIER}."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#"):
@@ -111,4 +115,8 @@ def parse_metrics(text: str) -> dict[str, float]:
         except ValueError:
             continue
         out[m.group(1)] = out.get(m.group(1), 0.0) + value
+        source = _SOURCE.search(m.group(2) or "")
+        if source:
+            key = f"{m.group(1)}{{source={source.group(1)}}}"
+            out[key] = out.get(key, 0.0) + value
     return out
