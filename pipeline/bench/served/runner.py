@@ -119,6 +119,9 @@ async def multi_turn_point(url: str, w: wl.Workload, rate: float, vocab: int) ->
             due += gap
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             u = await ready.get()
+            # An arrival that waited for a user moves the schedule with it:
+            # no burst of overdue arrivals once users come back.
+            due = max(due, time.monotonic())
             tasks.append(asyncio.create_task(turn(session, u)))
         await asyncio.gather(*tasks)
     return records
