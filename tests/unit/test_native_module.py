@@ -389,11 +389,14 @@ def test_streaming_steps_are_bitwise_the_reference():
         assert nat[3][counter] == ref[3][counter] and nat[3][counter] > 0, counter
     assert nat[4] == ref[4] == set()
     assert nat[5] == ref[5]
+    nonzero = {"to_device": 0, "to_host": 0}
     for seq, step in enumerate(nat[5], start=1):
         for way in ("to_device", "to_host"):
             reported = step["gauges"].get(f"streamed_step_bytes_{way}")
             if reported is not None:  # else unchanged since the last step
                 assert reported == {"worker0": [seq, step[f"streamed_bytes_{way}"]]}, (seq, way)
+                nonzero[way] += reported["worker0"][1] > 0
+    assert all(nonzero.values()), nonzero  # a step that streamed reported its bytes, each way
     # The last step stages and writes back nothing: its gauge says 0.
     assert nat[5][-1]["gauges"]["streamed_step_bytes_to_host"] == {"worker0": [4, 0]}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,60 @@ def test_connector_time_from_activekv_counters():
     assert c["load_gbps"] == 50.0  # 1 GB in 20 ms
     assert c["save_gbps"] is None and c["hit_tokens"] == 640.0
     assert report.connector_time({"vllm:prefix_cache_hits_total": 3.0}, requests=10) is None
+
+
+def test_host_bytes_are_split_as_each_tier_counts_them():
+    host = 8 << 30
+    extra = lambda name: json.loads(ENGINES[name].server_args(host, workers=2)[1])["kv_connector_extra_config"]  # noqa: E731
+    assert extra("activekv-exact")["capacity_bytes"] == host // 2  # per worker
+    assert extra("vllm-offloading")["cpu_bytes_to_use"] == host  # vLLM's total
+    assert ENGINES["lmcache"].server_env(host, workers=2)["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "4"  # per process
+    assert extra("activekv-streaming")["streaming"] == {"resident_layers": 14, "ring_size": 2}
+
+
+def _run_line(**changes):
+    line = {"type": "run", "engine": "plain", "workload": {"name": "multi-turn", "users": 8, "rates": [1.0]},
+            "server_args": ["--block-size", "16"], "server_env": {}, "workers": 1,
+            "machine": {"device": "GPU-X", "vllm": "0.26.0", "host": "a"}}
+    for key, value in changes.items():
+        line[key] = {**line[key], **value} if isinstance(value, dict) else value
+    return line
+
+
+def test_records_of_another_setup_are_refused_naming_what_differs(tmp_path):
+    path = tmp_path / "plain.jsonl"
+    path.write_text(json.dumps(_run_line()) + "\n")
+    # Other rates, another host name of the same kind of machine: one sweep.
+    runner.check_same_setup(path, _run_line(workload={"rates": [2.0]}, machine={"host": "b"}))
+    with pytest.raises(RuntimeError, match=r"machine\.device, workload\.users differ"):
+        runner.check_same_setup(path, _run_line(workload={"users": 4}, machine={"device": "GPU-Y"}))
+    with pytest.raises(RuntimeError, match=r"server\.args differ"):
+        runner.check_same_setup(path, _run_line(server_args=["--block-size", "64"]))
+
+
+def test_stop_ends_the_servers_group_even_after_its_leader_exited(tmp_path):
+    import os
+    import subprocess
+    import time
+
+    s = server.Server(tmp_path, [], {}, tmp_path / "log")
+    child = tmp_path / "child"
+    # The leader exits at once and leaves a child behind, as an API server
+    # that died would leave its engine core.
+    s.process = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {child}"], start_new_session=True)
+    s.process.wait()
+    pid = int(child.read_text())
+    os.kill(pid, 0)  # alive
+    s.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            # dead but not yet reaped by its new parent counts as ended
+            if (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z":
+                break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the leader's child outlived stop()")

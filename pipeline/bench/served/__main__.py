@@ -97,6 +97,8 @@ def server_flags(args, w: wl.Workload) -> list[str]:
                   "--kv-cache-memory-bytes", str(int((args.kv_budget_gib or w.kv_budget_gib) * GIB))]
     if args.eager:
         flags.append("--enforce-eager")
+    if args.tensor_parallel_size > 1:
+        flags += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     return flags + args.server_arg
 
 
@@ -122,7 +124,8 @@ def run(args) -> int:
         try:
             run_sweep(records=args.records, model_dir=path, vocab=vocab, w=w, engine=engine,
                       server_args=server_flags(args, w), server_env=env,
-                      start_timeout_s=args.start_timeout, force=args.force)
+                      start_timeout_s=args.start_timeout, force=args.force,
+                      workers=args.tensor_parallel_size)
         except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
             print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)
             failed.append(name)
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--block-size", type=int, help="tokens a KV block (vLLM's default otherwise)")
     r.add_argument("--max-num-batched-tokens", type=int, default=8192)
     r.add_argument("--eager", action="store_true", help="vLLM's eager mode instead of its compiled default")
+    r.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="vLLM's workers; the host bytes are the server's total, split as each tier counts them")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE,...",
                    help="workload parameters (ranges as LOW-HIGH), e.g. users=8,turns=4,history_tokens=100-200")
     r.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",

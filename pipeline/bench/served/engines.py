@@ -25,30 +25,34 @@ class Engine:
     extra: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
 
-    def server_args(self, host_bytes: int) -> list[str]:
+    # host_bytes is the server's total over its workers; each tier takes it
+    # as its configuration counts: vLLM's cpu_bytes_to_use is the total,
+    # ActiveKV's capacity_bytes and LMCache's local CPU size are per worker.
+    def server_args(self, host_bytes: int, workers: int = 1) -> list[str]:
         if not self.connector:
             return []
-        extra = {k: (host_bytes if v == "HOST_BYTES" else v) for k, v in self.extra.items()}
+        extra = {k: ({"HOST_BYTES": host_bytes, "WORKER_BYTES": host_bytes // workers}.get(v, v)
+                     if isinstance(v, str) else v) for k, v in self.extra.items()}
         config = {"kv_connector": self.connector, "kv_role": "kv_both", "kv_connector_extra_config": extra}
         return ["--kv-transfer-config", json.dumps(config)]
 
-    def server_env(self, host_bytes: int) -> dict[str, str]:
-        return {k: (f"{host_bytes / GIB:g}" if v == "HOST_GIB" else v) for k, v in self.env.items()}
+    def server_env(self, host_bytes: int, workers: int = 1) -> dict[str, str]:
+        return {k: (f"{host_bytes / workers / GIB:g}" if v == "WORKER_GIB" else v) for k, v in self.env.items()}
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in [
     Engine("plain"),
-    Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "HOST_BYTES"}),
-    Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "HOST_BYTES"}),
+    Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}),
+    Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "WORKER_BYTES"}),
     # R resident layers and the ring as the streaming figures in
     # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
-    Engine("activekv-streaming", ACTIVEKV, {"capacity_bytes": "HOST_BYTES",
+    Engine("activekv-streaming", ACTIVEKV, {"capacity_bytes": "WORKER_BYTES",
                                             "streaming": {"resident_layers": 14, "ring_size": 2}}),
     Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
     # LMCache keys its chunks with Python's hash(): without a fixed seed each
     # process keys differently (its docs: 0% hits).
     Engine("lmcache", "LMCacheConnectorV1", {}, {
-        "PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "HOST_GIB",
+        "PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "WORKER_GIB",
         "LMCACHE_CHUNK_SIZE": "256", "LMCACHE_TRACK_USAGE": "false"}),
 ]}
 

