@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What ci/gpu-vllm-check.sh and ci/gpu-engine-check.sh need on a GPU host that
 # has no network, moved there through a carry of 64 MiB a call, the working
-# tree included (the lent GPU machine's): vLLM's pinned wheel, the wheels the
+# tree included (the project's GPU test machine's limit): vLLM's pinned wheel, the wheels the
 # host lacks and a GoogleTest source tree, packed here into folders that each
 # fit one call with the working tree beside them, and put back together there.
 #
