@@ -6,6 +6,7 @@ made, and the images' digest references read back from a registry."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -167,8 +168,10 @@ class FakeRegistryHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_images_are_published_by_their_registry_digest(tmp_path):
-    config = "sha256:" + "b" * 64
+@contextlib.contextmanager
+def release_with_a_registry(tmp_path, config: str):
+    """A small release whose image has config digest `config`, and a fake
+    registry serving that image's manifest: (path, files, dest, address)."""
     FakeRegistryHandler.body = json.dumps({"schemaVersion": 2, "config": {"digest": config}}).encode()
     server = http.server.HTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -177,11 +180,16 @@ def test_images_are_published_by_their_registry_digest(tmp_path):
         image = {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
                  "digest": config, "inputs_digest": "sha256:" + "c" * 64}
         path, files = small_release(tmp_path / "release", image=image)
-        record = publish.publish(path, artifact_dirs=[files, path.parent],
-                                 dest=destinations(tmp_path / "dest", publish.Registry(address, None)))
+        yield path, files, destinations(tmp_path / "dest", publish.Registry(address, None)), address
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_images_are_published_by_their_registry_digest(tmp_path):
+    config = "sha256:" + "b" * 64
+    with release_with_a_registry(tmp_path, config) as (path, files, dest, address):
+        record = publish.publish(path, artifact_dirs=[files, path.parent], dest=dest)
     digest = hashlib.sha256(FakeRegistryHandler.body).hexdigest()
     reference = f"{address}/activekv-runtime-cpu@sha256:{digest}"
     assert record["image_references"] == [reference]
@@ -191,21 +199,9 @@ def test_images_are_published_by_their_registry_digest(tmp_path):
 
 
 def test_the_outputs_name_each_published_wheel_the_image_by_digest_and_the_manifest(tmp_path):
-    config = "sha256:" + "d" * 64
-    FakeRegistryHandler.body = json.dumps({"schemaVersion": 2, "config": {"digest": config}}).encode()
-    server = http.server.HTTPServer(("127.0.0.1", 0), FakeRegistryHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        address = f"127.0.0.1:{server.server_port}"
-        image = {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
-                 "digest": config, "inputs_digest": "sha256:" + "c" * 64}
-        path, files = small_release(tmp_path / "release", image=image)
-        dest = destinations(tmp_path / "dest", publish.Registry(address, None))
+    with release_with_a_registry(tmp_path, "sha256:" + "d" * 64) as (path, files, dest, address):
         first = publish.publish(path, artifact_dirs=[files, path.parent], dest=dest)
         again = publish.publish(path, artifact_dirs=[files, path.parent], dest=dest)  # all there: a resumed run
-    finally:
-        server.shutdown()
-        server.server_close()
     reference = f"{address}/activekv-runtime-cpu@sha256:{hashlib.sha256(FakeRegistryHandler.body).hexdigest()}"
     wheel = tmp_path / "dest" / "simple" / "activekv" / WHEEL
     assert again["wheels"] == [] and again["skipped"] == 3

@@ -16,6 +16,7 @@ from activekv_reference import stats as ref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pipeline.harness import standalone
+from tests.unit.test_native_module import _step
 
 IMPLS = ["reference", "native"]
 STEP_GAUGE = "streamed_step_bytes_to_device"
@@ -246,15 +247,7 @@ def _session(impl, extra, cfg):
         request = _request(rid, prompt)
         hit, _ = sched.get_num_new_matched_tokens(request, 0)
         sched.update_state_after_alloc(request, _Blocks(blocks), hit)
-        meta = sched.build_connector_meta(_new_step(rid, blocks, hit, len(prompt) - hit))
-        worker.bind_connector_metadata(meta)
-        worker.start_load_kv(None)
-        for name, layer in kv.items():
-            worker.wait_for_layer_load(name)
-            worker.save_kv_layer(name, layer, None)
-        worker.wait_for_save()
-        wm = worker.build_connector_worker_meta()
-        worker.clear_connector_metadata()
+        wm = _step(worker, kv, sched.build_connector_meta(_new_step(rid, blocks, hit, len(prompt) - hit)))
         worker_stats = _untimed(worker.get_kv_connector_stats())
         sched.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=wm))
         reports.append((rid, _untimed(sched.get_kv_connector_stats()), worker_stats))
