@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -368,10 +369,16 @@ def random_tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(FIRST_TOKEN, VOCAB) for _ in range(n)]
 
 
-def flush_device_cache(llm) -> None:
-    """Drop vLLM's own prefix cache (the host store is kept)."""
-    if not llm.reset_prefix_cache():
-        raise RuntimeError("vLLM refused to reset its prefix cache")
+def flush_device_cache(llm, *, wait_s: float = 10.0) -> None:
+    """Drop vLLM's own prefix cache (the host store is kept). vLLM refuses
+    while a finished request's blocks wait for the connector's saves (an
+    abort mid-decode); its engine core steps until they land, so ask again."""
+    deadline = time.monotonic() + wait_s
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM refused to reset its prefix cache for {wait_s:g} s "
+                               f"(blocks still held: saves that never landed?)")
+        time.sleep(0.02)
 
 
 def zero_device_cache(worker) -> None:

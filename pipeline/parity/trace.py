@@ -33,7 +33,8 @@ def plain_scheduler_output(so) -> dict[str, Any]:
     return {
         "new": [(r.req_id, list(r.block_ids[0]), r.num_computed_tokens) for r in so.scheduled_new_reqs],
         "cached_req_ids": list(cached.req_ids),
-        "resumed": sorted(cached.resumed_req_ids),
+        # vLLM 0.34 has no such list: it sends a resumed request again as a new one.
+        "resumed": sorted(getattr(cached, "resumed_req_ids", ())),
         "new_block_ids": [None if b is None else list(b[0]) for b in cached.new_block_ids],
         "num_computed_tokens": list(cached.num_computed_tokens),
         "num_scheduled_tokens": dict(so.num_scheduled_tokens),
