@@ -1,11 +1,20 @@
 """`python -m pipeline.parity`: record, replay, judge; exit 1 on a failed gating cell.
 
-    python -m pipeline.parity --out build/parity [--modes exact compressed] [--device cuda]
+    python -m pipeline.parity --out build/parity [--modes exact compressed] [--device cuda] [--resume]
+
+The work is done in units: each session (recorded in one vLLM, replayed by
+both engines, judged) and each mode's end-to-end cell. A unit's result is
+kept in OUT/units/ with the fingerprint of what made it (the engine's
+module, the reference's and the harness's sources, vLLM's version, the
+device); --resume takes a unit whose fingerprint matches instead of running it
+again. On a GPU host where each vLLM start costs 40 s and a command may run
+only so long, the gate then finishes over several runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -13,12 +22,71 @@ from pathlib import Path
 
 from ..harness import vllm_harness as h
 from ..harness.tiny_model import tiny_llama
-from ..paths import PARITY_DIR, TEST_CACHE
+from ..paths import PARITY_DIR, REFERENCE_DIR, ROOT, TEST_CACHE
 from . import e2e
 from .cells import Cell, expectation_problems, judge, table
-from .replay import ReplayResult, replay
+from .replay import replay
 from .trace import read_traces
-from .workloads import full_graph_cell, record_session, sessions
+from .workloads import Session, full_graph_cell, record_session, sessions
+
+# What a unit's result depends on besides the engine's module and vLLM.
+SOURCES = [REFERENCE_DIR, ROOT / "pipeline" / "parity", ROOT / "pipeline" / "harness"]
+
+
+def fingerprint(device: str) -> str:
+    """The engine's module, the reference's and harness's sources, vLLM's
+    version and the device: a unit made under another is run again."""
+    import activekv
+    import vllm
+
+    digest = hashlib.sha256()
+    digest.update(Path(activekv.__file__).read_bytes())
+    for root in SOURCES:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    digest.update(f"vllm {vllm.__version__} device {device}".encode())
+    return digest.hexdigest()
+
+
+def unit(out: Path, name: str, print_: str, resume: bool, mark: str, run) -> dict:
+    """A unit's result ({"cells": [...], "overhead": ...}): kept from an earlier
+    run under the same fingerprint (`mark`) with --resume, else run and kept."""
+    path = out / "units" / f"{name}.json"
+    if resume and path.is_file():
+        kept = json.loads(path.read_text())
+        if kept.get("fingerprint") == mark:
+            print(f"parity: {print_}: kept from an earlier run ({path.name}, same fingerprint)", flush=True)
+            return kept
+    result = {"fingerprint": mark, **run()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def session_unit(args, mode: str, session: Session) -> dict:
+    directory = args.out / "recordings" / f"{mode}-{session.name}"
+    shutil.rmtree(directory, ignore_errors=True)
+    record_session(tiny_llama(args.cache, session.num_layers), session, directory)
+    sched, worker = read_traces(directory)
+    runs = [replay(sched, worker, impl, device=args.device) for impl in ("reference", "reference", "native")]
+    # Steps under a full CUDA graph (no per-layer hook): each engine must
+    # observe what the reference did with the hooks. Streaming has vLLM
+    # capture piecewise graphs only.
+    graph_runs = [] if session.streams else [
+        replay(sched, worker, impl, layer_hooks=False, device=args.device) for impl in ("reference", "native")]
+    cells = []
+    for scenario, _ in session.scenarios:
+        ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
+        live = runs[0].live_differs.get(scenario, 0)
+        cells.append(judge(mode, scenario, ref1, ref2, native, live))
+        if graph_runs:
+            ref_graph, native_graph = (r.observations.get(scenario, []) for r in graph_runs)
+            cells.append(judge(mode, full_graph_cell(scenario), ref1, ref_graph, native_graph, live))
+    ref, nat = runs[1], runs[2]
+    overhead = {"recording": f"{mode}-{session.name}", "steps": ref.steps, "reference": ref.per_step_us(),
+                "native": nat.per_step_us(), "steps_moving_no_block": ref.control_steps,
+                "reference_no_block": ref.control_step_us(), "native_no_block": nat.control_step_us()}
+    return {"cells": [c.as_dict() for c in cells], "overhead": overhead}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,37 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu",
                         help="where the replays' KV caches live: the target's device (cpu, cuda); "
                              "the recordings and end-to-end cells run on the device vLLM runs on")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the units an earlier run left in OUT/units under the same fingerprint")
     args = parser.parse_args(argv)
 
     h.reference_on_path()
     model = tiny_llama(args.cache)
-    cells: list[Cell] = []
-    overhead: list[tuple[str, ReplayResult, ReplayResult]] = []
+    mark = fingerprint(args.device)
+    cells: list[dict] = []
+    overhead: list[dict] = []
     for mode in args.modes:
         for session in sessions(mode):
-            directory = args.out / "recordings" / f"{mode}-{session.name}"
-            shutil.rmtree(directory, ignore_errors=True)
-            record_session(tiny_llama(args.cache, session.num_layers), session, directory)
-            sched, worker = read_traces(directory)
-            runs = [replay(sched, worker, impl, device=args.device)
-                    for impl in ("reference", "reference", "native")]
-            # Steps under a full CUDA graph (no per-layer hook): each engine
-            # must observe what the reference did with the hooks. Streaming
-            # has vLLM capture piecewise graphs only.
-            graph_runs = [] if session.streams else [
-                replay(sched, worker, impl, layer_hooks=False, device=args.device)
-                for impl in ("reference", "native")]
-            for scenario, _ in session.scenarios:
-                ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
-                live = runs[0].live_differs.get(scenario, 0)
-                cells.append(judge(mode, scenario, ref1, ref2, native, live))
-                if graph_runs:
-                    ref_graph, native_graph = (r.observations.get(scenario, []) for r in graph_runs)
-                    cells.append(judge(mode, full_graph_cell(scenario), ref1, ref_graph,
-                                       native_graph, live))
-            overhead.append((f"{mode}-{session.name}", runs[1], runs[2]))
-        cells.append(e2e.run(model, mode))
-    print(table(cells))
+            done = unit(args.out, f"{mode}-{session.name}", f"{mode} session {session.name}", args.resume, mark,
+                        lambda: session_unit(args, mode, session))
+            cells += done["cells"]
+            overhead.append(done["overhead"])
+        done = unit(args.out, f"{mode}-end-to-end", f"{mode} end to end", args.resume, mark,
+                    lambda: {"cells": [e2e.run(model, mode).as_dict()]})
+        cells += done["cells"]
+    print(table([Cell(**c) for c in cells]))
     print("\nper-step connector time on the same recordings (inside connector calls only; "
           "per-layer calls as vLLM with the patch series makes them):")
     print(f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
@@ -68,25 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(a: float, b: float) -> str:
         return f"{a / b:4.1f}x" if b else "   -"
 
-    for name, ref, nat in overhead:
+    for o in overhead:
         # A streaming step always moves blocks (it stages): none moves nothing.
-        print(f"  {name:24}{ref.steps:6}  {ref.per_step_us():9.1f} / {nat.per_step_us():6.1f} us"
-              f" ({ratio(ref.per_step_us(), nat.per_step_us())})"
-              f"  {ref.control_steps:6} steps {ref.control_step_us():7.1f} / "
-              f"{nat.control_step_us():5.1f} us ({ratio(ref.control_step_us(), nat.control_step_us())})")
+        print(f"  {o['recording']:24}{o['steps']:6}  {o['reference']:9.1f} / {o['native']:6.1f} us"
+              f" ({ratio(o['reference'], o['native'])})"
+              f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
+              f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})")
     report = args.out / "parity.json"
-    report.write_text(json.dumps({
-        "cells": [c.as_dict() for c in cells],
-        "overhead_us_per_step": [
-            {"recording": n, "steps": r.steps, "reference": r.per_step_us(),
-             "native": x.per_step_us(), "steps_moving_no_block": r.control_steps,
-             "reference_no_block": r.control_step_us(), "native_no_block": x.control_step_us()}
-            for n, r, x in overhead
-        ],
-    }, indent=2))
+    report.write_text(json.dumps({"cells": cells, "overhead_us_per_step": overhead}, indent=2))
     print(f"\nwrote {report}")
-    failed = [c for c in cells if c.result == "FAIL"]
-    problems = expectation_problems([c.as_dict() for c in cells], modes=args.modes)
+    failed = [c for c in cells if c["result"] == "FAIL"]
+    problems = expectation_problems(cells, modes=args.modes)
     for problem in problems:
         print(f"parity: {problem}", file=sys.stderr)
     return 1 if failed or problems else 0

@@ -121,8 +121,10 @@ def run_on_accelerator_host(target: Target, engine_wheel: Path, vllm_wheel: Path
     on a host with the target's accelerator: the gate on the given wheels,
     its record written to `out` (the evidence the release host takes)."""
     out.unlink(missing_ok=True)
+    # Resumed: a GPU host may stop a command before the harness's ~16 vLLM
+    # starts are done; a run again keeps the units made by the same bytes.
     record = run_here(target, out.parent / f"parity-{target.name}", given_wheels(target, engine_wheel, vllm_wheel),
-                      python, needs_accelerator=target.accelerator != "cpu")
+                      python, needs_accelerator=target.accelerator != "cpu", resume=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
@@ -158,10 +160,12 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
 
 
 def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
-             needs_accelerator: bool = False) -> dict:
+             needs_accelerator: bool = False, resume: bool = False) -> dict:
     """Install the wheels apart into `work`, check what imports is theirs
     (and, with needs_accelerator, that torch sees the target's
-    accelerator), run the harness; returns the record."""
+    accelerator), run the harness; returns the record. With resume the
+    harness keeps the units an earlier run in `work` made with the same
+    bytes (its fingerprint: the engine's module, the sources, vLLM's version)."""
     engine = [w for w in wheels if w["kind"] == "engine-wheel"]
     runnable = [w for w in engine if wheel_name(w["file"], ParityError).python_tag == python_tag()]
     others = [w["file"] for w in engine if w not in runnable]
@@ -171,7 +175,7 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
                           f"--python {sys.version_info.major}.{sys.version_info.minor}, or give "
                           f"evidence from a host with that Python (--parity-evidence)")
     site = work / "site"
-    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(site if resume else work, ignore_errors=True)
     site.mkdir(parents=True)
     ran = [w for w in wheels if w in runnable or w["kind"] == "vllm-wheel"]
     # --no-compile: the harness compiles what it imports (17 s against 6 s for vLLM here).
@@ -192,7 +196,7 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
                               f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)")
     for w in ran:
         check_installed(w["path"], site)
-    cells = run_harness(target, python, env, work / "harness")
+    cells = run_harness(target, python, env, work / "harness", resume=resume)
     shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
     return {"stage": "parity", "target": target.name, "source": "ran here",
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
@@ -202,11 +206,12 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
             "cells": cells}
 
 
-def run_harness(target: Target, python: Path, env: dict[str, str], out: Path) -> list[dict]:
+def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False) -> list[dict]:
     """The parity harness's cells, run with `python` on the installed wheels
     (`env` puts them first on the import path): the one call of the harness,
     where a target's own harness (the GPU's) slots in."""
-    _echo([str(python), "-m", "pipeline.parity", "--out", str(out), "--device", target.accelerator], env=env)
+    _echo([str(python), "-m", "pipeline.parity", "--out", str(out), "--device", target.accelerator,
+           *(["--resume"] if resume else [])], env=env)
     return json.loads((out / "parity.json").read_text())["cells"]
 
 
