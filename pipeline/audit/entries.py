@@ -183,9 +183,9 @@ def _grafted(wheel: Wheel, name: str, parts: list[str], data: bytes) -> str | No
 
 
 def required(wheel: Wheel, present: set[str]) -> None:
-    """What every wheel of ours holds: its metadata and its module."""
+    """What every wheel of ours holds: its metadata, its license and its module."""
     folders = sorted({n.split("/", 1)[0] for n in present if "/" in n})
-    for part in ("METADATA", "WHEEL", "RECORD"):
+    for part in ("METADATA", "WHEEL", "RECORD", "licenses/LICENSE"):
         name = f"{wheel.dist_info}/{part}"
         if name not in present:
             wheel.fail(name, "missing", f"the wheel has no {part} (its folders: "

@@ -99,6 +99,7 @@ def good_files(module: bytes | None = None) -> dict[str, bytes]:
         f"{DIST_INFO}/METADATA": METADATA,
         f"{DIST_INFO}/WHEEL": WHEEL,
         f"{DIST_INFO}/entry_points.txt": ENTRY_POINTS,
+        f"{DIST_INFO}/licenses/LICENSE": b"Apache License\nVersion 2.0, January 2004\n",
     }
 
 
@@ -386,7 +387,7 @@ def test_a_name_the_zip_holds_twice_is_refused(tmp_path, entry):
 
 # -- what must be there and parse -------------------------------------------
 
-@pytest.mark.parametrize("entry", [f"{DIST_INFO}/METADATA", f"{DIST_INFO}/WHEEL"])
+@pytest.mark.parametrize("entry", [f"{DIST_INFO}/METADATA", f"{DIST_INFO}/WHEEL", f"{DIST_INFO}/licenses/LICENSE"])
 def test_a_missing_metadata_file_is_a_finding(tmp_path, entry):
     assert_refused(wheel_with(tmp_path, drop=[entry]), (entry, "missing"))
 
@@ -530,3 +531,9 @@ def test_a_damaged_wheel_gives_findings_never_a_traceback(tmp_path):
         except AuditError:
             pass
         assert json.loads(report.read_text())["wheels"][0]["file"] == WHEEL_NAME
+
+
+def test_the_engine_ships_the_repositorys_license():
+    """The build sees engine/ only: its LICENSE is the repository's, byte for byte."""
+    repo = Path(__file__).resolve().parents[2]
+    assert (repo / "engine" / "LICENSE").read_bytes() == (repo / "LICENSE").read_bytes()
