@@ -10,7 +10,7 @@
 // kernel) holds every SM until it ends, so the copy stream's kernels run
 // between two layers' attention and add their time to the step. The codec's
 // ATen operations are about fifteen kernels a layer, some 0.6 ms at a 16k
-// prefill chunk on an H200; these two take about 0.05 ms (BENCHMARKS.md,
+// prefill chunk on an H200; these two take about 0.05 ms (docs/benchmarks/history.md,
 // "Compressed homes by fused kernels").
 //
 // The bytes are the codec's (kv_codec.cpp, the reference's codec.py), bit for

@@ -296,7 +296,7 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
   // (batched pieces: every run, one batch; no SM writes over the bus). The
   // other blocks: the device writes them into the mapped homes. (Compressed
   // homes' long runs crossing on a stream of their own read no faster on the
-  // H200: BENCHMARKS.md, 2026-12-04.)
+  // H200: docs/benchmarks/history.md, 2026-12-04.)
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
   if (!writeback_long_blocks_.empty()) {

@@ -10,7 +10,7 @@
 // the driver, so it is off by default (StreamingTuning::issue_thread). The
 // driver's full queue may be why: in one run with it four times as large
 // (CUDA_SCALE_LAUNCH_QUEUES=4x) the thread's step matched the forward's own
-// calls (BENCHMARKS.md, "The grid back to back on the H200").
+// calls (docs/benchmarks/history.md, "The grid back to back on the H200").
 //
 // Tasks run one at a time, in the order posted, so whatever they issue onto a
 // stream lands there in that order.
@@ -23,7 +23,7 @@
 // copy not due before the next layer's is posted without a wake (it runs with
 // the next one that is), and a waiter spins a while before it sleeps. The
 // thread does not spin for its next task: a core spinning beside the forward
-// slowed its attention 1.9-2.6x there (BENCHMARKS.md, 2026-12-05).
+// slowed its attention 1.9-2.6x there (docs/benchmarks/history.md, 2026-12-05).
 #pragma once
 
 #include <c10/core/Device.h>

@@ -715,7 +715,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
     BufferLastUse* use = last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
     if (use != nullptr) *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
     // Exact homes only: a compressed write-back's encode would sit on the
-    // write-back stream too, and crossing apart read no faster (BENCHMARKS.md,
+    // write-back stream too, and crossing apart read no faster (docs/benchmarks/history.md,
     // 2026-12-04).
     const bool own_stream = copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
     // The staging of layer j + K into this buffer follows on the copy stream

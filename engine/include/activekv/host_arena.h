@@ -29,7 +29,7 @@ inline constexpr std::int64_t kMaxChunkBytes = std::int64_t{256} << 20;
 // The chunk size for a model of `num_layers` layers. A layer's run inside a
 // chunk is chunk / num_layers bytes, so with many layers 64 MiB chunks cut a
 // batch into copies too small for the copy engine's peak (2 MiB at 32 layers:
-// 89.6% against 94.1% with 256 MiB, BENCHMARKS.md). Chunks grow by 8 MiB a
+// 89.6% against 94.1% with 256 MiB, docs/benchmarks/history.md). Chunks grow by 8 MiB a
 // layer, bounded at 256 MiB (never one giant pinned allocation).
 inline std::int64_t chunk_bytes_for(std::int64_t num_layers) {
   return std::clamp(num_layers * (std::int64_t{8} << 20), kDefaultChunkBytes, kMaxChunkBytes);

@@ -62,7 +62,7 @@ enum class StreamCopy {
   // and the ring's blocks, both ways. The copy engines do it all, so nothing
   // waits for SMs a compute-bound attention holds (an SM scatter did: 1.11x
   // the bus time beside a prefill chunk's attention, the batch 1.00x,
-  // BENCHMARKS.md 2026-12-04). The host pays about 0.5 us a copy to issue
+  // docs/benchmarks/history.md 2026-12-04). The host pays about 0.5 us a copy to issue
   // them, and copies under 32 KiB cross slower than a gather kernel's, so
   // create() chooses it for blocks of 32 KiB and more. Compressed homes
   // (rows of int8 and scales, decoded on the device) cross the same way
@@ -77,7 +77,7 @@ enum class StreamCopy {
 // "runs", "gather", "batch": for reports and benchmarks.
 const char* copy_method_name(StreamCopy method);
 
-// kDeviceGather's knobs (defaults measured on an H200, BENCHMARKS.md "Layer
+// kDeviceGather's knobs (defaults measured on an H200, docs/benchmarks/history.md "Layer
 // streaming on a GPU"); benchmarks sweep them, vLLM runs the defaults.
 struct StreamingTuning {
   // Staging pieces: each is read over the bus, then scattered into the ring
@@ -86,7 +86,7 @@ struct StreamingTuning {
   // vanish; the pool lets the bus run ahead of the ring's turn. 8 (256 MiB)
   // lets the bus read on through a prefill chunk's attention, which holds the
   // SMs the scatters need: 4 left 64k-128k prefill at 1.13-1.32x the bound,
-  // 8 at 1.05-1.07x (BENCHMARKS.md, 2026-12-03).
+  // 8 at 1.05-1.07x (docs/benchmarks/history.md, 2026-12-03).
   std::int64_t pieces = 8;
   std::int64_t piece_bytes = std::int64_t{32} << 20;
   // Runs of this many consecutive blocks (1 MiB at 64 KiB blocks) cross by the
@@ -118,7 +118,7 @@ struct StreamingTuning {
   // launches queue behind the thread's copy calls in the driver (a 16k
   // prefill layer's compute span grew from 0.85 to 1.21 ms), and the forward
   // waits for the thread at each layer. At a ring of 3, where the caller's
-  // thread blocks in the driver, it read faster (BENCHMARKS.md, 2026-12-04,
+  // thread blocks in the driver, it read faster (docs/benchmarks/history.md, 2026-12-04,
   // night and late). XPU always issues on the caller's thread.
   bool issue_thread = false;
   // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,
@@ -130,7 +130,7 @@ struct StreamingTuning {
   // still busy with the layers before it, so nothing waits for its first
   // copies, and each call boundary cost the copy engines a gap: at a 16k
   // prefill chunk a layer crossed at 0.97 of the bus in calls, 0.99 in one
-  // (BENCHMARKS.md, 2026-12-04, late). The step's first stagings (start)
+  // (docs/benchmarks/history.md, 2026-12-04, late). The step's first stagings (start)
   // keep the calls: the bus waits for them.
   bool ahead_in_one_call = true;
   // Device: the step's first staging (start) issues only the first streamed
@@ -140,7 +140,7 @@ struct StreamingTuning {
   // all K, and the first layer's attention is queued only after the host has
   // issued them (at 0.5-1 us a copy, 1-17 ms at 16k-128k), which the H200's
   // timelines showed as a first layer waiting up to 1.7 layers' bus time
-  // (BENCHMARKS.md, 2026-12-04, late). Not yet measured, so off.
+  // (docs/benchmarks/history.md, 2026-12-04, late). Not yet measured, so off.
   bool start_one_layer = false;
   // Device: write-backs settle across steps. begin_step no longer waits on
   // the host for the last step's write-backs to land. Instead, on the device,
@@ -156,7 +156,7 @@ struct StreamingTuning {
   // for hung). Assumes vLLM writes no ring buffer between forwards. On the
   // H200, prefill chunks queued back to back read 1.005-1.024x their bound
   // with it and 1.025-1.055x without; decode steps are alike (medians;
-  // BENCHMARKS.md, 2026-12-05). A new streamer turns it on only with
+  // docs/benchmarks/history.md, 2026-12-05). A new streamer turns it on only with
   // streams (CPU copies have landed by the next begin_step), and not with
   // ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
   bool settle_across_steps = true;
@@ -178,7 +178,7 @@ struct StreamingTuning {
   // 350 KB there. With the CPU benchmark's forward bound to one core, the
   // thread gained nothing clear at 523 KiB a layer (2048 tokens: 0.02 ms less
   // to 0.04 ms more a step) and took 0.12-0.17 ms a step off the forward's
-  // path at 955 KiB (3776 tokens; BENCHMARKS.md, 2026-12-05).
+  // path at 955 KiB (3776 tokens; docs/benchmarks/history.md, 2026-12-05).
   std::int64_t cpu_copy_thread_min_bytes = std::int64_t{768} << 10;
 };
 
