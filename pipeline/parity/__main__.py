@@ -4,11 +4,12 @@
 
 The work is done in units: each session (recorded in one vLLM, replayed by
 both engines, judged) and each mode's end-to-end cell. A unit's result is
-kept in OUT/units/ with the fingerprint of what made it (the engine's
-module, the reference's and the harness's sources, vLLM's version, the
-device); --resume takes a unit whose fingerprint matches instead of running it
-again. On a GPU host where each vLLM start costs 40 s and a command may run
-only so long, the gate then finishes over several runs.
+kept in OUT/units/ with the fingerprint of what made it (the engine's and
+vLLM's installed bytes, by their RECORD; the reference's and the harness's
+sources; the device); --resume takes a unit whose fingerprint matches instead
+of running it again: a release run again on the same wheels, or a GPU host
+whose commands may run only so long, where each vLLM start costs 40 s.
+parity.json says which units ran and which were kept.
 """
 
 from __future__ import annotations
@@ -33,14 +34,30 @@ from .workloads import Session, full_graph_cell, record_session, sessions
 SOURCES = [REFERENCE_DIR, ROOT / "pipeline" / "parity", ROOT / "pipeline" / "harness"]
 
 
+def installed_bytes(module) -> bytes:
+    """What identifies an installed package's bytes: its distribution's RECORD
+    (every file's sha256, as installed from its wheel), else the module file."""
+    import importlib.metadata as md
+
+    for name in md.packages_distributions().get(module.__name__, []):
+        try:
+            record = md.distribution(name).read_text("RECORD")
+        except md.PackageNotFoundError:
+            continue
+        if record:
+            return record.encode()
+    return Path(module.__file__).read_bytes()
+
+
 def fingerprint(device: str) -> str:
-    """The engine's module, the reference's and harness's sources, vLLM's
-    version and the device: a unit made under another is run again."""
+    """The engine's and vLLM's installed bytes, the reference's and harness's
+    sources and the device: a unit made under another is run again."""
     import activekv
     import vllm
 
     digest = hashlib.sha256()
-    digest.update(Path(activekv.__file__).read_bytes())
+    for module in (activekv, vllm):
+        digest.update(installed_bytes(module) + b"\0")
     for root in SOURCES:
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
@@ -56,11 +73,11 @@ def unit(out: Path, name: str, print_: str, resume: bool, mark: str, run) -> dic
         kept = json.loads(path.read_text())
         if kept.get("fingerprint") == mark:
             print(f"parity: {print_}: kept from an earlier run ({path.name}, same fingerprint)", flush=True)
-            return kept
+            return {**kept, "kept": True}
     result = {"fingerprint": mark, **run()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
-    return result
+    return {**result, "kept": False}
 
 
 def session_unit(args, mode: str, session: Session) -> dict:
@@ -107,15 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     mark = fingerprint(args.device)
     cells: list[dict] = []
     overhead: list[dict] = []
+    units: dict[str, str] = {}
     for mode in args.modes:
         for session in sessions(mode):
-            done = unit(args.out, f"{mode}-{session.name}", f"{mode} session {session.name}", args.resume, mark,
+            name = f"{mode}-{session.name}"
+            done = unit(args.out, name, f"{mode} session {session.name}", args.resume, mark,
                         lambda: session_unit(args, mode, session))
             cells += done["cells"]
             overhead.append(done["overhead"])
-        done = unit(args.out, f"{mode}-end-to-end", f"{mode} end to end", args.resume, mark,
+            units[name] = "kept" if done["kept"] else "ran"
+        name = f"{mode}-end-to-end"
+        done = unit(args.out, name, f"{mode} end to end", args.resume, mark,
                     lambda: {"cells": [e2e.run(model, mode).as_dict()]})
         cells += done["cells"]
+        units[name] = "kept" if done["kept"] else "ran"
     print(table([Cell(**c) for c in cells]))
     print("\nper-step connector time on the same recordings (inside connector calls only; "
           "per-layer calls as vLLM with the patch series makes them):")
@@ -131,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
               f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
               f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})")
     report = args.out / "parity.json"
-    report.write_text(json.dumps({"cells": cells, "overhead_us_per_step": overhead}, indent=2))
+    report.write_text(json.dumps({"fingerprint": mark, "units": units, "cells": cells,
+                                  "overhead_us_per_step": overhead}, indent=2))
     print(f"\nwrote {report}")
     failed = [c for c in cells if c["result"] == "FAIL"]
     problems = expectation_problems(cells, modes=args.modes)

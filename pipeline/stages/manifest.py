@@ -115,7 +115,8 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
         parity_targets[target] = {"source": parity.get("source", "unknown"), "python": parity.get("python"),
-                                  "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]]}
+                                  "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]],
+                                  "units": parity.get("units", {})}
         parity_cells += [{"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}}
                          for c in parity["cells"]]
     sbom = write_sbom(out / sbom_name(version), version, artifacts, image_packages)

@@ -9,7 +9,14 @@ byte for byte against the wheel, so the record proves which bytes ran.
 Writes build/release/<target>/parity.json:
 
     {"stage": "parity", "target": ..., "python": "3.11", "source": "ran here",
-     "wheels": [{"kind", "file", "sha256"}], "passed": bool, "cells": [...]}
+     "wheels": [{"kind", "file", "sha256"}], "passed": bool,
+     "units": {"exact-default": "ran" | "kept", ...}, "cells": [...]}
+
+The harness runs in units (a session recorded, replayed and judged; a mode's
+end-to-end cell), each kept in the work folder with the fingerprint of what
+made it: both wheels' installed bytes (their RECORDs), the reference's and
+the harness's sources, the device. A gate run again on the same wheels keeps
+the units they made and runs the rest; "units" says which.
 
 A target whose parity cannot run here (cuda, xpu: their vLLM needs their
 accelerator) is refused unless evidence is given: the parity.json that this
@@ -151,7 +158,10 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
             f"with these same wheels ({', '.join(w['file'] for w in wheels)}), then give the record it "
             f"writes here with --parity-evidence {target.name}=FILE")
     else:
-        record = run_here(target, target_dir / "parity", wheels, python)
+        # Resumed: a release run again on the same wheels keeps the harness's
+        # units they made (their fingerprint: both wheels' installed RECORDs and
+        # the harness's sources); the record names each unit kept.
+        record = run_here(target, target_dir / "parity", wheels, python, resume=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
     if problem:
@@ -196,23 +206,25 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
                               f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)")
     for w in ran:
         check_installed(w["path"], site)
-    cells = run_harness(target, python, env, work / "harness", resume=resume)
+    harness = run_harness(target, python, env, work / "harness", resume=resume)
+    cells = harness["cells"]
     shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
     return {"stage": "parity", "target": target.name, "source": "ran here",
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "host": {"torch": host["torch"], "accelerator": host["accelerator"], "device": host["device"]},
             "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
             "passed": all(c["result"] == "pass" for c in cells if c["gating"]),
-            "cells": cells}
+            "units": harness.get("units", {}), "cells": cells}
 
 
-def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False) -> list[dict]:
-    """The parity harness's cells, run with `python` on the installed wheels
-    (`env` puts them first on the import path): the one call of the harness,
-    where a target's own harness (the GPU's) slots in."""
+def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False) -> dict:
+    """The parity harness's report (its cells, and which units ran or were
+    kept), run with `python` on the installed wheels (`env` puts them first
+    on the import path): the one call of the harness, where a target's own
+    harness (the GPU's) slots in."""
     _echo([str(python), "-m", "pipeline.parity", "--out", str(out), "--device", target.accelerator,
            *(["--resume"] if resume else [])], env=env)
-    return json.loads((out / "parity.json").read_text())["cells"]
+    return json.loads((out / "parity.json").read_text())
 
 
 def check_installed(wheel: Path, site: Path) -> None:
