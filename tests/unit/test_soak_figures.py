@@ -1,0 +1,38 @@
+"""The soak's figures: the process group read from /proc, slopes after warm-up."""
+
+import os
+import threading
+
+from pipeline.bench import soak
+
+
+def test_the_process_group_of_this_test_is_read_from_proc():
+    stop = threading.Event()
+    extra = threading.Thread(target=stop.wait)
+    extra.start()
+    try:
+        got = soak.process_figures(os.getpgrp())
+    finally:
+        stop.set()
+        extra.join()
+    assert os.getpid() in soak.group_pids(os.getpgrp())
+    assert got["processes"] >= 1 and got["threads"] >= 2
+    assert got["rss_bytes"] > 1 << 20 and got["open_files"] >= 3
+
+
+def test_a_flat_figure_has_no_slope_and_a_creeping_one_its_rate():
+    flat = [{"t_s": t, "rss_bytes": 100.0} for t in range(0, 100, 5)]
+    creeping = [{"t_s": t, "rss_bytes": 100.0 + 2 * t} for t in range(0, 100, 5)]
+    assert soak.slope_per_hour(flat, "rss_bytes") == 0
+    assert soak.slope_per_hour(creeping, "rss_bytes") == 2 * 3600
+
+
+def test_warm_up_is_left_out_of_the_slope():
+    # Growth in the first quarter only (filling caches), flat after.
+    samples = [{"t_s": t, "rss_bytes": min(t, 20) * 10.0} for t in range(0, 100, 2)]
+    assert soak.slope_per_hour(samples, "rss_bytes") == 0
+
+
+def test_too_few_samples_give_no_slope():
+    assert soak.slope_per_hour([{"t_s": 0, "x": 1}, {"t_s": 10, "x": 2}], "x") is None
+    assert soak.slope_per_hour([], "x") is None
