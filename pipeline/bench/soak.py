@@ -19,7 +19,8 @@ At the end the server is left idle: vLLM's KV usage must fall back to 0 (no
 block kept for a save that never landed), and every request not cancelled
 must have been answered in full. It prints each sampled figure's first and
 last value and its slope over the run after warm-up (the first quarter), per
-hour: flat is what a server that runs for weeks needs. Records (one JSON line
+hour and per thousand requests (engines that serve at other rates compare by
+the latter): flat is what a server that runs for weeks needs. Records (one JSON line
 a request and a sample) go to --out; --plot draws the samples over time.
 Exit status 1 when a request was lost or the KV usage did not come back.
 """
@@ -99,18 +100,30 @@ def sample(server: Server, t0: float) -> dict[str, float]:
     return figures
 
 
-def slope_per_hour(samples: list[dict], key: str) -> float | None:
-    """Least-squares slope of `key` over the samples after the first quarter of the run."""
+def slope(samples: list[dict], key: str, along: str = "t_s") -> float | None:
+    """Least-squares slope of `key` against `along` over the samples after the
+    first quarter of the run (warm-up: caches filling)."""
     if not samples:
         return None
     start = samples[-1]["t_s"] / 4
-    points = [(s["t_s"], s[key]) for s in samples if s["t_s"] >= start and key in s]
+    points = [(s[along], s[key]) for s in samples if s["t_s"] >= start and key in s and along in s]
     if len(points) < 3:
         return None
-    mt = sum(t for t, _ in points) / len(points)
+    mx = sum(x for x, _ in points) / len(points)
     mv = sum(v for _, v in points) / len(points)
-    var = sum((t - mt) ** 2 for t, _ in points)
-    return 3600 * sum((t - mt) * (v - mv) for t, v in points) / var if var else None
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (v - mv) for x, v in points) / var if var else None
+
+
+def slope_per_hour(samples: list[dict], key: str) -> float | None:
+    per_s = slope(samples, key)
+    return None if per_s is None else 3600 * per_s
+
+
+def slope_per_1k_requests(samples: list[dict], key: str) -> float | None:
+    """The growth a thousand requests leave: comparable between engines that serve at other rates."""
+    per_request = slope(samples, key, along="requests")
+    return None if per_request is None else 1000 * per_request
 
 
 async def drive(url: str, args, vocab: int, deadline: float, out: list[dict]) -> None:
@@ -186,7 +199,7 @@ def run(args) -> int:
         async def with_sampling() -> None:
             load = asyncio.create_task(drive(server.url, args, vocab, deadline, requests))
             while not load.done():
-                samples.append(await asyncio.to_thread(sample, server, t0))
+                samples.append({**await asyncio.to_thread(sample, server, t0), "requests": len(requests)})
                 s = samples[-1]
                 print(f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
                       f"files {s['open_files']:5.0f}  threads {s['threads']:5.0f}  "
@@ -196,7 +209,7 @@ def run(args) -> int:
 
         asyncio.run(with_sampling())
         idle = settle(server, args.settle_s)
-        samples.append(sample(server, t0))
+        samples.append({**sample(server, t0), "requests": len(requests)})
     finally:
         server.stop()
     lost = [r for r in requests if "cancelled_after_s" not in r and "error" in r]
@@ -206,6 +219,7 @@ def run(args) -> int:
                "requests": len(requests), "answered": len(requests) - cancelled - len(lost),
                "cancelled": cancelled, "errors": len(lost), "idle_kv_usage": usage,
                "slopes_per_hour": {k: slope_per_hour(samples, k) for k in CREEP},
+               "slopes_per_1k_requests": {k: slope_per_1k_requests(samples, k) for k in CREEP},
                "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
                "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
                "failed_loads": samples[-1].get("failed_loads") if samples else None,
@@ -226,11 +240,14 @@ def report(summary: dict) -> str:
     lines = [f"soak {summary['engine']}: {summary['requests']} requests in {summary['duration_s']:g} s: "
              f"{summary['answered']} answered, {summary['cancelled']} cancelled, {summary['errors']} lost; "
              f"KV usage once idle {summary['idle_kv_usage']:g}",
-             f"  {'figure':18}{'first':>16}{'last':>16}{'slope / hour':>16}"]
-    for k, slope in summary["slopes_per_hour"].items():
+             f"  {'figure':18}{'first':>16}{'last':>16}{'slope / hour':>16}{'/ 1k requests':>16}"]
+    def fmt(v):
+        return "-" if v is None else f"{v:,.0f}"
+
+    for k, per_hour in summary["slopes_per_hour"].items():
         first, last = summary["first"].get(k), summary["last"].get(k)
-        fmt = (lambda v: "-" if v is None else f"{v:,.0f}")
-        lines.append(f"  {k:18}{fmt(first):>16}{fmt(last):>16}{fmt(slope):>16}")
+        per_1k = summary.get("slopes_per_1k_requests", {}).get(k)
+        lines.append(f"  {k:18}{fmt(first):>16}{fmt(last):>16}{fmt(per_hour):>16}{fmt(per_1k):>16}")
     return "\n".join(lines)
 
 

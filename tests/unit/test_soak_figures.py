@@ -36,3 +36,9 @@ def test_warm_up_is_left_out_of_the_slope():
 def test_too_few_samples_give_no_slope():
     assert soak.slope_per_hour([{"t_s": 0, "x": 1}, {"t_s": 10, "x": 2}], "x") is None
     assert soak.slope_per_hour([], "x") is None
+
+
+def test_growth_per_thousand_requests_is_read_against_the_requests_served():
+    # 2 bytes a request, at 10 requests a second.
+    samples = [{"t_s": t, "requests": 10 * t, "rss_bytes": 20.0 * t} for t in range(0, 100, 5)]
+    assert soak.slope_per_1k_requests(samples, "rss_bytes") == 2000
