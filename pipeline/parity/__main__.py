@@ -65,14 +65,14 @@ def fingerprint(device: str) -> str:
     return digest.hexdigest()
 
 
-def unit(out: Path, name: str, print_: str, resume: bool, mark: str, run) -> dict:
+def unit(out: Path, name: str, label: str, resume: bool, mark: str, run) -> dict:
     """A unit's result ({"cells": [...], "overhead": ...}): kept from an earlier
     run under the same fingerprint (`mark`) with --resume, else run and kept."""
     path = out / "units" / f"{name}.json"
     if resume and path.is_file():
         kept = json.loads(path.read_text())
         if kept.get("fingerprint") == mark:
-            print(f"parity: {print_}: kept from an earlier run ({path.name}, same fingerprint)", flush=True)
+            print(f"parity: {label}: kept from an earlier run ({path.name}, same fingerprint)", flush=True)
             return {**kept, "kept": True}
     result = {"fingerprint": mark, **run()}
     path.parent.mkdir(parents=True, exist_ok=True)
