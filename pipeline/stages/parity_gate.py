@@ -175,7 +175,8 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
     (and, with needs_accelerator, that torch sees the target's
     accelerator), run the harness; returns the record. With resume the
     harness keeps the units an earlier run in `work` made with the same
-    bytes (its fingerprint: the engine's module, the sources, vLLM's version)."""
+    bytes (its fingerprint: both wheels' installed RECORDs, the harness's
+    sources, the device)."""
     engine = [w for w in wheels if w["kind"] == "engine-wheel"]
     runnable = [w for w in engine if wheel_name(w["file"], ParityError).python_tag == python_tag()]
     others = [w["file"] for w in engine if w not in runnable]
