@@ -603,7 +603,9 @@ def test_lmcache_is_fetched_with_vllms_list_installed_apart_and_on_the_path_afte
     log = (tmp_path / "log").read_text()
     assert "compiled ops" in log and log.index("LMCacheConnectorV1Impl") < log.index("-m pytest -m gpu"), \
         "the connector and its compiled ops are checked before the tests"
-    assert f"PYTHONPATH={path}" in done.stdout, "the path said for the served benchmark"
+    # Later commands there (the served benchmark, the parity gate) source the same environment.
+    assert f"source {work}/env.sh" in done.stdout
+    assert f"export PYTHONPATH={path}\n" in (work / "env.sh").read_text(), "the path kept for the served benchmark"
 
 
 def test_the_lmcache_list_pins_by_hash_only_what_the_machine_and_vllms_list_lack():
