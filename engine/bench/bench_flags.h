@@ -1,7 +1,7 @@
 // The benchmarks' command lines: `--name value` pairs, --help, and a clear
 // error for a flag they do not know, a flag left without its value or a value
-// that is not a number. A run on the GPU machine costs device minutes; a typo
-// must stop it at once, not run the wrong measurement.
+// that is not a number. A benchmark on a GPU takes minutes of a shared machine;
+// a typo must stop it at once, not run the wrong measurement.
 #pragma once
 
 #include <cmath>

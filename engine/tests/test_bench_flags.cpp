@@ -1,5 +1,5 @@
-// The benchmarks' command lines (bench/bench_flags.h): a run on the GPU
-// machine costs device minutes, so a bad flag must stop it, saying why.
+// The benchmarks' command lines (bench/bench_flags.h): a benchmark on a GPU
+// takes minutes of a shared machine, so a bad flag must stop it, saying why.
 #include <gtest/gtest.h>
 
 #include <map>

@@ -31,7 +31,7 @@ class Session:
         return "streaming" in self.extra_config
 
     def cell_names(self) -> list[str]:
-        """The replay cells of this session: each scenario and, without
+        """The replay cells of these scenarios, recorded in one vLLM: each, and without
         streaming (which has vLLM capture piecewise graphs only), the same
         scenario under a full CUDA graph."""
         names = [name for name, _ in self.scenarios]
