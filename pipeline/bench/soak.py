@@ -166,22 +166,13 @@ def settle(server: Server, timeout_s: float) -> dict[str, float]:
 
 
 def run(args) -> int:
-    from pipeline.bench.served.__main__ import model_dir
+    from pipeline.bench.served.__main__ import model_dir, vllm_flags
 
     engine = eng.ENGINES[args.engine]
     path, vocab = model_dir(args.model)
     host_bytes = int(args.host_gib * GIB)
-    flags = ["--load-format", "auto" if args.model == "tiny" else "dummy", "--dtype", "bfloat16", "--seed", "0",
-             "--max-model-len", str(args.prefix_tokens + 160), "--enable-prefix-caching",
-             "--disable-uvicorn-access-log"]
-    if args.block_size:
-        flags += ["--block-size", str(args.block_size)]
-    if args.kv_blocks:
-        flags += ["--num-gpu-blocks-override", str(args.kv_blocks), "--gpu-memory-utilization", "0.3"]
-    else:
-        flags += ["--gpu-memory-utilization", "0.9", "--kv-cache-memory-bytes", str(int(args.kv_budget_gib * GIB))]
-    if args.eager:
-        flags.append("--enforce-eager")
+    flags = vllm_flags(model=args.model, max_model_len=args.prefix_tokens + 160, block_size=args.block_size,
+                       kv_blocks=args.kv_blocks, kv_budget_gib=args.kv_budget_gib, eager=args.eager)
     out_path = args.out or Path("bench/soak") / f"{args.engine}.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     server = Server(path, [*flags, *engine.server_args(host_bytes)],

