@@ -16,17 +16,15 @@ import zlib
 import pytest
 
 from pipeline.bench.served import engines as eng
-from pipeline.bench.served.__main__ import model_dir
+from pipeline.bench.served.__main__ import model_dir, vllm_flags
 from pipeline.bench.served.server import MODEL_NAME, Server
 
 pytestmark = pytest.mark.vllm
 
 BLOCK = 32
 MAX_LEN = 512
-FLAGS = ["--load-format", "auto", "--dtype", "bfloat16", "--seed", "0", "--max-model-len", str(MAX_LEN),
-         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-         "--num-gpu-blocks-override", "48", "--gpu-memory-utilization", "0.3", "--block-size", str(BLOCK),
-         "--enforce-eager"]
+FLAGS = [*vllm_flags(model="tiny", max_model_len=MAX_LEN, block_size=BLOCK, kv_blocks=48, kv_budget_gib=0,
+                    eager=True), "--enable-prompt-tokens-details"]
 HOST_BYTES = 8 << 20
 
 

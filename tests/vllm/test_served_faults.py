@@ -19,17 +19,15 @@ import signal
 import pytest
 
 from pipeline.bench.served import engines as eng
-from pipeline.bench.served.__main__ import model_dir
+from pipeline.bench.served.__main__ import model_dir, vllm_flags
 from pipeline.bench.served.client import complete
 from pipeline.bench.served.server import Server
 
 pytestmark = pytest.mark.vllm
 
 BLOCK = 32
-FLAGS = ["--load-format", "auto", "--dtype", "bfloat16", "--seed", "0", "--max-model-len", "512",
-         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-         "--num-gpu-blocks-override", "24", "--gpu-memory-utilization", "0.3", "--block-size", str(BLOCK),
-         "--enforce-eager"]
+FLAGS = [*vllm_flags(model="tiny", max_model_len=512, block_size=BLOCK, kv_blocks=24, kv_budget_gib=0,
+                    eager=True), "--enable-prompt-tokens-details"]
 HOST_BYTES = 8 << 20  # 256 blocks of the tiny model: every prefix fits, none is evicted
 ANSWER = 8
 
