@@ -33,11 +33,23 @@ CPP_SUFFIXES = {".cpp", ".cc", ".h", ".hpp"}
 BINDINGS = "engine/bindings"
 # What vLLM calls on the connector every step (worker, then scheduler side).
 PER_STEP = (
-    "bind_connector_metadata", "clear_connector_metadata", "start_load_kv", "has_layer_work",
-    "wait_for_layer_load", "save_kv_layer", "wait_for_save", "get_finished",
-    "get_block_ids_with_load_errors", "build_connector_worker_meta", "get_kv_connector_stats",
-    "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
-    "update_connector_output", "request_finished", "has_pending_push_work",
+    "bind_connector_metadata",
+    "clear_connector_metadata",
+    "start_load_kv",
+    "has_layer_work",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+    "get_finished",
+    "get_block_ids_with_load_errors",
+    "build_connector_worker_meta",
+    "get_kv_connector_stats",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+    "has_pending_push_work",
 )
 IMPORT = re.compile(r"py::module_?::import\(\s*\"([^\"]+)\"|\b(PyImport_\w+)")
 # A call into a Python object: an attribute called, a Python class held by the
@@ -67,22 +79,30 @@ def load_allowlist(path: Path) -> dict:
 
 def files_under(root: Path, top: str) -> list[Path]:
     skip = {"build", ".nox", "__pycache__", ".cache"}
-    return sorted(p for p in (root / top).rglob("*")
-                  if p.is_file() and not skip & set(p.relative_to(root).parts))
+    return sorted(p for p in (root / top).rglob("*") if p.is_file() and not skip & set(p.relative_to(root).parts))
 
 
 def rule1(root: Path, allow: dict) -> list[Finding]:
     allowed = {e["path"] for e in allow.get("python_modules", [])}
     files = files_under(root, PRODUCT)
     if not files:  # a rule that finds nothing to check must not pass
-        return [Finding(1, PRODUCT, 0, f"found no file under {PRODUCT}/: nothing to screen (run it on "
-                                       f"the repository's root)")]
+        return [
+            Finding(
+                1, PRODUCT, 0, f"found no file under {PRODUCT}/: nothing to screen (run it on the repository's root)"
+            )
+        ]
     out = []
     for p in files:
         rel = p.relative_to(root).as_posix()
         if p.suffix in (".py", ".pyx", ".pyi") and rel not in allowed:
-            out.append(Finding(1, rel, 1, "a Python module in a product path: port it to the native "
-                                          "engine, or move it out of engine/"))
+            out.append(
+                Finding(
+                    1,
+                    rel,
+                    1,
+                    "a Python module in a product path: port it to the native engine, or move it out of engine/",
+                )
+            )
     return out
 
 
@@ -90,8 +110,14 @@ def rule2(root: Path, allow: dict) -> list[Finding]:
     allowed = {(e["file"], e["module"]) for e in allow.get("cpp_imports", [])}
     sources = [p for p in files_under(root, PRODUCT) if p.suffix in CPP_SUFFIXES]
     if not sources:
-        return [Finding(2, PRODUCT, 0, f"found no C++ source under {PRODUCT}/ "
-                                       f"({', '.join(sorted(CPP_SUFFIXES))}): nothing to screen")]
+        return [
+            Finding(
+                2,
+                PRODUCT,
+                0,
+                f"found no C++ source under {PRODUCT}/ ({', '.join(sorted(CPP_SUFFIXES))}): nothing to screen",
+            )
+        ]
     out = []
     for p in sources:
         rel = p.relative_to(root).as_posix()
@@ -99,8 +125,15 @@ def rule2(root: Path, allow: dict) -> list[Finding]:
             for m in IMPORT.finditer(line):
                 module = m.group(1) or m.group(2)
                 if (rel, module) not in allowed:
-                    out.append(Finding(2, rel, n, f"imports Python ({module}) from C++; add it to "
-                                                  f"ci/intake-allowlist.toml [cpp_imports] with its reason, or drop it"))
+                    out.append(
+                        Finding(
+                            2,
+                            rel,
+                            n,
+                            f"imports Python ({module}) from C++; add it to "
+                            f"ci/intake-allowlist.toml [cpp_imports] with its reason, or drop it",
+                        )
+                    )
     return out
 
 
@@ -120,8 +153,12 @@ def functions(text: str) -> dict[str, list[tuple[int, int]]]:
     """Function bodies of a binding file by name: top-level, members defined in
     their class, and members defined outside it (Class::name); every overload."""
     out: dict[str, list[tuple[int, int]]] = {}
-    for m in re.finditer(r"^\s*[\w:<>&*, ]+?[\s&*](?:\w+::)*(\w+)\(([^;{}]*)\)\s*(?:const\s*)?"
-                         r"(?:->\s*[\w:<>]+\s*)?\{", text, re.MULTILINE):
+    for m in re.finditer(
+        r"^\s*[\w:<>&*, ]+?[\s&*](?:\w+::)*(\w+)\(([^;{}]*)\)\s*(?:const\s*)?"
+        r"(?:->\s*[\w:<>]+\s*)?\{",
+        text,
+        re.MULTILINE,
+    ):
         if m.group(1) not in ("if", "for", "while", "switch", "catch"):
             out.setdefault(m.group(1), []).append(_body(text, m.end() - 1))
     return out
@@ -137,8 +174,9 @@ def per_step_bodies(text: str) -> dict[str, tuple[int, int]]:
 
 def rule3(root: Path, allow: dict) -> list[Finding]:
     allowed = {(e["method"], e["call"]) for e in allow.get("per_step_calls", [])}
-    sources = {p.relative_to(root).as_posix(): p.read_text()
-               for p in files_under(root, BINDINGS) if p.suffix in CPP_SUFFIXES}
+    sources = {
+        p.relative_to(root).as_posix(): p.read_text() for p in files_under(root, BINDINGS) if p.suffix in CPP_SUFFIXES
+    }
     # Every binding file's helpers: a per-step method reaches helpers of other
     # files (conversions, the scheduler adapter).
     helpers: dict[str, list[tuple[str, int, int]]] = {}
@@ -160,19 +198,33 @@ def rule3(root: Path, allow: dict) -> list[Finding]:
                     call = next(g for g in m.groups() if g)
                     if (method, call) not in allowed:
                         line = sources[file].count("\n", 0, start + m.start()) + 1
-                        out.append(Finding(3, file, line, f"{method} (called by vLLM every step) reaches a "
-                                                          f"call into Python ({call}); keep per-step paths "
-                                                          f"native, or allowlist it with the contract that needs it"))
+                        out.append(
+                            Finding(
+                                3,
+                                file,
+                                line,
+                                f"{method} (called by vLLM every step) reaches a "
+                                f"call into Python ({call}); keep per-step paths "
+                                f"native, or allowlist it with the contract that needs it",
+                            )
+                        )
                 for name in set(re.findall(r"\b(\w+)\s*\(", body)) & set(helpers) - seen:
                     seen.add(name)
                     todo.extend(helpers[name])
     # A rule that finds nothing to check must not pass: a binding split into
     # other files or moved, or methods defined another way, would silently skip it.
     for method in sorted(set(PER_STEP) - found):
-        out.append(Finding(3, BINDINGS, 0, f"found no body of the per-step method {method} "
-                                           f"(ns[\"{method}\"] = named(...)) under {BINDINGS}/, so "
-                                           f"rule 3 cannot check it: define it that way or teach "
-                                           f"per_step_bodies the new form"))
+        out.append(
+            Finding(
+                3,
+                BINDINGS,
+                0,
+                f"found no body of the per-step method {method} "
+                f'(ns["{method}"] = named(...)) under {BINDINGS}/, so '
+                f"rule 3 cannot check it: define it that way or teach "
+                f"per_step_bodies the new form",
+            )
+        )
     return out
 
 

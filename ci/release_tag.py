@@ -27,8 +27,10 @@ def problem(tag: str, root: Path = ROOT) -> str | None:
     version = engine_version(root)
     if tag == f"v{version}":
         return None
-    return (f"the tag {tag!r} does not name the package's version {version} (engine/pyproject.toml): "
-            f"a release of {version} is tagged v{version}; tag that, or change the version and tag again")
+    return (
+        f"the tag {tag!r} does not name the package's version {version} (engine/pyproject.toml): "
+        f"a release of {version} is tagged v{version}; tag that, or change the version and tag again"
+    )
 
 
 def main(argv: list[str]) -> int:

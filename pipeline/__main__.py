@@ -48,37 +48,55 @@ from pipeline.stages import registry
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("stage", choices=["release", "plan", *registry.BY_NAME, "verify", "verify-rebuild"])
     parser.add_argument("manifest", nargs="?", type=Path, help="verify, verify-rebuild: the manifest")
-    parser.add_argument("--repo", help="verify-rebuild: the repository to clone the manifest's commit "
-                                       "from (default: this checkout's)")
+    parser.add_argument(
+        "--repo", help="verify-rebuild: the repository to clone the manifest's commit from (default: this checkout's)"
+    )
     parser.add_argument("--target", action="append", help="a target of release.toml (repeatable)")
     parser.add_argument("--profile", help="a profile of release.toml: build its targets")
     parser.add_argument("--python", action="append", help="only these Python versions (X.Y)")
-    parser.add_argument("--static-only", action="store_true",
-                        help="audit: skip the load check in a runtime container")
+    parser.add_argument("--static-only", action="store_true", help="audit: skip the load check in a runtime container")
     parser.add_argument("--vllm", help="patch-vllm: this vLLM version instead of release.toml's")
-    parser.add_argument("--rebase", action="store_true",
-                        help="patch-vllm: try the nearest series on --vllm and report each hunk")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="patch-vllm: skip the clean-venv generation check")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="check-tree: release from uncommitted changes (recorded in the manifest)")
-    parser.add_argument("--parity-evidence", action="append", default=[], metavar="TARGET=FILE",
-                        help="parity: the parity.json the parity stage wrote for TARGET on a host "
-                             "with its accelerator (for the same wheels)")
-    parser.add_argument("--engine-wheel", type=Path,
-                        help="parity, on a host with the target's accelerator: the engine wheel to run "
-                             "the gate on (the release's, carried there)")
-    parser.add_argument("--vllm-wheel", type=Path,
-                        help="parity, with --engine-wheel: the patched vLLM wheel to run it with")
-    parser.add_argument("--out", type=Path,
-                        help="parity, with --engine-wheel: where the record goes (default "
-                             "build/release/<target>/parity.json)")
-    parser.add_argument("--key", help="manifest: the Ed25519 signing key (PEM, mode 0600; or "
-                        "ACTIVEKV_SIGNING_KEY; passphrase: ACTIVEKV_SIGNING_KEY_PASSPHRASE or asked)")
+    parser.add_argument(
+        "--rebase", action="store_true", help="patch-vllm: try the nearest series on --vllm and report each hunk"
+    )
+    parser.add_argument("--no-verify", action="store_true", help="patch-vllm: skip the clean-venv generation check")
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="check-tree: release from uncommitted changes (recorded in the manifest)",
+    )
+    parser.add_argument(
+        "--parity-evidence",
+        action="append",
+        default=[],
+        metavar="TARGET=FILE",
+        help="parity: the parity.json the parity stage wrote for TARGET on a host "
+        "with its accelerator (for the same wheels)",
+    )
+    parser.add_argument(
+        "--engine-wheel",
+        type=Path,
+        help="parity, on a host with the target's accelerator: the engine wheel to run "
+        "the gate on (the release's, carried there)",
+    )
+    parser.add_argument(
+        "--vllm-wheel", type=Path, help="parity, with --engine-wheel: the patched vLLM wheel to run it with"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="parity, with --engine-wheel: where the record goes (default build/release/<target>/parity.json)",
+    )
+    parser.add_argument(
+        "--key",
+        help="manifest: the Ed25519 signing key (PEM, mode 0600; or "
+        "ACTIVEKV_SIGNING_KEY; passphrase: ACTIVEKV_SIGNING_KEY_PASSPHRASE or asked)",
+    )
     verify.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -94,17 +112,26 @@ def options(args: argparse.Namespace) -> Options:
         evidence[target] = Path(file).resolve()
     given = (args.engine_wheel, args.vllm_wheel)
     if any(given) and (args.stage != "parity" or not all(given) or evidence):
-        raise ConfigError("--engine-wheel and --vllm-wheel go together, with the parity stage alone "
-                          "(on a host with the target's accelerator), without --parity-evidence")
+        raise ConfigError(
+            "--engine-wheel and --vllm-wheel go together, with the parity stage alone "
+            "(on a host with the target's accelerator), without --parity-evidence"
+        )
     if args.out is not None and not all(given):
         raise ConfigError("--out is the record of `parity --engine-wheel W --vllm-wheel V`")
     for flag, path in (("--engine-wheel", args.engine_wheel), ("--vllm-wheel", args.vllm_wheel)):
         if path is not None and not path.is_file():
             raise ConfigError(f"{flag} {path}: not a file")
-    return Options(allow_dirty=args.allow_dirty, key=args.key, static_only=args.static_only,
-                   vllm=args.vllm, rebase=args.rebase, no_verify=args.no_verify, parity_evidence=evidence,
-                   parity_wheels=(args.engine_wheel.resolve(), args.vllm_wheel.resolve()) if all(given) else None,
-                   parity_out=args.out.resolve() if args.out is not None else None)
+    return Options(
+        allow_dirty=args.allow_dirty,
+        key=args.key,
+        static_only=args.static_only,
+        vllm=args.vllm,
+        rebase=args.rebase,
+        no_verify=args.no_verify,
+        parity_evidence=evidence,
+        parity_wheels=(args.engine_wheel.resolve(), args.vllm_wheel.resolve()) if all(given) else None,
+        parity_out=args.out.resolve() if args.out is not None else None,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -117,11 +144,11 @@ def main(argv: list[str]) -> int:
                 raise ConfigError("verify-rebuild needs MANIFEST: the release's activekv-<version>.manifest.json")
             from pipeline import rebuild
 
-            rebuild.rebuild(args.manifest, repo=args.repo, targets=args.target,
-                            wheels=verify.given_once(args.wheels, "--wheels"))
+            rebuild.rebuild(
+                args.manifest, repo=args.repo, targets=args.target, wheels=verify.given_once(args.wheels, "--wheels")
+            )
             return 0
-        run = Run.create(profile=args.profile, targets=args.target, python=args.python,
-                         options=options(args))
+        run = Run.create(profile=args.profile, targets=args.target, python=args.python, options=options(args))
         if args.stage == "plan":  # reads only: no lock
             registry.preflight(run)
             return 0

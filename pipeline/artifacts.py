@@ -32,9 +32,11 @@ def refuse_links(paths: Iterable[Path], what: str, error: type[PipelineError]) -
     paths = list(paths)
     for path in paths:
         if path.is_symlink():
-            raise error(f"{path}: a symbolic link (to {os.readlink(path)}), not the {what} itself; "
-                        f"the release's stages read files, never links (a link can be re-pointed "
-                        f"after the check): put the file there and re-run")
+            raise error(
+                f"{path}: a symbolic link (to {os.readlink(path)}), not the {what} itself; "
+                f"the release's stages read files, never links (a link can be re-pointed "
+                f"after the check): put the file there and re-run"
+            )
     return paths
 
 
@@ -46,8 +48,9 @@ def audited_wheels(target: Target) -> list[Path]:
     recorded = json.loads(record.read_text())
     if not recorded.get("passed"):
         raise PipelineError(f"target {target.name}: the payload audit did not pass; no runtime image")
-    return refuse_links([target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]],
-                        "audited wheel", PipelineError)
+    return refuse_links(
+        [target_dir(target.name) / "wheels" / w["file"] for w in recorded["wheels"]], "audited wheel", PipelineError
+    )
 
 
 def patched_wheel_for(target: Target) -> Path:
@@ -56,10 +59,10 @@ def patched_wheel_for(target: Target) -> Path:
     folder = VLLM_DIR / f"{target.vllm_distribution}-{target.vllm_version}"
     record = folder / "patch.json"
     if not record.is_file():
-        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the "
-                            f"patch-vllm stage first")
-    (wheel,) = refuse_links([folder / json.loads(record.read_text())["patched"]["file"]],
-                            "patched vLLM wheel", PipelineError)
+        raise PipelineError(f"no patched vLLM for target {target.name} in {folder}: run the patch-vllm stage first")
+    (wheel,) = refuse_links(
+        [folder / json.loads(record.read_text())["patched"]["file"]], "patched vLLM wheel", PipelineError
+    )
     return wheel
 
 
@@ -67,14 +70,18 @@ def gate_problem(record: dict) -> str:
     """Why a parity record does not pass the gate ('' when it does): at least
     one gating cell, every gating cell passed."""
     cells = record.get("cells")
-    if not isinstance(cells, list) or not all(isinstance(c, dict) and {"mode", "scenario", "gating", "result"}
-                                              <= c.keys() for c in cells):
+    if not isinstance(cells, list) or not all(
+        isinstance(c, dict) and {"mode", "scenario", "gating", "result"} <= c.keys() for c in cells
+    ):
         return "the record has no readable cells"
     gating = [c for c in cells if c["gating"]]
     if not gating:
         return "no gating cell: nothing was proven"
-    failed = [f"{c['mode']}/{c['scenario']}" for c in cells if c["result"] == "FAIL"
-              or (c["gating"] and c["result"] != "pass")]
+    failed = [
+        f"{c['mode']}/{c['scenario']}"
+        for c in cells
+        if c["result"] == "FAIL" or (c["gating"] and c["result"] != "pass")
+    ]
     problems = [", ".join(failed)] if failed else []
     return "; ".join(problems + expectation_problems(cells))
 

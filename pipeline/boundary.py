@@ -66,8 +66,9 @@ def hunks(patch: Path) -> list[Hunk]:
     return out
 
 
-def retention(version: str, labels_file: Path = LABELS, patches_dir: Path = PATCHES_DIR
-              ) -> tuple[list[dict], list[str]]:
+def retention(
+    version: str, labels_file: Path = LABELS, patches_dir: Path = PATCHES_DIR
+) -> tuple[list[dict], list[str]]:
     labels = tomllib.loads(labels_file.read_text()).get("hunk", []) if labels_file.is_file() else []
     by_key = {(e.get("version"), e["patch"], e["file"], e["hunk"]): e for e in labels}
     rows, violations = [], []
@@ -76,17 +77,29 @@ def retention(version: str, labels_file: Path = LABELS, patches_dir: Path = PATC
             code = [line for line in h.added if line.strip() and not line.strip().startswith("#")]
             entry = by_key.get((version, h.patch, h.file, h.index))
             label = entry["label"] if entry else "UNLABELLED"
-            rows.append({"version": version, "patch": h.patch, "file": h.file, "hunk": h.index, "line": h.start,
-                         "python_lines": len(code), "label": label,
-                         "cite": entry.get("cite", "") if entry else "",
-                         "why": entry.get("why", "") if entry else ""})
+            rows.append(
+                {
+                    "version": version,
+                    "patch": h.patch,
+                    "file": h.file,
+                    "hunk": h.index,
+                    "line": h.start,
+                    "python_lines": len(code),
+                    "label": label,
+                    "cite": entry.get("cite", "") if entry else "",
+                    "why": entry.get("why", "") if entry else "",
+                }
+            )
             if entry is None:
-                violations.append(f"{h.patch} {h.file} hunk {h.index}: no label for vLLM {version} "
-                                  f"in {labels_file.name}")
+                violations.append(
+                    f"{h.patch} {h.file} hunk {h.index}: no label for vLLM {version} in {labels_file.name}"
+                )
             elif label != ALLOWED_LABEL:
                 violations.append(f"{h.patch} {h.file} hunk {h.index}: labelled {label}; port it")
             elif not entry.get("cite"):
-                violations.append(f"{h.patch} {h.file} hunk {h.index}: a contract needs the source line that requires it")
+                violations.append(
+                    f"{h.patch} {h.file} hunk {h.index}: a contract needs the source line that requires it"
+                )
     return rows, violations
 
 
@@ -117,11 +130,28 @@ def census() -> tuple[list[dict], list[str]]:
 
     rows, violations = [], []
     # What the class namespaces hold by construction and vLLM never calls.
-    data = {"__module__", "__doc__", "__qualname__", "__signature__", "_cache_hit_source", "__slotnames__",
-            "__dict__", "__weakref__", "__abstractmethods__", "_abc_impl", "__orig_bases__",
-            "__parameters__", "__annotations__"}
-    for cls_name in ("ActiveKVHostConnector", "ActiveKVMetadata", "ActiveKVWorkerMetadata",
-                     "ActiveKVStats", "ActiveKVPromMetrics"):
+    data = {
+        "__module__",
+        "__doc__",
+        "__qualname__",
+        "__signature__",
+        "_cache_hit_source",
+        "__slotnames__",
+        "__dict__",
+        "__weakref__",
+        "__abstractmethods__",
+        "_abc_impl",
+        "__orig_bases__",
+        "__parameters__",
+        "__annotations__",
+    }
+    for cls_name in (
+        "ActiveKVHostConnector",
+        "ActiveKVMetadata",
+        "ActiveKVWorkerMetadata",
+        "ActiveKVStats",
+        "ActiveKVPromMetrics",
+    ):
         cls = getattr(activekv, cls_name)
         for name, value in sorted(vars(cls).items()):
             if name in data:
@@ -143,9 +173,11 @@ def census() -> tuple[list[dict], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.boundary", description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm", default=None,
-                        help="one patch series' vLLM version (default: every version a target of "
-                             "release.toml names)")
+    parser.add_argument(
+        "--vllm",
+        default=None,
+        help="one patch series' vLLM version (default: every version a target of release.toml names)",
+    )
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     from pipeline import config
@@ -157,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         kept += rows
         v1 += [f"vLLM {version}: {v}" for v in found]
     calls, v2 = census()
-    print(f"Retention audit: Python the release puts into the user's process "
-          f"(vLLM {', '.join(versions)} series)")
+    print(f"Retention audit: Python the release puts into the user's process (vLLM {', '.join(versions)} series)")
     print(f"  {'vllm':<7} {'patch':<36} {'file':<58} {'hunk':>4} {'lines':>5}  label     cite")
     for r in kept:
-        print(f"  {r['version']:<7} {r['patch']:<36} {r['file']:<58} {r['hunk']:>4} {r['python_lines']:>5}  "
-              f"{r['label']:<9} {r['cite']}")
+        print(
+            f"  {r['version']:<7} {r['patch']:<36} {r['file']:<58} {r['hunk']:>4} {r['python_lines']:>5}  "
+            f"{r['label']:<9} {r['cite']}"
+        )
     print("  engine wheels: no Python (the payload audit rejects any .py, .pyc, .pyi, .pyx)")
     totals = {}
     for r in kept:
@@ -174,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     violations = v1 + v2
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"retention": kept, "census": calls, "violations": violations},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"retention": kept, "census": calls, "violations": violations}, indent=2) + "\n"
+        )
     for v in violations:
         print(f"violation: {v}", file=sys.stderr)
     print(f"\n{len(violations)} violation(s)")

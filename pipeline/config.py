@@ -112,9 +112,7 @@ class ReleaseConfig:
 
     def target(self, name: str) -> Target:
         if name not in self.targets:
-            raise ConfigError(
-                f"release.toml: no target {name!r}; configured targets: {', '.join(self.targets)}"
-            )
+            raise ConfigError(f"release.toml: no target {name!r}; configured targets: {', '.join(self.targets)}")
         return self.targets[name]
 
 
@@ -141,8 +139,9 @@ class _Reader:
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.filename}: [{key}] {message}")
 
-    def table(self, data: Mapping[str, Any], key: str, allowed: set[str], required: set[str], *,
-              entry: str | None = None) -> dict:
+    def table(
+        self, data: Mapping[str, Any], key: str, allowed: set[str], required: set[str], *, entry: str | None = None
+    ) -> dict:
         """data[entry] (default: the last part of `key`, which names it in errors)."""
         value = data.get(entry or key.rsplit(".", 1)[-1])
         if not isinstance(value, dict):
@@ -179,19 +178,21 @@ class _Reader:
             raise self.fail(unknown[0], "unknown table; accepted: release, profiles, targets")
         keys = {"container_engine", "default_profile"}
         if isinstance(data.get("release"), dict) and "vllm_version" in data["release"]:
-            raise self.fail("release", "vllm_version is per target now: give each [targets.*] table "
-                                       "its own vllm_version")
+            raise self.fail(
+                "release", "vllm_version is per target now: give each [targets.*] table its own vllm_version"
+            )
         rel = self.table(data, "release", keys, keys)
         engine = rel["container_engine"]
         if engine not in get_args(EngineName):
-            raise self.fail("release", f"container_engine {engine!r} is not accepted; accepted values: 'docker', 'podman'")
+            raise self.fail(
+                "release", f"container_engine {engine!r} is not accepted; accepted values: 'docker', 'podman'"
+            )
         targets = self.targets(data)
         profiles = self.profiles(data, targets)
         default = self.typed(rel, "release", "default_profile", str)
         if default not in profiles:
             raise self.fail("release", f"default_profile {default!r} is not a profile; profiles: {', '.join(profiles)}")
-        return ReleaseConfig(container_engine=engine, default_profile=default,
-                             profiles=profiles, targets=targets)
+        return ReleaseConfig(container_engine=engine, default_profile=default, profiles=profiles, targets=targets)
 
     def profiles(self, data: Mapping[str, Any], targets: Mapping[str, Target]) -> dict[str, Profile]:
         raw = data.get("profiles")
@@ -200,15 +201,20 @@ class _Reader:
         out = {}
         for name in raw:
             where = f"profiles.{name}"
-            t = self.table(raw, where, {"description", "targets", "index", "registry", "manifests"},
-                           {"targets"}, entry=name)
+            t = self.table(
+                raw, where, {"description", "targets", "index", "registry", "manifests"}, {"targets"}, entry=name
+            )
             names = self.strings(t, where, "targets")
             for n in names:
                 if n not in targets:
                     raise self.fail(where, f"target {n!r} is not configured; targets: {', '.join(targets)}")
             dests = {k: self.typed(t, where, k, str) for k in ("index", "registry", "manifests") if k in t}
-            out[name] = Profile(name=name, description=t.get("description", ""), targets=names,  # type: ignore[arg-type]
-                                **dests)
+            out[name] = Profile(
+                name=name,
+                description=t.get("description", ""),
+                targets=names,  # type: ignore[arg-type]
+                **dests,
+            )
         return out
 
     def targets(self, data: Mapping[str, Any]) -> dict[str, Target]:
@@ -219,17 +225,23 @@ class _Reader:
         labels: dict[str, str] = {}
         for t in targets.values():
             if t.local_version in labels:
-                raise self.fail(f"targets.{t.name}", f"local_version {t.local_version!r} is also "
-                                f"[targets.{labels[t.local_version]}]'s: each target's engine wheels "
-                                f"need a label of their own (one index holds them all)")
+                raise self.fail(
+                    f"targets.{t.name}",
+                    f"local_version {t.local_version!r} is also "
+                    f"[targets.{labels[t.local_version]}]'s: each target's engine wheels "
+                    f"need a label of their own (one index holds them all)",
+                )
             labels[t.local_version] = t.name
         return targets
 
     def target(self, raw: Mapping[str, Any], name: str) -> Target:
         where = f"targets.{name}"
         if not _TARGET_NAME.match(name):
-            raise self.fail(where, "a target's name is lower-case letters, digits, '.' and '-', "
-                                   "starting with a letter (it names folders and images)")
+            raise self.fail(
+                where,
+                "a target's name is lower-case letters, digits, '.' and '-', "
+                "starting with a letter (it names folders and images)",
+            )
         keys = {f.name for f in dataclasses.fields(Target)} - {"name"}
         t = self.table(raw, where, keys, keys - OPTIONAL_TARGET_KEYS, entry=name)
         accelerator = self.accelerator(t, where, name)
@@ -242,7 +254,12 @@ class _Reader:
         size = self.typed(t, where, "max_wheel_bytes", int)
         if size <= 0:
             raise self.fail(where, f"max_wheel_bytes must be positive, got {size}")
-        ca = self.typed(t, where, "ca_bundle", str) or self.environ.get("PIP_CERT") or self.environ.get("SSL_CERT_FILE") or ""
+        ca = (
+            self.typed(t, where, "ca_bundle", str)
+            or self.environ.get("PIP_CERT")
+            or self.environ.get("SSL_CERT_FILE")
+            or ""
+        )
         if ca and not Path(ca).is_file():
             raise self.fail(where, f"ca_bundle: {ca} is not a file")
         find_links = [self.root / p for p in self.strings(t, where, "find_links")]
@@ -271,13 +288,17 @@ class _Reader:
     def accelerator(self, t: Mapping[str, Any], where: str, name: str) -> str:
         if "accelerator" not in t:
             if name not in ACCELERATORS:
-                raise self.fail(where, f"missing key 'accelerator': a target not named "
-                                       f"{', '.join(ACCELERATORS)} says which it builds for")
+                raise self.fail(
+                    where,
+                    f"missing key 'accelerator': a target not named {', '.join(ACCELERATORS)} says which it builds for",
+                )
             return name
         value = self.typed(t, where, "accelerator", str)
         if value not in ACCELERATORS:
-            raise self.fail(where, f"accelerator {value!r} is not accepted; accepted values: "
-                                   f"{', '.join(repr(a) for a in ACCELERATORS)}")
+            raise self.fail(
+                where,
+                f"accelerator {value!r} is not accepted; accepted values: {', '.join(repr(a) for a in ACCELERATORS)}",
+            )
         if name in ACCELERATORS and value != name:
             raise self.fail(where, f"accelerator {value!r}: a target named {name!r} builds for {name}")
         return value
@@ -285,12 +306,16 @@ class _Reader:
     def local_version(self, t: Mapping[str, Any], where: str, torch: str) -> str:
         value = self.typed(t, where, "local_version", str)
         if not _LOCAL_VERSION.match(value):
-            raise self.fail(where, f"local_version: {value!r} is not a PEP 440 local version label "
-                                   f"(lower-case letters and digits, dot-separated, like 'cu130')")
+            raise self.fail(
+                where,
+                f"local_version: {value!r} is not a PEP 440 local version label "
+                f"(lower-case letters and digits, dot-separated, like 'cu130')",
+            )
         own = torch.partition("+")[2]
         if own and value.split(".")[0] != own:
-            raise self.fail(where, f"local_version {value!r}: torch {torch} is the {own!r} build, so "
-                                   f"the label starts with {own!r}")
+            raise self.fail(
+                where, f"local_version {value!r}: torch {torch} is the {own!r} build, so the label starts with {own!r}"
+            )
         return value
 
     def release_version(self, t: Mapping[str, Any], where: str, key: str) -> str:
@@ -314,10 +339,12 @@ class _Reader:
             return DebootstrapBase(suite=base["debootstrap"], mirror=base["mirror"])
         if isinstance(base, dict) and set(base) == {"image"}:
             if not _DIGEST_PIN.match(base["image"]):
-                raise self.fail(where, f"builder_base: {base['image']!r} is not pinned; write it as name@sha256:<64 hex digits>")
+                raise self.fail(
+                    where, f"builder_base: {base['image']!r} is not pinned; write it as name@sha256:<64 hex digits>"
+                )
             return PulledBase(image=base["image"])
         raise self.fail(
             where,
-            "builder_base must be { debootstrap = \"<suite>\", mirror = \"<url>\" } or "
-            "{ image = \"<name>@sha256:<digest>\" }, got " + repr(base),
+            'builder_base must be { debootstrap = "<suite>", mirror = "<url>" } or '
+            '{ image = "<name>@sha256:<digest>" }, got ' + repr(base),
         )

@@ -28,9 +28,14 @@ def _echoed(cmd: Sequence[str | os.PathLike[str]]) -> list[str]:
     return args
 
 
-def echo_run(cmd: Sequence[str | os.PathLike[str]], *, capture: bool = False,
-             check: bool = True, env: Mapping[str, str] | None = None,
-             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def echo_run(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    capture: bool = False,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     args = _echoed(cmd)
     return subprocess.run(args, check=check, text=True, capture_output=capture, env=env, cwd=cwd)
 
@@ -41,8 +46,7 @@ def echo_run_keeping_tail(cmd: Sequence[str | os.PathLike[str]], *, lines: int =
     carry them (a CI log's tail may not reach the streamed output)."""
     args = _echoed(cmd)
     tail: deque[str] = deque(maxlen=lines)
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace") as proc:
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             print(line, end="", flush=True)
@@ -55,8 +59,9 @@ class ContainerRuntime:
     name: str  # "docker" or "podman"
     network: str = "host"
 
-    def run(self, *args: str | os.PathLike[str], capture: bool = False,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str | os.PathLike[str], capture: bool = False, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return echo_run([self.name, *args], capture=capture, check=check)
 
     def run_in_image(self, image: str, *cmd: str, entrypoint: str | None = None) -> str:
@@ -70,13 +75,11 @@ class ContainerRuntime:
 
     def installed_packages(self, image: str) -> list[dict]:
         """`pip list` of the image's Python: [{"name": ..., "version": ...}]."""
-        return json.loads(self.run_in_image(image, "-m", "pip", "list", "--format", "json",
-                                            entrypoint="python"))
+        return json.loads(self.run_in_image(image, "-m", "pip", "list", "--format", "json", entrypoint="python"))
 
     def image_id(self, ref: str) -> str | None:
         """The image's id (sha256:...), or None when it is not here."""
-        probe = echo_run([self.name, "image", "inspect", "--format", "{{.Id}}", ref],
-                         capture=True, check=False)
+        probe = echo_run([self.name, "image", "inspect", "--format", "{{.Id}}", ref], capture=True, check=False)
         return probe.stdout.strip() if probe.returncode == 0 else None
 
     def inspect_image(self, ref: str) -> tuple[str, dict[str, str]] | None:
@@ -89,8 +92,16 @@ class ContainerRuntime:
         info = json.loads(probe.stdout)[0]
         return info["Id"], (info.get("Config") or {}).get("Labels") or {}
 
-    def build_image(self, *, tag: str, context: Path, dockerfile: Path, needs_free: int,
-                    build_args: Mapping[str, str] = {}, labels: Mapping[str, str] = {}) -> str:
+    def build_image(
+        self,
+        *,
+        tag: str,
+        context: Path,
+        dockerfile: Path,
+        needs_free: int,
+        build_args: Mapping[str, str] = {},
+        labels: Mapping[str, str] = {},
+    ) -> str:
         """Build `tag`; first check that `needs_free` bytes are free where the
         runtime keeps its layers (a build that fills the disk half-way fails late
         and unclearly)."""
@@ -104,18 +115,23 @@ class ContainerRuntime:
         status, tail = echo_run_keeping_tail([self.name, *args, str(context)])
         image = self.image_id(tag) if status == 0 else None
         if image is None:
-            raise ImageError(f"building image {tag} from {dockerfile.name} failed (exit {status}); "
-                             f"the build's last lines:\n{tail}")
+            raise ImageError(
+                f"building image {tag} from {dockerfile.name} failed (exit {status}); the build's last lines:\n{tail}"
+            )
         return image
 
     def references(self, repository: str | None = None) -> list[str]:
         """The REPOSITORY:TAG references of `repository` here (of every
         repository when None)."""
-        listed = echo_run([self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
-                           *([repository] if repository else [])], capture=True, check=False)
+        listed = echo_run(
+            [self.name, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", *([repository] if repository else [])],
+            capture=True,
+            check=False,
+        )
         # podman names local images localhost/REPO: give them as they were tagged.
-        return sorted({line.removeprefix("localhost/") for line in listed.stdout.split()
-                       if not line.endswith(":<none>")})
+        return sorted(
+            {line.removeprefix("localhost/") for line in listed.stdout.split() if not line.endswith(":<none>")}
+        )
 
     def remove_image(self, ref: str) -> bool:
         """Remove the tag or image `ref` (never forced: an image a container
@@ -143,7 +159,8 @@ class ContainerRuntime:
             raise ImageError(
                 f"{purpose} needs about {needed / 2**30:.0f} GiB free where {self.name} keeps its "
                 f"images; {free / 2**30:.1f} GiB are free. Free space there ({self.name} image ls; "
-                f"{self.name} image rm what is not needed; {self.name} image prune) and run again")
+                f"{self.name} image rm what is not needed; {self.name} image prune) and run again"
+            )
 
     def pull(self, ref: str) -> str:
         if (image := self.image_id(ref)) is not None:
@@ -158,8 +175,14 @@ class Container:
     """A started container of `image`, removed on exit (kept when
     ACTIVEKV_KEEP_CONTAINER is set). `call` runs a command in it."""
 
-    def __init__(self, *, runtime: ContainerRuntime, image: str,
-                 volumes: Sequence[tuple[Path, str]] = (), env: Mapping[str, str] = {}) -> None:
+    def __init__(
+        self,
+        *,
+        runtime: ContainerRuntime,
+        image: str,
+        volumes: Sequence[tuple[Path, str]] = (),
+        env: Mapping[str, str] = {},
+    ) -> None:
         self.runtime = runtime
         self.image = image
         self.volumes = volumes
@@ -176,16 +199,23 @@ class Container:
         self.runtime.run("start", self.name)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is not None and os.environ.get(KEEP_ENV):
             print(f"{KEEP_ENV} is set: keeping container {self.name}", flush=True)
             return
         self.runtime.run("rm", "--force", self.name, capture=True, check=False)
 
-    def call(self, args: Sequence[str | PurePosixPath], *, env: Mapping[str, str] = {},
-             capture: bool = False, check: bool = True, cwd: str | None = None
-             ) -> subprocess.CompletedProcess[str]:
+    def call(
+        self,
+        args: Sequence[str | PurePosixPath],
+        *,
+        env: Mapping[str, str] = {},
+        capture: bool = False,
+        check: bool = True,
+        cwd: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         cmd = ["exec"]
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]
@@ -202,6 +232,5 @@ class Container:
         self.runtime.run("cp", f"{self.name}:{inside}", str(local))
 
     def glob(self, directory: PurePosixPath, pattern: str) -> list[PurePosixPath]:
-        out = self.call(["find", str(directory), "-maxdepth", "1", "-name", pattern],
-                        capture=True).stdout.split()
+        out = self.call(["find", str(directory), "-maxdepth", "1", "-name", pattern], capture=True).stdout.split()
         return sorted(PurePosixPath(p) for p in out)

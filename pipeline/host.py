@@ -34,14 +34,13 @@ def dpkg_says_installed(status: str) -> bool:
     flag, state; only the state `installed` is usable. `unknown ok
     not-installed`, `deinstall ok config-files`, `install reinstreq
     half-installed`, `install ok unpacked`... are not."""
-    return any(len(words := line.split()) == 3 and words[1] == "ok" and words[2] == "installed"
-               for line in status.splitlines())
+    return any(
+        len(words := line.split()) == 3 and words[1] == "ok" and words[2] == "installed" for line in status.splitlines()
+    )
 
 
 def package_installed(package: str) -> bool:
-    probe = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}\\n", package], capture_output=True, text=True
-    )
+    probe = subprocess.run(["dpkg-query", "-W", "-f=${Status}\\n", package], capture_output=True, text=True)
     return probe.returncode == 0 and dpkg_says_installed(probe.stdout)
 
 
@@ -82,7 +81,9 @@ def start_daemon(cmd: Sequence[str], log: Path) -> int:
     print("+", " ".join(cmd), f">> {log} 2>&1 &", flush=True)
     started = subprocess.run(
         ["sh", "-c", '"$@" >>"$0" 2>&1 </dev/null & echo $!', str(log), *cmd],
-        capture_output=True, text=True, start_new_session=True,
+        capture_output=True,
+        text=True,
+        start_new_session=True,
     )
     if started.returncode != 0 or not started.stdout.strip().isdigit():
         raise HostPreparationError(f"could not start {cmd[0]}: {started.stderr.strip()}")
@@ -137,9 +138,7 @@ def ensure_container_runtime(runtime: str, *, log_dir: Path, wait_s: float = 60.
         if _runtime_answers(runtime, quiet=True):
             return
         time.sleep(0.5)
-    raise HostPreparationError(
-        f"dockerd did not answer within {wait_s:.0f} s; its log is {log}"
-    )
+    raise HostPreparationError(f"dockerd did not answer within {wait_s:.0f} s; its log is {log}")
 
 
 def prepared_runtime(name: str) -> ContainerRuntime:

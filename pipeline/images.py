@@ -86,17 +86,14 @@ def _debootstrap_base(runtime: ContainerRuntime, base: DebootstrapBase) -> tuple
         shutil.rmtree(rootfs)
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     try:
-        echo_run(["debootstrap", "--variant=minbase", "--include=ca-certificates",
-                  base.suite, rootfs, base.mirror])
+        echo_run(["debootstrap", "--variant=minbase", "--include=ca-certificates", base.suite, rootfs, base.mirror])
     except subprocess.CalledProcessError:
         raise ImageError(f"debootstrap of {base.suite} from {base.mirror} failed (output above)") from None
     print(f"+ tar -C {rootfs} -c . | {runtime.name} import - {ref}", flush=True)
     # As a context manager, so the pipe's read end is closed (an unclosed one
     # is a ResourceWarning: an error under the tests' warning filter).
-    with subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."],
-                          stdout=subprocess.PIPE) as tar:
-        imported = subprocess.run([runtime.name, "import", "-", ref], stdin=tar.stdout,
-                                  capture_output=True, text=True)
+    with subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE) as tar:
+        imported = subprocess.run([runtime.name, "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True)
     shutil.rmtree(rootfs)
     if imported.returncode != 0 or tar.returncode != 0:
         raise ImageError(f"importing the {base.suite} root as {ref} failed: {imported.stderr.strip()}")
@@ -163,22 +160,33 @@ def drop_superseded(runtime: ContainerRuntime, repository: str, *, keep: str) ->
             runtime.remove_image(ref)
 
 
-def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Path,
-           files: dict[str, Path], extra_args: dict[str, str], *,
-           on: tuple[str, str] | None = None) -> tuple[str, str]:
+def _image(
+    runtime: ContainerRuntime,
+    target: Target,
+    name: str,
+    dockerfile: Path,
+    files: dict[str, Path],
+    extra_args: dict[str, str],
+    *,
+    on: tuple[str, str] | None = None,
+) -> tuple[str, str]:
     """The image `name` of the target, built where missing, tagged by the
     hash of its inputs. On the target's base (Debian, with the target's
     wheelhouse and CA bundle in the context), or `on` another image of ours
     (reference, id), with `files` and `extra_args` alone."""
     base_ref, base_id = on or base_image(runtime, target)
-    args = {"BASE_IMAGE": base_ref, **extra_args} if on else {
-        "BASE_IMAGE": base_ref,
-        "PYTHON_VERSIONS": " ".join(target.python),
-        "TORCH": target.torch,
-        "INDEX_URL": target.index_url,
-        "TORCH_INDEX_URL": target.torch_index_url,
-        **extra_args,
-    }
+    args = (
+        {"BASE_IMAGE": base_ref, **extra_args}
+        if on
+        else {
+            "BASE_IMAGE": base_ref,
+            "PYTHON_VERSIONS": " ".join(target.python),
+            "TORCH": target.torch,
+            "INDEX_URL": target.index_url,
+            "TORCH_INDEX_URL": target.torch_index_url,
+            **extra_args,
+        }
+    )
     inputs: dict[str, Path | None] = dict(files) if on else _inputs(target, files)
     repository = f"activekv/{name}-{target.name}"
     ref = f"{repository}:{_fingerprint(inputs, dockerfile, args | {'base': base_id})}"
@@ -188,8 +196,14 @@ def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Pat
             runtime.prune_untagged(BASE_LABEL)
             ctx = _context(name, target, inputs)
             try:
-                image = runtime.build_image(tag=ref, context=ctx, dockerfile=dockerfile, needs_free=BUILD_SPACE,
-                                           build_args=args, labels={BASE_LABEL: f"{base_ref}@{base_id}"})
+                image = runtime.build_image(
+                    tag=ref,
+                    context=ctx,
+                    dockerfile=dockerfile,
+                    needs_free=BUILD_SPACE,
+                    build_args=args,
+                    labels={BASE_LABEL: f"{base_ref}@{base_id}"},
+                )
             finally:
                 shutil.rmtree(ctx)
     return ref, image
@@ -198,9 +212,14 @@ def _image(runtime: ContainerRuntime, target: Target, name: str, dockerfile: Pat
 def builder_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
     """(reference, image id) of the target's builder: cibuildwheel's layout,
     compilers, ccache, torch and the pinned build tools."""
-    return _image(runtime, target, "builder", target.builder_dockerfile,
-                  {"builder-requirements.txt": BUILDER_REQUIREMENTS,
-                   "install-torch.sh": DOCKER_DIR / "install-torch.sh"}, {})
+    return _image(
+        runtime,
+        target,
+        "builder",
+        target.builder_dockerfile,
+        {"builder-requirements.txt": BUILDER_REQUIREMENTS, "install-torch.sh": DOCKER_DIR / "install-torch.sh"},
+        {},
+    )
 
 
 def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, str]:
@@ -210,24 +229,39 @@ def runtime_base_image(runtime: ContainerRuntime, target: Target) -> tuple[str, 
     loads the wheels there."""
     # A runtime base that takes the builder's CPython (the cuda one: bookworm
     # lacks 3.12) names the builder's image as a build argument.
-    extra = ({"BUILDER_IMAGE": builder_image(runtime, target)[0]}
-             if "ARG BUILDER_IMAGE" in target.runtime_dockerfile.read_text() else {})
-    return _image(runtime, target, "runtime-base", target.runtime_dockerfile,
-                  {"install-torch.sh": DOCKER_DIR / "install-torch.sh"}, extra)
+    extra = (
+        {"BUILDER_IMAGE": builder_image(runtime, target)[0]}
+        if "ARG BUILDER_IMAGE" in target.runtime_dockerfile.read_text()
+        else {}
+    )
+    return _image(
+        runtime,
+        target,
+        "runtime-base",
+        target.runtime_dockerfile,
+        {"install-torch.sh": DOCKER_DIR / "install-torch.sh"},
+        extra,
+    )
 
 
-def runtime_dependencies_image(runtime: ContainerRuntime, target: Target, requirements: Path,
-                               constraints: Path) -> tuple[str, str]:
+def runtime_dependencies_image(
+    runtime: ContainerRuntime, target: Target, requirements: Path, constraints: Path
+) -> tuple[str, str]:
     """(reference, image id) of the target's runtime base with its vLLM's
     dependencies installed at the release's pins (`requirements`: the patched
     vLLM's own, runtime_image.wheel_requirements), less broken_beside_torch.
     Its own image, tagged by those inputs, so that it outlives the runtime
     images built on it: these change with every commit, it only with the pins
     (GBs of packages installed once, not per commit)."""
-    return _image(runtime, target, "runtime-dependencies", DOCKER_DIR / "runtime-dependencies.Dockerfile",
-                  {"requirements.txt": requirements, "constraints.txt": constraints},
-                  {"BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch)},
-                  on=runtime_base_image(runtime, target))
+    return _image(
+        runtime,
+        target,
+        "runtime-dependencies",
+        DOCKER_DIR / "runtime-dependencies.Dockerfile",
+        {"requirements.txt": requirements, "constraints.txt": constraints},
+        {"BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch)},
+        on=runtime_base_image(runtime, target),
+    )
 
 
 def target_images(runtime: ContainerRuntime, target: Target) -> list[tuple[str, str]]:

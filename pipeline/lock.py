@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pipeline.errors import BusyError
 from pipeline.paths import LOCK_FILE, relative
+
 # ci/run-nox takes the lock before nox re-makes a session's venv and names
 # itself (its pid, which nox keeps: it is exec'd) under this name; nox closes
 # inherited descriptors, so its stages recognise the holder as their ancestor.
@@ -40,9 +41,11 @@ def acquire(command: str, path: Path = LOCK_FILE) -> int | None:
         os.close(fd)
         if ours:
             return None
-        raise BusyError(f"another pipeline run is using this checkout: {who}. Wait for it "
-                        f"to finish or stop it; two runs would overwrite each other's build "
-                        f"outputs ({relative(path)})") from None
+        raise BusyError(
+            f"another pipeline run is using this checkout: {who}. Wait for it "
+            f"to finish or stop it; two runs would overwrite each other's build "
+            f"outputs ({relative(path)})"
+        ) from None
     holder = {"pid": os.getpid(), "command": command, "started": _now()}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)

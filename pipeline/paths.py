@@ -58,8 +58,9 @@ BENCH_BUILD_DIR = BUILD / "bench-build"
 # installs), so every checkout of the host shares them: a fresh clone compiles
 # nothing that an earlier one compiled. ACTIVEKV_CACHE moves them (a rebuild
 # that must start empty points it at a new folder).
-HOST_CACHE = Path(os.environ.get("ACTIVEKV_CACHE")
-                  or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv")
+HOST_CACHE = Path(
+    os.environ.get("ACTIVEKV_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "activekv"
+)
 CCACHE_DIR = HOST_CACHE / "ccache"  # the builders' compiles (in containers)
 HOST_CCACHE_DIR = HOST_CACHE / "ccache-host"  # the sessions' engine builds on this host
 VLLM_DOWNLOADS = HOST_CACHE / "vllm-downloads"
@@ -70,8 +71,14 @@ def ccache_env(cache_dir: str, basedir: str) -> dict[str, str]:
     """ccache as the engine's compiler launcher, with paths under `basedir`
     hashed relative to it: every checkout (or mount) of the source shares the
     cache in `cache_dir`."""
-    return {"CCACHE_DIR": cache_dir, "CCACHE_BASEDIR": basedir, "CCACHE_NOHASHDIR": "1",
-            "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
+    return {
+        "CCACHE_DIR": cache_dir,
+        "CCACHE_BASEDIR": basedir,
+        "CCACHE_NOHASHDIR": "1",
+        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+    }
+
+
 TEST_CACHE = CACHE / "tests"  # the tiny model and other fixtures (ACTIVEKV_TEST_CACHE overrides)
 SIGNING_KEY = CACHE / "signing" / "activekv-release-key.pem"
 

@@ -27,8 +27,10 @@ def index_location(spec: str) -> str:
 def registry_location(spec: str) -> str:
     """Where release.toml's `registry` puts the images."""
     if spec == "local":
-        return (f"{LOCAL_REGISTRY_ADDR} (local: the registry the pipeline runs, storing under "
-                f"{relative(LOCAL_REGISTRY_DIR)})")
+        return (
+            f"{LOCAL_REGISTRY_ADDR} (local: the registry the pipeline runs, storing under "
+            f"{relative(LOCAL_REGISTRY_DIR)})"
+        )
     return spec
 
 
@@ -38,8 +40,10 @@ def parity_source(run: Run, target: str, vllm_distribution: str, accelerator: st
         return f"evidence {relative(evidence)} (--parity-evidence), checked against the shipped wheels"
     if vllm_distribution in RUNS_HERE:
         return "run here on the shipped wheels"
-    return (f"needs --parity-evidence {target}=FILE from a host with a {accelerator} device; "
-            f"without it the release stops at the parity stage")
+    return (
+        f"needs --parity-evidence {target}=FILE from a host with a {accelerator} device; "
+        f"without it the release stops at the parity stage"
+    )
 
 
 def describe(run: Run, stages: Sequence[str], *, version: str | None = None) -> list[str]:
@@ -48,20 +52,26 @@ def describe(run: Run, stages: Sequence[str], *, version: str | None = None) -> 
     version = version or source.engine_version()
     profile = run.profile
     key, identity = signing.key_in_use(run.options.key)
-    lines = [f"release plan: activekv {version}, profile {profile.name}"
-             + (f" ({profile.description})" if profile.description else ""),
-             f"  stages:     {' → '.join(stages)}"]
+    lines = [
+        f"release plan: activekv {version}, profile {profile.name}"
+        + (f" ({profile.description})" if profile.description else ""),
+        f"  stages:     {' → '.join(stages)}",
+    ]
     for t in run.targets:
-        lines.append(f"  target {t.name}: {t.vllm_distribution} {t.vllm_version} on torch {t.torch}, "
-                     f"CPython {', '.join(t.python)}, {t.platform_tag}; engine wheels "
-                     f"activekv {t.wheel_version(version)}")
+        lines.append(
+            f"  target {t.name}: {t.vllm_distribution} {t.vllm_version} on torch {t.torch}, "
+            f"CPython {', '.join(t.python)}, {t.platform_tag}; engine wheels "
+            f"activekv {t.wheel_version(version)}"
+        )
         lines.append(f"    parity:   {parity_source(run, t.name, t.vllm_distribution, t.accelerator)}")
         registry = LOCAL_REGISTRY_ADDR if profile.registry == "local" else profile.registry
         lines.append(f"    image:    {registry}/{image_name(t)}:{version}")
-    lines += [f"  index:      {index_location(profile.index)}",
-              f"  registry:   {registry_location(profile.registry)}",
-              f"  manifests:  {profile.manifests}",
-              f"  signing:    {key}; {identity}"]
+    lines += [
+        f"  index:      {index_location(profile.index)}",
+        f"  registry:   {registry_location(profile.registry)}",
+        f"  manifests:  {profile.manifests}",
+        f"  signing:    {key}; {identity}",
+    ]
     if run.options.allow_dirty:
         lines.append("  tree:       uncommitted changes allowed (--allow-dirty; the manifest records tree_dirty)")
     return lines

@@ -37,8 +37,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipeline import signing
 from pipeline.digest import sha256_of
 from pipeline.paths import ROOT
-from pipeline.release_format import (OPERATOR_KINDS, PROJECT, WHEEL_KINDS, check_schema, constraints_name,
-                                     provenance_name, requirements_name, wheel_name)
+from pipeline.release_format import (
+    OPERATOR_KINDS,
+    PROJECT,
+    WHEEL_KINDS,
+    check_schema,
+    constraints_name,
+    provenance_name,
+    requirements_name,
+    wheel_name,
+)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -63,27 +71,34 @@ def requirements_text(version: str, target: str, wheels: list[dict], *, hashed_c
     for a in wheels:
         hashes.setdefault(distribution(a["file"]), []).append(a["sha256"])
     if hashed_constraints:
-        lines = [f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256;",
-                 f"# {constraints_name(version, target)} pins every dependency by sha256 too. Both at once:",
-                 f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)} "
-                 f"-r {constraints_name(version, target)}"]
+        lines = [
+            f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256;",
+            f"# {constraints_name(version, target)} pins every dependency by sha256 too. Both at once:",
+            f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)} "
+            f"-r {constraints_name(version, target)}",
+        ]
     else:
-        lines = [f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256.",
-                 f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)}",
-                 "# then their dependencies, ours being installed already (see the release's README):",
-                 f"#   pip install -c {constraints_name(version, target)} "
-                 + " ".join(f"'{n}=={v}'" for n, v in hashes)]
-    lines += [f"{n}=={v} " + " ".join(f"--hash=sha256:{h}" for h in sorted(hs))
-              for (n, v), hs in hashes.items()]
+        lines = [
+            f"# ActiveKV {version}, target {target}: the release's own wheels, pinned by sha256.",
+            f"#   pip install --require-hashes --no-deps -r {requirements_name(version, target)}",
+            "# then their dependencies, ours being installed already (see the release's README):",
+            f"#   pip install -c {constraints_name(version, target)} " + " ".join(f"'{n}=={v}'" for n, v in hashes),
+        ]
+    lines += [f"{n}=={v} " + " ".join(f"--hash=sha256:{h}" for h in sorted(hs)) for (n, v), hs in hashes.items()]
     return "\n".join(lines) + "\n"
 
 
 def constraints_text(version: str, target: str, source: Path) -> str:
     pins = [line for line in source.read_text().splitlines() if line.strip() and not line.startswith("#")]
-    how = ("versions and the sha256 of each file, resolved by pip against PyPI"
-           if any("--hash=sha256:" in p for p in pins) else "versions")
-    return (f"# ActiveKV {version}, target {target}: the dependency set the release was built and "
-            f"tested with ({how}; these are not our files).\n" + "\n".join(pins) + "\n")
+    how = (
+        "versions and the sha256 of each file, resolved by pip against PyPI"
+        if any("--hash=sha256:" in p for p in pins)
+        else "versions"
+    )
+    return (
+        f"# ActiveKV {version}, target {target}: the dependency set the release was built and "
+        f"tested with ({how}; these are not our files).\n" + "\n".join(pins) + "\n"
+    )
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -94,9 +109,13 @@ def pae(payload_type: str, body: bytes) -> bytes:
 
 def envelope(statement: dict, key: Ed25519PrivateKey) -> dict:
     body = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
-    return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
-            "signatures": [{"keyid": signing.fingerprint(key),
-                            "sig": base64.b64encode(key.sign(pae(PAYLOAD_TYPE, body))).decode()}]}
+    return {
+        "payloadType": PAYLOAD_TYPE,
+        "payload": base64.b64encode(body).decode(),
+        "signatures": [
+            {"keyid": signing.fingerprint(key), "sig": base64.b64encode(key.sign(pae(PAYLOAD_TYPE, body))).decode()}
+        ],
+    }
 
 
 def subjects(artifacts: list[dict]) -> list[dict]:
@@ -115,13 +134,23 @@ def subjects(artifacts: list[dict]) -> list[dict]:
 def statement(manifest: dict, *, started: str | None = None) -> dict:
     """The in-toto Statement (SLSA provenance v1) of a manifest's artifacts."""
     v = manifest["versions"]
-    deps = [{"uri": f"git+{PROJECT}@{manifest['commit']}", "digest": {"gitCommit": manifest["commit"]},
-             "annotations": {"tree_dirty": manifest["tree_dirty"]}}]
-    deps += [{"uri": b["ref"], "digest": {"sha256": b["id"].removeprefix("sha256:")}}
-             for b in v["base_images"] if str(b.get("id", "")).startswith("sha256:")]
+    deps = [
+        {
+            "uri": f"git+{PROJECT}@{manifest['commit']}",
+            "digest": {"gitCommit": manifest["commit"]},
+            "annotations": {"tree_dirty": manifest["tree_dirty"]},
+        }
+    ]
+    deps += [
+        {"uri": b["ref"], "digest": {"sha256": b["id"].removeprefix("sha256:")}}
+        for b in v["base_images"]
+        if str(b.get("id", "")).startswith("sha256:")
+    ]
     deps += [{"uri": f"pkg:pypi/torch@{pin}", "annotations": {"target": t}} for t, pin in sorted(v["torch"].items())]
-    deps += [{"uri": "pkg:pypi/{}@{}".format(*pin.split("==", 1)), "annotations": {"target": t}}
-             for t, pin in sorted(v["vllm"].items())]
+    deps += [
+        {"uri": "pkg:pypi/{}@{}".format(*pin.split("==", 1)), "annotations": {"target": t}}
+        for t, pin in sorted(v["vllm"].items())
+    ]
     deps.append({"uri": f"{PROJECT}:patches/vllm", "digest": {"sha256": v["patch_series_sha256"]}})
     return {
         "_type": STATEMENT_TYPE,
@@ -130,16 +159,21 @@ def statement(manifest: dict, *, started: str | None = None) -> dict:
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"profile": manifest["profile"], "commit": manifest["commit"],
-                                       "version": manifest["version"]},
+                "externalParameters": {
+                    "profile": manifest["profile"],
+                    "commit": manifest["commit"],
+                    "version": manifest["version"],
+                },
                 "internalParameters": {"compilers": v["compilers"], "audit": manifest["audit"]},
                 "resolvedDependencies": deps,
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID},
-                "metadata": {"invocationId": f"{PROJECT}-{manifest['version']}-{manifest['commit'][:12]}",
-                             "startedOn": started or manifest["build_time"],
-                             "finishedOn": manifest["build_time"]},
+                "metadata": {
+                    "invocationId": f"{PROJECT}-{manifest['version']}-{manifest['commit'][:12]}",
+                    "startedOn": started or manifest["build_time"],
+                    "finishedOn": manifest["build_time"],
+                },
             },
         },
     }
@@ -159,12 +193,17 @@ def started_on(release_dir: Path, targets: list[str]) -> str | None:
 
 
 def _artifact(kind: str, target: str, path: Path) -> dict:
-    return {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path),
-            "size": path.stat().st_size}
+    return {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path), "size": path.stat().st_size}
 
 
-def add_operator_files(manifest: dict, out: Path, key: Ed25519PrivateKey, *,
-                       release_dir: Path | None = None, packaging: Path = ROOT / "packaging") -> list[Path]:
+def add_operator_files(
+    manifest: dict,
+    out: Path,
+    key: Ed25519PrivateKey,
+    *,
+    release_dir: Path | None = None,
+    packaging: Path = ROOT / "packaging",
+) -> list[Path]:
     """Write the requirements, constraints and provenance files into `out`
     and list them in `manifest` (before it is signed); returns their paths.
     A second call for the same manifest replaces what the first added."""

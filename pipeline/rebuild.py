@@ -36,15 +36,24 @@ def read_manifest(path: Path) -> dict:
         raise ConfigError(f"{path}: no such file; give the release's activekv-<version>.manifest.json") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: not a readable manifest ({e.__class__.__name__}: {e})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("commit"), str) \
-            or not isinstance(manifest.get("artifacts"), list):
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("commit"), str)
+        or not isinstance(manifest.get("artifacts"), list)
+    ):
         raise ConfigError(f"{path}: not an ActiveKV release manifest (no commit or artifacts)")
     return manifest
 
 
-def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None = None,
-            targets: list[str] | None = None, work: Path | None = None,
-            empty_compiler_cache: bool = True) -> list[str]:
+def rebuild(
+    manifest_path: Path,
+    *,
+    repo: str | None = None,
+    wheels: Path | None = None,
+    targets: list[str] | None = None,
+    work: Path | None = None,
+    empty_compiler_cache: bool = True,
+) -> list[str]:
     """Rebuild and compare; returns the report lines (also printed). Raises
     RebuildError when any wheel is not byte-identical or missing.
     empty_compiler_cache=False lets the clone's build use this host's compiler
@@ -54,13 +63,18 @@ def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None
     chosen = targets or sorted({a["target"] for a in published})
     unknown = sorted(set(chosen) - {a["target"] for a in published})
     if unknown:
-        raise ConfigError(f"--target {unknown[0]}: the manifest lists no engine wheel for it "
-                          f"(it has: {', '.join(sorted({a['target'] for a in published}))})")
+        raise ConfigError(
+            f"--target {unknown[0]}: the manifest lists no engine wheel for it "
+            f"(it has: {', '.join(sorted({a['target'] for a in published}))})"
+        )
     if wheels is not None and not wheels.is_dir():
         raise ConfigError(f"--wheels {wheels}: not a folder; give the folder holding the published wheels")
     if manifest.get("tree_dirty"):
-        print(f"warning: the release was made from a tree with uncommitted changes (tree_dirty): "
-              f"commit {manifest['commit'][:12]} alone may not give its bytes", flush=True)
+        print(
+            f"warning: the release was made from a tree with uncommitted changes (tree_dirty): "
+            f"commit {manifest['commit'][:12]} alone may not give its bytes",
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(prefix="activekv-rebuild-", dir=work) as tmp:
         clone = Path(tmp) / "src"
         checkout(repo or str(ROOT), manifest["commit"], clone)
@@ -75,25 +89,32 @@ def rebuild(manifest_path: Path, *, repo: str | None = None, wheels: Path | None
         print(line, flush=True)
     bad = [line for line in lines if not line.startswith("MATCH")]
     if bad:
-        raise RebuildError(f"{len(bad)} of {len(lines)} wheel(s) are not what the rebuild of commit "
-                           f"{manifest['commit'][:12]} gives (listed above): the published bytes do not "
-                           f"come from that commit's recipe alone")
+        raise RebuildError(
+            f"{len(bad)} of {len(lines)} wheel(s) are not what the rebuild of commit "
+            f"{manifest['commit'][:12]} gives (listed above): the published bytes do not "
+            f"come from that commit's recipe alone"
+        )
     return lines
 
 
 def checkout(repo: str, commit: str, dest: Path) -> None:
-    _run(["git", "clone", "--quiet", "--no-local", "--no-checkout", repo, str(dest)],
-         f"cloning {repo} failed")
-    _run(["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit],
-         f"commit {commit} is not in {repo}: give --repo a repository that has it")
+    _run(["git", "clone", "--quiet", "--no-local", "--no-checkout", repo, str(dest)], f"cloning {repo} failed")
+    _run(
+        ["git", "-C", str(dest), "checkout", "--quiet", "--detach", commit],
+        f"commit {commit} is not in {repo}: give --repo a repository that has it",
+    )
 
 
 def build_in(clone: Path, target: str, caches: Path | None) -> list[Path]:
     """The clone's build stage for `target` (its caches in `caches`, or this
     host's); its repaired wheels."""
     env = None if caches is None else dict(os.environ, ACTIVEKV_CACHE=str(caches))
-    _run([sys.executable, "-m", "pipeline", "build", "--target", target],
-         f"the clone's build stage for target {target} failed (its output is above)", cwd=clone, env=env)
+    _run(
+        [sys.executable, "-m", "pipeline", "build", "--target", target],
+        f"the clone's build stage for target {target} failed (its output is above)",
+        cwd=clone,
+        env=env,
+    )
     return sorted((target_dir(target, root=clone) / "wheels").glob("*.whl"))
 
 
@@ -103,8 +124,10 @@ def compare(published: list[dict], built: list[Path], wheels: Path | None) -> li
     for a in published:
         mine = by_name.pop(a["file"], None)
         if mine is None:
-            lines.append(f"MISSING {a['file']}: the rebuild made no wheel of this name "
-                         f"(it made: {', '.join(w.name for w in built) or 'nothing'})")
+            lines.append(
+                f"MISSING {a['file']}: the rebuild made no wheel of this name "
+                f"(it made: {', '.join(w.name for w in built) or 'nothing'})"
+            )
             continue
         have = sha256_of(mine)
         if have == a["sha256"]:
@@ -122,8 +145,9 @@ def compare(published: list[dict], built: list[Path], wheels: Path | None) -> li
 def differing_entries(a: Path, b: Path) -> list[str]:
     with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
         names = sorted(set(za.namelist()) | set(zb.namelist()))
-        return [n for n in names
-                if n not in za.namelist() or n not in zb.namelist() or za.read(n) != zb.read(n)] or ["(zip metadata only)"]
+        return [n for n in names if n not in za.namelist() or n not in zb.namelist() or za.read(n) != zb.read(n)] or [
+            "(zip metadata only)"
+        ]
 
 
 def _run(cmd: list[str], failure: str, *, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:

@@ -74,8 +74,9 @@ def wheel_name(file: str, error: type[PipelineError] = PipelineError) -> WheelNa
     except InvalidWheelFilename as e:
         raise error(f"{file}: not a wheel's file name ({e})") from None
     python_tag, abi_tag, platform_tag = file.removesuffix(".whl").split("-")[-3:]
-    return WheelName(project=project, version=str(version), python_tag=python_tag, abi_tag=abi_tag,
-                     platform_tag=platform_tag)
+    return WheelName(
+        project=project, version=str(version), python_tag=python_tag, abi_tag=abi_tag, platform_tag=platform_tag
+    )
 
 
 def project_of(wheel: str) -> str:

@@ -51,8 +51,15 @@ class Run:
         self.outputs: list[tuple[str, str]] = []
 
     @classmethod
-    def create(cls, *, profile: str | None, targets: list[str] | None, python: list[str] | None,
-               options: Options, cfg: ReleaseConfig | None = None) -> Run:
+    def create(
+        cls,
+        *,
+        profile: str | None,
+        targets: list[str] | None,
+        python: list[str] | None,
+        options: Options,
+        cfg: ReleaseConfig | None = None,
+    ) -> Run:
         """The run the command line asks for: the profile (release.toml's
         default when None), its targets or those named, narrowed to the
         Python versions named. ConfigError for a profile, target or Python
@@ -66,13 +73,17 @@ class Run:
             for t in chosen:
                 unknown = sorted(set(python) - set(t.python))
                 if unknown:
-                    raise ConfigError(f"--python {unknown[0]}: target {t.name} builds "
-                                      f"{', '.join(t.python)} (release.toml [targets.{t.name}] python)")
+                    raise ConfigError(
+                        f"--python {unknown[0]}: target {t.name} builds "
+                        f"{', '.join(t.python)} (release.toml [targets.{t.name}] python)"
+                    )
             chosen = [dataclasses.replace(t, python=tuple(python)) for t in chosen]
         unknown = sorted(set(options.parity_evidence) - {t.name for t in chosen})
         if unknown:
-            raise ConfigError(f"--parity-evidence {unknown[0]}=...: {unknown[0]} is not a target of this run "
-                              f"({', '.join(t.name for t in chosen)})")
+            raise ConfigError(
+                f"--parity-evidence {unknown[0]}=...: {unknown[0]} is not a target of this run "
+                f"({', '.join(t.name for t in chosen)})"
+            )
         return cls(cfg, cfg.profiles[name], chosen, options)
 
     @property

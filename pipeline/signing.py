@@ -53,8 +53,10 @@ def parse_fingerprint(text: str, *, what: str = "--fingerprint") -> str:
     SigningKeyError naming `what` when it is not one."""
     match = _FINGERPRINT.fullmatch(text.strip())
     if match is None:
-        raise SigningKeyError(f"{what}: {text.strip()!r} is not a key fingerprint; it reads "
-                              f"SHA256: then 43 base64 characters, as the release printed it")
+        raise SigningKeyError(
+            f"{what}: {text.strip()!r} is not a key fingerprint; it reads "
+            f"SHA256: then 43 base64 characters, as the release printed it"
+        )
     return "SHA256:" + match.group(1)
 
 
@@ -65,16 +67,21 @@ def _read_private(path: Path) -> bytes:
         with path.open("rb") as f:
             mode = os.fstat(f.fileno()).st_mode
             if not stat.S_ISREG(mode):
-                raise SigningKeyError(f"{path}: not a file; give an Ed25519 private key (PEM), "
-                                      f"made e.g. with: {MAKE_KEY}")
+                raise SigningKeyError(
+                    f"{path}: not a file; give an Ed25519 private key (PEM), made e.g. with: {MAKE_KEY}"
+                )
             if mode & 0o077:
-                raise SigningKeyError(f"permissions {stat.S_IMODE(mode):04o} for '{path}' are too "
-                                      f"open: others may read the release key; "
-                                      f"chmod 600 {shlex.quote(str(path))}")
+                raise SigningKeyError(
+                    f"permissions {stat.S_IMODE(mode):04o} for '{path}' are too "
+                    f"open: others may read the release key; "
+                    f"chmod 600 {shlex.quote(str(path))}"
+                )
             return f.read()
     except FileNotFoundError:
-        raise SigningKeyError(f"{path}: no such file; give an Ed25519 private key (PEM) with --key or "
-                              f"ACTIVEKV_SIGNING_KEY, made e.g. with: {MAKE_KEY}") from None
+        raise SigningKeyError(
+            f"{path}: no such file; give an Ed25519 private key (PEM) with --key or "
+            f"ACTIVEKV_SIGNING_KEY, made e.g. with: {MAKE_KEY}"
+        ) from None
     except IsADirectoryError:
         raise SigningKeyError(f"{path}: a folder, not a key file; give the PEM file itself") from None
     except OSError as e:
@@ -87,8 +94,10 @@ def _passphrase(path: Path) -> bytes:
         return given.encode()
     if sys.stdin is not None and sys.stdin.isatty():
         return getpass.getpass(f"passphrase for {path}: ").encode()
-    raise SigningKeyError(f"{path}: the key is encrypted and no passphrase was given; set "
-                          f"{PASSPHRASE_ENV} (there is no terminal to ask on)")
+    raise SigningKeyError(
+        f"{path}: the key is encrypted and no passphrase was given; set "
+        f"{PASSPHRASE_ENV} (there is no terminal to ask on)"
+    )
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
@@ -103,14 +112,13 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
                 key = serialization.load_pem_private_key(data, password=_passphrase(path))
             except ValueError:
                 source = PASSPHRASE_ENV if PASSPHRASE_ENV in os.environ else "the passphrase given"
-                raise SigningKeyError(f"{path}: {source} does not open this key; give its "
-                                      f"passphrase") from None
+                raise SigningKeyError(f"{path}: {source} does not open this key; give its passphrase") from None
     except ValueError as e:
-        raise SigningKeyError(f"{path}: not a PEM private key ({e}); make an Ed25519 key with: "
-                              f"{MAKE_KEY}") from None
+        raise SigningKeyError(f"{path}: not a PEM private key ({e}); make an Ed25519 key with: {MAKE_KEY}") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise SigningKeyError(f"{path}: a {type(key).__name__.removeprefix('_')} key, not Ed25519; "
-                              f"make one with: {MAKE_KEY}")
+        raise SigningKeyError(
+            f"{path}: a {type(key).__name__.removeprefix('_')} key, not Ed25519; make one with: {MAKE_KEY}"
+        )
     return key
 
 
@@ -121,13 +129,13 @@ def generate_key(path: Path) -> Ed25519PrivateKey:
         path.parent.mkdir(mode=0o700, parents=True)
         path.parent.chmod(0o700)  # mkdir's mode passes through the umask
     key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        raise SigningKeyError(f"{path}: exists; a new key is never written over it (load it, or "
-                              f"move it away to make a new one)") from None
+        raise SigningKeyError(
+            f"{path}: exists; a new key is never written over it (load it, or move it away to make a new one)"
+        ) from None
     try:
         os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask took away
         with os.fdopen(fd, "wb") as f:
@@ -141,8 +149,7 @@ def generate_key(path: Path) -> Ed25519PrivateKey:
 
 
 def public_pem(key: Ed25519PrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def load_public_key(path: Path, *, what: str) -> Ed25519PublicKey:
@@ -174,8 +181,11 @@ def signing_key(path: str | None) -> Ed25519PrivateKey:
         return load_private_key(Path(given))
     if SIGNING_KEY.is_file():
         return load_private_key(SIGNING_KEY)
-    print(f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
-          f"{relative(SIGNING_KEY)}. Use your own key for any shared destination.", flush=True)
+    print(
+        f"note: no signing key given (--key or ACTIVEKV_SIGNING_KEY); made a local one at "
+        f"{relative(SIGNING_KEY)}. Use your own key for any shared destination.",
+        flush=True,
+    )
     return generate_key(SIGNING_KEY)
 
 

@@ -20,8 +20,7 @@ SOURCE_PATHS = (ENGINE, "packaging/build_support")
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def commit() -> str:
@@ -55,9 +54,11 @@ def engine_version(root: Path = ROOT) -> str:
 def snapshot_source(dest: Path) -> list[str]:
     """Copy the tracked and not-ignored files of SOURCE_PATHS to dest, keeping
     their paths (the project is dest/engine); returns them."""
-    files = [f for f in git("ls-files", "--cached", "--others", "--exclude-standard",
-                            *SOURCE_PATHS).splitlines()
-             if (ROOT / f).is_file()]
+    files = [
+        f
+        for f in git("ls-files", "--cached", "--others", "--exclude-standard", *SOURCE_PATHS).splitlines()
+        if (ROOT / f).is_file()
+    ]
     if dest.exists():
         shutil.rmtree(dest)
     for f in files:

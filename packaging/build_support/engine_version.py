@@ -20,7 +20,7 @@ _LABEL = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
 def dynamic_metadata(settings: dict[str, Any], project: dict[str, Any]) -> dict[str, Any]:
     release = settings.get("release")
     if not isinstance(release, str) or not release:
-        raise RuntimeError("engine/pyproject.toml: the version provider's table needs release = \"X.Y.Z\"")
+        raise RuntimeError('engine/pyproject.toml: the version provider\'s table needs release = "X.Y.Z"')
     label = os.environ.get(LABEL, "")
     if not label:
         return {"version": release}

@@ -74,13 +74,15 @@ def _shared_object(wheel: Wheel, name: str, data: bytes, elf: ELFFile) -> Elf | 
         problems.append(f"machine {elf['e_machine']} ({wheel.target.platform_tag} needs {machine})")
     # Truncated: a segment or section that ends past the end of the file.
     ends = [(f"segment {i}", s["p_offset"] + s["p_filesz"]) for i, s in enumerate(elf.iter_segments())]
-    ends += [(f"section {s.name or i}", s["sh_offset"] + s["sh_size"])
-             for i, s in enumerate(elf.iter_sections()) if s["sh_type"] != "SHT_NOBITS"]
+    ends += [
+        (f"section {s.name or i}", s["sh_offset"] + s["sh_size"])
+        for i, s in enumerate(elf.iter_sections())
+        if s["sh_type"] != "SHT_NOBITS"
+    ]
     ends.append(("section header table", elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"]))
     past = [(what, end) for what, end in ends if end > len(data)]
     if past:
-        problems.append(f"truncated: {past[0][0]} ends at byte {past[0][1]}, the file "
-                        f"has {len(data)}")
+        problems.append(f"truncated: {past[0][0]} ends at byte {past[0][1]}, the file has {len(data)}")
     dynamic = [s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"]
     if len(dynamic) != 1:
         problems.append(f"{len(dynamic)} dynamic segments (a shared object has one)")
@@ -109,8 +111,7 @@ def version_needs(elf: ELFFile) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def too_new(versions: tuple[tuple[str, str], ...],
-            ceilings: dict[str, tuple[int, ...]]) -> list[str]:
+def too_new(versions: tuple[tuple[str, str], ...], ceilings: dict[str, tuple[int, ...]]) -> list[str]:
     """The versions past their family's newest allowed one, each as
     "GLIBCXX_3.4.30 of libstdc++.so.6 (newest allowed: 3.4.29)"."""
     out = []
@@ -128,16 +129,24 @@ def symbol_versions(wheel: Wheel, libraries: dict[str, Elf]) -> None:
     tag = wheel.target.platform_tag
     ceilings = wheel.policy.symbol_versions.get(tag)
     if ceilings is None:
-        wheel.fail(wheel.path.name, "symbol-version", f"payload-policy.toml has no "
-                   f"[symbol_versions.{tag}] for target {wheel.target.name}'s platform tag: add "
-                   f"the newest versions its manylinux policy allows")
+        wheel.fail(
+            wheel.path.name,
+            "symbol-version",
+            f"payload-policy.toml has no "
+            f"[symbol_versions.{tag}] for target {wheel.target.name}'s platform tag: add "
+            f"the newest versions its manylinux policy allows",
+        )
         return
     for name, elf in sorted(libraries.items()):
         newer = too_new(elf.versions, ceilings)
         if newer:
-            wheel.fail(name, "symbol-version", f"needs {', '.join(newer)}, past what {tag} allows: "
-                       f"hosts of that tag may lack it. Build with the target's builder image, "
-                       f"or avoid the call that needs it")
+            wheel.fail(
+                name,
+                "symbol-version",
+                f"needs {', '.join(newer)}, past what {tag} allows: "
+                f"hosts of that tag may lack it. Build with the target's builder image, "
+                f"or avoid the call that needs it",
+            )
 
 
 def linking(wheel: Wheel, libraries: dict[str, Elf], grafted: list[str], present: set[str]) -> None:
@@ -150,8 +159,12 @@ def linking(wheel: Wheel, libraries: dict[str, Elf], grafted: list[str], present
     needed = {lib for elf in libraries.values() for lib in elf.needed}
     for name in grafted:
         if posixpath.basename(name) not in needed:
-            wheel.fail(name, "foreign-library", "no library in the wheel needs it: auditwheel "
-                       "grafts a library only for a module that needs it, under this name")
+            wheel.fail(
+                name,
+                "foreign-library",
+                "no library in the wheel needs it: auditwheel "
+                "grafts a library only for a module that needs it, under this name",
+            )
 
 
 def _needed(wheel: Wheel, name: str, elf: Elf, in_wheel: set[str]) -> None:
@@ -160,9 +173,13 @@ def _needed(wheel: Wheel, name: str, elf: Elf, in_wheel: set[str]) -> None:
             continue
         if matches(lib, wheel.target.provided_libraries):
             continue
-        wheel.fail(name, "needed", f"needs {lib}, which is neither in the wheel, a system "
-                   f"library, nor provided by target {wheel.target.name}'s torch "
-                   f"(release.toml provided_libraries)")
+        wheel.fail(
+            name,
+            "needed",
+            f"needs {lib}, which is neither in the wheel, a system "
+            f"library, nor provided by target {wheel.target.name}'s torch "
+            f"(release.toml provided_libraries)",
+        )
 
 
 def _rpath(wheel: Wheel, name: str, elf: Elf, names: set[str]) -> None:
@@ -171,11 +188,18 @@ def _rpath(wheel: Wheel, name: str, elf: Elf, names: set[str]) -> None:
         if not p:
             continue
         if not p.startswith("$ORIGIN"):
-            wheel.fail(name, "rpath", f"RPATH/RUNPATH entry {p!r} points outside the wheel "
-                       f"(only $ORIGIN-relative entries are allowed)")
+            wheel.fail(
+                name,
+                "rpath",
+                f"RPATH/RUNPATH entry {p!r} points outside the wheel (only $ORIGIN-relative entries are allowed)",
+            )
             continue
         resolved = posixpath.normpath(posixpath.join(str(here), p.replace("$ORIGIN", ".", 1)))
         inside = any(n.startswith(resolved.rstrip("/") + "/") for n in names)
         if not inside and resolved not in ALLOWED_RPATH_DIRS:
-            wheel.fail(name, "rpath", f"RPATH/RUNPATH entry {p!r} resolves to {resolved!r}, "
-                       f"neither in the wheel nor torch's libraries ({', '.join(ALLOWED_RPATH_DIRS)})")
+            wheel.fail(
+                name,
+                "rpath",
+                f"RPATH/RUNPATH entry {p!r} resolves to {resolved!r}, "
+                f"neither in the wheel nor torch's libraries ({', '.join(ALLOWED_RPATH_DIRS)})",
+            )

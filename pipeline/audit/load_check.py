@@ -17,8 +17,7 @@ print("torch", torch.__version__, "activekv", importlib.metadata.version("active
 """
 
 
-def load_check(runtime: ContainerRuntime, target: Target, wheels: list[Path]
-               ) -> tuple[dict[str, str], list[Finding]]:
+def load_check(runtime: ContainerRuntime, target: Target, wheels: list[Path]) -> tuple[dict[str, str], list[Finding]]:
     """Install each wheel offline in a clean container of the target's runtime
     base (its torch must satisfy the wheel's torch pin) and import it after
     torch. Returns the image ({ref, id}) and the findings."""
@@ -28,13 +27,20 @@ def load_check(runtime: ContainerRuntime, target: Target, wheels: list[Path]
         with Container(runtime=runtime, image=image) as c:
             inside = PurePosixPath("/tmp/wheels") / wheel.name
             c.copy_into(wheel, inside)
-            install = c.call(["python", "-m", "pip", "install", "--no-index", str(inside)],
-                             capture=True, check=False)
-            result = install if install.returncode != 0 else c.call(
-                ["python", "-c", LOAD_CHECK], capture=True, check=False, cwd="/")
+            install = c.call(["python", "-m", "pip", "install", "--no-index", str(inside)], capture=True, check=False)
+            result = (
+                install
+                if install.returncode != 0
+                else c.call(["python", "-c", LOAD_CHECK], capture=True, check=False, cwd="/")
+            )
             print(result.stdout, end="", flush=True)
             if result.returncode != 0:
-                findings.append(Finding(wheel=wheel.name, file=wheel.name, rule="loads",
-                                        message=f"does not install and import in {image} "
-                                                f"after torch: {result.stderr.strip()[-800:]}"))
+                findings.append(
+                    Finding(
+                        wheel=wheel.name,
+                        file=wheel.name,
+                        rule="loads",
+                        message=f"does not install and import in {image} after torch: {result.stderr.strip()[-800:]}",
+                    )
+                )
     return {"ref": image, "id": image_id}, findings

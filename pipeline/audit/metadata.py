@@ -37,14 +37,26 @@ def tags(wheel: Wheel, wheel_data: bytes | None) -> None:
     py, abi, plat = wheel.name_parts[-3:]
     expected_py = set(wheel.target.cpython_tags)
     if py not in expected_py or abi != py:
-        wheel.fail(wheel.path.name, "tags", f"python/abi tag {py}-{abi}; expected one of "
-                   f"{sorted(f'{t}-{t}' for t in expected_py)} (release.toml python)")
+        wheel.fail(
+            wheel.path.name,
+            "tags",
+            f"python/abi tag {py}-{abi}; expected one of "
+            f"{sorted(f'{t}-{t}' for t in expected_py)} (release.toml python)",
+        )
     if wheel.arch is None:
-        wheel.fail(wheel.path.name, "tags", f"the audit knows no ELF machine for platform tag "
-                   f"{wheel.target.platform_tag} (pipeline/audit/wheel.py MACHINES)")
+        wheel.fail(
+            wheel.path.name,
+            "tags",
+            f"the audit knows no ELF machine for platform tag "
+            f"{wheel.target.platform_tag} (pipeline/audit/wheel.py MACHINES)",
+        )
     if plat != wheel.target.platform_tag:
-        wheel.fail(wheel.path.name, "tags", f"platform tag {plat}; expected "
-                   f"{wheel.target.platform_tag} (release.toml [targets.{wheel.target.name}] platform_tag)")
+        wheel.fail(
+            wheel.path.name,
+            "tags",
+            f"platform tag {plat}; expected "
+            f"{wheel.target.platform_tag} (release.toml [targets.{wheel.target.name}] platform_tag)",
+        )
     if wheel_data is None:
         return
     name = f"{wheel.dist_info}/WHEEL"
@@ -53,15 +65,12 @@ def tags(wheel: Wheel, wheel_data: bytes | None) -> None:
         wheel.fail(name, "metadata", why)
         return
     if (wheel_file.get("Wheel-Version") or "").split(".")[0] != "1":
-        wheel.fail(name, "metadata", f"Wheel-Version {wheel_file.get('Wheel-Version')!r}; "
-                   f"expected 1.x")
+        wheel.fail(name, "metadata", f"Wheel-Version {wheel_file.get('Wheel-Version')!r}; expected 1.x")
     declared = set(wheel_file.get_all("Tag") or [])
     # A file name may compress tag sets with dots (PEP 425).
-    from_name = {f"{x}-{y}-{z}" for x in py.split(".") for y in abi.split(".")
-                 for z in plat.split(".")}
+    from_name = {f"{x}-{y}-{z}" for x in py.split(".") for y in abi.split(".") for z in plat.split(".")}
     if declared != from_name:
-        wheel.fail(name, "tags", f"Tag lines {sorted(declared)} do not match "
-                   f"the file name's {py}-{abi}-{plat}")
+        wheel.fail(name, "tags", f"Tag lines {sorted(declared)} do not match the file name's {py}-{abi}-{plat}")
     if (wheel_file.get("Root-Is-Purelib") or "").lower() != "false":
         wheel.fail(name, "tags", "Root-Is-Purelib must be false for a binary wheel")
 
@@ -69,14 +78,22 @@ def tags(wheel: Wheel, wheel_data: bytes | None) -> None:
 def metadata(wheel: Wheel, files: dict[str, bytes]) -> None:
     name = f"{wheel.dist_info}/METADATA"
     if wheel.name_parts and escaped(wheel.name_parts[0]) != escaped(wheel.policy.distribution):
-        wheel.fail(wheel.path.name, "metadata", f"distribution {wheel.name_parts[0]!r} in the "
-                   f"file name; expected {wheel.policy.distribution!r} "
-                   f"(packaging/payload-policy.toml: distribution)")
+        wheel.fail(
+            wheel.path.name,
+            "metadata",
+            f"distribution {wheel.name_parts[0]!r} in the "
+            f"file name; expected {wheel.policy.distribution!r} "
+            f"(packaging/payload-policy.toml: distribution)",
+        )
     want = wheel.target.wheel_version(engine_version())
     if wheel.name_parts and wheel.name_parts[1] != want:
-        wheel.fail(wheel.path.name, "version", f"version {wheel.name_parts[1]!r} in the file name; "
-                   f"expected {want!r} (the release's version, engine/pyproject.toml, with release.toml "
-                   f"[targets.{wheel.target.name}] local_version: each target's wheels are named apart)")
+        wheel.fail(
+            wheel.path.name,
+            "version",
+            f"version {wheel.name_parts[1]!r} in the file name; "
+            f"expected {want!r} (the release's version, engine/pyproject.toml, with release.toml "
+            f"[targets.{wheel.target.name}] local_version: each target's wheels are named apart)",
+        )
     if name in files:
         meta, why = _headers(files[name])
         if meta is None:
@@ -91,17 +108,24 @@ def _metadata_fields(wheel: Wheel, name: str, meta) -> None:
     if None in found.values():
         wheel.fail(name, "metadata", f"lacks {[k for k, v in found.items() if v is None]}")
     if found["Name"] is not None and escaped(found["Name"]) != escaped(wheel.policy.distribution):
-        wheel.fail(name, "metadata", f"Name {found['Name']!r}; expected "
-                   f"{wheel.policy.distribution!r} (packaging/payload-policy.toml: distribution)")
+        wheel.fail(
+            name,
+            "metadata",
+            f"Name {found['Name']!r}; expected "
+            f"{wheel.policy.distribution!r} (packaging/payload-policy.toml: distribution)",
+        )
     if found["Version"] is not None and wheel.name_parts and found["Version"] != wheel.name_parts[1]:
-        wheel.fail(name, "metadata", f"Version {found['Version']!r}; the file name says "
-                   f"{wheel.name_parts[1]!r}")
+        wheel.fail(name, "metadata", f"Version {found['Version']!r}; the file name says {wheel.name_parts[1]!r}")
     requires = [r.replace(" ", "") for r in meta.get_all("Requires-Dist") or []]
     torch_pins = [r for r in requires if r.startswith("torch")]
     want = f"torch=={wheel.target.torch}"
     if torch_pins != [want]:
-        wheel.fail(name, "torch-pin", f"Requires-Dist for torch is {torch_pins or 'missing'}; "
-                   f"expected exactly {want!r} (the torch it was built against)")
+        wheel.fail(
+            name,
+            "torch-pin",
+            f"Requires-Dist for torch is {torch_pins or 'missing'}; "
+            f"expected exactly {want!r} (the torch it was built against)",
+        )
 
 
 def _entry_points(wheel: Wheel, files: dict[str, bytes]) -> None:
@@ -118,11 +142,14 @@ def _entry_points(wheel: Wheel, files: dict[str, bytes]) -> None:
         return
     declared = {(g, k, v.replace(" ", "")) for g in parser.sections() for k, v in parser[g].items()}
     if (group, key, value) not in declared:
-        wheel.fail(name, "entry-point", f"no [{group}] entry {ENTRY_POINT!r}: "
-                   f"vLLM would not load the plugin")
+        wheel.fail(name, "entry-point", f"no [{group}] entry {ENTRY_POINT!r}: vLLM would not load the plugin")
     for g, k, v in sorted(declared - {(group, key, value)}):
-        wheel.fail(name, "entry-point", f"[{g}] {k} = {v}: not an entry point the engine "
-                   f"declares (engine/pyproject.toml); only [{group}] {ENTRY_POINT}")
+        wheel.fail(
+            name,
+            "entry-point",
+            f"[{g}] {k} = {v}: not an entry point the engine "
+            f"declares (engine/pyproject.toml); only [{group}] {ENTRY_POINT}",
+        )
 
 
 def sbom(wheel: Wheel, data: bytes | None) -> None:
@@ -137,8 +164,9 @@ def sbom(wheel: Wheel, data: bytes | None) -> None:
     except (ValueError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
-        wheel.fail(name, "sbom", "not auditwheel's CycloneDX SBOM (bomFormat CycloneDX, "
-                   "metadata.tools naming auditwheel)")
+        wheel.fail(
+            name, "sbom", "not auditwheel's CycloneDX SBOM (bomFormat CycloneDX, metadata.tools naming auditwheel)"
+        )
 
 
 def record(wheel: Wheel, files: dict[str, bytes], present: set[str]) -> None:
@@ -163,7 +191,6 @@ def record(wheel: Wheel, files: dict[str, bytes], present: set[str]) -> None:
             _, digest, size = listed[name]
             actual = record_hash(files[name])
             if digest != actual or size != str(len(files[name])):
-                wheel.fail(name, "record", f"RECORD says {digest},{size}; the file is "
-                           f"{actual},{len(files[name])}")
+                wheel.fail(name, "record", f"RECORD says {digest},{size}; the file is {actual},{len(files[name])}")
     for name in sorted(set(listed) - present):
         wheel.fail(name, "record", "listed in RECORD but not in the wheel")

@@ -31,8 +31,7 @@ class Policy:
 
 def matches(name: str, patterns: tuple[str, ...]) -> bool:
     """Whether a policy glob matches the entry's path or its file name."""
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(posixpath.basename(name), p)
-               for p in patterns)
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(posixpath.basename(name), p) for p in patterns)
 
 
 def load_policy(path: Path = POLICY_FILE) -> Policy:
@@ -48,14 +47,16 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
         lists[key] = tuple(value)
     distribution = data.get("distribution")
     if not isinstance(distribution, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", distribution):
-        raise ConfigError(f"{path.name}: distribution must be the engine's project name "
-                          f"(engine/pyproject.toml [project] name)")
+        raise ConfigError(
+            f"{path.name}: distribution must be the engine's project name (engine/pyproject.toml [project] name)"
+        )
     if not lists["modules"]:
         raise ConfigError(f"{path.name}: modules must name the extension module(s) the build makes")
     clash = [lib for lib in lists["system_libraries"] if matches(lib, lists["grafted"])]
     if clash:
-        raise ConfigError(f"{path.name}: grafted names system libraries {clash}: a wheel "
-                          f"never carries its own copy of one")
+        raise ConfigError(
+            f"{path.name}: grafted names system libraries {clash}: a wheel never carries its own copy of one"
+        )
     unknown = sorted(set(data) - {"distribution", "symbol_versions", *lists})
     if unknown:
         raise ConfigError(f"{path.name}: unknown keys {unknown}")
@@ -70,18 +71,23 @@ def version_number(text: str) -> tuple[int, ...] | None:
 def _symbol_versions(path: Path, data: dict) -> dict[str, dict[str, tuple[int, ...]]]:
     tables = data.get("symbol_versions")
     if not isinstance(tables, dict) or not tables:
-        raise ConfigError(f"{path.name}: symbol_versions must hold a table per platform tag, "
-                          f"[symbol_versions.<tag>] with FAMILY = \"newest version\"")
+        raise ConfigError(
+            f"{path.name}: symbol_versions must hold a table per platform tag, "
+            f'[symbol_versions.<tag>] with FAMILY = "newest version"'
+        )
     out = {}
     for tag, families in tables.items():
         if not isinstance(families, dict) or not families:
-            raise ConfigError(f"{path.name}: [symbol_versions.{tag}] must map symbol families "
-                              f"to versions (GLIBC = \"2.34\")")
+            raise ConfigError(
+                f'{path.name}: [symbol_versions.{tag}] must map symbol families to versions (GLIBC = "2.34")'
+            )
         out[tag] = {}
         for family, version in families.items():
             number = version_number(version) if isinstance(version, str) else None
             if not re.fullmatch(r"[A-Z][A-Z0-9]*", family) or number is None:
-                raise ConfigError(f"{path.name}: [symbol_versions.{tag}] {family} = {version!r}: a "
-                                  f"family in capitals and a dotted version (GLIBCXX = \"3.4.29\")")
+                raise ConfigError(
+                    f"{path.name}: [symbol_versions.{tag}] {family} = {version!r}: a "
+                    f'family in capitals and a dotted version (GLIBCXX = "3.4.29")'
+                )
             out[tag][family] = number
     return out

@@ -21,8 +21,11 @@ def audit_wheel(path: Path, target: Target, policy: Policy) -> list[Finding]:
         wheel.fail(path.name, "format", f"not a readable zip archive ({e})")
         return wheel.findings
     if size > target.max_wheel_bytes:
-        wheel.fail(path.name, "size", f"{size} bytes exceeds max_wheel_bytes="
-                   f"{target.max_wheel_bytes} of target {target.name} (release.toml)")
+        wheel.fail(
+            path.name,
+            "size",
+            f"{size} bytes exceeds max_wheel_bytes={target.max_wheel_bytes} of target {target.name} (release.toml)",
+        )
     with zf:
         present, regular = entries.screen(wheel, zf)
         files = entries.read(wheel, zf, regular)
@@ -33,8 +36,7 @@ def audit_wheel(path: Path, target: Target, policy: Policy) -> list[Finding]:
         metadata.sbom(wheel, files.get(f"{wheel.dist_info}/sboms/auditwheel.cdx.json"))
         if f"{wheel.dist_info}/RECORD" in files:
             metadata.record(wheel, files, present)
-        libraries = {n: elf.read_elf(wheel, n, files[n]) for n, k in kinds.items()
-                     if k in ("module", "grafted")}
+        libraries = {n: elf.read_elf(wheel, n, files[n]) for n, k in kinds.items() if k in ("module", "grafted")}
         readable = {n: e for n, e in libraries.items() if e is not None}
         elf.linking(wheel, readable, [n for n, k in kinds.items() if k == "grafted"], present)
         elf.symbol_versions(wheel, readable)

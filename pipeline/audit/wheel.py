@@ -14,8 +14,7 @@ from pipeline.config import Target
 
 # The platform tag's architecture -> the ELF machine (pyelftools' name) of
 # every library a wheel of that platform may carry.
-MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "ppc64le": "EM_PPC64",
-            "s390x": "EM_S390", "i686": "EM_386"}
+MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "ppc64le": "EM_PPC64", "s390x": "EM_S390", "i686": "EM_386"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,8 +58,9 @@ class Wheel:
         py = self.name_parts[-3] if self.name_parts else ""
         tags = (py,) if py in target.cpython_tags else target.cpython_tags
         libc = "musl" if target.platform_tag.startswith("musllinux") else "gnu"
-        self.modules = {m: {f"{m}.cpython-{t.removeprefix('cp')}-{self.arch}-linux-{libc}.so"
-                            for t in tags} for m in policy.modules}
+        self.modules = {
+            m: {f"{m}.cpython-{t.removeprefix('cp')}-{self.arch}-linux-{libc}.so" for t in tags} for m in policy.modules
+        }
         self.stdlib = frozenset(sys.stdlib_module_names)
 
     def fail(self, file: str, rule: str, message: str) -> None:

@@ -54,8 +54,13 @@ def batch_copy_fn():
     """cuMemcpyBatchAsync in its CUDA 12.8 form (with failIdx), from the driver."""
     driver = ctypes.CDLL("libcuda.so.1")
     get = driver.cuGetProcAddress_v2
-    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_uint64,
-                    ctypes.POINTER(ctypes.c_int)]
+    get.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_int),
+    ]
     fn = ctypes.c_void_p()
     status = ctypes.c_int()
     rc = get(b"cuMemcpyBatchAsync", ctypes.byref(fn), 12080, 0, ctypes.byref(status))
@@ -63,9 +68,16 @@ def batch_copy_fn():
         raise SystemExit(f"cuMemcpyBatchAsync not in this driver (cuGetProcAddress {rc}, status {status.value})")
     proto = ctypes.CFUNCTYPE(
         ctypes.c_int,
-        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
-        ctypes.c_size_t, ctypes.POINTER(MemcpyAttributes), ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p)
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+        ctypes.POINTER(MemcpyAttributes),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_void_p,
+    )
     return proto(fn.value)
 
 
@@ -84,8 +96,17 @@ class Batch:
         self.fail = ctypes.c_size_t(0)
 
     def issue(self, stream):
-        rc = self.fn(self.dsts, self.srcs, self.sizes, self.n, ctypes.byref(self.attrs), self.idx, 1,
-                     ctypes.byref(self.fail), ctypes.c_void_p(stream.cuda_stream))
+        rc = self.fn(
+            self.dsts,
+            self.srcs,
+            self.sizes,
+            self.n,
+            ctypes.byref(self.attrs),
+            self.idx,
+            1,
+            ctypes.byref(self.fail),
+            ctypes.c_void_p(stream.cuda_stream),
+        )
         if rc != CUDA_SUCCESS:
             raise SystemExit(f"cuMemcpyBatchAsync: CUresult {rc} at copy {self.fail.value}")
 
@@ -139,12 +160,18 @@ def main() -> None:
         rows = [host.data_ptr() + i * size for i in range(n)]
         blocks = [ring.data_ptr() + p * size for p in perm]
         for to_device in (True, False):
-            for order, flags, name in ((ORDER_STREAM, 0, "stream"), (ORDER_ANY, 0, "any"),
-                                       (ORDER_STREAM, FLAG_PREFER_OVERLAP, "stream+overlap")):
+            for order, flags, name in (
+                (ORDER_STREAM, 0, "stream"),
+                (ORDER_ANY, 0, "any"),
+                (ORDER_STREAM, FLAG_PREFER_OVERLAP, "stream+overlap"),
+            ):
                 if not to_device and order == ORDER_ANY:
                     continue
-                b = (Batch(fn, blocks, rows, size, order, flags, True) if to_device
-                     else Batch(fn, rows, blocks, size, order, flags, False))
+                b = (
+                    Batch(fn, blocks, rows, size, order, flags, True)
+                    if to_device
+                    else Batch(fn, rows, blocks, size, order, flags, False)
+                )
                 ms = timed(stream, lambda b=b: b.issue(stream), args.iters)
                 t = time.perf_counter()
                 for _ in range(args.iters):
@@ -152,12 +179,20 @@ def main() -> None:
                 call_us = (time.perf_counter() - t) / args.iters * 1e6
                 stream.synchronize()
                 gbps = total / ms / 1e6
-                row = {"bytes": size, "copies": n, "to_device": to_device, "order": name,
-                       "gbps": gbps, "x_peak": gbps / (peak if to_device else result["peak_d2h_gbps"]),
-                       "call_us": call_us}
+                row = {
+                    "bytes": size,
+                    "copies": n,
+                    "to_device": to_device,
+                    "order": name,
+                    "gbps": gbps,
+                    "x_peak": gbps / (peak if to_device else result["peak_d2h_gbps"]),
+                    "call_us": call_us,
+                }
                 result["batches"].append(row)
-                print(f"{n:6d} copies of {size >> 10:5d} KiB {'h->d' if to_device else 'd->h'} {name:15s}"
-                      f" {gbps:6.1f} GB/s ({row['x_peak']:.3f} of peak), the call {call_us:8.0f} us")
+                print(
+                    f"{n:6d} copies of {size >> 10:5d} KiB {'h->d' if to_device else 'd->h'} {name:15s}"
+                    f" {gbps:6.1f} GB/s ({row['x_peak']:.3f} of peak), the call {call_us:8.0f} us"
+                )
 
     # Copies beside a compute-bound attention: 2048 queries x 32 heads over 16k keys (a prefill chunk).
     q = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
@@ -173,8 +208,15 @@ def main() -> None:
     size = 64 << 10
     n = total // size
     perm = torch.randperm(n, generator=gen).tolist()
-    batch = Batch(fn, [ring.data_ptr() + p * size for p in perm],
-                  [host.data_ptr() + i * size for i in range(n)], size, ORDER_STREAM, 0, True)
+    batch = Batch(
+        fn,
+        [ring.data_ptr() + p * size for p in perm],
+        [host.data_ptr() + i * size for i in range(n)],
+        size,
+        ORDER_STREAM,
+        0,
+        True,
+    )
     # The engine's gather method, for comparison: the copy engine reads the
     # rows into a piece, an SM kernel scatters the piece into the ring.
     piece = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
@@ -184,14 +226,16 @@ def main() -> None:
 
     def piece_and_scatter():
         for first in range(0, n, rows_per_piece):
-            piece.copy_(host[first * size:(first + rows_per_piece) * size], non_blocking=True)
-            ring_blocks.index_copy_(0, ids[first:first + rows_per_piece], piece.view(rows_per_piece, size))
+            piece.copy_(host[first * size : (first + rows_per_piece) * size], non_blocking=True)
+            ring_blocks.index_copy_(0, ids[first : first + rows_per_piece], piece.view(rows_per_piece, size))
 
     attn_ms = timed(compute, attention, 2)
     overlap = Batch(fn, batch.dsts, batch.srcs, size, ORDER_STREAM, FLAG_PREFER_OVERLAP, True)
-    variants = (("batched copy", lambda: batch.issue(stream)),
-                ("batched copy, prefer overlap", lambda: overlap.issue(stream)),
-                ("piece + SM scatter", piece_and_scatter))
+    variants = (
+        ("batched copy", lambda: batch.issue(stream)),
+        ("batched copy, prefer overlap", lambda: overlap.issue(stream)),
+        ("piece + SM scatter", piece_and_scatter),
+    )
     for name, work in variants:
         copy_ms = timed(stream, work, 2)
         torch.cuda.synchronize()
@@ -210,11 +254,18 @@ def main() -> None:
         end.record(compute)
         end.synchronize()
         both_ms = start.elapsed_time(end)
-        row = {"copies": name, "attention_ms": attn_ms, "copy_ms": copy_ms, "both_ms": both_ms,
-               "x_longer": both_ms / max(attn_ms, copy_ms)}
+        row = {
+            "copies": name,
+            "attention_ms": attn_ms,
+            "copy_ms": copy_ms,
+            "both_ms": both_ms,
+            "x_longer": both_ms / max(attn_ms, copy_ms),
+        }
         result.setdefault("beside_attention", []).append(row)
-        print(f"beside attention, {name}: attention {attn_ms:.1f} ms, copies {copy_ms:.1f} ms, "
-              f"both {both_ms:.1f} ms ({row['x_longer']:.3f}x the longer)")
+        print(
+            f"beside attention, {name}: attention {attn_ms:.1f} ms, copies {copy_ms:.1f} ms, "
+            f"both {both_ms:.1f} ms ({row['x_longer']:.3f}x the longer)"
+        )
     duplex(result)
     print("RESULT " + json.dumps(result))
 
@@ -245,11 +296,19 @@ def duplex(result: dict) -> None:
             return min(out)
 
         alone, back, both = best_ms(True, False), best_ms(False, True), best_ms(True, True)
-        row = {"stage_mib": stage_mib, "writeback_mib": 8, "h2d_ms": alone, "d2h_ms": back, "both_ms": both,
-               "x_h2d_alone": both / alone}
+        row = {
+            "stage_mib": stage_mib,
+            "writeback_mib": 8,
+            "h2d_ms": alone,
+            "d2h_ms": back,
+            "both_ms": both,
+            "x_h2d_alone": both / alone,
+        }
         result.setdefault("duplex", []).append(row)
-        print(f"stage {stage_mib} MiB + write-back 8 MiB a layer, x32: host to device alone {alone:.2f} ms, "
-              f"device to host alone {back:.2f} ms, both {both:.2f} ms ({row['x_h2d_alone']:.4f}x the first)")
+        print(
+            f"stage {stage_mib} MiB + write-back 8 MiB a layer, x32: host to device alone {alone:.2f} ms, "
+            f"device to host alone {back:.2f} ms, both {both:.2f} ms ({row['x_h2d_alone']:.4f}x the first)"
+        )
         del h_in, d_in
 
 

@@ -34,8 +34,13 @@ def timed(label: str, fn) -> float:
 
 def remove_images(runtime: ContainerRuntime, target: config.Target) -> None:
     refs = runtime.run("images", "--format", "{{.Repository}}:{{.Tag}}", capture=True).stdout.split()
-    ours = [r for r in refs if r.startswith((f"activekv/builder-{target.name}:",
-                                            f"activekv/runtime-base-{target.name}:", "activekv/debian:"))]
+    ours = [
+        r
+        for r in refs
+        if r.startswith(
+            (f"activekv/builder-{target.name}:", f"activekv/runtime-base-{target.name}:", "activekv/debian:")
+        )
+    ]
     if ours:
         runtime.run("rmi", "--force", *ours)
 

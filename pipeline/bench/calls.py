@@ -14,8 +14,15 @@ from ..harness import vllm_harness as h
 from ..parity.replay import scheduler_output_from_plain
 from ..harness.standalone import kv_cache_config, kv_caches, make_pair
 
-NO_REQUESTS = {"cached_req_ids": [], "resumed": [], "new_block_ids": [], "num_computed_tokens": [],
-               "new": [], "num_scheduled_tokens": {}, "finished_req_ids": []}
+NO_REQUESTS = {
+    "cached_req_ids": [],
+    "resumed": [],
+    "new_block_ids": [],
+    "num_computed_tokens": [],
+    "new": [],
+    "num_scheduled_tokens": {},
+    "finished_req_ids": [],
+}
 
 
 def idle_calls(impl: str) -> dict:
@@ -54,11 +61,12 @@ def main() -> None:
     def per_call_ns(fn) -> float:
         return 1e9 * min(timeit.repeat(fn, number=args.number, repeat=args.repeats)) / args.number
 
-    table = {impl: {name: per_call_ns(fn) for name, fn in idle_calls(impl).items()}
-             for impl in ("reference", "native")}
+    table = {impl: {name: per_call_ns(fn) for name, fn in idle_calls(impl).items()} for impl in ("reference", "native")}
     floor = per_call_ns(lambda: None)
-    print(f"per call on a step that moves no block (best of {args.repeats} x {args.number}); "
-          f"a no-op Python call: {floor:.0f} ns")
+    print(
+        f"per call on a step that moves no block (best of {args.repeats} x {args.number}); "
+        f"a no-op Python call: {floor:.0f} ns"
+    )
     print(f"  {'method':32}{'reference':>11}{'native':>9}")
     for name in table["native"]:
         ref = table["reference"].get(name)

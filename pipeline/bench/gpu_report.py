@@ -70,7 +70,7 @@ def read_results(path: Path) -> list[dict]:
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.startswith("RESULT "):
             try:
-                result = json.loads(line[len("RESULT "):])
+                result = json.loads(line[len("RESULT ") :])
             except ValueError as e:
                 raise BadRun(f"{path}:{number}: a RESULT line that is not JSON ({e}): a run cut off?") from e
             if "part" in result:
@@ -140,13 +140,24 @@ def _vllm_runs(path: Path) -> list[dict]:
             out.append({"part": "left-out", "why": "compressed homes without the fused kernels, or not saying"})
             continue
         try:
-            out.append({"part": "vllm", "kind": "decode", "context": r["context"], "batch": 1, "homes": r["homes"],
-                        "budget_gib": r["budget_gib"], "resident": r["resident_layers"],
-                        # Before the knob (2026-12-05) write-backs settled on the host.
-                        "method": "write-backs settled " + ("across steps" if r.get("settle_across_steps") else
-                                                            "on the host"),
-                        "graphs": r["cudagraph_mode"], "async_scheduling": r.get("async_scheduling"),
-                        "ratio": r["x_bound"], "gpu": machine.get("gpu")})
+            out.append(
+                {
+                    "part": "vllm",
+                    "kind": "decode",
+                    "context": r["context"],
+                    "batch": 1,
+                    "homes": r["homes"],
+                    "budget_gib": r["budget_gib"],
+                    "resident": r["resident_layers"],
+                    # Before the knob (2026-12-05) write-backs settled on the host.
+                    "method": "write-backs settled "
+                    + ("across steps" if r.get("settle_across_steps") else "on the host"),
+                    "graphs": r["cudagraph_mode"],
+                    "async_scheduling": r.get("async_scheduling"),
+                    "ratio": r["x_bound"],
+                    "gpu": machine.get("gpu"),
+                }
+            )
         except KeyError as e:
             raise BadRun(f"{path}: run {number} has no {e.args[0]!r}: not gpu_vllm streaming's output?") from e
     return out
@@ -164,8 +175,10 @@ def _point(r: dict) -> str:
         name += f" sharing a {_k(r['shared_prefix'])} prefix"
     if r["part"] == "vllm":
         scheduling = {True: ", async scheduling", False: ", sync scheduling"}.get(r["async_scheduling"], "")
-        return (f"{name}, {r['homes']} homes, {r['budget_gib']:g} GiB, R {r['resident']}, {r['method']}, "
-                f"{r['graphs']} graphs{scheduling}")
+        return (
+            f"{name}, {r['homes']} homes, {r['budget_gib']:g} GiB, R {r['resident']}, {r['method']}, "
+            f"{r['graphs']} graphs{scheduling}"
+        )
     name += ", contiguous ids" if r.get("contiguous") else ""
     name += f", {r['back_to_back']} back to back" if r.get("back_to_back") else ", alone"
     for field, usual in (("ring", 2), ("id_runs", 1), ("block", 16)):
@@ -243,25 +256,51 @@ def goals(results: list[dict]) -> tuple[bool | None, str]:
     named). Raises BadRun when the grid's rows cannot be judged."""
     methods = {r["copy_method"] for r in results if r["part"] == "grid-setup"}
     if len(methods) > 1:
-        raise BadRun(f"these runs' grids chose different copy methods ({', '.join(sorted(methods))}): "
-                     "give runs of one device and one engine")
+        raise BadRun(
+            f"these runs' grids chose different copy methods ({', '.join(sorted(methods))}): "
+            "give runs of one device and one engine"
+        )
     grid = [r for r in results if r["part"] == "grid"]
     if grid and not methods:
-        raise BadRun("grid rows without the grid's header ('grid: ... copy method X'), which names the engine's "
-                     "own method: give streaming_bench's whole output")
+        raise BadRun(
+            "grid rows without the grid's header ('grid: ... copy method X'), which names the engine's "
+            "own method: give streaming_bench's whole output"
+        )
     method = next(iter(methods), "")
     said = [
-        _goal(f"exact homes, scattered ids, copied by the engine's method{' ' + method if method else ''}, "
-              f"at most {EXACT_GOAL:.2f}x the bound", [r for r in grid if r.get("homes") == "extents" and not r.get("contiguous")
-                            and r.get("method") == method], "ratio", EXACT_GOAL),
-        _goal(f"compressed homes ({COMPRESSED_DEFAULT}), at most {COMPRESSED_GOAL:.2f}x their bound",
-              [r for r in results if r["part"] == "compressed" and r.get("method") == COMPRESSED_DEFAULT],
-              "ratio", COMPRESSED_GOAL),
-        _goal(f"compressed homes' tokens/s at 128k decode, at least {SPEEDUP_GOAL:.1f}x exact homes'",
-              [r for r in results if r["part"] == "compressed-speedup" and r.get("method") == COMPRESSED_DEFAULT
-               and r["kind"] == "decode" and r["context"] == 131072], "speedup", SPEEDUP_GOAL, at_most=False),
-        _goal(f"inside vLLM, a decode step at most {VLLM_GOAL:.2f}x the bus's bound",
-              [r for r in results if r["part"] == "vllm"], "ratio", VLLM_GOAL),
+        _goal(
+            f"exact homes, scattered ids, copied by the engine's method{' ' + method if method else ''}, "
+            f"at most {EXACT_GOAL:.2f}x the bound",
+            [r for r in grid if r.get("homes") == "extents" and not r.get("contiguous") and r.get("method") == method],
+            "ratio",
+            EXACT_GOAL,
+        ),
+        _goal(
+            f"compressed homes ({COMPRESSED_DEFAULT}), at most {COMPRESSED_GOAL:.2f}x their bound",
+            [r for r in results if r["part"] == "compressed" and r.get("method") == COMPRESSED_DEFAULT],
+            "ratio",
+            COMPRESSED_GOAL,
+        ),
+        _goal(
+            f"compressed homes' tokens/s at 128k decode, at least {SPEEDUP_GOAL:.1f}x exact homes'",
+            [
+                r
+                for r in results
+                if r["part"] == "compressed-speedup"
+                and r.get("method") == COMPRESSED_DEFAULT
+                and r["kind"] == "decode"
+                and r["context"] == 131072
+            ],
+            "speedup",
+            SPEEDUP_GOAL,
+            at_most=False,
+        ),
+        _goal(
+            f"inside vLLM, a decode step at most {VLLM_GOAL:.2f}x the bus's bound",
+            [r for r in results if r["part"] == "vllm"],
+            "ratio",
+            VLLM_GOAL,
+        ),
         _bytes_goal(results),
     ]
     lines = [line for _, goal_lines in said for line in goal_lines]
@@ -318,8 +357,11 @@ def compressed_table(results: list[dict]) -> str:
         "| step | homes, by | streamed | bound: attention | bound: bus | step | ratio | tokens/s over exact |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    speedup = {(r.get("method"), r["kind"], r["context"], r["batch"]): r["speedup"]
-               for r in results if r["part"] == "compressed-speedup"}
+    speedup = {
+        (r.get("method"), r["kind"], r["context"], r["batch"]): r["speedup"]
+        for r in results
+        if r["part"] == "compressed-speedup"
+    }
     for r in results:
         if r["part"] != "compressed":
             continue
@@ -342,12 +384,21 @@ def arc_table(results: list[dict], h2d_peak_gbs: float) -> str:
         f"B60: step (computed) | B60 tokens/s (computed) | B60 tokens/s, contiguous homes (computed) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    contiguous = {r["context"]: r["ratio"] for r in results
-                  if r["part"] == "grid" and r["kind"] == "decode" and r.get("contiguous")}
+    contiguous = {
+        r["context"]: r["ratio"]
+        for r in results
+        if r["part"] == "grid" and r["kind"] == "decode" and r.get("contiguous")
+    }
     best_contiguous = min(contiguous.values()) if contiguous else 1.0
     for r in results:
-        if not (r["part"] == "grid" and r["kind"] == "decode" and r["batch"] == 1 and r.get("method") != "runs"
-                and not r["shared_prefix"] and not r.get("contiguous")):
+        if not (
+            r["part"] == "grid"
+            and r["kind"] == "decode"
+            and r["batch"] == 1
+            and r.get("method") != "runs"
+            and not r["shared_prefix"]
+            and not r.get("contiguous")
+        ):
             continue
         bytes_ = r["streamed_bytes"]
         bus = bytes_ / (arc_link * 1e9) * 1e3
@@ -425,13 +476,25 @@ def trace_summary(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("raw", type=Path, nargs="+",
-                        help="streaming_bench outputs (RESULT lines are read); with --goals also gpu_vllm's JSON")
+    parser.add_argument(
+        "raw",
+        type=Path,
+        nargs="+",
+        help="streaming_bench outputs (RESULT lines are read); with --goals also gpu_vllm's JSON",
+    )
     parser.add_argument("--plot", type=Path, help="write the resident-layers curve as a PNG here")
-    parser.add_argument("--trace", type=Path, nargs="*", default=[],
-                        help="kineto traces of streaming_bench_profiled to summarise per stream")
-    parser.add_argument("--goals", action="store_true",
-                        help="only the layer-streaming goals, point by point (exit 0 met, 1 missed, 3 not all measured)")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="kineto traces of streaming_bench_profiled to summarise per stream",
+    )
+    parser.add_argument(
+        "--goals",
+        action="store_true",
+        help="only the layer-streaming goals, point by point (exit 0 met, 1 missed, 3 not all measured)",
+    )
     args = parser.parse_args()
     missing = [str(path) for path in args.raw if not path.is_file()]
     if missing:
@@ -441,8 +504,10 @@ def main() -> None:
     except BadRun as e:
         parser.error(str(e))
     if not any(r["part"] != "grid-setup" for r in results):
-        parser.error(f"no streaming_bench RESULT lines (nor gpu_vllm streaming runs) in "
-                     f"{', '.join(map(str, args.raw))}: give their output")
+        parser.error(
+            f"no streaming_bench RESULT lines (nor gpu_vllm streaming runs) in "
+            f"{', '.join(map(str, args.raw))}: give their output"
+        )
     if args.goals:
         try:
             met, verdict = goals(results)

@@ -69,11 +69,22 @@ from typing import Any
 
 GIB = 1 << 30
 LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "max_position_embeddings": 1 << 21, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 1 << 21,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
 }
 BLOCK = 16  # tokens a block: vLLM's default on CUDA before 0.34 (64 since); --block-size
 KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 128 * 2  # K and V, 8 heads of 128, bf16
@@ -107,31 +118,53 @@ def pinned_peak_gbps() -> float:
 EAGER = os.environ.get("ACTIVEKV_BENCH_EAGER") == "1"  # vLLM's eager mode instead of its default
 
 
-def make_llm(connector: str | None, extra: dict | None, *, max_model_len: int,
-             kv_cache_bytes: int | None = None, cudagraph_mode: str | None = None,
-             async_scheduling: bool | None = None):
+def make_llm(
+    connector: str | None,
+    extra: dict | None,
+    *,
+    max_model_len: int,
+    kv_cache_bytes: int | None = None,
+    cudagraph_mode: str | None = None,
+    async_scheduling: bool | None = None,
+):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
     kw: dict[str, Any] = {}
     if connector:
-        kw["kv_transfer_config"] = KVTransferConfig(kv_connector=connector, kv_role="kv_both",
-                                                    kv_connector_extra_config=extra or {})
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=connector, kv_role="kv_both", kv_connector_extra_config=extra or {}
+        )
     if kv_cache_bytes:
         kw["kv_cache_memory_bytes"] = kv_cache_bytes
     if async_scheduling is not None:
         kw["async_scheduling"] = async_scheduling
     # gpu_memory_utilization set: vLLM 0.34's extensible KV cache otherwise
     # takes the whole device, leaving no room for a connector's own buffers.
-    return LLM(model=str(model_dir()), load_format="dummy", skip_tokenizer_init=True,
-               dtype="bfloat16", max_model_len=max_model_len, gpu_memory_utilization=0.85,
-               block_size=BLOCK,
-               enable_prefix_caching=True, seed=0, disable_log_stats=connector is None,
-               max_num_batched_tokens=8192,
-               **({"enforce_eager": True} if EAGER else
-                  {"compilation_config": {"cudagraph_capture_sizes": CAPTURE_SIZES,
-                                          **({"cudagraph_mode": cudagraph_mode} if cudagraph_mode else {})}}),
-               **kw)
+    return LLM(
+        model=str(model_dir()),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_model_len=max_model_len,
+        gpu_memory_utilization=0.85,
+        block_size=BLOCK,
+        enable_prefix_caching=True,
+        seed=0,
+        disable_log_stats=connector is None,
+        max_num_batched_tokens=8192,
+        **(
+            {"enforce_eager": True}
+            if EAGER
+            else {
+                "compilation_config": {
+                    "cudagraph_capture_sizes": CAPTURE_SIZES,
+                    **({"cudagraph_mode": cudagraph_mode} if cudagraph_mode else {}),
+                }
+            }
+        ),
+        **kw,
+    )
 
 
 def shutdown(llm) -> None:
@@ -147,14 +180,17 @@ def timed_generate(llm, prompt: list[int], salt: str, max_tokens: int = 1) -> fl
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
-                 SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                                detokenize=False), use_tqdm=False)
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
+        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False),
+        use_tqdm=False,
+    )
     return time.perf_counter() - t0
 
 
-def decode_steps(llm, prompt: list[int], salt: str, decode_tokens: int,
-                 repeats: int) -> tuple[list[float], list[float]]:
+def decode_steps(
+    llm, prompt: list[int], salt: str, decode_tokens: int, repeats: int
+) -> tuple[list[float], list[float]]:
     """`repeats` pairs of generate(1) and generate(decode_tokens) on a prompt
     the engine already holds: each pair's generate(1) time and its decode step
     (the difference over decode_tokens - 1)."""
@@ -193,26 +229,33 @@ ENGINES = {
 
 
 def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,
-                           "repeats": repeats, "engines": {}}
+    out: dict[str, Any] = {
+        "peak_h2d_gbps": round(pinned_peak_gbps(), 2),
+        "lengths": lengths,
+        "repeats": repeats,
+        "engines": {},
+    }
     max_len = max(lengths) + 64
     for name in engines:
         connector, extra = ENGINES[name]
         t0 = time.perf_counter()
         llm = make_llm(connector, extra, max_model_len=max_len)
-        row: dict[str, Any] = {"start_s": round(time.perf_counter() - t0, 1),
-                               "cudagraph_mode": cudagraph_mode(llm), "by_length": {}}
+        row: dict[str, Any] = {
+            "start_s": round(time.perf_counter() - t0, 1),
+            "cudagraph_mode": cudagraph_mode(llm),
+            "by_length": {},
+        }
         print(f"{name}: started in {row['start_s']} s, {row['cudagraph_mode']}", flush=True)
         timed_generate(llm, prompt_of(2048, 0), "warm-up")
         for n in lengths:
             prompt = prompt_of(n, n)
             cell: dict[str, Any] = {}
             # A miss: a fresh salt each time (with a connector it also stores).
-            cell["miss_ms"] = median_ms([timed_generate(llm, prompt, f"miss-{n}-{i}")
-                                         for i in range(repeats)])
+            cell["miss_ms"] = median_ms([timed_generate(llm, prompt, f"miss-{n}-{i}") for i in range(repeats)])
             # vLLM's own GPU prefix hit on the last miss's blocks.
-            cell["gpu_hit_ms"] = median_ms([timed_generate(llm, prompt, f"miss-{n}-{repeats - 1}")
-                                            for _ in range(repeats)])
+            cell["gpu_hit_ms"] = median_ms(
+                [timed_generate(llm, prompt, f"miss-{n}-{repeats - 1}") for _ in range(repeats)]
+            )
             if connector:
                 hits = []
                 for _ in range(repeats):
@@ -228,8 +271,10 @@ def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]
         kv = (n - 1) // BLOCK * BLOCK * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"]
         gpu_hit = out["engines"].get("plain", {}).get("by_length", {}).get(str(n), {}).get("gpu_hit_ms")
         out.setdefault("bounds", {})[str(n)] = {
-            "kv_bytes": kv, "bus_ms": round(1000 * kv / peak, 2),
-            "host_hit_bound_ms": None if gpu_hit is None else round(1000 * kv / peak + gpu_hit, 2)}
+            "kv_bytes": kv,
+            "bus_ms": round(1000 * kv / peak, 2),
+            "host_hit_bound_ms": None if gpu_hit is None else round(1000 * kv / peak + gpu_hit, 2),
+        }
     return out
 
 
@@ -239,8 +284,7 @@ def ttft(lengths: list[int], repeats: int, engines: list[str]) -> dict[str, Any]
 # blocks (262,144 tokens). --resident-layers overrides (R = 0 for the longest
 # contexts: a 5.5 GiB budget then holds 45,056 blocks, 720k tokens, whose
 # exact homes take 93.5 GiB).
-STREAMING_GEOMETRY = {4: {"resident_layers": 2, "ring_size": 2},
-                      16: {"resident_layers": 14, "ring_size": 2}}
+STREAMING_GEOMETRY = {4: {"resident_layers": 2, "ring_size": 2}, 16: {"resident_layers": 14, "ring_size": 2}}
 
 
 def home_bytes(homes: str) -> int:
@@ -255,10 +299,17 @@ def home_bytes(homes: str) -> int:
     return layer_bytes(homes, BLOCK * KV_BYTES_PER_TOKEN_LAYER // 2, torch.bfloat16, LLAMA3_8B["head_dim"])
 
 
-def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int, repeats: int,
-              homes: list[str], resident_layers: int | None = None,
-              with_plain: bool = True, async_scheduling: bool | None = None,
-              settle: list[bool] | None = None) -> dict[str, Any]:
+def streaming(
+    budgets_gib: list[float],
+    contexts: list[int],
+    decode_tokens: int,
+    repeats: int,
+    homes: list[str],
+    resident_layers: int | None = None,
+    with_plain: bool = True,
+    async_scheduling: bool | None = None,
+    settle: list[bool] | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "runs": []}
     settings = settle or [os.environ.get("ACTIVEKV_SETTLE_ACROSS_STEPS") != "0"]
     peak = out["peak_h2d_gbps"] * 1e9
@@ -279,8 +330,13 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
             # Read by each worker at start-up (vLLM's engine process inherits it).
             os.environ["ACTIVEKV_SETTLE_ACROSS_STEPS"] = "1" if settled else "0"
             t0 = time.perf_counter()
-            llm = make_llm("ActiveKVHostConnector", {"streaming": config, "capacity_bytes": 1 * GIB},
-                           max_model_len=max_len, kv_cache_bytes=budget_bytes, async_scheduling=async_scheduling)
+            llm = make_llm(
+                "ActiveKVHostConnector",
+                {"streaming": config, "capacity_bytes": 1 * GIB},
+                max_model_len=max_len,
+                kv_cache_bytes=budget_bytes,
+                async_scheduling=async_scheduling,
+            )
             start_s = round(time.perf_counter() - t0, 1)
             blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
             plain_blocks = budget_bytes // (layers * page)
@@ -293,21 +349,29 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
                 ones, steps = decode_steps(llm, prompt, f"s{n}", decode_tokens, repeats)  # prefix hits
                 one, step = statistics.median(ones), statistics.median(steps)
                 streamed = (layers - geometry["resident_layers"]) * -(-n // BLOCK) * block_bytes
-                measured = {"budget_gib": budget, **config, "context": n, "start_s": start_s,
-                            "device_blocks": blocks, "serves_tokens": (blocks - 1) * BLOCK,
-                            "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
-                            "cudagraph_mode": cudagraph_mode(llm),
-                            "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
-                            "settle_across_steps": settled,
-                            # The A/B against ATen's operations turns compressed homes' fused
-                            # kernels off; kernels that failed to compile show only in the
-                            # worker's start-up line.
-                            "fused_codec_turned_off": os.environ.get("ACTIVEKV_FUSED_CODEC") == "0",
-                            "prefill_s": round(first, 2), "first_hit_ms": round(1000 * first_hit, 2),
-                            "hit_ms": round(1000 * one, 2), "decode_step_ms": round(1000 * step, 2),
-                            "decode_step_samples_ms": [round(1000 * x, 2) for x in steps],
-                            "tokens_per_s": round(1 / step, 2),
-                            "bus_bound_ms": round(1000 * streamed / peak, 2)}
+                measured = {
+                    "budget_gib": budget,
+                    **config,
+                    "context": n,
+                    "start_s": start_s,
+                    "device_blocks": blocks,
+                    "serves_tokens": (blocks - 1) * BLOCK,
+                    "plain_serves_tokens": (plain_blocks - 1) * BLOCK,
+                    "cudagraph_mode": cudagraph_mode(llm),
+                    "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+                    "settle_across_steps": settled,
+                    # The A/B against ATen's operations turns compressed homes' fused
+                    # kernels off; kernels that failed to compile show only in the
+                    # worker's start-up line.
+                    "fused_codec_turned_off": os.environ.get("ACTIVEKV_FUSED_CODEC") == "0",
+                    "prefill_s": round(first, 2),
+                    "first_hit_ms": round(1000 * first_hit, 2),
+                    "hit_ms": round(1000 * one, 2),
+                    "decode_step_ms": round(1000 * step, 2),
+                    "decode_step_samples_ms": [round(1000 * x, 2) for x in steps],
+                    "tokens_per_s": round(1 / step, 2),
+                    "bus_bound_ms": round(1000 * streamed / peak, 2),
+                }
                 measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
                 out["runs"].append(measured)
                 print(json.dumps(measured), flush=True)
@@ -316,8 +380,9 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
     plain_contexts = [n for n in contexts if n] if with_plain else []
     if not plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
         return out
-    llm = make_llm(None, None, max_model_len=max(plain_contexts) + decode_tokens + 64,
-                   async_scheduling=async_scheduling)
+    llm = make_llm(
+        None, None, max_model_len=max(plain_contexts) + decode_tokens + 64, async_scheduling=async_scheduling
+    )
     for n in plain_contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
         timed_generate(llm, prompt, "p", 1)
@@ -330,12 +395,15 @@ def streaming(budgets_gib: list[float], contexts: list[int], decode_tokens: int,
 
 
 def decode(lengths: list[int], repeats: int, engines: list[str], decode_tokens: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"lengths": lengths, "repeats": repeats, "decode_tokens": decode_tokens,
-                           "engines": {}}
+    out: dict[str, Any] = {"lengths": lengths, "repeats": repeats, "decode_tokens": decode_tokens, "engines": {}}
     for name in engines:
         connector, extra = ENGINES[name]
-        llm = make_llm(connector, extra, max_model_len=max(lengths) + decode_tokens + 64,
-                       cudagraph_mode="PIECEWISE" if name == "plain-piecewise" else None)
+        llm = make_llm(
+            connector,
+            extra,
+            max_model_len=max(lengths) + decode_tokens + 64,
+            cudagraph_mode="PIECEWISE" if name == "plain-piecewise" else None,
+        )
         row: dict[str, Any] = {"cudagraph_mode": cudagraph_mode(llm), "decode_step_ms": {}}
         timed_generate(llm, prompt_of(2048, 0), "warm-up", decode_tokens)
         for n in lengths:
@@ -362,15 +430,22 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     capacity = 2 * sum(lengths) * KV_BYTES_PER_TOKEN_LAYER * LLAMA3_8B["num_hidden_layers"] + GIB
     extra = {"mode": "exact", "capacity_bytes": capacity, "store_path": str(path)}
     max_len = max(lengths) + 64
-    out: dict[str, Any] = {"peak_h2d_gbps": round(pinned_peak_gbps(), 2), "lengths": lengths,
-                           "capacity_gib": round(capacity / GIB, 2), "store": str(path), "by_length": {}}
+    out: dict[str, Any] = {
+        "peak_h2d_gbps": round(pinned_peak_gbps(), 2),
+        "lengths": lengths,
+        "capacity_gib": round(capacity / GIB, 2),
+        "store": str(path),
+        "by_length": {},
+    }
     t0 = time.perf_counter()
     llm = make_llm("ActiveKVHostConnector", extra, max_model_len=max_len)
     out["first_start_s"] = round(time.perf_counter() - t0, 1)
     try:
         timed_generate(llm, prompt_of(2048, 0), "warm-up")
         for n in lengths:
-            out["by_length"][str(n)] = {"recompute_ms": round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)}
+            out["by_length"][str(n)] = {
+                "recompute_ms": round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)
+            }
     finally:
         shutdown(llm)
     t0 = time.perf_counter()
@@ -395,8 +470,11 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     global BLOCK
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu_vllm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.bench.gpu_vllm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("what", choices=["ttft", "streaming", "decode", "restart"])
     parser.add_argument("--lengths", default="8192,32768,131072")
     parser.add_argument("--engines", default=",".join(e for e in ENGINES if e != "plain-piecewise"))
@@ -404,15 +482,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets-gib", default="4,16")
     parser.add_argument("--homes", default="exact", help="exact,compressed: streaming's homes, one LLM each")
     parser.add_argument("--resident-layers", type=int, help="streaming's R for every budget")
-    parser.add_argument("--no-plain", action="store_true",
-                        help="streaming: leave out plain vLLM's decode step with all KV on the device")
-    parser.add_argument("--contexts", default="32768,131072",
-                        help="0 for the longest context the budget serves")
+    parser.add_argument(
+        "--no-plain",
+        action="store_true",
+        help="streaming: leave out plain vLLM's decode step with all KV on the device",
+    )
+    parser.add_argument("--contexts", default="32768,131072", help="0 for the longest context the budget serves")
     parser.add_argument("--decode-tokens", type=int, default=17)
-    parser.add_argument("--async-scheduling", choices=["on", "off"],
-                        help="streaming: vLLM's async scheduling (its own choice unless given)")
-    parser.add_argument("--settle", help="streaming: off,on: write-backs settling across steps, "
-                        "an LLM each (ACTIVEKV_SETTLE_ACROSS_STEPS otherwise)")
+    parser.add_argument(
+        "--async-scheduling",
+        choices=["on", "off"],
+        help="streaming: vLLM's async scheduling (its own choice unless given)",
+    )
+    parser.add_argument(
+        "--settle",
+        help="streaming: off,on: write-backs settling across steps, "
+        "an LLM each (ACTIVEKV_SETTLE_ACROSS_STEPS otherwise)",
+    )
     parser.add_argument("--store-dir", default="/dev/shm", help="restart: where the store file goes")
     parser.add_argument("--block-size", type=int, default=BLOCK, help="tokens a KV block, every engine")
     parser.add_argument("--out", type=Path)
@@ -428,20 +514,26 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "restart":
         result = restart([int(x) for x in args.lengths.split(",")], args.store_dir)
     elif args.what == "decode":
-        result = decode([int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","),
-                        args.decode_tokens)
+        result = decode(
+            [int(x) for x in args.lengths.split(",")], args.repeats, args.engines.split(","), args.decode_tokens
+        )
     else:
-        result = streaming([float(x) for x in args.budgets_gib.split(",")],
-                           [int(x) for x in args.contexts.split(",")], args.decode_tokens, args.repeats,
-                           args.homes.split(","), args.resident_layers, not args.no_plain,
-                           None if args.async_scheduling is None else args.async_scheduling == "on",
-                           [x == "on" for x in args.settle.split(",")] if args.settle else None)
+        result = streaming(
+            [float(x) for x in args.budgets_gib.split(",")],
+            [int(x) for x in args.contexts.split(",")],
+            args.decode_tokens,
+            args.repeats,
+            args.homes.split(","),
+            args.resident_layers,
+            not args.no_plain,
+            None if args.async_scheduling is None else args.async_scheduling == "on",
+            [x == "on" for x in args.settle.split(",")] if args.settle else None,
+        )
     import torch
     import vllm
 
     result["eager"], result["block_size"] = EAGER, BLOCK
-    result["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                         "vllm": vllm.__version__}
+    result["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "vllm": vllm.__version__}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -22,10 +22,20 @@ GC_LABELS = tuple(f"python: gc, generation {g}" for g in range(3))
 
 # The connector's per-step hooks, worker side then scheduler side (vLLM's
 # KVConnectorBase_V1); a class lacking one is left alone.
-CONNECTOR_HOOKS = ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
-                   "bind_connector_metadata", "clear_connector_metadata", "get_finished",
-                   "build_connector_meta", "update_connector_output", "get_num_new_matched_tokens",
-                   "update_state_after_alloc", "request_finished")
+CONNECTOR_HOOKS = (
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+    "bind_connector_metadata",
+    "clear_connector_metadata",
+    "get_finished",
+    "build_connector_meta",
+    "update_connector_output",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "request_finished",
+)
 
 
 class HookClock:
@@ -45,8 +55,10 @@ class HookClock:
         for owner, name, _ in self.targets:
             attr = owner.__dict__.get(name)  # a Python function, or the native connector's own
             if not callable(attr) or isinstance(attr, (staticmethod, classmethod)):
-                raise ValueError(f"{owner.__qualname__}.{name} is not a method of that class itself "
-                                 "(inherited, renamed in this vLLM, or a static or class method)")
+                raise ValueError(
+                    f"{owner.__qualname__}.{name} is not a method of that class itself "
+                    "(inherited, renamed in this vLLM, or a static or class method)"
+                )
         for owner, name, label in self.targets:
             inner = owner.__dict__[name]  # the class's own attribute, restored as it was
             self._saved.append((owner, name, inner))
@@ -82,6 +94,7 @@ class HookClock:
             finally:
                 self.seconds[label] += time.perf_counter() - t0
                 self.calls[label] += 1
+
         return timed
 
     def snapshot(self) -> dict[str, float]:
@@ -98,16 +111,17 @@ def step_targets(connector_class: type | None) -> list[tuple[type, str, str]]:
     # The model forward runs inside execute_model, and the connector's layer
     # hooks and the attention (vLLM's CPU backend: the benchmark's) inside the
     # forward; build_connector_meta inside schedule.
-    targets = [(GPUModelRunner, "execute_model", "vllm: execute_model"),
-               (GPUModelRunner, "_model_forward", "vllm: model forward"),
-               (CPUAttentionBackendImpl, "forward", "vllm: attention"),
-               (CPUAttentionBackendImpl, "do_kv_cache_update", "vllm: KV cache update"),
-               (GPUModelRunner, "sample_tokens", "vllm: sample_tokens"),
-               (Scheduler, "schedule", "vllm: schedule"),
-               (Scheduler, "update_from_output", "vllm: update_from_output")]
+    targets = [
+        (GPUModelRunner, "execute_model", "vllm: execute_model"),
+        (GPUModelRunner, "_model_forward", "vllm: model forward"),
+        (CPUAttentionBackendImpl, "forward", "vllm: attention"),
+        (CPUAttentionBackendImpl, "do_kv_cache_update", "vllm: KV cache update"),
+        (GPUModelRunner, "sample_tokens", "vllm: sample_tokens"),
+        (Scheduler, "schedule", "vllm: schedule"),
+        (Scheduler, "update_from_output", "vllm: update_from_output"),
+    ]
     if connector_class is not None:
-        targets += [(connector_class, name, name) for name in CONNECTOR_HOOKS
-                    if name in connector_class.__dict__]
+        targets += [(connector_class, name, name) for name in CONNECTOR_HOOKS if name in connector_class.__dict__]
     return targets
 
 
@@ -117,8 +131,10 @@ def connector_class(connector: str | None) -> type | None:
         return None
     if connector == "native":
         import activekv
+
         return activekv.ActiveKVHostConnector
     if connector == "reference":
         from activekv_reference import ActiveKVReferenceConnector
+
         return ActiveKVReferenceConnector
     raise ValueError(f"no connector class known for {connector!r}")

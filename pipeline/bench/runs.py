@@ -23,12 +23,17 @@ from ..paths import TEST_CACHE
 
 def machine_state() -> dict[str, Any]:
     """Load averages and the processes taking the most CPU, now."""
+
     def out(cmd: list[str]) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.rstrip()
 
     top = out(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu"]).splitlines()[:10]
-    return {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg": list(os.getloadavg()),
-            "uptime": out(["uptime"]), "top": top}
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loadavg": list(os.getloadavg()),
+        "uptime": out(["uptime"]),
+        "top": top,
+    }
 
 
 def wait_until_idle(threshold: float, max_wait_s: float, poll_s: float = 30.0) -> dict[str, Any]:
@@ -41,20 +46,22 @@ def wait_until_idle(threshold: float, max_wait_s: float, poll_s: float = 30.0) -
         print(f"load average {seen[-1]:.2f} > {threshold}: waiting", flush=True)
         time.sleep(poll_s)
         seen.append(os.getloadavg()[0])
-    return {"threshold": threshold, "waited_s": round(time.monotonic() - t0, 1),
-            "load_1min_seen": seen, "idle": seen[-1] <= threshold}
+    return {
+        "threshold": threshold,
+        "waited_s": round(time.monotonic() - t0, 1),
+        "load_1min_seen": seen,
+        "idle": seen[-1] <= threshold,
+    }
 
 
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """Median and range of a run's repeats, with the repeats themselves."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": list(values)}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": list(values)}
 
 
 def fmt(s: dict[str, Any], scale: float = 1.0, digits: int = 1) -> str:
     """'median [min-max]' of a summary, times `scale`."""
-    return (f"{s['median'] * scale:.{digits}f} "
-            f"[{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]")
+    return f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]"
 
 
 def environment() -> dict[str, Any]:
@@ -62,10 +69,17 @@ def environment() -> dict[str, Any]:
     import torch
     import vllm
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    return {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
-            "vllm": vllm.__version__, "cpus": os.cpu_count(), "machine": platform.machine()}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "commit": commit,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
 
 
 def reserve_cpus(value: str) -> dict[str, str | None]:
@@ -98,8 +112,11 @@ def forward_binding(cpus: str) -> dict[str, str]:
     ids = [c.strip() for c in cpus.split(",") if c.strip()]
     if not ids or not all(c.isdigit() for c in ids):
         raise SystemExit(f"--forward-cpus {cpus!r}: CPU numbers separated by commas, e.g. '0' or '0,1'")
-    return {"OMP_NUM_THREADS": str(len(ids)), "OMP_PROC_BIND": "true",
-            "OMP_PLACES": ",".join("{" + c + "}" for c in ids)}
+    return {
+        "OMP_NUM_THREADS": str(len(ids)),
+        "OMP_PROC_BIND": "true",
+        "OMP_PLACES": ",".join("{" + c + "}" for c in ids),
+    }
 
 
 def activekv_env() -> dict[str, str]:
@@ -120,11 +137,14 @@ def write(path: Path | None, record: dict[str, Any], text: str) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every benchmark run shares: waiting for an idle machine,
     the core reservation, the model cache and the raw output."""
-    parser.add_argument("--wait-load", type=float, default=0.5,
-                        help="wait for a 1-minute load average at most this before measuring")
+    parser.add_argument(
+        "--wait-load", type=float, default=0.5, help="wait for a 1-minute load average at most this before measuring"
+    )
     parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
-    parser.add_argument("--reserved-cpus", default="1",
-                        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; "
-                             "see runs.reserve_cpus)")
+    parser.add_argument(
+        "--reserved-cpus",
+        default="1",
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; see runs.reserve_cpus)",
+    )
     parser.add_argument("--cache", type=Path, default=TEST_CACHE)
     parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")

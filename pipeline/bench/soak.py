@@ -67,7 +67,7 @@ def group_pids(leader: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         if int(fields[2]) == leader:
             pids.append(int(entry))
     return pids
@@ -144,8 +144,9 @@ async def drive(url: str, args, vocab: int, deadline: float, out: list[dict]) ->
                 record = {"type": "request", "client": c, "prefix": p, "max_tokens": max_tokens}
                 cancel_after = crng.uniform(0, args.cancel_within_s) if crng.random() < args.cancel_share else None
                 try:
-                    got = await asyncio.wait_for(complete(session, url, prompt, max_tokens, timeout_s=600),
-                                                 cancel_after)
+                    got = await asyncio.wait_for(
+                        complete(session, url, prompt, max_tokens, timeout_s=600), cancel_after
+                    )
                     record.update({k: v for k, v in got.items() if k != "output"})
                 except asyncio.TimeoutError:
                     record["cancelled_after_s"] = round(cancel_after, 4)
@@ -159,8 +160,11 @@ def settle(server: Server, timeout_s: float) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         metrics = server.metrics()
-        if metrics.get("vllm:kv_cache_usage_perc", 0) == 0 and metrics.get("vllm:num_requests_running", 0) == 0 \
-                or time.monotonic() > deadline:
+        if (
+            metrics.get("vllm:kv_cache_usage_perc", 0) == 0
+            and metrics.get("vllm:num_requests_running", 0) == 0
+            or time.monotonic() > deadline
+        ):
             return metrics
         time.sleep(0.5)
 
@@ -171,17 +175,29 @@ def run(args) -> int:
     engine = eng.ENGINES[args.engine]
     path, vocab = model_dir(args.model)
     host_bytes = int(args.host_gib * GIB)
-    flags = vllm_flags(model=args.model, max_model_len=args.prefix_tokens + 160, block_size=args.block_size,
-                       kv_blocks=args.kv_blocks, kv_budget_gib=args.kv_budget_gib, eager=args.eager)
+    flags = vllm_flags(
+        model=args.model,
+        max_model_len=args.prefix_tokens + 160,
+        block_size=args.block_size,
+        kv_blocks=args.kv_blocks,
+        kv_budget_gib=args.kv_budget_gib,
+        eager=args.eager,
+    )
     out_path = args.out or Path("bench/soak") / f"{args.engine}.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    server = Server(path, [*flags, *engine.server_args(host_bytes)],
-                    {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(host_bytes)},
-                    out_path.with_suffix(".server.log"))
+    server = Server(
+        path,
+        [*flags, *engine.server_args(host_bytes)],
+        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(host_bytes)},
+        out_path.with_suffix(".server.log"),
+    )
     requests: list[dict] = []
     samples: list[dict] = []
-    print(f"soak: {args.engine}, {args.duration_s:g} s, {args.concurrency} clients, "
-          f"{args.cancel_share:.0%} cancelled; starting vllm serve", flush=True)
+    print(
+        f"soak: {args.engine}, {args.duration_s:g} s, {args.concurrency} clients, "
+        f"{args.cancel_share:.0%} cancelled; starting vllm serve",
+        flush=True,
+    )
     try:
         server.start(args.start_timeout)
         t0 = time.monotonic()
@@ -192,9 +208,12 @@ def run(args) -> int:
             while not load.done():
                 samples.append({**await asyncio.to_thread(sample, server, t0), "requests": len(requests)})
                 s = samples[-1]
-                print(f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
-                      f"files {s['open_files']:5.0f}  threads {s['threads']:5.0f}  "
-                      f"store {s.get('store_blocks', 0):6.0f} blocks", flush=True)
+                print(
+                    f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
+                    f"files {s['open_files']:5.0f}  threads {s['threads']:5.0f}  "
+                    f"store {s.get('store_blocks', 0):6.0f} blocks",
+                    flush=True,
+                )
                 await asyncio.wait([load], timeout=args.sample_s)
             await load
 
@@ -206,15 +225,22 @@ def run(args) -> int:
     lost = [r for r in requests if "cancelled_after_s" not in r and "error" in r]
     cancelled = sum("cancelled_after_s" in r for r in requests)
     usage = idle.get("vllm:kv_cache_usage_perc", 0)
-    summary = {"type": "summary", "engine": args.engine, "duration_s": args.duration_s,
-               "requests": len(requests), "answered": len(requests) - cancelled - len(lost),
-               "cancelled": cancelled, "errors": len(lost), "idle_kv_usage": usage,
-               "slopes_per_hour": {k: slope_per_hour(samples, k) for k in CREEP},
-               "slopes_per_1k_requests": {k: slope_per_1k_requests(samples, k) for k in CREEP},
-               "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
-               "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
-               "failed_loads": samples[-1].get("failed_loads") if samples else None,
-               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    summary = {
+        "type": "summary",
+        "engine": args.engine,
+        "duration_s": args.duration_s,
+        "requests": len(requests),
+        "answered": len(requests) - cancelled - len(lost),
+        "cancelled": cancelled,
+        "errors": len(lost),
+        "idle_kv_usage": usage,
+        "slopes_per_hour": {k: slope_per_hour(samples, k) for k in CREEP},
+        "slopes_per_1k_requests": {k: slope_per_1k_requests(samples, k) for k in CREEP},
+        "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
+        "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
+        "failed_loads": samples[-1].get("failed_loads") if samples else None,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     with out_path.open("w") as f:
         f.writelines(json.dumps(line) + "\n" for line in [*requests, *samples, summary])
     print(report(summary))
@@ -228,10 +254,13 @@ def run(args) -> int:
 
 
 def report(summary: dict) -> str:
-    lines = [f"soak {summary['engine']}: {summary['requests']} requests in {summary['duration_s']:g} s: "
-             f"{summary['answered']} answered, {summary['cancelled']} cancelled, {summary['errors']} lost; "
-             f"KV usage once idle {summary['idle_kv_usage']:g}",
-             f"  {'figure':18}{'first':>16}{'last':>16}{'slope / hour':>16}{'/ 1k requests':>16}"]
+    lines = [
+        f"soak {summary['engine']}: {summary['requests']} requests in {summary['duration_s']:g} s: "
+        f"{summary['answered']} answered, {summary['cancelled']} cancelled, {summary['errors']} lost; "
+        f"KV usage once idle {summary['idle_kv_usage']:g}",
+        f"  {'figure':18}{'first':>16}{'last':>16}{'slope / hour':>16}{'/ 1k requests':>16}",
+    ]
+
     def fmt(v):
         return "-" if v is None else f"{v:,.0f}"
 
@@ -260,8 +289,9 @@ def plot(samples: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--engine", default="activekv-exact", choices=list(eng.ENGINES))
     parser.add_argument("--duration-s", type=float, default=600)
     parser.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")

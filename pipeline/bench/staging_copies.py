@@ -55,10 +55,11 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
     per_round = []
     for r in range(rounds):
         staging_counter.STEPS.clear()
-        prompts = [TokensPrompt(prompt_token_ids=h.random_tokens(rng, rng.randint(64, longest)),
-                                cache_salt=f"round-{r}-{i}") for i in range(batch)]
-        params = [SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0, ignore_eos=True)
-                  for _ in prompts]
+        prompts = [
+            TokensPrompt(prompt_token_ids=h.random_tokens(rng, rng.randint(64, longest)), cache_salt=f"round-{r}-{i}")
+            for i in range(batch)
+        ]
+        params = [SamplingParams(max_tokens=rng.randint(8, 64), temperature=0.0, ignore_eos=True) for _ in prompts]
         llm.generate(prompts, params, use_tqdm=False)
         per_round.append(list(staging_counter.STEPS))
     return per_round
@@ -79,9 +80,17 @@ def streaming_bench_requests(llm, contexts: list[int], repeats: int) -> list[dic
             staging_counter.STEPS.clear()
             generate(llm, _prompt(p), 64, f"many-{p}-{r}")
             decode = staging_counter.STEPS[-63:]  # after the prefill's steps: 63 decode steps
-            out.append({"repeat": r, "context": p, "decode_steps": len(decode),
-                        **{k: statistics.median(s[k] for s in decode)
-                           for k in ("blocks", "copies", "copies_rows_in_table_order", "runs_of_ids")}})
+            out.append(
+                {
+                    "repeat": r,
+                    "context": p,
+                    "decode_steps": len(decode),
+                    **{
+                        k: statistics.median(s[k] for s in decode)
+                        for k in ("blocks", "copies", "copies_rows_in_table_order", "runs_of_ids")
+                    },
+                }
+            )
     return out
 
 
@@ -91,11 +100,17 @@ def totals(steps: list[dict[str, int]]) -> dict[str, Any]:
     old = sum(s["copies_rows_in_table_order"] for s in steps)
     fewest = sum(s["runs_of_ids"] for s in steps)
     per_request = sum(s["runs_of_ids_per_request"] for s in steps)
-    return {"steps": len(steps), "blocks": blocks, "copies": new, "copies_rows_in_table_order": old,
-            "runs_of_ids": fewest, "runs_of_ids_per_request": per_request,
-            "blocks_per_copy": blocks / new if new else 0.0,
-            "blocks_per_copy_rows_in_table_order": blocks / old if old else 0.0,
-            "blocks_per_run_of_ids": blocks / fewest if fewest else 0.0}
+    return {
+        "steps": len(steps),
+        "blocks": blocks,
+        "copies": new,
+        "copies_rows_in_table_order": old,
+        "runs_of_ids": fewest,
+        "runs_of_ids_per_request": per_request,
+        "blocks_per_copy": blocks / new if new else 0.0,
+        "blocks_per_copy_rows_in_table_order": blocks / old if old else 0.0,
+        "blocks_per_run_of_ids": blocks / fewest if fewest else 0.0,
+    }
 
 
 def main() -> None:
@@ -104,10 +119,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=3, help="requests a round, run together")
     parser.add_argument("--longest", type=int, default=1100, help="tokens of the longest prompt")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget-m", type=float, default=1.0,
-                        help="the device KV budget in units of M (the streaming tests' budget)")
-    parser.add_argument("--like-streaming-bench", action="store_true",
-                        help="pipeline.bench.streaming's decode requests instead of the rounds")
+    parser.add_argument(
+        "--budget-m", type=float, default=1.0, help="the device KV budget in units of M (the streaming tests' budget)"
+    )
+    parser.add_argument(
+        "--like-streaming-bench",
+        action="store_true",
+        help="pipeline.bench.streaming's decode requests instead of the rounds",
+    )
     parser.add_argument("--contexts", default="1024,2048,3776", help="with --like-streaming-bench")
     parser.add_argument("--repeats", type=int, default=5, help="with --like-streaming-bench")
     runs.add_run_arguments(parser)
@@ -117,20 +136,34 @@ def main() -> None:
     model = tiny_llama(args.cache, STREAMING_LAYERS)
     record: dict[str, Any] = {
         "command": "python -m pipeline.bench.staging_copies " + " ".join(sys.argv[1:]),
-        "environment": runs.environment(), "streaming": h.STREAMING,
-        "block_size": h.BLOCK_SIZE, "rounds": args.rounds, "batch": args.batch,
-        "longest": args.longest, "seed": args.seed, "env": runs.reserve_cpus(args.reserved_cpus),
+        "environment": runs.environment(),
+        "streaming": h.STREAMING,
+        "block_size": h.BLOCK_SIZE,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        "longest": args.longest,
+        "seed": args.seed,
+        "env": runs.reserve_cpus(args.reserved_cpus),
     }
     budget = h.whole_blocks_budget(args.budget_m * BUDGET, STREAMING_LAYERS)
     record["budget_bytes"] = budget
-    connector = {"kv_connector": "StagingCountingReferenceConnector",
-                 "kv_connector_module_path": "pipeline.harness.staging_counter"}
-    llm = h.make_llm(model, {"streaming": h.STREAMING}, connector=connector, kv_cache_bytes=budget,
-                     max_model_len=h.STREAMING_CONTEXT, in_process=True)
+    connector = {
+        "kv_connector": "StagingCountingReferenceConnector",
+        "kv_connector_module_path": "pipeline.harness.staging_counter",
+    }
+    llm = h.make_llm(
+        model,
+        {"streaming": h.STREAMING},
+        connector=connector,
+        kv_cache_bytes=budget,
+        max_model_len=h.STREAMING_CONTEXT,
+        in_process=True,
+    )
     try:
         if args.like_streaming_bench:
             record["like_streaming_bench"] = streaming_bench_requests(
-                llm, [int(c) for c in args.contexts.split(",")], args.repeats)
+                llm, [int(c) for c in args.contexts.split(",")], args.repeats
+            )
         else:
             per_round = run_rounds(llm, args.rounds, args.batch, args.longest, args.seed)
     finally:
@@ -151,28 +184,36 @@ def main() -> None:
 
 
 def like_streaming_bench_report(record: dict[str, Any]) -> str:
-    lines = [f"{record['command']} at {record['environment']['commit']}: pipeline.bench.streaming's decode "
-             f"requests, streaming in {record['budget_bytes'] / 2**20:.2f} MiB (blocks of {record['block_size']}); "
-             "a decode step's staging, the median over the 64-token generation's steps:"]
+    lines = [
+        f"{record['command']} at {record['environment']['commit']}: pipeline.bench.streaming's decode "
+        f"requests, streaming in {record['budget_bytes'] / 2**20:.2f} MiB (blocks of {record['block_size']}); "
+        "a decode step's staging, the median over the 64-token generation's steps:"
+    ]
     for row in record["like_streaming_bench"]:
-        lines.append(f"  repeat {row['repeat']} context {row['context']:5d}: {row['blocks']:.0f} blocks a layer in "
-                     f"{row['copies']:.0f} copies; rows in block-table order {row['copies_rows_in_table_order']:.0f}; "
-                     f"the fewest any rows allow (rows = ids) {row['runs_of_ids']:.0f}")
+        lines.append(
+            f"  repeat {row['repeat']} context {row['context']:5d}: {row['blocks']:.0f} blocks a layer in "
+            f"{row['copies']:.0f} copies; rows in block-table order {row['copies_rows_in_table_order']:.0f}; "
+            f"the fewest any rows allow (rows = ids) {row['runs_of_ids']:.0f}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def report(record: dict[str, Any]) -> str:
-    lines = [f"{record['command']} at {record['environment']['commit']}: {record['rounds']} rounds of "
-             f"{record['batch']} requests (prompts of 64-{record['longest']} tokens, blocks of "
-             f"{record['block_size']}), streaming in {record['budget_bytes'] / 2**20:.2f} MiB"]
+    lines = [
+        f"{record['command']} at {record['environment']['commit']}: {record['rounds']} rounds of "
+        f"{record['batch']} requests (prompts of 64-{record['longest']} tokens, blocks of "
+        f"{record['block_size']}), streaming in {record['budget_bytes'] / 2**20:.2f} MiB"
+    ]
     for part in ("first_rounds", "later_rounds"):
         t = record[part]
-        lines.append(f"  {part.replace('_', ' ')} ({t['rounds']}): {t['steps']} steps staging {t['blocks']} "
-                     f"blocks a layer in {t['copies']} copies ({t['blocks_per_copy']:.1f} blocks a copy); "
-                     f"rows in block-table order: {t['copies_rows_in_table_order']} copies "
-                     f"({t['blocks_per_copy_rows_in_table_order']:.1f} blocks a copy); the fewest any rows "
-                     f"allow: {t['runs_of_ids']} ({t['blocks_per_run_of_ids']:.1f} blocks a copy), rows "
-                     f"reserved per request: {t['runs_of_ids_per_request']}")
+        lines.append(
+            f"  {part.replace('_', ' ')} ({t['rounds']}): {t['steps']} steps staging {t['blocks']} "
+            f"blocks a layer in {t['copies']} copies ({t['blocks_per_copy']:.1f} blocks a copy); "
+            f"rows in block-table order: {t['copies_rows_in_table_order']} copies "
+            f"({t['blocks_per_copy_rows_in_table_order']:.1f} blocks a copy); the fewest any rows "
+            f"allow: {t['runs_of_ids']} ({t['blocks_per_run_of_ids']:.1f} blocks a copy), rows "
+            f"reserved per request: {t['runs_of_ids_per_request']}"
+        )
     return "\n".join(lines) + "\n"
 
 

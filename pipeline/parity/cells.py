@@ -34,22 +34,33 @@ def _first_difference(a: list, b: list) -> str:
     return ""
 
 
-def judge(
-    mode: str, scenario: str, ref1: list, ref2: list, native: list, live_differs: int = 0
-) -> Cell:
+def judge(mode: str, scenario: str, ref1: list, ref2: list, native: list, live_differs: int = 0) -> Cell:
     live = "live run: equal" if live_differs == 0 else f"live run: {live_differs} returns differ"
     if live_differs:
         # The replay no longer does what vLLM saw: the cell proves nothing.
-        return Cell(mode, scenario, False, "FAIL", len(ref1), live,
-                    f"the reference's replay diverged from its live recording ({live_differs} "
-                    "scheduler returns differ): the recording no longer replays what vLLM ran")
+        return Cell(
+            mode,
+            scenario,
+            False,
+            "FAIL",
+            len(ref1),
+            live,
+            f"the reference's replay diverged from its live recording ({live_differs} "
+            "scheduler returns differ): the recording no longer replays what vLLM ran",
+        )
     self_diff = _first_difference(ref1, ref2)
     if self_diff:
         # The reference does not agree with itself: nothing to gate on.
         native_diff = _first_difference(ref1, native)
-        return Cell(mode, scenario, False, "reported", len(ref1), live,
-                    f"reference disagrees with itself: {self_diff}; native vs run 1: "
-                    f"{native_diff or 'equal'}")
+        return Cell(
+            mode,
+            scenario,
+            False,
+            "reported",
+            len(ref1),
+            live,
+            f"reference disagrees with itself: {self_diff}; native vs run 1: {native_diff or 'equal'}",
+        )
     diff = _first_difference(ref1, native)
     return Cell(mode, scenario, True, "FAIL" if diff else "pass", len(ref1), live, diff)
 
@@ -66,8 +77,9 @@ def expected_cells(path: Path = EXPECTED) -> tuple[set[tuple[str, str]], dict[tu
     return gating, not_gating
 
 
-def expectation_problems(cells: Iterable[Mapping], path: Path = EXPECTED,
-                         modes: Iterable[str] | None = None) -> list[str]:
+def expectation_problems(
+    cells: Iterable[Mapping], path: Path = EXPECTED, modes: Iterable[str] | None = None
+) -> list[str]:
     """Why a run's cells fall short of what is expected of them ([] when they
     do not): an expected cell that is missing or stopped gating, a cell that
     gates nowhere on record, a cell no one listed. `modes` are the modes the
@@ -82,8 +94,10 @@ def expectation_problems(cells: Iterable[Mapping], path: Path = EXPECTED,
         if cell[0] in modes and cell not in seen:
             problems.append(f"{'/'.join(cell)} did not run")
         elif cell in seen and not seen[cell]:
-            problems.append(f"{'/'.join(cell)} stopped gating (record why under [[not_gating]] in "
-                            f"pipeline/parity/{path.name}, or make the reference agree with itself)")
+            problems.append(
+                f"{'/'.join(cell)} stopped gating (record why under [[not_gating]] in "
+                f"pipeline/parity/{path.name}, or make the reference agree with itself)"
+            )
     for cell, gates in sorted(seen.items()):
         if cell not in gating and cell not in not_gating:
             problems.append(f"{'/'.join(cell)} is a new cell: list it in pipeline/parity/{path.name}")
@@ -94,8 +108,7 @@ def expectation_problems(cells: Iterable[Mapping], path: Path = EXPECTED,
 
 def table(cells: list[Cell]) -> str:
     rows = [("mode", "scenario", "gating", "result", "observations", "note")]
-    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.note)
-             for c in cells]
+    rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.note) for c in cells]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

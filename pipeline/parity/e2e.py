@@ -66,6 +66,8 @@ def run(model: Path, mode: str) -> Cell:
         detail = f"logprobs differ: {diff}"
     digest = hashlib.sha256("".join(ref_store).encode()).hexdigest()[:12]
     note = f"{len(ref_store)} blocks, store {digest}; logprobs " + (
-        "gated" if not self_diff else f"not gated (the reference's two runs differ: {self_diff})")
-    return Cell(mode, "end to end in vLLM", True, "FAIL" if detail else "pass",
-                len(tokens) + len(ref_store), note, detail)
+        "gated" if not self_diff else f"not gated (the reference's two runs differ: {self_diff})"
+    )
+    return Cell(
+        mode, "end to end in vLLM", True, "FAIL" if detail else "pass", len(tokens) + len(ref_store), note, detail
+    )

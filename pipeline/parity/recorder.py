@@ -37,8 +37,12 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         self._trace.refresh_segment()  # a scenario's first call of the scheduler
         ret = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        self._trace.add("get_num_new_matched_tokens", request=plain_request(request),
-                        num_computed_tokens=num_computed_tokens, ret=ret)
+        self._trace.add(
+            "get_num_new_matched_tokens",
+            request=plain_request(request),
+            num_computed_tokens=num_computed_tokens,
+            ret=ret,
+        )
         return ret
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -64,8 +68,9 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
 
     def update_connector_output(self, connector_output):
         super().update_connector_output(connector_output)
-        self._trace.add("update_connector_output",
-                        worker_meta=plain_worker_meta(connector_output.kv_connector_worker_meta))
+        self._trace.add(
+            "update_connector_output", worker_meta=plain_worker_meta(connector_output.kv_connector_worker_meta)
+        )
 
     def request_finished(self, request, block_ids):
         ret = super().request_finished(request, block_ids)
@@ -80,7 +85,8 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
         for n, t in kv_caches.items():
             shared.setdefault(t.data_ptr(), []).append(n)
         self._trace.add(
-            "register_kv_caches", layers={n: (tuple(t.shape), str(t.dtype)) for n, t in kv_caches.items()},
+            "register_kv_caches",
+            layers={n: (tuple(t.shape), str(t.dtype)) for n, t in kv_caches.items()},
             regions=list(shared.values()),
         )
 
@@ -103,8 +109,14 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
         back = list(meta.writeback_blocks) if self.worker_side.streamer is not None else []
         # What the save and the write-back read: the blocks as the forward left them
         # (copies in host memory: a trace replays on any device).
-        self._trace.add("save_kv_layer", layer=layer_name, block_ids=ids, blocks=kv_layer[ids].cpu(),
-                        writeback_ids=back, writeback=kv_layer[back].cpu())
+        self._trace.add(
+            "save_kv_layer",
+            layer=layer_name,
+            block_ids=ids,
+            blocks=kv_layer[ids].cpu(),
+            writeback_ids=back,
+            writeback=kv_layer[back].cpu(),
+        )
         super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
     def wait_for_save(self):

@@ -105,16 +105,19 @@ class _Blocks:
 def _check_identity(sched_init: dict, worker_init: dict, model_identity: str | None) -> None:
     if model_identity is not None and sched_init["model"] != model_identity:
         raise TraceMismatchError(
-            f"recording is of model {sched_init['model']!r}, not {model_identity!r}: "
-            "record it again for this model"
+            f"recording is of model {sched_init['model']!r}, not {model_identity!r}: record it again for this model"
         )
     if sched_init["extra_config"] != worker_init["extra_config"]:
         raise TraceMismatchError("scheduler and worker traces come from different configurations")
 
 
 def replay(
-    sched_events: list[dict], worker_events: list[dict], impl: str,
-    model_identity: str | None = None, layer_hooks: bool = True, device: str = "cpu",
+    sched_events: list[dict],
+    worker_events: list[dict],
+    impl: str,
+    model_identity: str | None = None,
+    layer_hooks: bool = True,
+    device: str = "cpu",
 ) -> ReplayResult:
     """Replays the recording on one fresh pair of connectors of `impl`, the
     KV caches on `device` (the target's: its copies are what is compared)."""
@@ -128,12 +131,22 @@ def replay(
     # by a collection inside a timed call, it was charged to this replay's
     # connector (one recording read 0.4x for the native engine that way).
     gc.collect()
-    sched, _ = make_pair(impl, sched_init["extra_config"], sched_init["kv_cache_config"],
-                         model=sched_init["model"], tp_size=sched_init["tp_size"],
-                         max_model_len=sched_init["max_model_len"])
-    _, worker = make_pair(impl, worker_init["extra_config"], worker_init["kv_cache_config"],
-                          model=worker_init["model"], tp_size=worker_init["tp_size"],
-                          max_model_len=worker_init["max_model_len"])
+    sched, _ = make_pair(
+        impl,
+        sched_init["extra_config"],
+        sched_init["kv_cache_config"],
+        model=sched_init["model"],
+        tp_size=sched_init["tp_size"],
+        max_model_len=sched_init["max_model_len"],
+    )
+    _, worker = make_pair(
+        impl,
+        worker_init["extra_config"],
+        worker_init["kv_cache_config"],
+        model=worker_init["model"],
+        tp_size=worker_init["tp_size"],
+        max_model_len=worker_init["max_model_len"],
+    )
 
     register = [e for e in worker_events if e["kind"] == "register_kv_caches"]
     if len(register) != 1:
@@ -174,13 +187,16 @@ def replay(
             segment = ev["segment"]
         kind = ev["kind"]
         if kind == "get_num_new_matched_tokens":
-            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]),
-                              ev["num_computed_tokens"]))
+            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]), ev["num_computed_tokens"]))
             obs[segment].append(("get_num_new_matched_tokens", ret))
             live_differs[segment] += ret != tuple(ev["ret"])
         elif kind == "update_state_after_alloc":
-            clock(sched.update_state_after_alloc, request_of(ev["request"]), _Blocks(ev["block_ids"]),
-                  ev["num_external_tokens"])
+            clock(
+                sched.update_state_after_alloc,
+                request_of(ev["request"]),
+                _Blocks(ev["block_ids"]),
+                ev["num_external_tokens"],
+            )
         elif kind == "build_connector_meta":
             for rid, tokens in ev["tokens"].items():
                 if rid in requests:
@@ -194,8 +210,7 @@ def replay(
             live_differs[segment] += plain_metadata(meta) != ev["ret"]
             if step >= len(steps):
                 raise TraceMismatchError(f"worker trace ends before step {step}")
-            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock,
-                                          layer_hooks)
+            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock, layer_hooks)
             step += 1
             if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
                 control_steps += 1
@@ -211,9 +226,7 @@ def replay(
         elif kind == "register_kv_caches":
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
-    return ReplayResult(
-        dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds
-    )
+    return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds)
 
 
 def _worker_steps(events: list[dict]) -> list[list[dict]]:
@@ -260,8 +273,7 @@ def full_graph_forward_context():
     return SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL)
 
 
-def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock,
-                 layer_hooks: bool = True):
+def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock, layer_hooks: bool = True):
     from vllm.v1.outputs import KVConnectorOutput
 
     clock(worker.bind_connector_metadata, meta)

@@ -44,8 +44,10 @@ def plain_scheduler_output(so) -> dict[str, Any]:
 
 def plain_metadata(meta) -> dict[str, Any]:
     """Either implementation's connector metadata as comparable plain data."""
+
     def op(o):
         return tuple(o) if isinstance(o, tuple) else tuple(o.__dict__.values())
+
     return {
         "loads": [op(o) for o in meta.loads],
         "saves": [op(o) for o in meta.saves],
@@ -100,8 +102,9 @@ def read_traces(directory: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     sched = sorted(directory.glob("scheduler-*.trace"))
     workers = sorted(directory.glob("worker-*.trace"))
     if len(sched) != 1 or len(workers) != 1:
-        raise SystemExit(f"{directory}: expected one scheduler and one worker trace, "
-                         f"found {len(sched)} and {len(workers)}")
+        raise SystemExit(
+            f"{directory}: expected one scheduler and one worker trace, found {len(sched)} and {len(workers)}"
+        )
     return read_trace(sched[0]), read_trace(workers[0])
 
 

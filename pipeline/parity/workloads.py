@@ -94,8 +94,11 @@ def aborted_request(llm):
 
     prompt = _tokens(121, 12 * BS + 4)
     engine = llm.llm_engine
-    engine.add_request("aborted-0", TokensPrompt(prompt_token_ids=prompt),
-                       SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        "aborted-0",
+        TokensPrompt(prompt_token_ids=prompt),
+        SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True),
+    )
     for _ in range(4):  # prefill and a few decode steps, then abort mid-flight
         engine.step()
     engine.abort_request(["aborted-0"])
@@ -194,10 +197,16 @@ def streaming_abort(llm):
 
     h.flush_device_cache(llm)
     engine = llm.llm_engine
-    engine.add_request("aborted-streaming", TokensPrompt(prompt_token_ids=_tokens(165, 30 * BS + 7)),
-                       SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
-    engine.add_request("beside-it", TokensPrompt(prompt_token_ids=_tokens(166, 10 * BS)),
-                       SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        "aborted-streaming",
+        TokensPrompt(prompt_token_ids=_tokens(165, 30 * BS + 7)),
+        SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True),
+    )
+    engine.add_request(
+        "beside-it",
+        TokensPrompt(prompt_token_ids=_tokens(166, 10 * BS)),
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+    )
     for _ in range(3):  # its prefill and a few decode steps, each staging its layers
         engine.step()
     engine.abort_request(["aborted-streaming"])
@@ -216,8 +225,11 @@ def streaming_fragmented_homes(llm):
     h.flush_device_cache(llm)
     engine = llm.llm_engine
     for i in range(10):
-        engine.add_request(f"fragment-{i}", TokensPrompt(prompt_token_ids=_tokens(170 + i, (1 + i % 5) * BS + 3)),
-                           SamplingParams(max_tokens=1 + 7 * (i % 4), temperature=0.0, ignore_eos=True))
+        engine.add_request(
+            f"fragment-{i}",
+            TokensPrompt(prompt_token_ids=_tokens(170 + i, (1 + i % 5) * BS + 3)),
+            SamplingParams(max_tokens=1 + 7 * (i % 4), temperature=0.0, ignore_eos=True),
+        )
     while engine.has_unfinished_requests():
         engine.step()
     params = SamplingParams(max_tokens=BS + 10, temperature=0.0, ignore_eos=True)
@@ -231,41 +243,71 @@ def sessions(mode: str) -> list[Session]:
         "max_model_len": h.STREAMING_CONTEXT,
     }
     return [
-        Session("default", {"mode": mode}, [
-            ("miss", miss), ("full hit", full_hit), ("partial hit", partial_hit),
-            ("salt isolation", salt_isolation), ("mixed batch", mixed_batch),
-            ("prompt of 2k tokens", long_prompt), ("aborted request", aborted_request),
-            ("preemption and resume", preemption_and_resume),
-            ("48 requests running", many_running),
-        ]),
-        Session("small-store", {"mode": mode, "capacity_bytes": 8 * one_block}, [
-            ("eviction under pressure", eviction_under_pressure),
-        ]),
-        Session("policy", {
-            "mode": mode, "store_threshold": 2, "max_bytes_per_request": 6 * one_block,
-            "store_blocks": "prompt_and_decode",
-        }, [
-            ("store threshold", store_threshold), ("per-request cap", per_request_cap),
-            ("decode-block saving", decode_blocks),
-        ]),
-        Session("streaming", {"mode": mode, "streaming": h.STREAMING}, [
-            ("streaming: context 8x the budget", streaming_long_context),
-            ("streaming: prefix hit from the host store", streaming_prefix_hit),
-            ("streaming: preemption and resume", streaming_preemption),
-            ("streaming: 48 requests", streaming_many),
-            ("streaming: aborted while staging", streaming_abort),
-            ("streaming: fragmented homes", streaming_fragmented_homes),
-        ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
+        Session(
+            "default",
+            {"mode": mode},
+            [
+                ("miss", miss),
+                ("full hit", full_hit),
+                ("partial hit", partial_hit),
+                ("salt isolation", salt_isolation),
+                ("mixed batch", mixed_batch),
+                ("prompt of 2k tokens", long_prompt),
+                ("aborted request", aborted_request),
+                ("preemption and resume", preemption_and_resume),
+                ("48 requests running", many_running),
+            ],
+        ),
+        Session(
+            "small-store",
+            {"mode": mode, "capacity_bytes": 8 * one_block},
+            [
+                ("eviction under pressure", eviction_under_pressure),
+            ],
+        ),
+        Session(
+            "policy",
+            {
+                "mode": mode,
+                "store_threshold": 2,
+                "max_bytes_per_request": 6 * one_block,
+                "store_blocks": "prompt_and_decode",
+            },
+            [
+                ("store threshold", store_threshold),
+                ("per-request cap", per_request_cap),
+                ("decode-block saving", decode_blocks),
+            ],
+        ),
+        Session(
+            "streaming",
+            {"mode": mode, "streaming": h.STREAMING},
+            [
+                ("streaming: context 8x the budget", streaming_long_context),
+                ("streaming: prefix hit from the host store", streaming_prefix_hit),
+                ("streaming: preemption and resume", streaming_preemption),
+                ("streaming: 48 requests", streaming_many),
+                ("streaming: aborted while staging", streaming_abort),
+                ("streaming: fragmented homes", streaming_fragmented_homes),
+            ],
+            num_layers=STREAMING_LAYERS,
+            llm_options=streaming_options,
+        ),
         # The homes as int8 + scales: their bytes, and every staged block's
         # decode, must be the reference's.
-        Session("streaming-compressed-homes",
-                {"mode": mode, "streaming": {**h.STREAMING, "homes": "compressed"}}, [
-            ("streaming, compressed homes: context 8x the budget", streaming_long_context),
-            ("streaming, compressed homes: prefix hit from the host store", streaming_prefix_hit),
-            ("streaming, compressed homes: preemption and resume", streaming_preemption),
-            ("streaming, compressed homes: aborted while staging", streaming_abort),
-            ("streaming, compressed homes: fragmented homes", streaming_fragmented_homes),
-        ], num_layers=STREAMING_LAYERS, llm_options=streaming_options),
+        Session(
+            "streaming-compressed-homes",
+            {"mode": mode, "streaming": {**h.STREAMING, "homes": "compressed"}},
+            [
+                ("streaming, compressed homes: context 8x the budget", streaming_long_context),
+                ("streaming, compressed homes: prefix hit from the host store", streaming_prefix_hit),
+                ("streaming, compressed homes: preemption and resume", streaming_preemption),
+                ("streaming, compressed homes: aborted while staging", streaming_abort),
+                ("streaming, compressed homes: fragmented homes", streaming_fragmented_homes),
+            ],
+            num_layers=STREAMING_LAYERS,
+            llm_options=streaming_options,
+        ),
     ]
 
 

@@ -32,8 +32,11 @@ def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, re
     wheels = refuse_links(sorted(wheels_dir.glob("*.whl")), "wheel", AuditError)
     findings: list[Finding] = []
     if not wheels:
-        findings.append(Finding(wheel="-", file=str(wheels_dir), rule="wheels",
-                                message="no wheel to audit: run the build stage first"))
+        findings.append(
+            Finding(
+                wheel="-", file=str(wheels_dir), rule="wheels", message="no wheel to audit: run the build stage first"
+            )
+        )
     for wheel in wheels:
         findings += audit_wheel(wheel, target, policy)
     runtime_image = None
@@ -58,8 +61,10 @@ def audit(runtime: ContainerRuntime | None, target: Target, wheels_dir: Path, re
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(record, indent=2) + "\n")
     if findings:
-        raise AuditError(f"payload audit of target {target.name} failed ({len(findings)} finding(s); "
-                         f"report: {report}):\n" + "\n".join(f"  {f}" for f in findings))
+        raise AuditError(
+            f"payload audit of target {target.name} failed ({len(findings)} finding(s); "
+            f"report: {report}):\n" + "\n".join(f"  {f}" for f in findings)
+        )
     return record
 
 
@@ -68,5 +73,7 @@ def execute(run: Run) -> None:
     for target in run.targets:
         out = target_dir(target.name)
         audit(None if static_only else run.runtime, target, out / "wheels", out / "audit.json")
-        run.say(f"{target.name}: payload audit passed ({out / 'audit.json'})"
-                + (" (static rules only: the manifest stage will refuse this audit)" if static_only else ""))
+        run.say(
+            f"{target.name}: payload audit passed ({out / 'audit.json'})"
+            + (" (static rules only: the manifest stage will refuse this audit)" if static_only else "")
+        )

@@ -31,12 +31,10 @@ from pipeline.source import ENGINE, commit, engine_version, snapshot_source, sou
 
 def repair_command(target: Target) -> str:
     excludes = " ".join(f"--exclude {shlex.quote(lib)}" for lib in target.provided_libraries)
-    return (f"auditwheel repair --plat {target.platform_tag} {excludes} "
-            f"--wheel-dir {{dest_dir}} {{wheel}}")
+    return f"auditwheel repair --plat {target.platform_tag} {excludes} --wheel-dir {{dest_dir}} {{wheel}}"
 
 
-def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool = True
-                     ) -> dict[str, str]:
+def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool = True) -> dict[str, str]:
     build_env = {
         "SOURCE_DATE_EPOCH": epoch,
         # The wheels' version: the release's with the target's label (0.1.0+cu130).
@@ -55,9 +53,7 @@ def cibuildwheel_env(target: Target, image: str, epoch: str, *, use_cache: bool 
         "CIBW_ARCHS": "x86_64",
         "CIBW_BUILD": " ".join(f"{tag}-manylinux_x86_64" for tag in target.cpython_tags),
         "CIBW_MANYLINUX_X86_64_IMAGE": image,
-        "CIBW_CONTAINER_ENGINE": (
-            f"docker; create_args: --network host --volume {CCACHE_DIR}:/ccache"
-        ),
+        "CIBW_CONTAINER_ENGINE": (f"docker; create_args: --network host --volume {CCACHE_DIR}:/ccache"),
         "CIBW_BUILD_FRONTEND": "pip; args: --no-build-isolation",
         # A fixed build folder: nothing in the wheel depends on a random path.
         "CIBW_CONFIG_SETTINGS": "build-dir=/tmp/activekv-build",
@@ -77,8 +73,7 @@ def expected_wheels(target: Target, release: str) -> list[str]:
     return sorted(f"{DISTRIBUTION}-{version}-{tag}-{tag}-{target.platform_tag}.whl" for tag in target.cpython_tags)
 
 
-def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
-          use_cache: bool = True) -> dict:
+def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None, use_cache: bool = True) -> dict:
     """Build and repair the target's wheels into `out` (default
     build/release/<target>); returns the stage record. use_cache=False
     compiles everything (the reproducibility test's second build)."""
@@ -96,17 +91,22 @@ def build(runtime: ContainerRuntime, target: Target, *, out: Path | None = None,
     if runtime.name == "podman":
         env["CIBW_CONTAINER_ENGINE"] = env["CIBW_CONTAINER_ENGINE"].replace("docker;", "podman;", 1)
     started = time.monotonic()
-    result = echo_run([sys.executable, "-m", "cibuildwheel", "--output-dir", staging, ENGINE],
-                      env=env, cwd=source, check=False)
+    result = echo_run(
+        [sys.executable, "-m", "cibuildwheel", "--output-dir", staging, ENGINE], env=env, cwd=source, check=False
+    )
     if result.returncode != 0:
-        raise BuildError(f"target {target.name}: cibuildwheel failed (exit {result.returncode}); "
-                         f"its output is above. Earlier wheels in {wheels} are untouched.")
+        raise BuildError(
+            f"target {target.name}: cibuildwheel failed (exit {result.returncode}); "
+            f"its output is above. Earlier wheels in {wheels} are untouched."
+        )
     built = sorted(staging.glob("*.whl"))
     expected = expected_wheels(target, engine_version())
     if sorted(w.name for w in built) != expected:
-        raise BuildError(f"target {target.name}: expected {', '.join(expected)} "
-                         f"(python {', '.join(target.python)}, version {target.wheel_version(engine_version())}), "
-                         f"got {[w.name for w in built]}")
+        raise BuildError(
+            f"target {target.name}: expected {', '.join(expected)} "
+            f"(python {', '.join(target.python)}, version {target.wheel_version(engine_version())}), "
+            f"got {[w.name for w in built]}"
+        )
     shutil.rmtree(wheels, ignore_errors=True)
     staging.rename(wheels)
     compiler = runtime.run_in_image(image_ref, "c++", "--version").splitlines()[0]

@@ -18,10 +18,14 @@ def check_tree(*, allow_dirty: bool, root: Path = ROOT) -> None:
         raise DirtyTreeError(
             f"the working tree has {len(changes)} uncommitted change(s) (first: {changes[0].strip()}); "
             f"a release is made from a commit. Commit or stash them, or pass --allow-dirty "
-            f"(the manifest then records tree_dirty: true)")
+            f"(the manifest then records tree_dirty: true)"
+        )
 
 
 def execute(run: Run) -> None:
     check_tree(allow_dirty=run.options.allow_dirty)
-    run.say("the working tree is clean" if not source.tree_changes() else "dirty tree allowed "
-            "(recorded in the manifest: tree_dirty true)")
+    run.say(
+        "the working tree is clean"
+        if not source.tree_changes()
+        else "dirty tree allowed (recorded in the manifest: tree_dirty true)"
+    )

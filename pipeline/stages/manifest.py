@@ -30,32 +30,48 @@ from pipeline.container import ContainerRuntime
 from pipeline.digest import sha256_of
 from pipeline.errors import ManifestError
 from pipeline.paths import MANIFEST_DIR, RELEASE_DIR, VLLM_DIR, relative
-from pipeline.release_format import (FINGERPRINT_FILE, PROJECT, PUBLIC_KEY_FILE, SBOM_FORMAT, SCHEMA_ID,
-                                     WHEEL_KINDS, check_schema, manifest_name, sbom_name, wheel_name)
+from pipeline.release_format import (
+    FINGERPRINT_FILE,
+    PROJECT,
+    PUBLIC_KEY_FILE,
+    SBOM_FORMAT,
+    SCHEMA_ID,
+    WHEEL_KINDS,
+    check_schema,
+    manifest_name,
+    sbom_name,
+    wheel_name,
+)
 from pipeline.run import Run
 from pipeline.source import engine_version
 
 
 def _read(path: Path, what: str) -> dict:
     if not path.is_file():
-        raise ManifestError(f"{relative(path)}: "
-                            f"missing; run the {what} stage first")
+        raise ManifestError(f"{relative(path)}: missing; run the {what} stage first")
     return json.loads(path.read_text())
 
 
 def _file_artifact(kind: str, target: str, path: Path) -> dict:
     refuse_links([path], kind, ManifestError)
-    entry = {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path),
-             "size": path.stat().st_size}
+    entry = {"kind": kind, "target": target, "file": path.name, "sha256": sha256_of(path), "size": path.stat().st_size}
     if path.suffix == ".whl":
         parts = wheel_name(path.name, ManifestError)
         entry["python_tag"], entry["platform_tag"] = parts.python_tag, parts.platform_tag
     return entry
 
 
-def assemble(*, version: str, profile: str, targets: list[str], release_dir: Path,
-             vllm_dir: Path, out: Path, parity_records: Mapping[str, Path] = {},
-             image_packages: Mapping[str, list] = {}) -> dict:
+def assemble(
+    *,
+    version: str,
+    profile: str,
+    targets: list[str],
+    release_dir: Path,
+    vllm_dir: Path,
+    out: Path,
+    parity_records: Mapping[str, Path] = {},
+    image_packages: Mapping[str, list] = {},
+) -> dict:
     """The manifest dict (and the SBOM file in `out`); raises ManifestError
     when a stage record is missing or says the release must not be made.
     Each target's parity record is release_dir/<target>/parity.json unless
@@ -72,9 +88,11 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         if not audit["passed"]:
             raise ManifestError(f"target {target}: the payload audit did not pass; no manifest")
         if not audit["load_checked"]:
-            raise ManifestError(f"target {target}: the payload audit skipped the load check "
-                                f"(--static-only); a release needs the full audit: run the audit "
-                                f"stage without --static-only")
+            raise ManifestError(
+                f"target {target}: the payload audit skipped the load check "
+                f"(--static-only); a release needs the full audit: run the audit "
+                f"stage without --static-only"
+            )
         if commit not in (None, build["commit"]):
             raise ManifestError(f"target {target} was built from {build['commit']}, another from {commit}")
         commit, dirty = build["commit"], bool(dirty) or build["tree_dirty"]
@@ -90,8 +108,10 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         patch_records = [json.loads(p.read_text()) for p in sorted(vllm_dir.glob("*/patch.json"))]
         patch = next((r for r in patch_records if r["patched"]["file"] in runtime["wheels"]), None)
         if patch is None:
-            raise ManifestError(f"target {target}: no patch.json for the vLLM wheel in its runtime "
-                                f"image; run the patch-vllm stage first")
+            raise ManifestError(
+                f"target {target}: no patch.json for the vLLM wheel in its runtime "
+                f"image; run the patch-vllm stage first"
+            )
         pdir = vllm_dir / f"{patch['distribution']}-{patch['version']}"
         artifacts.append(_file_artifact("vllm-wheel", target, pdir / patch["patched"]["file"]))
         artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
@@ -106,19 +126,32 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         shipped_files = [tdir / "wheels" / w["file"] for w in audit["wheels"]]
         shipped_files += [pdir / patch["patched"]["file"], launcher]
         if inputs_digest(runtime.get("version", version), commit, shipped_files) != runtime["inputs_digest"]:
-            raise ManifestError(f"target {target}: the runtime image {runtime['ref']} was built from other "
-                                f"wheels or another launcher than those audited and to be published; run "
-                                f"the runtime-image stage again")
-        artifacts.append({"kind": "image", "target": target, "ref": runtime["ref"],
-                          "digest": runtime["id"], "inputs_digest": runtime["inputs_digest"]})
+            raise ManifestError(
+                f"target {target}: the runtime image {runtime['ref']} was built from other "
+                f"wheels or another launcher than those audited and to be published; run "
+                f"the runtime-image stage again"
+            )
+        artifacts.append(
+            {
+                "kind": "image",
+                "target": target,
+                "ref": runtime["ref"],
+                "digest": runtime["id"],
+                "inputs_digest": runtime["inputs_digest"],
+            }
+        )
         shipped = [a for a in artifacts if a["target"] == target and a["kind"] in WHEEL_KINDS]
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
-        parity_targets[target] = {"source": parity.get("source", "unknown"), "python": parity.get("python"),
-                                  "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]],
-                                  "units": parity.get("units", {})}
-        parity_cells += [{"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}}
-                         for c in parity["cells"]]
+        parity_targets[target] = {
+            "source": parity.get("source", "unknown"),
+            "python": parity.get("python"),
+            "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]],
+            "units": parity.get("units", {}),
+        }
+        parity_cells += [
+            {"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}} for c in parity["cells"]
+        ]
     sbom = write_sbom(out / sbom_name(version), version, artifacts, image_packages)
     artifacts.append(_file_artifact("sbom", "all", sbom))
     manifest = {
@@ -129,10 +162,14 @@ def assemble(*, version: str, profile: str, targets: list[str], release_dir: Pat
         "build_time": datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat(),
         "profile": profile,
         "artifacts": artifacts,
-        "versions": {"engine": version, "torch": torch, "vllm": vllm,
-                     "patch_series_sha256": series_sha,
-                     "base_images": [dict(b) for b in {json.dumps(b, sort_keys=True): b for b in bases}.values()],
-                     "compilers": compilers},
+        "versions": {
+            "engine": version,
+            "torch": torch,
+            "vllm": vllm,
+            "patch_series_sha256": series_sha,
+            "base_images": [dict(b) for b in {json.dumps(b, sort_keys=True): b for b in bases}.values()],
+            "compilers": compilers,
+        },
         "audit": audits,
         "parity": {"passed": True, "targets": parity_targets, "cells": parity_cells},
         "sbom": {"file": sbom.name, "sha256": sha256_of(sbom), "format": SBOM_FORMAT},
@@ -145,8 +182,10 @@ def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
     """The target's parity record passed and ran exactly the wheels that
     will be published (by sha256): a gate run on other bytes proves nothing."""
     if parity.get("stage") != "parity" or parity.get("target") != target:
-        raise ManifestError(f"target {target}: its parity record is not the parity stage's record for "
-                            f"{target}; run `python -m pipeline parity --target {target}`")
+        raise ManifestError(
+            f"target {target}: its parity record is not the parity stage's record for "
+            f"{target}; run `python -m pipeline parity --target {target}`"
+        )
     if problem := gate_problem(parity):
         raise ManifestError(f"target {target}: the parity gate failed ({problem}); nothing is released")
     ran = parity.get("wheels")
@@ -155,33 +194,55 @@ def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
         raise ManifestError(
             f"target {target}: its parity record ({parity.get('source', 'unknown source')}) is for other "
             f"wheels than those to be published: {'; '.join(differences)}; run the parity stage again on "
-            f"the published wheels")
+            f"the published wheels"
+        )
 
 
-def write_sbom(path: Path, version: str, artifacts: list[dict],
-               image_packages: Mapping[str, list]) -> Path:
+def write_sbom(path: Path, version: str, artifacts: list[dict], image_packages: Mapping[str, list]) -> Path:
     """A CycloneDX 1.5 SBOM: each wheel, each image and the Python packages
     installed in it (pip's list, read from the image)."""
     components = []
     for a in artifacts:
         if a["kind"] in WHEEL_KINDS:
             parts = wheel_name(a["file"], ManifestError)
-            components.append({"type": "library", "name": parts.project, "version": parts.version,
-                               "purl": f"pkg:pypi/{parts.project}@{quote(parts.version)}",
-                               "hashes": [{"alg": "SHA-256", "content": a["sha256"]}],
-                               "bom-ref": a["file"]})
+            components.append(
+                {
+                    "type": "library",
+                    "name": parts.project,
+                    "version": parts.version,
+                    "purl": f"pkg:pypi/{parts.project}@{quote(parts.version)}",
+                    "hashes": [{"alg": "SHA-256", "content": a["sha256"]}],
+                    "bom-ref": a["file"],
+                }
+            )
         elif a["kind"] == "image":
-            inside = [{"type": "library", "name": p["name"], "version": p["version"],
-                       "purl": f"pkg:pypi/{p['name'].lower()}@{p['version']}"}
-                      for p in image_packages.get(a["target"], [])]
-            components.append({"type": "container", "name": a["ref"], "version": version,
-                               "hashes": [{"alg": "SHA-256", "content": a["digest"].removeprefix("sha256:")}],
-                               "bom-ref": a["ref"], "components": inside})
-    bom = {"bomFormat": "CycloneDX", "specVersion": "1.5",
-           "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'{PROJECT}/{version}')}",
-           "version": 1, "metadata": {"component": {"type": "application", "name": PROJECT,
-                                                    "version": version}},
-           "components": components}
+            inside = [
+                {
+                    "type": "library",
+                    "name": p["name"],
+                    "version": p["version"],
+                    "purl": f"pkg:pypi/{p['name'].lower()}@{p['version']}",
+                }
+                for p in image_packages.get(a["target"], [])
+            ]
+            components.append(
+                {
+                    "type": "container",
+                    "name": a["ref"],
+                    "version": version,
+                    "hashes": [{"alg": "SHA-256", "content": a["digest"].removeprefix("sha256:")}],
+                    "bom-ref": a["ref"],
+                    "components": inside,
+                }
+            )
+    bom = {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "serialNumber": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'{PROJECT}/{version}')}",
+        "version": 1,
+        "metadata": {"component": {"type": "application", "name": PROJECT, "version": version}},
+        "components": components,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(bom, indent=2, sort_keys=True) + "\n")
     return path
@@ -222,22 +283,33 @@ def make_manifest(runtime: ContainerRuntime, profile: Profile, key_path: str | N
         image = RELEASE_DIR / name / "runtime.json"
         if image.is_file():
             packages[name] = runtime.installed_packages(json.loads(image.read_text())["ref"])
-    data = assemble(version=version, profile=profile.name, targets=list(profile.targets),
-                    release_dir=RELEASE_DIR, vllm_dir=VLLM_DIR, out=MANIFEST_DIR, image_packages=packages)
+    data = assemble(
+        version=version,
+        profile=profile.name,
+        targets=list(profile.targets),
+        release_dir=RELEASE_DIR,
+        vllm_dir=VLLM_DIR,
+        out=MANIFEST_DIR,
+        image_packages=packages,
+    )
     key = signing.signing_key(key_path)
     # The operator's files (requirements, constraints, signed provenance), listed before signing.
     provenance.add_operator_files(data, MANIFEST_DIR, key, release_dir=RELEASE_DIR)
     path, _, _ = write_signed(data, MANIFEST_DIR, key)
     fingerprint = signing.fingerprint(key)
-    print(f"pin this fingerprint: {fingerprint} (the release key's; record it where operators read "
-          f"it, not beside the release: they check with python -m pipeline verify MANIFEST "
-          f"--fingerprint {fingerprint} ...; also in "
-          f"{relative(MANIFEST_DIR / FINGERPRINT_FILE)})", flush=True)
+    print(
+        f"pin this fingerprint: {fingerprint} (the release key's; record it where operators read "
+        f"it, not beside the release: they check with python -m pipeline verify MANIFEST "
+        f"--fingerprint {fingerprint} ...; also in "
+        f"{relative(MANIFEST_DIR / FINGERPRINT_FILE)})",
+        flush=True,
+    )
     return path
 
 
 def execute(run: Run) -> None:
     path = make_manifest(run.runtime, run.profile, run.options.key)
     run.say(f"signed manifest: {relative(path)}")
-    run.output("signing key", f"{(MANIFEST_DIR / FINGERPRINT_FILE).read_text().strip()} (the fingerprint "
-                              f"operators pin)")
+    run.output(
+        "signing key", f"{(MANIFEST_DIR / FINGERPRINT_FILE).read_text().strip()} (the fingerprint operators pin)"
+    )

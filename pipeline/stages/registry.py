@@ -71,8 +71,7 @@ def preflight(run: Run, *, root: Path = ROOT) -> None:
     run.say("preflight passed: the flags, the profile, the signing key and the working tree")
 
 
-def run_release(run: Run, *, stages: Sequence[Stage] = RELEASE,
-                clock: Callable[[], float] = time.monotonic) -> None:
+def run_release(run: Run, *, stages: Sequence[Stage] = RELEASE, clock: Callable[[], float] = time.monotonic) -> None:
     """Every stage in order, after the plan; the first failure stops the
     release (its error propagates), so nothing after it, publishing included,
     happens. Each stage's end is printed with its elapsed time; a failure
@@ -90,14 +89,18 @@ def run_release(run: Run, *, stages: Sequence[Stage] = RELEASE,
             stage.execute(run)
         except BaseException as e:
             how = "interrupted" if isinstance(e, KeyboardInterrupt) else "FAILED"
-            run.say(f"\n=== {where} {how} after {elapsed(clock() - began)} (the release ran "
-                    f"{elapsed(clock() - start)}; no later stage ran)")
+            run.say(
+                f"\n=== {where} {how} after {elapsed(clock() - began)} (the release ran "
+                f"{elapsed(clock() - start)}; no later stage ran)"
+            )
             raise
         took = clock() - began
         times.append(f"{stage.name} {elapsed(took)}")
         run.say(f"=== {where} done in {elapsed(took)}")
-    run.say(f"\nrelease done in {elapsed(clock() - start)}: profile {run.profile.name}, targets "
-            f"{', '.join(t.name for t in run.targets)}")
+    run.say(
+        f"\nrelease done in {elapsed(clock() - start)}: profile {run.profile.name}, targets "
+        f"{', '.join(t.name for t in run.targets)}"
+    )
     run.say(f"stage times: {'; '.join(times)}")
     if run.outputs:
         run.say("outputs:")

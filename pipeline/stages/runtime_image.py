@@ -28,12 +28,13 @@ from pipeline.run import Run
 from pipeline.runtime_pins import load_overrides, overrides_file
 from pipeline.source import ENGINE, commit, engine_version, snapshot_source, source_date_epoch
 
-DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile",
-               "cuda": ROOT / "docker" / "runtime-cuda.Dockerfile"}
+DOCKERFILES = {"cpu": ROOT / "docker" / "runtime-cpu.Dockerfile", "cuda": ROOT / "docker" / "runtime-cuda.Dockerfile"}
 # cpu: versions, constraining pip's resolution; cuda: every distribution by
 # its hash (pipeline/runtime_pins.py), installed as it is.
-CONSTRAINTS = {"cpu": ROOT / "packaging" / "cpu" / "constraints.txt",
-               "cuda": ROOT / "packaging" / "cuda" / "constraints.txt"}
+CONSTRAINTS = {
+    "cpu": ROOT / "packaging" / "cpu" / "constraints.txt",
+    "cuda": ROOT / "packaging" / "cuda" / "constraints.txt",
+}
 # Free space the build needs where the runtime keeps its layers: the install
 # layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
 BUILD_SPACE = 8 * 2**30
@@ -43,11 +44,22 @@ def image_name(target: Target) -> str:
     return f"activekv-runtime-{target.name}"
 
 
-def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: str, commit: str,
-                        engine_wheels: list[Path], vllm_wheel: Path, launcher: Path, out: Path) -> dict:
+def build_runtime_image(
+    runtime: ContainerRuntime,
+    target: Target,
+    *,
+    version: str,
+    commit: str,
+    engine_wheels: list[Path],
+    vllm_wheel: Path,
+    launcher: Path,
+    out: Path,
+) -> dict:
     if target.name not in DOCKERFILES:
-        raise ImageError(f"target {target.name}: no runtime image recipe (docker/runtime-"
-                         f"{target.name}.Dockerfile) and no pinned runtime environment yet")
+        raise ImageError(
+            f"target {target.name}: no runtime image recipe (docker/runtime-"
+            f"{target.name}.Dockerfile) and no pinned runtime environment yet"
+        )
     if not engine_wheels:
         raise ImageError(f"target {target.name}: no engine wheel: run the build stage first")
     refuse_links([*engine_wheels, vllm_wheel], "wheel", ImageError)
@@ -56,8 +68,9 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     requirements = IMAGES_DIR / f"vllm-requirements-{target.name}.txt"
     requirements.parent.mkdir(parents=True, exist_ok=True)
     requirements.write_text(wheel_requirements(vllm_wheel))
-    dependencies_ref, dependencies_id = runtime_dependencies_image(runtime, target, requirements,
-                                                                   CONSTRAINTS[target.name])
+    dependencies_ref, dependencies_id = runtime_dependencies_image(
+        runtime, target, requirements, CONSTRAINTS[target.name]
+    )
     wheels = [*engine_wheels, vllm_wheel]
     digest = inputs_digest(version, commit, [*wheels, launcher])
     ref = f"activekv/{image_name(target)}:{version}"
@@ -73,10 +86,18 @@ def build_runtime_image(runtime: ContainerRuntime, target: Target, *, version: s
     shutil.copy2(launcher, ctx / "launcher" / "activekv-serve")
     try:
         image_id = runtime.build_image(
-            tag=ref, context=ctx, dockerfile=DOCKERFILES[target.name], needs_free=BUILD_SPACE,
-            build_args={"RUNTIME_DEPENDENCIES": dependencies_ref, "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
-                        **pip_check_allowed(target),
-                        "RELEASE_VERSION": version, "MANIFEST_INPUTS": digest})
+            tag=ref,
+            context=ctx,
+            dockerfile=DOCKERFILES[target.name],
+            needs_free=BUILD_SPACE,
+            build_args={
+                "RUNTIME_DEPENDENCIES": dependencies_ref,
+                "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
+                **pip_check_allowed(target),
+                "RELEASE_VERSION": version,
+                "MANIFEST_INPUTS": digest,
+            },
+        )
     finally:
         shutil.rmtree(ctx)
     if previous is not None and previous != image_id:
@@ -106,8 +127,10 @@ def pip_check_allowed(target: Target) -> dict[str, str]:
     if not overrides:
         return {}
     ere = lambda s: s.replace(".", "\\.").replace("+", "\\+")  # names, versions: letters, digits, '.', '-', '_', '+'
-    lines = [f"has requirement {ere(o['name'])}=={ere(o['pinned'])}, but you have "
-             f"{ere(o['name'])} {ere(o['instead'])}\\.$" for o in overrides.values()]
+    lines = [
+        f"has requirement {ere(o['name'])}=={ere(o['pinned'])}, but you have {ere(o['name'])} {ere(o['instead'])}\\.$"
+        for o in overrides.values()
+    ]
     return {"PIP_CHECK_ALLOWED": "|".join(lines)}
 
 
@@ -122,8 +145,7 @@ def wheel_requirements(wheel: Path) -> str:
         message = email.parser.Parser().parsestr(zf.read(metadata).decode())
     lines = message.get_all("Requires-Dist") or []
     if not lines:
-        raise ImageError(f"{wheel.name}: its METADATA names no requirements (Requires-Dist); "
-                         f"is it vLLM's wheel?")
+        raise ImageError(f"{wheel.name}: its METADATA names no requirements (Requires-Dist); is it vLLM's wheel?")
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -138,22 +160,43 @@ def build_launcher(runtime: ContainerRuntime, target: Target, *, out: Path | Non
     CCACHE_DIR.mkdir(parents=True, exist_ok=True)
     tag = target.cpython_tags[0]
     py_bin = f"/opt/python/{tag}-{tag}/bin"
-    env = {"PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "CCACHE_DIR": "/ccache", "CCACHE_BASEDIR": "/project", "SOURCE_DATE_EPOCH": source_date_epoch()}
+    env = {
+        "PATH": f"{py_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "CCACHE_DIR": "/ccache",
+        "CCACHE_BASEDIR": "/project",
+        "SOURCE_DATE_EPOCH": source_date_epoch(),
+    }
     binary = out / "launcher" / "activekv-serve"
-    with Container(runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")],
-                   env=env) as c:
+    with Container(
+        runtime=runtime, image=image_ref, volumes=[(source, "/project"), (CCACHE_DIR, "/ccache")], env=env
+    ) as c:
         # The builder's own CMake definitions for the engine (the cuda builder's
         # ACTIVEKV_TORCH_CMAKE=OFF: it has no CUDA toolkit), as its wheel builds get them.
         image_defines = c.call(["sh", "-c", 'printf %s "${SKBUILD_CMAKE_DEFINE:-}"'], capture=True).stdout
         defines = [f"-D{d}" for d in image_defines.split(";") if d.strip()]
-        configure = c.call(["cmake", "-S", f"/project/{ENGINE}", "-B", "/tmp/launcher", "-G", "Ninja",
-                            "-DCMAKE_BUILD_TYPE=Release", "-DACTIVEKV_BUILD_PYTHON=OFF",
-                            "-DACTIVEKV_BUILD_LAUNCHER=ON", "-DACTIVEKV_WERROR=ON", *defines,
-                            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", f"-DPython_EXECUTABLE={py_bin}/python"],
-                           check=False)
-        built = configure.returncode == 0 and c.call(
-            ["cmake", "--build", "/tmp/launcher", "--target", "activekv-serve"], check=False).returncode == 0
+        configure = c.call(
+            [
+                "cmake",
+                "-S",
+                f"/project/{ENGINE}",
+                "-B",
+                "/tmp/launcher",
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DACTIVEKV_BUILD_PYTHON=OFF",
+                "-DACTIVEKV_BUILD_LAUNCHER=ON",
+                "-DACTIVEKV_WERROR=ON",
+                *defines,
+                "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+                f"-DPython_EXECUTABLE={py_bin}/python",
+            ],
+            check=False,
+        )
+        built = (
+            configure.returncode == 0
+            and c.call(["cmake", "--build", "/tmp/launcher", "--target", "activekv-serve"], check=False).returncode == 0
+        )
         if not built:
             raise BuildError(f"target {target.name}: building activekv-serve failed (output above)")
         if binary.exists():
@@ -168,9 +211,15 @@ def make_runtime_image(runtime: ContainerRuntime, target: Target, cfg: ReleaseCo
     audited wheels and the patched vLLM."""
     launcher = build_launcher(runtime, target)
     return build_runtime_image(
-        runtime, target, version=engine_version(), commit=commit(),
-        engine_wheels=audited_wheels(target), vllm_wheel=patched_wheel_for(target),
-        launcher=launcher, out=target_dir(target.name))
+        runtime,
+        target,
+        version=engine_version(),
+        commit=commit(),
+        engine_wheels=audited_wheels(target),
+        vllm_wheel=patched_wheel_for(target),
+        launcher=launcher,
+        out=target_dir(target.name),
+    )
 
 
 def execute(run: Run) -> None:

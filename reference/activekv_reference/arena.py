@@ -14,9 +14,7 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 
 
 class HostArena:
-    def __init__(
-        self, num_slots: int, slot_bytes: int, *, pin: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    ):
+    def __init__(self, num_slots: int, slot_bytes: int, *, pin: bool, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.pin = pin

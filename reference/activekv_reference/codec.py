@@ -102,9 +102,7 @@ def layer_bytes(mode: Mode, block_numel: int, dtype: torch.dtype, head_size: int
     return block_numel + (block_numel // head_size) * _SCALE_DTYPE.itemsize
 
 
-def make_codec(
-    mode: Mode, block_shape: tuple[int, ...], dtype: torch.dtype, head_size: int
-) -> Codec:
+def make_codec(mode: Mode, block_shape: tuple[int, ...], dtype: torch.dtype, head_size: int) -> Codec:
     if mode == "exact":
         return ExactCodec(block_shape, dtype)
     return CompressedCodec(block_shape, dtype, head_size)

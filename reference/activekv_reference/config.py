@@ -75,8 +75,7 @@ class ActiveKVConfig:
         unknown = sorted(set(extra) - set(fields))
         if unknown:
             raise ActiveKVConfigError(
-                f"kv_connector_extra_config: unknown key {unknown[0]!r}; "
-                f"accepted keys: {', '.join(sorted(fields))}"
+                f"kv_connector_extra_config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(fields))}"
             )
         for name in sorted(extra):  # sorted: the same first error in every engine
             _check_value(name, fields[name].type, extra[name])
@@ -92,13 +91,9 @@ class ActiveKVConfig:
         where = f"kv_connector_extra_config['capacity_bytes']={self.capacity_bytes}"
         slots = self.capacity_bytes // slot_bytes
         if slots == 0:
-            raise ActiveKVConfigError(
-                f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode"
-            )
+            raise ActiveKVConfigError(f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode")
         if self.capacity_bytes > host_memory_bytes:
-            raise ActiveKVConfigError(
-                f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less"
-            )
+            raise ActiveKVConfigError(f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less")
         return slots
 
 
@@ -111,15 +106,12 @@ def _streaming(table: Any) -> StreamingConfig:
     where = "kv_connector_extra_config['streaming']"
     if not isinstance(table, Mapping):
         raise ActiveKVConfigError(
-            f"{where}: expected a table {{'resident_layers': R, 'ring_size': K}}, "
-            f"got {type(table).__name__} {table!r}"
+            f"{where}: expected a table {{'resident_layers': R, 'ring_size': K}}, got {type(table).__name__} {table!r}"
         )
     accepted_keys = sorted([*_STREAMING_RANGES, "homes"])
     unknown = sorted(set(table) - set(accepted_keys))
     if unknown:
-        raise ActiveKVConfigError(
-            f"{where}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted_keys)}"
-        )
+        raise ActiveKVConfigError(f"{where}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted_keys)}")
     for name in sorted(table):
         value = table[name]
         if name == "homes":
@@ -132,9 +124,7 @@ def _streaming(table: Any) -> StreamingConfig:
             continue
         check, accepts = _STREAMING_RANGES[name]
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ActiveKVConfigError(
-                f"{where}[{name!r}]: expected an integer, got {type(value).__name__} {value!r}"
-            )
+            raise ActiveKVConfigError(f"{where}[{name!r}]: expected an integer, got {type(value).__name__} {value!r}")
         if not check(value):
             raise ActiveKVConfigError(f"{where}[{name!r}]: {value!r} is out of range; expected {accepts}")
     return StreamingConfig(**table)
@@ -164,15 +154,12 @@ def _check_value(name: str, annotation: str, value: Any) -> None:
         accepted = get_args(_LITERALS[annotation])
         if value not in accepted:
             raise ActiveKVConfigError(
-                f"{where}: {value!r} is not accepted; accepted values: "
-                f"{', '.join(repr(a) for a in accepted)}"
+                f"{where}: {value!r} is not accepted; accepted values: {', '.join(repr(a) for a in accepted)}"
             )
         return
     # bool is an int subclass in Python; a flag is never a byte count.
     if annotation == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ActiveKVConfigError(
-            f"{where}: expected an integer, got {type(value).__name__} {value!r}"
-        )
+        raise ActiveKVConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
     check, accepts = _RANGES.get(name, (None, ""))
     if check is not None and not check(value):
         raise ActiveKVConfigError(f"{where}: {value!r} is out of range; expected {accepts}")

@@ -66,8 +66,10 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
     their own. Breakable CUDA graphs capture the KV cache update op with the
     early wait streaming needs. Refused, naming the setting to use."""
     cache = getattr(vllm_config, "cache_config", None)
-    if (getattr(cache, "enable_extensible_kv_cache", None) is True
-            and getattr(cache, "gpu_memory_utilization", None) is None):
+    if (
+        getattr(cache, "enable_extensible_kv_cache", None) is True
+        and getattr(cache, "gpu_memory_utilization", None) is None
+    ):
         raise ValueError(
             "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by "
             "default on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset "
@@ -87,14 +89,9 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
 
 
 class ActiveKVReferenceConnector(KVConnectorBase_V1):
-
-    def __init__(
-        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
-    ):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self.config = ActiveKVConfig.from_extra_config(
-            self._kv_transfer_config.kv_connector_extra_config
-        )
+        self.config = ActiveKVConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         check_vllm_settings(vllm_config, self.config)
         if self.config.store_path is not None:
             raise ActiveKVConfigError(
@@ -110,8 +107,11 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             check_streamable(vllm_config, kv_cache_config.kv_cache_groups)
             geometry = StreamingGeometry.plan(self.config.streaming, layout.layer_names)
             report = StartupReport.of(
-                geometry, kv_cache_config.num_blocks, layout.block_size,
-                layout.layer_bytes(geometry.homes), vllm_config.model_config.max_model_len,
+                geometry,
+                kv_cache_config.num_blocks,
+                layout.block_size,
+                layout.layer_bytes(geometry.homes),
+                vllm_config.model_config.max_model_len,
             )
             # The homes come on top of the host store, in every worker.
             if self.config.capacity_bytes + report.host_bytes > host_bytes:
@@ -143,9 +143,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-            self.worker_side = WorkerSide(
-                self.config, layout, num_slots, get_tensor_model_parallel_rank(), geometry
-            )
+            self.worker_side = WorkerSide(self.config, layout, num_slots, get_tensor_model_parallel_rank(), geometry)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -154,9 +152,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
     @classmethod
     def get_kv_cache_regions(cls, vllm_config, kv_cache_groups) -> list[list[str]] | None:
         """Layer streaming: the resident layers' regions, then the ring's."""
-        config = ActiveKVConfig.from_extra_config(
-            vllm_config.kv_transfer_config.kv_connector_extra_config
-        )
+        config = ActiveKVConfig.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         if config.streaming is None:
             return None
         check_streamable(vllm_config, kv_cache_groups)
@@ -176,9 +172,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:
         """Streaming wants each block one contiguous row of a layer's view."""
         try:
-            config = ActiveKVConfig.from_extra_config(
-                vllm_config.kv_transfer_config.kv_connector_extra_config
-            )
+            config = ActiveKVConfig.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         except ValueError:  # refused by the constructor, with its message
             return None
         check_vllm_settings(vllm_config, config)

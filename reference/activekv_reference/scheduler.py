@@ -187,8 +187,7 @@ class SchedulerSide:
             self.homes.end_request(req_id)
             self._block_tables[req_id] = table
             hit = cdiv(computed, bs)
-            fresh = [b for i, b in enumerate(table)
-                     if i >= hit or b in loaded or not self.homes.has_row(b)]
+            fresh = [b for i, b in enumerate(table) if i >= hit or b in loaded or not self.homes.has_row(b)]
             self.homes.assign(req_id, fresh)
             steps.append((req_id, computed, scheduled[req_id], fresh))
 
@@ -219,9 +218,7 @@ class SchedulerSide:
 
     def _plan_saves(self, req_id: str, st: _RequestState, computed: int, meta: ActiveKVMetadata):
         known = min(computed, len(st.request.all_token_ids), len(st.block_ids) * self.block_size)
-        full = self.policy.savable_blocks(
-            known // self.block_size, st.request.num_prompt_tokens, self.block_size
-        )
+        full = self.policy.savable_blocks(known // self.block_size, st.request.num_prompt_tokens, self.block_size)
         keys = self._keys_upto(st, full)
         prompt_blocks = st.request.num_prompt_tokens // self.block_size
         for i in range(st.save_cursor, full):

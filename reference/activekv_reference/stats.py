@@ -39,7 +39,7 @@ PREFIX = "vllm:activekv_"
 COUNTERS: dict[str, str] = {
     "lookups": "Requests looked up in the host store",
     "lookup_tokens": "Tokens the host store could have served to the requests looked up "
-                     "(full prompt blocks past vLLM's own prefix hit)",
+    "(full prompt blocks past vLLM's own prefix hit)",
     "hit_blocks": "Blocks served from the host store",
     "hit_tokens": "Tokens served from the host store",
     "stored_blocks": "Blocks whose save completed and became visible",
@@ -69,9 +69,9 @@ GAUGES: dict[str, str] = {
     "store_hit_ratio": "Host store hit ratio since start-up: hit_tokens / lookup_tokens",
     # Each worker's: layer streaming's bytes of the step.
     "streamed_step_bytes_to_device": "Layer streaming: bytes staged from the homes into the ring in the last step, "
-                                     "all workers",
+    "all workers",
     "streamed_step_bytes_to_host": "Layer streaming: bytes written back from the ring to the homes in the last step, "
-                                   "all workers",
+    "all workers",
     # The scheduler's, once at start-up: the streaming geometry (StartupReport).
     "streaming_streamed_layers": "Layer streaming: layers whose KV lives in host memory",
     "streaming_device_blocks": "Layer streaming: KV cache blocks the device holds",
@@ -85,8 +85,17 @@ RATIO_GAUGES = frozenset({"store_hit_ratio"})  # the others are whole numbers
 CONFIG_INFO = "config_info"
 CONFIG_INFO_HELP = "ActiveKV's configuration (kv_connector_extra_config) in its labels; the value is 1"
 CONFIG_INFO_LABELS: tuple[str, ...] = (
-    "mode", "capacity_bytes", "store_threshold", "max_bytes_per_request", "store_blocks",
-    "fence_timeout_ms", "store_path_set", "streaming", "resident_layers", "ring_size", "homes",
+    "mode",
+    "capacity_bytes",
+    "store_threshold",
+    "max_bytes_per_request",
+    "store_blocks",
+    "fence_timeout_ms",
+    "store_path_set",
+    "streaming",
+    "resident_layers",
+    "ring_size",
+    "homes",
 )
 
 
@@ -97,10 +106,16 @@ def config_labels(config) -> list[str]:
     are empty with streaming off."""
     s = config.streaming
     return [
-        config.mode, str(config.capacity_bytes), str(config.store_threshold),
-        str(config.max_bytes_per_request), config.store_blocks, str(config.fence_timeout_ms),
-        "true" if config.store_path else "false", "true" if s is not None else "false",
-        str(s.resident_layers) if s is not None else "", str(s.ring_size) if s is not None else "",
+        config.mode,
+        str(config.capacity_bytes),
+        str(config.store_threshold),
+        str(config.max_bytes_per_request),
+        config.store_blocks,
+        str(config.fence_timeout_ms),
+        "true" if config.store_path else "false",
+        "true" if s is not None else "false",
+        str(s.resident_layers) if s is not None else "",
+        str(s.ring_size) if s is not None else "",
         s.homes if s is not None else "",
     ]
 
@@ -142,8 +157,9 @@ class Telemetry:
         """The counts since the last take, and the gauges whose value changed
         since the last take reported them; None if there is neither."""
         self._takes += 1
-        changed = {name: v for name, v in self._gauges.items()
-                   if name not in self._reported or self._reported[name] != v}
+        changed = {
+            name: v for name, v in self._gauges.items() if name not in self._reported or self._reported[name] != v
+        }
         self._reported = dict(self._gauges)
         counts, self.data = self.data, {name: 0 for name in COUNTERS}
         if not changed and not any(counts.values()):
@@ -179,8 +195,7 @@ class ActiveKVStats(KVConnectorStats):
         return out
 
     def is_empty(self) -> bool:
-        return not any(self.data[name] for name in COUNTERS) and not any(
-            (self.data.get("gauges") or {}).values())
+        return not any(self.data[name] for name in COUNTERS) and not any((self.data.get("gauges") or {}).values())
 
 
 class ActiveKVPromMetrics(KVConnectorPromMetrics):
@@ -196,16 +211,22 @@ class ActiveKVPromMetrics(KVConnectorPromMetrics):
             for name, doc in COUNTERS.items()
         }
         self._gauges = {
-            name: children(self._gauge_cls(name=PREFIX + name, documentation=doc,
-                                           multiprocess_mode="mostrecent", labelnames=labelnames))
+            name: children(
+                self._gauge_cls(
+                    name=PREFIX + name, documentation=doc, multiprocess_mode="mostrecent", labelnames=labelnames
+                )
+            )
             for name, doc in GAUGES.items()
         }
         # The configuration: one gauge set to 1 per engine (vLLM's own
         # cache_config_info does the same; Prometheus's Info has no
         # multiprocess mode).
-        info = self._gauge_cls(name=PREFIX + CONFIG_INFO, documentation=CONFIG_INFO_HELP,
-                               multiprocess_mode="mostrecent",
-                               labelnames=[*labelnames, *CONFIG_INFO_LABELS])
+        info = self._gauge_cls(
+            name=PREFIX + CONFIG_INFO,
+            documentation=CONFIG_INFO_HELP,
+            multiprocess_mode="mostrecent",
+            labelnames=[*labelnames, *CONFIG_INFO_LABELS],
+        )
         config = ActiveKVConfig.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         for values in per_engine_labelvalues.values():
             info.labels(*values, *config_labels(config)).set(1)

@@ -111,19 +111,22 @@ def check_streamable(vllm_config, kv_cache_groups) -> None:
         refuse("a model with multi-head latent attention (MLA); turn streaming off for it")
     kinds = [type(g.kv_cache_spec).__name__ for g in kv_cache_groups]
     if len(kv_cache_groups) != 1 or type(kv_cache_groups[0].kv_cache_spec) is not FullAttentionSpec:
-        refuse(f"KV cache groups {kinds}: it needs one full-attention group (no sliding-window "
-               "or hybrid groups)")
+        refuse(f"KV cache groups {kinds}: it needs one full-attention group (no sliding-window or hybrid groups)")
     if getattr(kv_cache_groups[0].kv_cache_spec, "sliding_window", None) is not None:
         refuse("sliding-window attention; it needs full attention in every layer")
     num_layers = model.get_num_layers_by_block_type(vllm_config.parallel_config, "attention")
     if len(kv_cache_groups[0].layer_names) != num_layers:
-        refuse(f"a model whose layers share KV ({num_layers} attention layers, "
-               f"{len(kv_cache_groups[0].layer_names)} with a KV cache of their own)")
+        refuse(
+            f"a model whose layers share KV ({num_layers} attention layers, "
+            f"{len(kv_cache_groups[0].layer_names)} with a KV cache of their own)"
+        )
     if vllm_config.speculative_config is not None:
         refuse("speculative decoding (speculative_config is set); turn one of them off")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        refuse("pipeline parallelism (pipeline_parallel_size "
-               f"{vllm_config.parallel_config.pipeline_parallel_size}); use tensor parallelism")
+        refuse(
+            "pipeline parallelism (pipeline_parallel_size "
+            f"{vllm_config.parallel_config.pipeline_parallel_size}); use tensor parallelism"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +142,9 @@ class StartupReport:
     homes: Mode = "exact"
 
     @classmethod
-    def of(cls, geometry: StreamingGeometry, num_blocks: int, block_size: int,
-           layer_bytes: int, max_model_len: int) -> StartupReport:
+    def of(
+        cls, geometry: StreamingGeometry, num_blocks: int, block_size: int, layer_bytes: int, max_model_len: int
+    ) -> StartupReport:
         """``layer_bytes``: one block of one layer as its home holds it."""
         regions = geometry.resident_layers + geometry.ring_size
         streamed = len(geometry.streamed)
@@ -165,16 +169,18 @@ class StartupReport:
             f"without streaming; host memory reserved for the streamed layers "
             f"{self.host_bytes} bytes per worker; a full-context decode step moves "
             f"{self.decode_step_bytes} bytes host->device per worker"
-            + ("; the homes are compressed (int8 + scales, lossy within the codec's bound)"
-               if self.homes == "compressed" else "")
+            + (
+                "; the homes are compressed (int8 + scales, lossy within the codec's bound)"
+                if self.homes == "compressed"
+                else ""
+            )
         )
 
 
 class LayerStreamer:
     """Worker side: the homes of the streamed layers and the copies in and out."""
 
-    def __init__(self, geometry: StreamingGeometry, kv_caches: dict[str, torch.Tensor],
-                 head_size: int):
+    def __init__(self, geometry: StreamingGeometry, kv_caches: dict[str, torch.Tensor], head_size: int):
         self.geometry = geometry
         self._check_aliasing(kv_caches)
         first = kv_caches[geometry.streamed[0]]
@@ -184,8 +190,7 @@ class LayerStreamer:
         self.codec = make_codec(geometry.homes, tuple(first.shape[1:]), first.dtype, head_size)
         # One home per streamed layer: its blocks' encoded bytes, by home row.
         self.homes = {
-            name: torch.zeros((self.num_rows, self.codec.layer_bytes()), dtype=torch.uint8,
-                              pin_memory=pin)
+            name: torch.zeros((self.num_rows, self.codec.layer_bytes()), dtype=torch.uint8, pin_memory=pin)
             for name in geometry.streamed
         }
         self._stage: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -212,8 +217,9 @@ class LayerStreamer:
                     "(0002, get_kv_cache_regions) for streaming"
                 )
 
-    def begin_step(self, stage_blocks: list[int], stage_rows: list[int],
-                   writeback_blocks: list[int], writeback_rows: list[int]) -> None:
+    def begin_step(
+        self, stage_blocks: list[int], stage_rows: list[int], writeback_blocks: list[int], writeback_rows: list[int]
+    ) -> None:
         def pairs(blocks, rows):
             if not blocks:
                 return None

@@ -41,8 +41,14 @@ def _elapsed_us(t0: float) -> int:
 
 
 class WorkerSide:
-    def __init__(self, config: ActiveKVConfig, layout: KVLayout, num_slots: int, tp_rank: int,
-                 streaming: StreamingGeometry | None = None):
+    def __init__(
+        self,
+        config: ActiveKVConfig,
+        layout: KVLayout,
+        num_slots: int,
+        tp_rank: int,
+        streaming: StreamingGeometry | None = None,
+    ):
         self.config = config
         self.streaming = streaming
         self.streamer: LayerStreamer | None = None
@@ -82,9 +88,7 @@ class WorkerSide:
         self._kv = {n: kv_caches[n] for n in self.layout.layer_names}
         if self.streaming is not None:
             self.streamer = LayerStreamer(self.streaming, self._kv, self.layout.head_size)
-        self.codec = make_codec(
-            self.config.mode, shapes.pop(), self.layout.dtype, self.layout.head_size
-        )
+        self.codec = make_codec(self.config.mode, shapes.pop(), self.layout.dtype, self.layout.head_size)
         self.arena = HostArena(
             self.num_slots,
             self.layout.slot_bytes(self.config.mode),
@@ -100,16 +104,12 @@ class WorkerSide:
         num_blocks = next(iter(self._kv.values())).shape[0]
         for op in [*meta.loads, *meta.saves]:
             if not 0 <= op.block_id < num_blocks:
-                raise IndexError(
-                    f"block id {op.block_id} out of range (the KV cache has {num_blocks} blocks)"
-                )
+                raise IndexError(f"block id {op.block_id} out of range (the KV cache has {num_blocks} blocks)")
             if not 0 <= op.slot < self.num_slots:
                 raise IndexError(f"slot {op.slot} out of range (arena has {self.num_slots} slots)")
         for block in [*meta.stage_blocks, *meta.writeback_blocks]:
             if not 0 <= block < num_blocks:
-                raise IndexError(
-                    f"block id {block} out of range (the KV cache has {num_blocks} blocks)"
-                )
+                raise IndexError(f"block id {block} out of range (the KV cache has {num_blocks} blocks)")
         if self.streamer is not None:
             self.streamer.check_rows(meta.stage_blocks, meta.stage_rows)
             self.streamer.check_rows(meta.writeback_blocks, meta.writeback_rows)
@@ -119,8 +119,7 @@ class WorkerSide:
         # steps with a forward; a request's last saves may settle on an idle step.
         self._awaiting_free.update(meta.awaiting_free)
         if self.streamer is not None:
-            self.streamer.begin_step(meta.stage_blocks, meta.stage_rows,
-                                     meta.writeback_blocks, meta.writeback_rows)
+            self.streamer.begin_step(meta.stage_blocks, meta.stage_rows, meta.writeback_blocks, meta.writeback_rows)
 
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata, layer_hooks: bool = True) -> None:
@@ -144,8 +143,7 @@ class WorkerSide:
             if not self._load_ops:
                 break
             rows = torch.stack(
-                [self.arena.read(op.slot, self.layer_offset[name], self.layer_bytes)
-                 for op in self._load_ops]
+                [self.arena.read(op.slot, self.layer_offset[name], self.layer_bytes) for op in self._load_ops]
             )
             self._staged_loads[name] = rows.to(self._kv[name].device, non_blocking=True)
         n = len(self._load_ops)

@@ -63,8 +63,9 @@ def patched_cpu_vllm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Pa
     once for the patch stage's tests and the release's later stages."""
     target = config.load().target("cpu")
     out_root = tmp_path_factory.mktemp("vllm")
-    record = patch_vllm.patch_vllm(target.vllm_distribution, target.vllm_version, out_root=out_root,
-                                   epoch=int(source.source_date_epoch()))
+    record = patch_vllm.patch_vllm(
+        target.vllm_distribution, target.vllm_version, out_root=out_root, epoch=int(source.source_date_epoch())
+    )
     return record, out_root / f"{target.vllm_distribution}-{target.vllm_version}"
 
 

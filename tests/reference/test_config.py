@@ -54,35 +54,63 @@ def test_streaming_is_a_table_with_defaults():
     assert ActiveKVConfig.from_extra_config({"streaming": None}).streaming is None
     cfg = ActiveKVConfig.from_extra_config({"streaming": {}})
     assert (cfg.streaming.resident_layers, cfg.streaming.ring_size, cfg.streaming.homes) == (0, 2, "exact")
-    cfg = ActiveKVConfig.from_extra_config(
-        {"streaming": {"resident_layers": 3, "ring_size": 4, "homes": "compressed"}})
+    cfg = ActiveKVConfig.from_extra_config({"streaming": {"resident_layers": 3, "ring_size": 4, "homes": "compressed"}})
     assert (cfg.streaming.resident_layers, cfg.streaming.ring_size, cfg.streaming.homes) == (3, 4, "compressed")
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"streaming": 2}, "kv_connector_extra_config['streaming']: expected a table "
-                           "{'resident_layers': R, 'ring_size': K}, got int 2"),
-        ({"streaming": {"rings": 2}}, "kv_connector_extra_config['streaming']: unknown key "
-                                      "'rings'; accepted keys: homes, resident_layers, ring_size"),
-        ({"streaming": {"homes": "int4"}}, "kv_connector_extra_config['streaming']['homes']: 'int4' "
-                                           "is not accepted; accepted values: 'exact', 'compressed'"),
-        ({"streaming": {"homes": 1, "ring_size": 1}},
-         "kv_connector_extra_config['streaming']['homes']: 1 is not accepted; accepted values: "
-         "'exact', 'compressed'"),
-        ({"streaming": {"ring_size": 2.0}}, "kv_connector_extra_config['streaming']['ring_size']: "
-                                            "expected an integer, got float 2.0"),
-        ({"streaming": {"ring_size": 1}}, "kv_connector_extra_config['streaming']['ring_size']: 1 "
-                                          "is out of range; expected an integer >= 2 (staging "
-                                          "buffers on the device)"),
-        ({"streaming": {"resident_layers": -1}},
-         "kv_connector_extra_config['streaming']['resident_layers']: -1 is out of range; "
-         "expected an integer >= 0 (layers kept on the device)"),
-        ({"streaming": 2, "mode": "fast"}, "kv_connector_extra_config['mode']: 'fast' is not "
-                                            "accepted; accepted values: 'exact', 'compressed'"),
+        (
+            {"streaming": 2},
+            "kv_connector_extra_config['streaming']: expected a table "
+            "{'resident_layers': R, 'ring_size': K}, got int 2",
+        ),
+        (
+            {"streaming": {"rings": 2}},
+            "kv_connector_extra_config['streaming']: unknown key "
+            "'rings'; accepted keys: homes, resident_layers, ring_size",
+        ),
+        (
+            {"streaming": {"homes": "int4"}},
+            "kv_connector_extra_config['streaming']['homes']: 'int4' "
+            "is not accepted; accepted values: 'exact', 'compressed'",
+        ),
+        (
+            {"streaming": {"homes": 1, "ring_size": 1}},
+            "kv_connector_extra_config['streaming']['homes']: 1 is not accepted; accepted values: "
+            "'exact', 'compressed'",
+        ),
+        (
+            {"streaming": {"ring_size": 2.0}},
+            "kv_connector_extra_config['streaming']['ring_size']: expected an integer, got float 2.0",
+        ),
+        (
+            {"streaming": {"ring_size": 1}},
+            "kv_connector_extra_config['streaming']['ring_size']: 1 "
+            "is out of range; expected an integer >= 2 (staging "
+            "buffers on the device)",
+        ),
+        (
+            {"streaming": {"resident_layers": -1}},
+            "kv_connector_extra_config['streaming']['resident_layers']: -1 is out of range; "
+            "expected an integer >= 0 (layers kept on the device)",
+        ),
+        (
+            {"streaming": 2, "mode": "fast"},
+            "kv_connector_extra_config['mode']: 'fast' is not accepted; accepted values: 'exact', 'compressed'",
+        ),
     ],
-    ids=["not-a-table", "unknown-key", "homes-unknown", "homes-first", "wrong-type", "ring-too-small", "negative", "others-first"],
+    ids=[
+        "not-a-table",
+        "unknown-key",
+        "homes-unknown",
+        "homes-first",
+        "wrong-type",
+        "ring-too-small",
+        "negative",
+        "others-first",
+    ],
 )
 def test_bad_streaming_table_names_the_key(extra, message):
     with pytest.raises(ActiveKVConfigError) as err:

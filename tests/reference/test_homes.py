@@ -14,8 +14,10 @@ def check_invariants(homes: HomeRows) -> None:
     assert len(set(mapped)) == len(mapped), "a row serves two blocks"
     assert all(homes._block_at[r] == b for b, r in homes._row_of.items())
     owner = {}
-    for what, (start, end) in [*(("free", r) for r in homes.free_runs()),
-                               *(((req,), r) for req, r in homes.reserved().items())]:
+    for what, (start, end) in [
+        *(("free", r) for r in homes.free_runs()),
+        *(((req,), r) for req, r in homes.reserved().items()),
+    ]:
         for row in range(start, end):
             assert row not in owner, f"row {row} is both {owner[row]} and {what}"
             owner[row] = what
@@ -23,8 +25,9 @@ def check_invariants(homes: HomeRows) -> None:
         assert row not in owner, f"mapped row {row} is also {owner[row]}"
     assert len(owner) + len(mapped) == homes.num_rows
     runs = homes.free_runs()
-    assert all(a_end < b_start for (_, a_end), (b_start, _) in zip(runs, runs[1:])), \
+    assert all(a_end < b_start for (_, a_end), (b_start, _) in zip(runs, runs[1:])), (
         "free runs must be maximal (merged with their neighbours)"
+    )
 
 
 def runs_of(rows: list[int]) -> int:
@@ -151,7 +154,7 @@ def test_blocks_handed_out_tail_first_cross_in_one_copy_a_chunk():
     homes = HomeRows(4096)
     first = list(range(300))
     for chunk in range(0, 300, 100):
-        homes.assign("first", first[chunk:chunk + 100])
+        homes.assign("first", first[chunk : chunk + 100])
     homes.end_request("first")
     free = list(reversed(first))  # vLLM's free queue after the request ended
     second = []

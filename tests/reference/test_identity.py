@@ -5,7 +5,12 @@ import dataclasses
 from activekv_reference.identity import ModelIdentity, block_keys
 
 IDENTITY = ModelIdentity(
-    model="tiny", dtype="bfloat16", num_layers=4, num_kv_heads=2, head_size=32, block_size=4,
+    model="tiny",
+    dtype="bfloat16",
+    num_layers=4,
+    num_kv_heads=2,
+    head_size=32,
+    block_size=4,
     tp_size=1,
 )
 TOKENS = list(range(10, 30))  # 5 full blocks of 4

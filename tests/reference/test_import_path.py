@@ -2,6 +2,7 @@
 (REFERENCE_DIR), the folder the parity harness and the parity stage put on
 PYTHONPATH, not a copy installed elsewhere; an environment that installs it
 instead (reference/pyproject.toml) gets that package and nothing else."""
+
 from __future__ import annotations
 
 import tomllib

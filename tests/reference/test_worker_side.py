@@ -10,7 +10,10 @@ from activekv_reference.metadata import ActiveKVMetadata, LoadOp, SaveOp
 from activekv_reference.worker import WorkerSide
 
 LAYOUT = KVLayout(
-    layer_names=("l0", "l1", "l2"), block_size=32, num_kv_heads=2, head_size=32,
+    layer_names=("l0", "l1", "l2"),
+    block_size=32,
+    num_kv_heads=2,
+    head_size=32,
     dtype=torch.bfloat16,
 )
 NUM_DEVICE_BLOCKS = 12
@@ -84,15 +87,15 @@ def test_layers_save_kv_layer_never_saw_are_saved_at_wait_for_save():
     assert out.saved == [1] and out.failed_saves == []
     assert worker.arena.key(1) == hooked.arena.key(1) is not None
     assert bytes(worker.arena.read(1, 0, worker.arena.slot_bytes).numpy()) == bytes(
-        hooked.arena.read(1, 0, hooked.arena.slot_bytes).numpy())
+        hooked.arena.read(1, 0, hooked.arena.slot_bytes).numpy()
+    )
 
 
 def test_loads_land_before_the_forward_when_no_layer_hook_runs():
     worker, kv = make_worker()
     step(worker, kv, ActiveKVMetadata(saves=[SaveOp(slot=3, block_id=5, key=b"c" * 32, req_id="r")]))
     worker.take_worker_meta()
-    worker.start_load_kv(ActiveKVMetadata(loads=[LoadOp(slot=3, block_id=9, key=b"c" * 32)]),
-                         layer_hooks=False)
+    worker.start_load_kv(ActiveKVMetadata(loads=[LoadOp(slot=3, block_id=9, key=b"c" * 32)]), layer_hooks=False)
     for name in LAYOUT.layer_names:  # no wait_for_layer_load: already in the cache
         assert torch.equal(kv[name][9].view(torch.int16), kv[name][5].view(torch.int16))
     assert worker.take_worker_meta().loaded == [3]
@@ -123,10 +126,10 @@ def test_streamed_layers_find_their_own_bytes_in_the_shared_ring():
     from activekv_reference.config import StreamingConfig
     from activekv_reference.streaming import StreamingGeometry
 
-    layout = KVLayout(layer_names=("l0", "l1", "l2", "l3"), block_size=32, num_kv_heads=2,
-                      head_size=32, dtype=torch.bfloat16)
-    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=1, ring_size=2),
-                                      layout.layer_names)
+    layout = KVLayout(
+        layer_names=("l0", "l1", "l2", "l3"), block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16
+    )
+    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=1, ring_size=2), layout.layer_names)
     worker = WorkerSide(ActiveKVConfig(), layout, 8, tp_rank=0, streaming=geometry)
     ring0 = torch.zeros(NUM_DEVICE_BLOCKS, 2, 32, 64, dtype=torch.bfloat16)
     kv = {"l0": torch.zeros_like(ring0), "l1": ring0, "l2": torch.zeros_like(ring0), "l3": ring0}
@@ -136,9 +139,12 @@ def test_streamed_layers_find_their_own_bytes_in_the_shared_ring():
         # Home rows are not block ids (homes.py): blocks 4 and 3 live in the
         # two rows past the last block id, in row order.
         rows = [NUM_DEVICE_BLOCKS, NUM_DEVICE_BLOCKS + 1]
-        meta = ActiveKVMetadata(stage_blocks=[4, 3], stage_rows=rows,
-                                writeback_blocks=[4, 3] if step == 0 else [],
-                                writeback_rows=rows if step == 0 else [])
+        meta = ActiveKVMetadata(
+            stage_blocks=[4, 3],
+            stage_rows=rows,
+            writeback_blocks=[4, 3] if step == 0 else [],
+            writeback_rows=rows if step == 0 else [],
+        )
         worker.check_plan(meta)
         worker.start_load_kv(meta)
         for name in layout.layer_names:
@@ -156,8 +162,7 @@ def test_streaming_needs_the_rings_to_alias():
     from activekv_reference.config import StreamingConfig
     from activekv_reference.streaming import StreamingGeometry
 
-    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=0, ring_size=2),
-                                      LAYOUT.layer_names[:2] + ("l2",))
+    geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=0, ring_size=2), LAYOUT.layer_names[:2] + ("l2",))
     worker = WorkerSide(ActiveKVConfig(), LAYOUT, 8, tp_rank=0, streaming=geometry)
     with pytest.raises(ValueError, match="'l2' is not a view of ring buffer 0"):
         worker.register_kv_caches(kv_caches(seed=1))

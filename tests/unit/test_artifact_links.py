@@ -40,8 +40,9 @@ def test_the_audit(linked, tmp_path):
 def test_the_parity_gate(linked, tmp_path):
     link, genuine = linked
     target_dir = link.parent.parent
-    (target_dir / "audit.json").write_text(json.dumps(
-        {"passed": True, "wheels": [{"file": WHEEL, "sha256": sha256_of(genuine)}]}))
+    (target_dir / "audit.json").write_text(
+        json.dumps({"passed": True, "wheels": [{"file": WHEEL, "sha256": sha256_of(genuine)}]})
+    )
     with refused(link, ParityError):
         parity_gate.shipped_wheels(TARGET, target_dir, tmp_path / "vllm.whl")
 
@@ -51,8 +52,9 @@ def test_the_parity_gate_given_a_linked_vllm_wheel(linked, tmp_path):
     target_dir = tmp_path / "plain"
     (target_dir / "wheels").mkdir(parents=True)
     (target_dir / "wheels" / WHEEL).write_bytes(genuine.read_bytes())
-    (target_dir / "audit.json").write_text(json.dumps(
-        {"passed": True, "wheels": [{"file": WHEEL, "sha256": sha256_of(genuine)}]}))
+    (target_dir / "audit.json").write_text(
+        json.dumps({"passed": True, "wheels": [{"file": WHEEL, "sha256": sha256_of(genuine)}]})
+    )
     with refused(link, ParityError):
         parity_gate.shipped_wheels(TARGET, target_dir, link)
 
@@ -63,8 +65,7 @@ def test_the_runtime_image(linked, tmp_path, which):
     given = {"engine_wheels": [genuine], "vllm_wheel": genuine, "launcher": genuine}
     given[which] = [link] if which == "engine_wheels" else link
     with refused(link, ImageError):  # before the runtime (None here) is used
-        runtime_image.build_runtime_image(None, TARGET, version="0.1.0", commit="0" * 40,
-                                          out=tmp_path, **given)
+        runtime_image.build_runtime_image(None, TARGET, version="0.1.0", commit="0" * 40, out=tmp_path, **given)
 
 
 def test_the_manifest(linked):
@@ -83,5 +84,6 @@ def test_the_patch_stage_given_a_linked_download(linked):
 def test_the_patch_stages_check_given_a_linked_engine_wheel(linked, tmp_path):
     link, _ = linked
     with refused(link, PatchError):
-        patch_vllm.verify({"patched": {"file": "vllm.whl"}}, tmp_path, [link], tmp_path / "c.txt",
-                          broken_beside_torch=[])
+        patch_vllm.verify(
+            {"patched": {"file": "vllm.whl"}}, tmp_path, [link], tmp_path / "c.txt", broken_beside_torch=[]
+        )

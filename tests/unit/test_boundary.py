@@ -63,7 +63,8 @@ def test_a_convenience_hunk_is_a_violation(tmp_path):
     _, violations = boundary.retention("0.32.0", path)
     assert violations == [
         "0001-connector-has-layer-work.patch vllm/distributed/kv_transfer/kv_connector/v1/base.py "
-        "hunk 1: labelled convenience; port it"]
+        "hunk 1: labelled convenience; port it"
+    ]
 
 
 def test_hunks_are_read_per_file(tmp_path):
@@ -71,37 +72,65 @@ def test_hunks_are_read_per_file(tmp_path):
     shutil.copytree(PATCHES_DIR / "0.32.0", patches / "0.32.0")
     rows, _ = boundary.retention("0.32.0", patches_dir=patches)
     assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
-        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
-        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
-        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
-        ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
+        ("0001", "base.py", 1),
+        ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1),
+        ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1),
+        ("0002", "attention.py", 2),
+        ("0002", "kv_cache_utils.py", 1),
+        ("0002", "kv_cache_utils.py", 2),
         ("0002", "kv_cache_utils.py", 3),
-        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
+        ("0003", "cache.py", 1),
+        ("0003", "cache.py", 2),
+        ("0003", "vllm.py", 1),
+    ]
     shutil.copytree(PATCHES_DIR / "0.26.0", patches / "0.26.0")
     rows, _ = boundary.retention("0.26.0", patches_dir=patches)
     assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
-        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
-        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
-        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
-        ("0002", "kv_cache_utils.py", 1), ("0002", "kv_cache_utils.py", 2),
-        ("0002", "kv_cache_utils.py", 3), ("0002", "kv_cache_utils.py", 4),
-        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
+        ("0001", "base.py", 1),
+        ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1),
+        ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1),
+        ("0002", "attention.py", 2),
+        ("0002", "kv_cache_utils.py", 1),
+        ("0002", "kv_cache_utils.py", 2),
+        ("0002", "kv_cache_utils.py", 3),
+        ("0002", "kv_cache_utils.py", 4),
+        ("0003", "cache.py", 1),
+        ("0003", "cache.py", 2),
+        ("0003", "vllm.py", 1),
+    ]
     shutil.copytree(PATCHES_DIR / "0.34.0", patches / "0.34.0")
     rows, _ = boundary.retention("0.34.0", patches_dir=patches)
     assert [(r["patch"][:4], r["file"].rsplit("/", 1)[1], r["hunk"]) for r in rows] == [
-        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
-        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
-        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0001", "base.py", 1),
+        ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1),
+        ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1),
+        ("0002", "attention.py", 2),
         ("0002", "kv_cache_planning.py", 1),
-        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
+        ("0003", "cache.py", 1),
+        ("0003", "cache.py", 2),
+        ("0003", "vllm.py", 1),
+    ]
 
 
 def test_census_finds_every_vllm_facing_method_native():
     rows, violations = boundary.census()
     assert violations == []
     names = {r["where"] for r in rows}
-    for method in ("start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
-                   "get_finished", "build_connector_meta", "has_layer_work"):
+    for method in (
+        "start_load_kv",
+        "wait_for_layer_load",
+        "save_kv_layer",
+        "wait_for_save",
+        "get_finished",
+        "build_connector_meta",
+        "has_layer_work",
+    ):
         assert f"ActiveKVHostConnector.{method}" in names
     assert any(n.startswith("entry point activekv:register") for n in names)
 
@@ -109,6 +138,7 @@ def test_census_finds_every_vllm_facing_method_native():
 def test_census_would_flag_a_python_method():
     def in_python(self):
         return None
+
     assert not boundary.is_native(in_python)
     assert not boundary.is_native(property(in_python))
     assert boundary.is_native(len)

@@ -43,8 +43,9 @@ def test_workflow_has_the_structure_actions_requires():
 def test_workflow_runs_real_sessions_targets_and_publishes_only_on_tags():
     wf = load()
     noxfile = (ROOT / "noxfile.py").read_text()
-    sessions = {name or func for name, func in
-                re.findall(r'@nox\.session\((?:name="([\w-]+)")?[^)]*\)\s*\ndef (\w+)', noxfile)}
+    sessions = {
+        name or func for name, func in re.findall(r'@nox\.session\((?:name="([\w-]+)")?[^)]*\)\s*\ndef (\w+)', noxfile)
+    }
     assert {"tests", "audit", "release", "patch-vllm"} <= sessions
     runs = [s["run"] for job in wf["jobs"].values() for s in job["steps"] if "run" in s]
     used = {m for r in runs for m in re.findall(r"run-nox -s ([\w-]+)", r)}
@@ -115,8 +116,9 @@ def test_the_tag_check_fails_the_job_with_an_annotation_naming_both():
     assert good.returncode == 0, good.stderr
     bad = subprocess.run([*script, "v0.0.1"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 1
-    assert bad.stdout.startswith("::error title=release tag::the tag 'v0.0.1' does not name the package's "
-                                 f"version {version}")
+    assert bad.stdout.startswith(
+        f"::error title=release tag::the tag 'v0.0.1' does not name the package's version {version}"
+    )
     assert "error: the tag 'v0.0.1'" in bad.stderr
 
 
@@ -133,8 +135,11 @@ def test_root_steps_run_the_python_setup_python_installed():
 
 def test_the_release_keeps_its_wheels_images_and_manifests_as_artifacts():
     release = load()["jobs"]["release"]
-    uploads = {s["with"]["name"]: s["with"]["path"] for s in release["steps"]
-               if s.get("uses", "").startswith("actions/upload-artifact@")}
+    uploads = {
+        s["with"]["name"]: s["with"]["path"]
+        for s in release["steps"]
+        if s.get("uses", "").startswith("actions/upload-artifact@")
+    }
     kept = "\n".join(uploads.values())
     assert "build/release/*/wheels/*.whl" in kept  # the engine wheels (pipeline/paths.py target_dir)
     assert "build/vllm/*/*.whl" in kept  # the patched vLLM (pipeline/paths.py VLLM_DIR)
@@ -144,8 +149,12 @@ def test_the_release_keeps_its_wheels_images_and_manifests_as_artifacts():
     assert "${{ runner.temp }}/activekv-images/" in kept and "$RUNNER_TEMP/activekv-images/" in saved
     # Each kept path is where the pipeline writes it.
     from pipeline.paths import MANIFEST_DIR, PUBLISH_MANIFESTS, RELEASE_DIR, VLLM_DIR, relative
+
     for folder in (RELEASE_DIR, VLLM_DIR, MANIFEST_DIR, PUBLISH_MANIFESTS):
         assert relative(folder) in kept
     publish_step = next(i for i, s in enumerate(release["steps"]) if "-s release" in s.get("run", ""))
-    assert all(i > publish_step for i, s in enumerate(release["steps"])
-               if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert all(
+        i > publish_step
+        for i, s in enumerate(release["steps"])
+        if s.get("uses", "").startswith("actions/upload-artifact@")
+    )

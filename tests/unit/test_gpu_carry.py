@@ -25,13 +25,22 @@ def carried_bytes(paths: list[Path]) -> int:
 
 
 def tree_bytes() -> int:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     return carried_bytes([REPO / os.fsdecode(name) for name in listed if name])
 
 
 def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if k != "LMCACHE"}, "STAGE": str(tmp_path / "stage"), "PINS": str(tmp_path / "pins.toml"), **env}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "LMCACHE"},
+        "STAGE": str(tmp_path / "stage"),
+        "PINS": str(tmp_path / "pins.toml"),
+        **env,
+    }
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, check=False)
 
 
@@ -51,8 +60,16 @@ def packed(tmp_path: Path, pin_the_wheel: bool = True, **env: str) -> Path:
     pins = tmp_path / "pins.toml"
     pins.write_text(f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{sha256}"\n')
     limit = tree_bytes() + (2 << 20) + PIECE
-    done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
-               CARRY_LIMIT=str(limit), MIN_PIECE="1", **env)
+    done = run(
+        tmp_path,
+        "pack",
+        str(tmp_path / "carry"),
+        DOWNLOADED=str(download),
+        GOOGLETEST_SRC=str(gtest),
+        CARRY_LIMIT=str(limit),
+        MIN_PIECE="1",
+        **env,
+    )
     assert done.returncode == 0, done.stderr
     if not pin_the_wheel:
         pins.write_text(pins.read_text().replace(sha256, hashlib.sha256(b"other bytes").hexdigest()))
@@ -72,8 +89,7 @@ def test_pack_fills_each_call_and_c0_carries_googletest_and_the_first_piece(tmp_
     names = folders(carry)
     assert len(names) >= 5, "40 KiB in calls of 8 KiB"
     assert names == [f"c{n}" for n in range(len(names))]
-    assert sorted(p.name for p in (carry / "c0").iterdir()) == ["googletest", "payload.sha256", "piece.00",
-                                                               "pieces"]
+    assert sorted(p.name for p in (carry / "c0").iterdir()) == ["googletest", "payload.sha256", "piece.00", "pieces"]
     assert (carry / "c0" / "pieces").read_text().strip() == str(len(names))
     for name in names:
         assert carried_bytes(list((carry / name).rglob("*"))) <= PIECE, f"{name} passes a call"
@@ -86,8 +102,14 @@ def test_a_wheel_other_than_the_pinned_one_is_not_packed_and_the_last_pack_stays
     carry = packed(tmp_path)
     before = {p.relative_to(carry): p.read_bytes() for p in carry.rglob("*") if p.is_file()}
     (tmp_path / "download" / WHEEL).write_bytes(b"not vllm")
-    refused = run(tmp_path, "pack", str(carry), DOWNLOADED=str(tmp_path / "download"),
-                  GOOGLETEST_SRC=str(tmp_path / "googletest"), MIN_PIECE="1")
+    refused = run(
+        tmp_path,
+        "pack",
+        str(carry),
+        DOWNLOADED=str(tmp_path / "download"),
+        GOOGLETEST_SRC=str(tmp_path / "googletest"),
+        MIN_PIECE="1",
+    )
     assert refused.returncode == 3
     assert f"{tmp_path}/download/{WHEEL} is not the wheel" in refused.stderr
     assert {p.relative_to(carry): p.read_bytes() for p in carry.rglob("*") if p.is_file()} == before
@@ -121,8 +143,9 @@ def test_pieces_are_staged_in_order_and_the_pinned_wheel_is_unpacked(tmp_path):
     assert joined.returncode == 0, joined.stderr
     assert sorted(p.name for p in stage.iterdir()) == ["deps", "googletest", "payload.sha256", "pieces", WHEEL]
     assert (stage / WHEEL).read_bytes() == (tmp_path / "download" / WHEEL).read_bytes()
-    assert (stage / "deps" / "dep-1.0-py3-none-any.whl").read_bytes() == \
-        (tmp_path / "download" / "deps" / "dep-1.0-py3-none-any.whl").read_bytes()
+    assert (stage / "deps" / "dep-1.0-py3-none-any.whl").read_bytes() == (
+        tmp_path / "download" / "deps" / "dep-1.0-py3-none-any.whl"
+    ).read_bytes()
     assert f"--vllm {stage}/{WHEEL} --deps {stage}/deps" in joined.stdout
     assert "already joined" in take(tmp_path, last).stdout
     assert f"--vllm {stage}/{WHEEL}" in run(tmp_path, "where").stdout
@@ -134,8 +157,7 @@ def test_a_c0_of_another_archive_starts_the_stage_over(tmp_path):
         assert take(tmp_path, n).returncode == 0
     packed(tmp_path)  # another archive: its wheel's bytes are new
     assert take(tmp_path, 0).returncode == 0
-    assert (stage / "piece.00").exists() and not (stage / "piece.01").exists(), \
-        "pieces of another archive were kept"
+    assert (stage / "piece.00").exists() and not (stage / "piece.01").exists(), "pieces of another archive were kept"
 
 
 def test_a_wheel_of_other_bytes_is_refused_and_not_left_as_the_wheel(tmp_path):
@@ -218,10 +240,20 @@ def packed_34(tmp_path: Path) -> Path:
     (tmp_path / "pins.toml").write_text(
         f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n\n'
         f'[[distribution]]\nname = "vllm"\nversion = "0.34.0"\nfile = "{WHEEL_34}"\n'
-        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n')
+        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n'
+    )
     limit = tree_bytes() + (6 << 20) + PIECE
-    done = run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download), GOOGLETEST_SRC=str(gtest),
-               CARRY_LIMIT=str(limit), MIN_PIECE="1", SPARE_MIB="6", VLLM_VERSION="0.34.0")
+    done = run(
+        tmp_path,
+        "pack",
+        str(tmp_path / "carry"),
+        DOWNLOADED=str(download),
+        GOOGLETEST_SRC=str(gtest),
+        CARRY_LIMIT=str(limit),
+        MIN_PIECE="1",
+        SPARE_MIB="6",
+        VLLM_VERSION="0.34.0",
+    )
     assert done.returncode == 0, done.stderr
     assert f"VLLM_VERSION=0.34.0 ci/gpu-carry.sh take N {tmp_path}/carry" in done.stdout
     assert "6 MiB to spare" in done.stdout
@@ -243,8 +275,10 @@ def test_a_pack_for_034_says_its_version_in_c0_and_is_taken_and_joined_as_034(tm
         assert taken.returncode == 0, taken.stderr
     assert (stage / WHEEL_34).read_bytes() == (tmp_path / "download" / WHEEL_34).read_bytes()
     assert (stage / "deps" / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl").exists()
-    assert f"ci/gpu-vllm-check.sh --vllm-version 0.34.0 --engine-source --vllm {stage}/{WHEEL_34} " \
+    assert (
+        f"ci/gpu-vllm-check.sh --vllm-version 0.34.0 --engine-source --vllm {stage}/{WHEEL_34} "
         f"--deps {stage}/deps" in taken.stdout
+    )
     assert f"--vllm {stage}/{WHEEL_34}" in run(tmp_path, "where", VLLM_VERSION="0.34.0").stdout
 
 
@@ -291,12 +325,13 @@ def test_the_026_list_pins_every_wheel_by_hash_and_carries_what_vllm_serve_impor
         assert len(hashed) == 64 and int(hashed, 16) >= 0, line
         assert name not in pinned, f"{name} twice"
         pinned[name] = (version, hashed)
-    machine = {line.split("==")[0].lower().replace("_", "-")
-               for line in requirement_lines(REPO / "packaging" / "cuda" / "gpu-machine-packages.txt")}
+    machine = {
+        line.split("==")[0].lower().replace("_", "-")
+        for line in requirement_lines(REPO / "packaging" / "cuda" / "gpu-machine-packages.txt")
+    }
     assert not set(pinned) & machine, "shadows the machine's"
     # The OpenAI server (`vllm serve`), at the 0.34.0 list's wheels.
-    served = {"uvicorn", "httptools", "websockets", "python-multipart", "model-hosting-container-standards",
-              "jmespath"}
+    served = {"uvicorn", "httptools", "websockets", "python-multipart", "model-hosting-container-standards", "jmespath"}
     assert served <= set(pinned)
     newer = {}
     for line in requirement_lines(listed.parent / "gpu-vllm-0.34.0-requirements.txt"):
@@ -334,7 +369,7 @@ def fake_python(tmp_path: Path) -> Path:
     probe for the machine's CUDA libraries names FAKE_NVIDIA, the carried
     torch's report says its cuDNN is older."""
     script = tmp_path / "python"
-    script.write_text(r'''#!/usr/bin/env bash
+    script.write_text(r"""#!/usr/bin/env bash
 echo "PYTHONPATH=${PYTHONPATH:-} SKIP=${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-} CMAKE=${SKBUILD_CMAKE_DEFINE:-} :: $*" >> "$FAKE_LOG"
 args=("$@")
 if [[ $1 == -m && $2 == pip ]]; then
@@ -356,7 +391,7 @@ elif [[ $1 == -c && $2 == *'"nvidia"'* ]]; then
 elif [[ $1 == -c && $2 == *CUDNN_OLDER* ]]; then
   echo "torch 2.14.0"; echo "CUDNN_OLDER"
 fi
-''')
+""")
     script.chmod(0o755)
     machine = tmp_path / "machine" / "nvidia"
     for lib in ("cu13", "cudnn", "nccl"):
@@ -370,9 +405,16 @@ fi
 
 
 def check(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if k != "LMCACHE"}, "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(tmp_path / "log"),
-           "FAKE_NVIDIA": str(tmp_path / "machine" / "nvidia"), "PATCHES": str(tmp_path / "patches"),
-           "WORK": str(tmp_path / "work"), "PYTHONPATH": "", **env}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "LMCACHE"},
+        "PYTHON": str(tmp_path / "python"),
+        "FAKE_LOG": str(tmp_path / "log"),
+        "FAKE_NVIDIA": str(tmp_path / "machine" / "nvidia"),
+        "PATCHES": str(tmp_path / "patches"),
+        "WORK": str(tmp_path / "work"),
+        "PYTHONPATH": "",
+        **env,
+    }
     env.pop("PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK", None)
     return subprocess.run(["bash", str(CHECK), *args], env=env, capture_output=True, text=True, check=False)
 
@@ -384,8 +426,21 @@ def logged(tmp_path: Path, marker: str) -> str:
 def test_a_carried_torch_comes_first_before_the_engine_is_built_and_for_the_tests(tmp_path):
     fake_python(tmp_path)
     work = tmp_path / "work"
-    done = check(tmp_path, "--vllm-version", "0.34.0", "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
-                 "--deps", str(tmp_path / "wheels"), "--", "-k", "streaming", FAKE_TORCH="1", PYTHONPATH="/outer")
+    done = check(
+        tmp_path,
+        "--vllm-version",
+        "0.34.0",
+        "--engine-source",
+        "--vllm",
+        str(tmp_path / "vllm-patched.whl"),
+        "--deps",
+        str(tmp_path / "wheels"),
+        "--",
+        "-k",
+        "streaming",
+        FAKE_TORCH="1",
+        PYTHONPATH="/outer",
+    )
     assert done.returncode == 0, done.stderr
     built = logged(tmp_path, f"--target {work}/engine.tmp ./engine")
     assert built.startswith(f"PYTHONPATH={work}/deps:/outer "), built
@@ -404,8 +459,18 @@ def test_a_carried_torch_comes_first_before_the_engine_is_built_and_for_the_test
 
 def test_an_engine_built_against_another_torch_is_refused(tmp_path):
     fake_python(tmp_path)
-    refused = check(tmp_path, "--vllm-version", "0.34.0", "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
-                    "--deps", str(tmp_path / "wheels"), FAKE_TORCH="1", FAKE_BUILT_AGAINST="2.11.0+cu130")
+    refused = check(
+        tmp_path,
+        "--vllm-version",
+        "0.34.0",
+        "--engine-source",
+        "--vllm",
+        str(tmp_path / "vllm-patched.whl"),
+        "--deps",
+        str(tmp_path / "wheels"),
+        FAKE_TORCH="1",
+        FAKE_BUILT_AGAINST="2.11.0+cu130",
+    )
     assert refused.returncode == 3
     assert "the engine was built against torch 2.11.0+cu130, not the carried 2.14.0" in refused.stderr
     assert not (tmp_path / "work" / "engine").exists()
@@ -413,8 +478,9 @@ def test_an_engine_built_against_another_torch_is_refused(tmp_path):
 
 def test_without_a_carried_torch_the_engine_builds_on_the_machines(tmp_path):
     fake_python(tmp_path)
-    done = check(tmp_path, "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
-                 "--deps", str(tmp_path / "wheels"))
+    done = check(
+        tmp_path, "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"), "--deps", str(tmp_path / "wheels")
+    )
     assert done.returncode == 0, done.stderr
     built = logged(tmp_path, "./engine")
     assert built.startswith("PYTHONPATH= SKIP= CMAKE= "), built
@@ -462,14 +528,22 @@ def release_download(tmp_path: Path) -> Path:
     (tmp_path / "googletest").mkdir()
     (tmp_path / "googletest" / "CMakeLists.txt").write_text("project(googletest)\n")
     (tmp_path / "pins.toml").write_text(
-        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n')
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\nsha256 = "{"0" * 64}"\n'
+    )
     return download
 
 
 def pack_release(tmp_path: Path, download: Path) -> subprocess.CompletedProcess[str]:
-    return run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download),
-               GOOGLETEST_SRC=str(tmp_path / "googletest"), CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
-               MIN_PIECE="1", RELEASE="1")
+    return run(
+        tmp_path,
+        "pack",
+        str(tmp_path / "carry"),
+        DOWNLOADED=str(download),
+        GOOGLETEST_SRC=str(tmp_path / "googletest"),
+        CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
+        MIN_PIECE="1",
+        RELEASE="1",
+    )
 
 
 def test_a_release_is_carried_instead_of_the_pinned_wheel_and_named_for_the_checks(tmp_path):
@@ -516,11 +590,20 @@ def pack_lmcache(tmp_path: Path, with_its_wheel: bool = True, **env: str) -> sub
     (download / WHEEL).write_bytes(wheel)
     (tmp_path / "googletest").mkdir()
     (tmp_path / "googletest" / "CMakeLists.txt").write_text("project(googletest)\n")
-    (tmp_path / "pins.toml").write_text(f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\n'
-                                        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n')
-    return run(tmp_path, "pack", str(tmp_path / "carry"), DOWNLOADED=str(download),
-               GOOGLETEST_SRC=str(tmp_path / "googletest"), CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
-               MIN_PIECE="1", **{"LMCACHE": "1", **env})
+    (tmp_path / "pins.toml").write_text(
+        f'[[distribution]]\nname = "vllm"\nversion = "0.26.0"\nfile = "{WHEEL}"\n'
+        f'sha256 = "{hashlib.sha256(wheel).hexdigest()}"\n'
+    )
+    return run(
+        tmp_path,
+        "pack",
+        str(tmp_path / "carry"),
+        DOWNLOADED=str(download),
+        GOOGLETEST_SRC=str(tmp_path / "googletest"),
+        CARRY_LIMIT=str(tree_bytes() + (2 << 20) + PIECE),
+        MIN_PIECE="1",
+        **{"LMCACHE": "1", **env},
+    )
 
 
 def test_lmcache_wheels_travel_in_deps_and_where_names_the_check_with_lmcache(tmp_path):
@@ -534,11 +617,14 @@ def test_lmcache_wheels_travel_in_deps_and_where_names_the_check_with_lmcache(tm
     for n in range(len(folders(carry))):  # taken without the switch: c0 says it
         taken = take(tmp_path, n)
         assert taken.returncode == 0, taken.stderr
-    assert (stage / "deps" / LMCACHE_WHEEL).read_bytes() == \
-        (tmp_path / "download" / "deps" / LMCACHE_WHEEL).read_bytes()
+    assert (stage / "deps" / LMCACHE_WHEEL).read_bytes() == (
+        tmp_path / "download" / "deps" / LMCACHE_WHEEL
+    ).read_bytes()
     assert (stage / WHEEL).exists()
-    check_line = f"LMCACHE=1 ci/gpu-vllm-check.sh --vllm-version 0.26.0 --engine-source --vllm {stage}/{WHEEL} " \
+    check_line = (
+        f"LMCACHE=1 ci/gpu-vllm-check.sh --vllm-version 0.26.0 --engine-source --vllm {stage}/{WHEEL} "
         f"--deps {stage}/deps"
+    )
     assert check_line in taken.stdout
     assert check_line in run(tmp_path, "where").stdout
 
@@ -570,13 +656,17 @@ def test_lmcache_take_of_a_pack_without_it_is_refused(tmp_path):
 
 def test_lmcache_with_another_vllm_is_refused_by_both_scripts(tmp_path):
     fake_python(tmp_path)
-    for args, env in ((["--vllm-version", "0.34.0", "--fetch", str(tmp_path / "dl")], {}),
-                      (["--fetch", str(tmp_path / "dl")], {"VLLM_VERSION": "0.34.0"}),
-                      (["--vllm-version", "0.34.0", "--engine-source", "--vllm", "x.whl", "--deps", "wheels"], {})):
+    for args, env in (
+        (["--vllm-version", "0.34.0", "--fetch", str(tmp_path / "dl")], {}),
+        (["--fetch", str(tmp_path / "dl")], {"VLLM_VERSION": "0.34.0"}),
+        (["--vllm-version", "0.34.0", "--engine-source", "--vllm", "x.whl", "--deps", "wheels"], {}),
+    ):
         refused = check(tmp_path, *args, LMCACHE="1", **env)
         assert refused.returncode == 3
-        assert "LMCACHE=1: LMCache's wheels (packaging/cuda/gpu-lmcache-requirements.txt) are resolved for " \
+        assert (
+            "LMCACHE=1: LMCache's wheels (packaging/cuda/gpu-lmcache-requirements.txt) are resolved for "
             "vLLM 0.26.0 only, not 0.34.0" in refused.stderr
+        )
     assert not (tmp_path / "log").exists(), "nothing was fetched or installed"
     refused = run(tmp_path, "--vllm-version", "0.34.0", "pack", str(tmp_path / "carry"), LMCACHE="1")
     assert refused.returncode == 3
@@ -586,23 +676,35 @@ def test_lmcache_with_another_vllm_is_refused_by_both_scripts(tmp_path):
 def test_lmcache_is_fetched_with_vllms_list_installed_apart_and_on_the_path_after_vllms_deps(tmp_path):
     fake_python(tmp_path)
     assert check(tmp_path, "--fetch", str(tmp_path / "dl"), LMCACHE="1").returncode == 0
-    assert "--require-hashes -r packaging/cuda/gpu-vllm-requirements.txt " \
+    assert (
+        "--require-hashes -r packaging/cuda/gpu-vllm-requirements.txt "
         "-r packaging/cuda/gpu-lmcache-requirements.txt -d " in logged(tmp_path, "download")
+    )
     (tmp_path / "log").unlink()
     work = tmp_path / "work"
-    done = check(tmp_path, "--engine-source", "--vllm", str(tmp_path / "vllm-patched.whl"),
-                 "--deps", str(tmp_path / "wheels"), LMCACHE="1", PYTHONPATH="/outer")
+    done = check(
+        tmp_path,
+        "--engine-source",
+        "--vllm",
+        str(tmp_path / "vllm-patched.whl"),
+        "--deps",
+        str(tmp_path / "wheels"),
+        LMCACHE="1",
+        PYTHONPATH="/outer",
+    )
     assert done.returncode == 0, done.stderr
     assert "-r packaging/cuda/gpu-vllm-requirements.txt" in logged(tmp_path, f"--target {work}/deps.tmp")
     installed = logged(tmp_path, f"--target {work}/lmcache.tmp")
-    assert f"--find-links {tmp_path}/wheels --require-hashes -r packaging/cuda/gpu-lmcache-requirements.txt" \
-        in installed
+    assert (
+        f"--find-links {tmp_path}/wheels --require-hashes -r packaging/cuda/gpu-lmcache-requirements.txt" in installed
+    )
     assert (work / "lmcache" / "lmcache").is_dir() and not (work / "lmcache" / "tests").exists()
     path = f"{work}/engine:{work}/vllm:{work}/deps:{work}/lmcache:{REPO}:/outer"
     assert logged(tmp_path, "-m pytest -m gpu tests/gpu").startswith(f"PYTHONPATH={path} "), "the tests' path"
     log = (tmp_path / "log").read_text()
-    assert "compiled ops" in log and log.index("LMCacheConnectorV1Impl") < log.index("-m pytest -m gpu"), \
+    assert "compiled ops" in log and log.index("LMCacheConnectorV1Impl") < log.index("-m pytest -m gpu"), (
         "the connector and its compiled ops are checked before the tests"
+    )
     # Later commands there (the served benchmark, the parity gate) source the same environment.
     assert f"source {work}/env.sh" in done.stdout
     assert f"export PYTHONPATH={path}\n" in (work / "env.sh").read_text(), "the path kept for the served benchmark"

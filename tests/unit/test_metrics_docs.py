@@ -25,8 +25,11 @@ def telemetry_names() -> dict:
     except ImportError:
         from activekv_reference import stats
 
-        return {"counters": stats.COUNTERS, "gauges": stats.GAUGES,
-                "info": {"name": stats.CONFIG_INFO, "labels": list(stats.CONFIG_INFO_LABELS)}}
+        return {
+            "counters": stats.COUNTERS,
+            "gauges": stats.GAUGES,
+            "info": {"name": stats.CONFIG_INFO, "labels": list(stats.CONFIG_INFO_LABELS)},
+        }
 
 
 def exported() -> dict[str, str]:
@@ -88,9 +91,21 @@ def test_the_dashboard_queries_only_exported_metrics():
 
 def test_the_dashboard_shows_what_an_operator_runs_by():
     used = {n for e in queries(json.loads(DASHBOARD.read_text())) for n in NAME.findall(e)}
-    for name in ("store_used_bytes", "store_capacity_bytes", "hit_tokens_total", "lookup_tokens_total",
-                 "bytes_to_device_total", "bytes_to_host_total", "streamed_bytes_to_device_total",
-                 "streamed_bytes_to_host_total", "load_us_total", "save_us_total",
-                 "streamed_step_bytes_to_device", "streamed_step_bytes_to_host", "evicted_blocks_total",
-                 "quarantined_fences_total", "config_info"):
+    for name in (
+        "store_used_bytes",
+        "store_capacity_bytes",
+        "hit_tokens_total",
+        "lookup_tokens_total",
+        "bytes_to_device_total",
+        "bytes_to_host_total",
+        "streamed_bytes_to_device_total",
+        "streamed_bytes_to_host_total",
+        "load_us_total",
+        "save_us_total",
+        "streamed_step_bytes_to_device",
+        "streamed_step_bytes_to_host",
+        "evicted_blocks_total",
+        "quarantined_fences_total",
+        "config_info",
+    ):
         assert f"vllm:activekv_{name}" in used, name

@@ -86,7 +86,14 @@ def test_verify_loads_no_stage():
     """What an operator runs imports no stage, and so none of what the stages
     need: checked in a fresh interpreter, where nothing was imported yet."""
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, pipeline.verify; "
-                               "print(' '.join(m for m in sys.modules if m.startswith('pipeline.stages')))"],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+        [
+            sys.executable,
+            "-c",
+            "import sys, pipeline.verify; print(' '.join(m for m in sys.modules if m.startswith('pipeline.stages')))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert loaded == [], f"import pipeline.verify loaded {', '.join(loaded)}"

@@ -50,7 +50,9 @@ def test_features_report_what_this_vllm_offers():
     from vllm.v1.core.sched.output import SchedulerOutput
 
     features = activekv.vllm_features()
-    assert features["sync_kv_loads_flag"] == ("has_sync_kv_loads" in {f.name for f in dataclasses.fields(SchedulerOutput)})
+    assert features["sync_kv_loads_flag"] == (
+        "has_sync_kv_loads" in {f.name for f in dataclasses.fields(SchedulerOutput)}
+    )
     assert features["extensible_kv_cache"] == ("enable_extensible_kv_cache" in CacheConfig.__dataclass_fields__)
     assert features["sleep_mode_hook"] == hasattr(KVConnectorBase_V1, "supports_sleep_mode")
 
@@ -84,13 +86,34 @@ def test_stats_sum_and_reduce_every_counter():
 
 @pytest.mark.parametrize(
     "extra",
-    [{"capacity": 1}, {"capacity_bytes": "1G"}, {"capacity_bytes": -1}, {"mode": "lossy"},
-     {"store_threshold": 0, "mode": "fast"}, {"capacity_bytes": 100}, {"capacity_bytes": 1 << 60},
-     {"streaming": 2}, {"streaming": {"resident": 1}}, {"streaming": {"ring_size": 1}},
-     {"streaming": {"resident_layers": 4}}, {"streaming": {"resident_layers": 2, "ring_size": 2}}],
-    ids=["unknown-key", "wrong-type", "negative", "unknown-mode", "two-bad-keys", "no-block",
-         "more-than-the-host-has", "streaming-not-a-table", "streaming-unknown-key",
-         "streaming-ring-of-one", "streaming-every-layer-resident", "streaming-saves-nothing"],
+    [
+        {"capacity": 1},
+        {"capacity_bytes": "1G"},
+        {"capacity_bytes": -1},
+        {"mode": "lossy"},
+        {"store_threshold": 0, "mode": "fast"},
+        {"capacity_bytes": 100},
+        {"capacity_bytes": 1 << 60},
+        {"streaming": 2},
+        {"streaming": {"resident": 1}},
+        {"streaming": {"ring_size": 1}},
+        {"streaming": {"resident_layers": 4}},
+        {"streaming": {"resident_layers": 2, "ring_size": 2}},
+    ],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "negative",
+        "unknown-mode",
+        "two-bad-keys",
+        "no-block",
+        "more-than-the-host-has",
+        "streaming-not-a-table",
+        "streaming-unknown-key",
+        "streaming-ring-of-one",
+        "streaming-every-layer-resident",
+        "streaming-saves-nothing",
+    ],
 )
 def test_bad_config_same_message_in_both_engines(extra):
     messages = []
@@ -147,9 +170,13 @@ def _metadata(impl, loads=(), saves=(), awaiting=(), stage=(), writeback=(), row
     from activekv_reference.metadata import ActiveKVMetadata, LoadOp, SaveOp
 
     return ActiveKVMetadata(
-        loads=[LoadOp(*op) for op in loads], saves=[SaveOp(*op) for op in saves],
-        awaiting_free=list(awaiting), stage_blocks=stage, stage_rows=stage_rows,
-        writeback_blocks=writeback, writeback_rows=writeback_rows,
+        loads=[LoadOp(*op) for op in loads],
+        saves=[SaveOp(*op) for op in saves],
+        awaiting_free=list(awaiting),
+        stage_blocks=stage,
+        stage_rows=stage_rows,
+        writeback_blocks=writeback,
+        writeback_rows=writeback_rows,
     )
 
 
@@ -191,9 +218,11 @@ def test_a_full_cuda_graph_step_loads_and_saves_what_the_hooks_would(impl, runne
 
     # What vLLM's forward context says of such a step: 0.26.0's GPU runner
     # binds no attention metadata for it, the V1 runner marks the forward FULL.
-    forward_context = (SimpleNamespace(attn_metadata=None, cudagraph_runtime_mode=CUDAGraphMode.NONE)
-                       if runner == "gpu-runner" else
-                       SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL))
+    forward_context = (
+        SimpleNamespace(attn_metadata=None, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+        if runner == "gpu-runner"
+        else SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL)
+    )
     save = _metadata(impl, saves=[(1, 3, b"a" * 32, "r"), (2, 4, b"b" * 32, "r")])
     hooked, hooked_kv = _registered_worker(impl)
     _step(hooked, hooked_kv, save)
@@ -203,8 +232,7 @@ def test_a_full_cuda_graph_step_loads_and_saves_what_the_hooks_would(impl, runne
     assert standalone_store(worker) == standalone_store(hooked) != {}
 
     before = {n: t.clone() for n, t in kv.items()}
-    report = _full_graph_step(worker, _metadata(impl, loads=[(2, 6, b"b" * 32), (1, 7, b"a" * 32)]),
-                              forward_context)
+    report = _full_graph_step(worker, _metadata(impl, loads=[(2, 6, b"b" * 32), (1, 7, b"a" * 32)]), forward_context)
     assert report.loaded == [2, 1] and not report.failed_loads
     for name in kv:  # landed at start_load_kv: nothing waits for them later
         assert torch.equal(kv[name][6], before[name][4]) and torch.equal(kv[name][7], before[name][3])
@@ -229,13 +257,30 @@ STREAMING = {"streaming": {"resident_layers": 1, "ring_size": 2}}
 
 @pytest.mark.parametrize(
     "extra",
-    [{"streaming": 2}, {"streaming": [1, 2]}, {"streaming": {"rings": 2}},
-     {"streaming": {"ring_size": "2"}}, {"streaming": {"ring_size": True}},
-     {"streaming": {"ring_size": 1}}, {"streaming": {"resident_layers": -1, "ring_size": 1}},
-     {"streaming": {"x": 1}, "store_threshold": 0}, {"streaming": {"resident_layers": 5}},
-     {"streaming": {"resident_layers": 3}}],
-    ids=["not-a-table", "a-list", "unknown-key", "wrong-type", "bool", "ring-too-small",
-         "first-key-first", "other-keys-first", "no-layer-left", "saves-nothing"],
+    [
+        {"streaming": 2},
+        {"streaming": [1, 2]},
+        {"streaming": {"rings": 2}},
+        {"streaming": {"ring_size": "2"}},
+        {"streaming": {"ring_size": True}},
+        {"streaming": {"ring_size": 1}},
+        {"streaming": {"resident_layers": -1, "ring_size": 1}},
+        {"streaming": {"x": 1}, "store_threshold": 0},
+        {"streaming": {"resident_layers": 5}},
+        {"streaming": {"resident_layers": 3}},
+    ],
+    ids=[
+        "not-a-table",
+        "a-list",
+        "unknown-key",
+        "wrong-type",
+        "bool",
+        "ring-too-small",
+        "first-key-first",
+        "other-keys-first",
+        "no-layer-left",
+        "saves-nothing",
+    ],
 )
 def test_bad_streaming_config_same_message_in_both_engines(extra):
     cfg = standalone.kv_cache_config(num_layers=5)
@@ -256,8 +301,7 @@ def test_streaming_none_is_off_in_both_engines():
 
 
 def _vllm_config(impl, extra, num_layers=5, **changes):
-    config = standalone.vllm_config(extra, standalone.connector_class(impl).__name__,
-                                    num_layers=num_layers)
+    config = standalone.vllm_config(extra, standalone.connector_class(impl).__name__, num_layers=num_layers)
     for path, value in changes.items():
         owner, name = path.split("__") if "__" in path else (None, path)
         setattr(getattr(config, owner) if owner else config, name, value)
@@ -266,8 +310,9 @@ def _vllm_config(impl, extra, num_layers=5, **changes):
 
 def test_kv_cache_regions_are_the_same_in_both_engines():
     groups = standalone.kv_cache_config(num_layers=5).kv_cache_groups
-    regions = [standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING), groups)
-               for impl in IMPLS]
+    regions = [
+        standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING), groups) for impl in IMPLS
+    ]
     assert regions[0] == regions[1]
     names = groups[0].layer_names
     assert regions[1] == [[names[0]], [names[1], names[3]], [names[2], names[4]]]
@@ -277,9 +322,12 @@ def test_kv_cache_regions_are_the_same_in_both_engines():
 
 @pytest.mark.parametrize(
     "changes",
-    [{"model_config__use_mla": True}, {"speculative_config": object()},
-     {"parallel_config__pipeline_parallel_size": 2},
-     {"model_config__get_num_layers_by_block_type": lambda p, t="attention": 7}],
+    [
+        {"model_config__use_mla": True},
+        {"speculative_config": object()},
+        {"parallel_config__pipeline_parallel_size": 2},
+        {"model_config__get_num_layers_by_block_type": lambda p, t="attention": 7},
+    ],
     ids=["mla", "speculative", "pipeline-parallel", "shared-kv"],
 )
 def test_unservable_settings_same_refusal_in_both_engines(changes):
@@ -287,8 +335,7 @@ def test_unservable_settings_same_refusal_in_both_engines(changes):
     messages = []
     for impl in IMPLS:
         with pytest.raises(ValueError) as err:
-            standalone.connector_class(impl).get_kv_cache_regions(
-                _vllm_config(impl, STREAMING, **changes), groups)
+            standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING, **changes), groups)
         messages.append(str(err.value))
     assert messages[0] == messages[1]
     assert "layer streaming cannot serve" in messages[0]
@@ -377,8 +424,14 @@ def test_streaming_steps_are_bitwise_the_reference():
             data = worker.get_kv_connector_stats().data
             per_step.append({k: v for k, v in data.items() if not k.endswith("_us")})
         stats = {c: sum(d[c] for d in per_step) for c in per_step[0] if c != "gauges"}
-        runs[impl] = (seen, streamed_homes(worker), standalone_store(worker), stats,
-                      worker.get_block_ids_with_load_errors(), per_step)
+        runs[impl] = (
+            seen,
+            streamed_homes(worker),
+            standalone_store(worker),
+            stats,
+            worker.get_block_ids_with_load_errors(),
+            per_step,
+        )
     ref, nat = runs["reference"], runs["native"]
     for step, (a, b) in enumerate(zip(ref[0], nat[0])):
         for name in a:
@@ -411,10 +464,13 @@ def test_stage_block_out_of_range_is_refused_and_binds_nothing(impl):
     assert all(torch.equal(kv[n], before[n]) for n in kv)
 
 
-@pytest.mark.parametrize("rows, message", [
-    (([10], []), r"1 home rows for 2 streamed blocks"),
-    (([9, 10], [HOME_ROWS]), rf"home row {HOME_ROWS} out of range \(the homes have {HOME_ROWS} rows\)"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (([10], []), r"1 home rows for 2 streamed blocks"),
+        (([9, 10], [HOME_ROWS]), rf"home row {HOME_ROWS} out of range \(the homes have {HOME_ROWS} rows\)"),
+    ],
+)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_home_rows_that_do_not_fit_the_homes_are_refused_and_bind_nothing(impl, rows, message):
     cfg = standalone.kv_cache_config(num_layers=5, num_blocks=8)
@@ -440,10 +496,12 @@ def test_a_hybrid_model_is_the_same_refusal_in_both_engines():
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
     full = standalone.kv_cache_config().kv_cache_groups[0]
-    sliding = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
-                                sliding_window=128)
-    cfg = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
-        full, KVCacheGroupSpec(layer_names=["model.layers.4.self_attn.attn"], kv_cache_spec=sliding)])
+    sliding = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16, sliding_window=128)
+    cfg = KVCacheConfig(
+        num_blocks=16,
+        kv_cache_tensors=[],
+        kv_cache_groups=[full, KVCacheGroupSpec(layer_names=["model.layers.4.self_attn.attn"], kv_cache_spec=sliding)],
+    )
     standalone.ensure_distributed()
     messages = []
     for impl in IMPLS:
@@ -453,8 +511,10 @@ def test_a_hybrid_model_is_the_same_refusal_in_both_engines():
         messages.append(str(err.value))
     assert messages[0] == messages[1]
     # The words of streaming's refusal of the same groups (test_streaming_refusals.py).
-    assert messages[0] == ("ActiveKV cannot serve KV cache groups ['FullAttentionSpec', 'SlidingWindowSpec']: "
-                           "it needs one full-attention group (no sliding-window or hybrid groups)")
+    assert messages[0] == (
+        "ActiveKV cannot serve KV cache groups ['FullAttentionSpec', 'SlidingWindowSpec']: "
+        "it needs one full-attention group (no sliding-window or hybrid groups)"
+    )
 
 
 def test_vllm_features_are_what_the_installed_vllm_offers():
@@ -464,8 +524,7 @@ def test_vllm_features_are_what_the_installed_vllm_offers():
 
     features = activekv.vllm_features()
     assert features["version"] == vllm.__version__
-    assert features["cache_hit_source"] == (importlib.util.find_spec("vllm.v1.metrics.cache_hit_source")
-                                            is not None)
+    assert features["cache_hit_source"] == (importlib.util.find_spec("vllm.v1.metrics.cache_hit_source") is not None)
     assert features["layer_work_hook"] == hasattr(KVConnectorBase_V1, "has_layer_work")
     assert features["streaming_hooks"] == hasattr(KVConnectorBase_V1, "get_kv_cache_regions")
     assert features["piecewise_hook"] == hasattr(KVConnectorBase_V1, "requires_piecewise_for_cudagraph")
@@ -474,11 +533,18 @@ def test_vllm_features_are_what_the_installed_vllm_offers():
 @pytest.mark.parametrize("impl", IMPLS)
 def test_the_connector_asks_for_piecewise_graphs_and_for_hnd_only_when_streaming(impl):
     cls = standalone.connector_class(impl)
-    piecewise = {name: cls.requires_piecewise_for_cudagraph(extra)
-                 for name, extra in {"default": {}, "compressed": {"mode": "compressed"},
-                                     "streaming": STREAMING, "bad": {"capacity": 1}}.items()}
+    piecewise = {
+        name: cls.requires_piecewise_for_cudagraph(extra)
+        for name, extra in {
+            "default": {},
+            "compressed": {"mode": "compressed"},
+            "streaming": STREAMING,
+            "bad": {"capacity": 1},
+        }.items()
+    }
     assert piecewise == {"default": False, "compressed": False, "streaming": True, "bad": False}
-    layouts = {name: cls.get_required_kvcache_layout(standalone.vllm_config(extra, cls.__name__))
-               for name, extra in {"exact": {"mode": "exact"}, "streaming": {"streaming": {}},
-                                   "bad": {"capacity": 1}}.items()}
+    layouts = {
+        name: cls.get_required_kvcache_layout(standalone.vllm_config(extra, cls.__name__))
+        for name, extra in {"exact": {"mode": "exact"}, "streaming": {"streaming": {}}, "bad": {"capacity": 1}}.items()
+    }
     assert layouts == {"exact": None, "streaming": "HND", "bad": None}

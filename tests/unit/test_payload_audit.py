@@ -44,9 +44,14 @@ EM_X86_64, EM_AARCH64 = 62, 183
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_RUNPATH = 0, 1, 5, 10, 29
 
 
-def shared_object(needed: Iterable[str] = ("libc.so.6", "libtorch_cpu.so", "libc10.so"),
-                  runpath: str = "$ORIGIN/torch/lib", *, e_type: int = ET_DYN,
-                  machine: int = EM_X86_64, elf_class: int = 2) -> bytes:
+def shared_object(
+    needed: Iterable[str] = ("libc.so.6", "libtorch_cpu.so", "libc10.so"),
+    runpath: str = "$ORIGIN/torch/lib",
+    *,
+    e_type: int = ET_DYN,
+    machine: int = EM_X86_64,
+    elf_class: int = 2,
+) -> bytes:
     """A minimal ELF64 shared object as the linker lays one out: a load
     segment over the file, a dynamic segment (NEEDED, RUNPATH, string table)
     and the section headers that describe the same bytes."""
@@ -57,38 +62,48 @@ def shared_object(needed: Iterable[str] = ("libc.so.6", "libtorch_cpu.so", "libc
     dynstr_off = 64 + 2 * 56
     dyn_off = (dynstr_off + len(strings) + 7) & ~7
     tags = [(DT_NEEDED, offsets[n]) for n in needed] + [
-        (DT_RUNPATH, offsets[runpath]), (DT_STRTAB, dynstr_off), (DT_STRSZ, len(strings)), (DT_NULL, 0)]
+        (DT_RUNPATH, offsets[runpath]),
+        (DT_STRTAB, dynstr_off),
+        (DT_STRSZ, len(strings)),
+        (DT_NULL, 0),
+    ]
     dynamic = b"".join(struct.pack("<qQ", t, v) for t, v in tags)
     shstr = b"\0.dynstr\0.dynamic\0.shstrtab\0"
     shstr_off = dyn_off + len(dynamic)
     sh_off = (shstr_off + len(shstr) + 7) & ~7
     size = sh_off + 4 * 64
     ident = b"\x7fELF" + bytes([elf_class, 1, 1, 0]) + bytes(8)
-    header = ident + struct.pack("<HHIQQQIHHHHHH", e_type, machine, 1, 0, 64, sh_off, 0, 64, 56, 2,
-                                 64, 4, 3)
-    phdrs = (struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, size, size, 0x1000)
-             + struct.pack("<IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 8))
-    sections = (bytes(64)
-                + struct.pack("<IIQQQQIIQQ", 1, 3, 2, dynstr_off, dynstr_off, len(strings), 0, 0, 1, 0)
-                + struct.pack("<IIQQQQIIQQ", 9, 6, 3, dyn_off, dyn_off, len(dynamic), 1, 0, 8, 16)
-                + struct.pack("<IIQQQQIIQQ", 18, 3, 0, 0, shstr_off, len(shstr), 0, 0, 1, 0))
+    header = ident + struct.pack("<HHIQQQIHHHHHH", e_type, machine, 1, 0, 64, sh_off, 0, 64, 56, 2, 64, 4, 3)
+    phdrs = struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, size, size, 0x1000) + struct.pack(
+        "<IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 8
+    )
+    sections = (
+        bytes(64)
+        + struct.pack("<IIQQQQIIQQ", 1, 3, 2, dynstr_off, dynstr_off, len(strings), 0, 0, 1, 0)
+        + struct.pack("<IIQQQQIIQQ", 9, 6, 3, dyn_off, dyn_off, len(dynamic), 1, 0, 8, 16)
+        + struct.pack("<IIQQQQIIQQ", 18, 3, 0, 0, shstr_off, len(shstr), 0, 0, 1, 0)
+    )
     out = bytearray(size)
     out[0:64] = header
     out[64:dynstr_off] = phdrs
-    out[dynstr_off:dynstr_off + len(strings)] = strings
-    out[dyn_off:dyn_off + len(dynamic)] = dynamic
-    out[shstr_off:shstr_off + len(shstr)] = shstr
+    out[dynstr_off : dynstr_off + len(strings)] = strings
+    out[dyn_off : dyn_off + len(dynamic)] = dynamic
+    out[shstr_off : shstr_off + len(shstr)] = shstr
     out[sh_off:] = sections
     return bytes(out)
 
 
-METADATA = (f"Metadata-Version: 2.2\nName: activekv\nVersion: {VERSION}\n"
-            f"Summary: vLLM's KV cache in host RAM: the native ActiveKV connector\n"
-            f"License-Expression: Apache-2.0\nRequires-Python: >=3.10\n"
-            f"Requires-Dist: torch=={TARGET.torch}\nDescription-Content-Type: text/markdown\n\n"
-            f"# ActiveKV\n").encode()
-WHEEL = (f"Wheel-Version: 1.0\nGenerator: scikit-build-core 1.1.2\nRoot-Is-Purelib: false\n"
-         f"Tag: {PY}-{PY}-{TARGET.platform_tag}\n").encode()
+METADATA = (
+    f"Metadata-Version: 2.2\nName: activekv\nVersion: {VERSION}\n"
+    f"Summary: vLLM's KV cache in host RAM: the native ActiveKV connector\n"
+    f"License-Expression: Apache-2.0\nRequires-Python: >=3.10\n"
+    f"Requires-Dist: torch=={TARGET.torch}\nDescription-Content-Type: text/markdown\n\n"
+    f"# ActiveKV\n"
+).encode()
+WHEEL = (
+    f"Wheel-Version: 1.0\nGenerator: scikit-build-core 1.1.2\nRoot-Is-Purelib: false\n"
+    f"Tag: {PY}-{PY}-{TARGET.platform_tag}\n"
+).encode()
 ENTRY_POINTS = b"[vllm.general_plugins]\nactivekv = activekv:register\n\n"
 
 
@@ -128,8 +143,7 @@ def write_wheel(path: Path, entries: dict[str, bytes] | list[Entry], *, record: 
     return path
 
 
-def wheel_with(tmp_path: Path, *, add: dict[str, bytes] = {}, drop: Iterable[str] = (),
-               name: str = WHEEL_NAME) -> Path:
+def wheel_with(tmp_path: Path, *, add: dict[str, bytes] = {}, drop: Iterable[str] = (), name: str = WHEEL_NAME) -> Path:
     files = good_files() | add
     for n in drop:
         del files[n]
@@ -163,6 +177,7 @@ def zip_info(name: str, mode: int) -> zipfile.ZipInfo:
 
 
 # -- what we ship passes ------------------------------------------------------
+
 
 def test_the_wheel_the_engine_build_makes_passes(tmp_path):
     wheel = wheel_with(tmp_path)
@@ -260,21 +275,25 @@ def test_a_grafted_library_the_policy_names_and_the_module_needs_passes(tmp_path
 ELF = shared_object(["libc.so.6"], "")
 
 
-@pytest.mark.parametrize("entry, data", [
-    ("libc.so.6", ELF),                                  # a system library copied to the root
-    ("libfoo.so", ELF),                                  # a library beside the module
-    ("activekv.so", ELF),                                # our name, a suffix we do not build
-    ("activekv.abi3.so", ELF),
-    ("activekv.cpython-312-x86_64-linux-gnu.so", ELF),   # our module for another Python
-    ("activekv/libfoo.so", ELF),                         # in a package folder
-    ("torch/lib/libc10.so", ELF),                        # another project's library
-    ("activekv.libs/libfoo.so.1", ELF),                  # not named as auditwheel names it
-    ("activekv.libs/sub/libfoo-a34b3233.so.1", ELF),     # not directly in the folder
-    ("activekv.libs/libc-a34b3233.so.6", ELF),           # grafted, but not in the policy
-    ("payload.bin", ELF),                                # ELF content under another name
-    (f"{DIST_INFO}/licenses/LICENSE", ELF),              # ELF content among the metadata
-    ("libfoo.so.1", b"not even ELF"),                    # a library by name
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "entry, data",
+    [
+        ("libc.so.6", ELF),  # a system library copied to the root
+        ("libfoo.so", ELF),  # a library beside the module
+        ("activekv.so", ELF),  # our name, a suffix we do not build
+        ("activekv.abi3.so", ELF),
+        ("activekv.cpython-312-x86_64-linux-gnu.so", ELF),  # our module for another Python
+        ("activekv/libfoo.so", ELF),  # in a package folder
+        ("torch/lib/libc10.so", ELF),  # another project's library
+        ("activekv.libs/libfoo.so.1", ELF),  # not named as auditwheel names it
+        ("activekv.libs/sub/libfoo-a34b3233.so.1", ELF),  # not directly in the folder
+        ("activekv.libs/libc-a34b3233.so.6", ELF),  # grafted, but not in the policy
+        ("payload.bin", ELF),  # ELF content under another name
+        (f"{DIST_INFO}/licenses/LICENSE", ELF),  # ELF content among the metadata
+        ("libfoo.so.1", b"not even ELF"),  # a library by name
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_a_shared_library_that_is_not_ours_is_refused(tmp_path, entry, data):
     assert_refused(wheel_with(tmp_path, add={entry: data}), (entry, "foreign-library"))
 
@@ -292,88 +311,104 @@ def test_a_grafted_library_no_module_needs_is_refused(tmp_path):
 
 # -- names Python imports at start-up, or that are not ours -------------------
 
-@pytest.mark.parametrize("entry", [
-    "sitecustomize.py",
-    "usercustomize.py",
-    f"sitecustomize.cpython-{PY[2:]}-x86_64-linux-gnu.so",   # native, not only Python source
-    "site.py",
-    "encodings/__init__.py",
-    f"encodings/utf_8.cpython-{PY[2:]}-x86_64-linux-gnu.so",
-    "os.py",
-    "json/__init__.py",
-    f"_ssl.cpython-{PY[2:]}-x86_64-linux-gnu.so",
-    "_sysconfigdata__linux_x86_64-linux-gnu.py",
-    "typing.pyc",
-    "activekv.pth",
-    "distutils-precedence.pth",
-])
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "sitecustomize.py",
+        "usercustomize.py",
+        f"sitecustomize.cpython-{PY[2:]}-x86_64-linux-gnu.so",  # native, not only Python source
+        "site.py",
+        "encodings/__init__.py",
+        f"encodings/utf_8.cpython-{PY[2:]}-x86_64-linux-gnu.so",
+        "os.py",
+        "json/__init__.py",
+        f"_ssl.cpython-{PY[2:]}-x86_64-linux-gnu.so",
+        "_sysconfigdata__linux_x86_64-linux-gnu.py",
+        "typing.pyc",
+        "activekv.pth",
+        "distutils-precedence.pth",
+    ],
+)
 def test_a_name_the_interpreter_imports_is_refused(tmp_path, entry):
     data = ELF if entry.endswith(".so") else b"import os\n"
     assert_refused(wheel_with(tmp_path, add={entry: data}), (entry, "shadows"))
 
 
 def test_a_start_up_package_folder_is_refused(tmp_path):
-    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME,
-                        [("sitecustomize/", b""), *good_files().items()])
+    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, [("sitecustomize/", b""), *good_files().items()])
     assert_refused(wheel, ("sitecustomize/", "shadows"))
 
 
-@pytest.mark.parametrize("entry", [
-    "activekv_helpers.py",
-    "activekv/__init__.py",
-    f"{DIST_INFO}/helper.pyc",
-    "activekv.libs/helper.py",
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "activekv_helpers.py",
+        "activekv/__init__.py",
+        f"{DIST_INFO}/helper.pyc",
+        "activekv.libs/helper.py",
+    ],
+)
 def test_python_of_ours_is_refused(tmp_path, entry):
     assert_refused(wheel_with(tmp_path, add={entry: b"print('hi')\n"}), (entry, "no-python"))
 
 
-@pytest.mark.parametrize("entry", [
-    "README.txt",
-    "otherpkg/data.json",
-    "activekv/config.json",                 # a package folder would shadow the module
-    f"{DIST_INFO}/INSTALLER",
-    f"{DIST_INFO}/RECORD.jws",
-    f"{DIST_INFO}/sboms/other.cdx.json",
-    "torch-2.13.0.dist-info/METADATA",      # another distribution's metadata
-    "activekv.libs/NOTICE",
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "README.txt",
+        "otherpkg/data.json",
+        "activekv/config.json",  # a package folder would shadow the module
+        f"{DIST_INFO}/INSTALLER",
+        f"{DIST_INFO}/RECORD.jws",
+        f"{DIST_INFO}/sboms/other.cdx.json",
+        "torch-2.13.0.dist-info/METADATA",  # another distribution's metadata
+        "activekv.libs/NOTICE",
+    ],
+)
 def test_an_entry_the_build_does_not_make_is_refused(tmp_path, entry):
     assert_refused(wheel_with(tmp_path, add={entry: b"{}\n"}), (entry, "not-ours"))
 
 
 # -- entry paths -----------------------------------------------------------
 
-@pytest.mark.parametrize("entry", [
-    "/etc/ld.so.preload",                        # absolute
-    "../activekv.so",                            # leaves site-packages
-    f"{DIST_INFO}/../../../bin/activekv",
-    "activekv\\..\\..\\evil.so",                 # backslashes
-    "C:/Windows/evil.dll",                       # a drive letter
-    "./activekv.txt",                            # not canonical
-    "activekv.libs//libfoo-a34b3233.so.1",
-    "activekv\tx",                               # a control character
-    f"activekv-{VERSION}.data/scripts/activekv-serve",
-    f"activekv-{VERSION}.data/headers/activekv.h",
-    f"activekv-{VERSION}.data/data/etc/activekv.conf",
-    f"activekv-{VERSION}.data/purelib/activekv_extra.txt",
-])
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "/etc/ld.so.preload",  # absolute
+        "../activekv.so",  # leaves site-packages
+        f"{DIST_INFO}/../../../bin/activekv",
+        "activekv\\..\\..\\evil.so",  # backslashes
+        "C:/Windows/evil.dll",  # a drive letter
+        "./activekv.txt",  # not canonical
+        "activekv.libs//libfoo-a34b3233.so.1",
+        "activekv\tx",  # a control character
+        f"activekv-{VERSION}.data/scripts/activekv-serve",
+        f"activekv-{VERSION}.data/headers/activekv.h",
+        f"activekv-{VERSION}.data/data/etc/activekv.conf",
+        f"activekv-{VERSION}.data/purelib/activekv_extra.txt",
+    ],
+)
 def test_an_entry_whose_path_leaves_the_install_directory_is_refused(tmp_path, entry):
     assert_refused(wheel_with(tmp_path, add={entry: b"x"}), (entry, "path"))
 
 
-@pytest.mark.parametrize("entry, mode", [
-    (f"{DIST_INFO}/licenses/LICENSE", stat.S_IFLNK | 0o777),   # a symlink to /etc/passwd
-    ("libtorch.so", stat.S_IFLNK | 0o777),
-    (MODULE, stat.S_IFLNK | 0o777),
-    (f"{DIST_INFO}/licenses/fifo", stat.S_IFIFO | 0o644),
-    (f"{DIST_INFO}/licenses/dir", stat.S_IFDIR | 0o755),       # a folder without its slash
-], ids=["symlinked-license", "symlinked-library", "symlinked-module", "fifo", "folder-mode"])
+@pytest.mark.parametrize(
+    "entry, mode",
+    [
+        (f"{DIST_INFO}/licenses/LICENSE", stat.S_IFLNK | 0o777),  # a symlink to /etc/passwd
+        ("libtorch.so", stat.S_IFLNK | 0o777),
+        (MODULE, stat.S_IFLNK | 0o777),
+        (f"{DIST_INFO}/licenses/fifo", stat.S_IFIFO | 0o644),
+        (f"{DIST_INFO}/licenses/dir", stat.S_IFDIR | 0o755),  # a folder without its slash
+    ],
+    ids=["symlinked-license", "symlinked-library", "symlinked-module", "fifo", "folder-mode"],
+)
 def test_a_symlink_or_other_special_entry_is_refused(tmp_path, entry, mode):
     files = good_files()
     files.pop(entry, None)
-    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME,
-                        [*files.items(), (zip_info(entry, mode), b"/etc/passwd")])
+    wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, [*files.items(), (zip_info(entry, mode), b"/etc/passwd")])
     assert_refused(wheel, (entry, "special-file"))
 
 
@@ -386,6 +421,7 @@ def test_a_name_the_zip_holds_twice_is_refused(tmp_path, entry):
 
 
 # -- what must be there and parse -------------------------------------------
+
 
 @pytest.mark.parametrize("entry", [f"{DIST_INFO}/METADATA", f"{DIST_INFO}/WHEEL", f"{DIST_INFO}/licenses/LICENSE"])
 def test_a_missing_metadata_file_is_a_finding(tmp_path, entry):
@@ -401,24 +437,29 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
     assert_refused(wheel_with(tmp_path, drop=[MODULE]), (MODULE, "missing"))
 
 
-@pytest.mark.parametrize("entry, data, rule, said", [
-    (f"{DIST_INFO}/METADATA", b"\xff\xfeName: activekv\n", "metadata", "not UTF-8"),
-    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Summary:", b"Summary"), "metadata", "malformed"),
-    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Name: activekv", b"Name: torch"), "metadata", "Name"),
-    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Version: 0.1.0+cpu", b"Version: 9.9"), "metadata",
-     "Version"),
-    (f"{DIST_INFO}/METADATA", METADATA.replace(b"Metadata-Version: 2.2\n", b""), "metadata", "lacks"),
-    (f"{DIST_INFO}/WHEEL", b"\xff" + WHEEL, "metadata", "not UTF-8"),
-    (f"{DIST_INFO}/WHEEL", WHEEL.replace(b"Wheel-Version: 1.0\n", b""), "metadata", "Wheel-Version"),
-    (f"{DIST_INFO}/entry_points.txt", b"activekv = activekv:register\n", "entry-point", "unreadable"),
-    (f"{DIST_INFO}/entry_points.txt", b"\xff[x]\n", "entry-point", "unreadable"),
-    (f"{DIST_INFO}/entry_points.txt", ENTRY_POINTS * 2, "entry-point", "unreadable"),
-    (f"{DIST_INFO}/entry_points.txt", ENTRY_POINTS + b"[console_scripts]\nactivekv = os:system\n",
-     "entry-point", "console_scripts"),
-    (f"{DIST_INFO}/entry_points.txt", ENTRY_POINTS + b"other = activekv:register\n", "entry-point",
-     "other"),
-    (f"{DIST_INFO}/sboms/auditwheel.cdx.json", b'{"bomFormat": "CycloneDX"', "sbom", "auditwheel"),
-])
+@pytest.mark.parametrize(
+    "entry, data, rule, said",
+    [
+        (f"{DIST_INFO}/METADATA", b"\xff\xfeName: activekv\n", "metadata", "not UTF-8"),
+        (f"{DIST_INFO}/METADATA", METADATA.replace(b"Summary:", b"Summary"), "metadata", "malformed"),
+        (f"{DIST_INFO}/METADATA", METADATA.replace(b"Name: activekv", b"Name: torch"), "metadata", "Name"),
+        (f"{DIST_INFO}/METADATA", METADATA.replace(b"Version: 0.1.0+cpu", b"Version: 9.9"), "metadata", "Version"),
+        (f"{DIST_INFO}/METADATA", METADATA.replace(b"Metadata-Version: 2.2\n", b""), "metadata", "lacks"),
+        (f"{DIST_INFO}/WHEEL", b"\xff" + WHEEL, "metadata", "not UTF-8"),
+        (f"{DIST_INFO}/WHEEL", WHEEL.replace(b"Wheel-Version: 1.0\n", b""), "metadata", "Wheel-Version"),
+        (f"{DIST_INFO}/entry_points.txt", b"activekv = activekv:register\n", "entry-point", "unreadable"),
+        (f"{DIST_INFO}/entry_points.txt", b"\xff[x]\n", "entry-point", "unreadable"),
+        (f"{DIST_INFO}/entry_points.txt", ENTRY_POINTS * 2, "entry-point", "unreadable"),
+        (
+            f"{DIST_INFO}/entry_points.txt",
+            ENTRY_POINTS + b"[console_scripts]\nactivekv = os:system\n",
+            "entry-point",
+            "console_scripts",
+        ),
+        (f"{DIST_INFO}/entry_points.txt", ENTRY_POINTS + b"other = activekv:register\n", "entry-point", "other"),
+        (f"{DIST_INFO}/sboms/auditwheel.cdx.json", b'{"bomFormat": "CycloneDX"', "sbom", "auditwheel"),
+    ],
+)
 def test_malformed_metadata_is_a_finding(tmp_path, entry, data, rule, said):
     wheel = wheel_with(tmp_path, add={entry: data})
     assert findings(wheel) == [(entry, rule)]
@@ -428,23 +469,33 @@ def test_malformed_metadata_is_a_finding(tmp_path, entry, data, rule, said):
 
 
 def test_auditwheels_own_sbom_passes(tmp_path):
-    sbom = {"bomFormat": "CycloneDX", "specVersion": "1.4", "version": 1,
-            "metadata": {"tools": [{"name": "auditwheel", "version": "6.8.2"}]}, "components": []}
+    sbom = {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.4",
+        "version": 1,
+        "metadata": {"tools": [{"name": "auditwheel", "version": "6.8.2"}]},
+        "components": [],
+    }
     wheel = wheel_with(tmp_path, add={f"{DIST_INFO}/sboms/auditwheel.cdx.json": json.dumps(sbom).encode()})
     assert findings(wheel) == []
 
 
-@pytest.mark.parametrize("record", [
-    lambda rows: rows.replace(b"\n", b"\n\xff", 1),
-    lambda rows: rows + rows.splitlines(keepends=True)[0],
-    lambda rows: rows + b"a,b\n",
-], ids=["not-utf8", "a-file-listed-twice", "a-row-of-two-fields"])
+@pytest.mark.parametrize(
+    "record",
+    [
+        lambda rows: rows.replace(b"\n", b"\n\xff", 1),
+        lambda rows: rows + rows.splitlines(keepends=True)[0],
+        lambda rows: rows + b"a,b\n",
+    ],
+    ids=["not-utf8", "a-file-listed-twice", "a-row-of-two-fields"],
+)
 def test_a_malformed_record_is_a_finding(tmp_path, record):
     wheel = wheel_with(tmp_path)
     with zipfile.ZipFile(wheel) as zf:
         rows = zf.read(f"{DIST_INFO}/RECORD")
-    bad = write_wheel(tmp_path / "bad" / WHEEL_NAME,
-                      [*good_files().items(), (f"{DIST_INFO}/RECORD", record(rows))], record=False)
+    bad = write_wheel(
+        tmp_path / "bad" / WHEEL_NAME, [*good_files().items(), (f"{DIST_INFO}/RECORD", record(rows))], record=False
+    )
     found = audit_wheel(bad, TARGET, load_policy())
     assert [f.rule for f in found] == ["record"]
     assert found[0].file in (MODULE, f"{DIST_INFO}/RECORD")
@@ -457,18 +508,21 @@ def test_a_malformed_record_is_a_finding(tmp_path, record):
 GOOD_SO = shared_object()
 
 
-@pytest.mark.parametrize("data, said", [
-    (b"", "not an ELF file"),
-    (b"MZ\x90\x00 not ELF at all", "not an ELF file"),
-    (GOOD_SO[:10], "not a readable ELF"),                   # the header cut short
-    (GOOD_SO[:100], "not a readable ELF"),                  # the program headers cut short
-    (GOOD_SO[:-100], "ELF"),                                # the section headers cut short
-    (GOOD_SO[:64], ""),                                     # the header alone
-    (shared_object(e_type=ET_EXEC), "ET_EXEC"),
-    (shared_object(machine=EM_AARCH64), "EM_AARCH64"),
-    (shared_object(elf_class=1), ""),                       # 32-bit
-], ids=["empty", "not-elf", "cut-at-10", "cut-at-100", "cut-at-end", "header-only", "executable",
-        "aarch64", "elf32"])
+@pytest.mark.parametrize(
+    "data, said",
+    [
+        (b"", "not an ELF file"),
+        (b"MZ\x90\x00 not ELF at all", "not an ELF file"),
+        (GOOD_SO[:10], "not a readable ELF"),  # the header cut short
+        (GOOD_SO[:100], "not a readable ELF"),  # the program headers cut short
+        (GOOD_SO[:-100], "ELF"),  # the section headers cut short
+        (GOOD_SO[:64], ""),  # the header alone
+        (shared_object(e_type=ET_EXEC), "ET_EXEC"),
+        (shared_object(machine=EM_AARCH64), "EM_AARCH64"),
+        (shared_object(elf_class=1), ""),  # 32-bit
+    ],
+    ids=["empty", "not-elf", "cut-at-10", "cut-at-100", "cut-at-end", "header-only", "executable", "aarch64", "elf32"],
+)
 def test_a_truncated_or_non_elf_module_is_a_finding(tmp_path, data, said):
     wheel = write_wheel(tmp_path / "wheels" / WHEEL_NAME, good_files(data))
     (found,) = audit_wheel(wheel, TARGET, load_policy())
@@ -479,13 +533,14 @@ def test_a_truncated_or_non_elf_module_is_a_finding(tmp_path, data, said):
 
 # -- the archive itself ------------------------------------------------------
 
+
 def test_an_entry_that_does_not_read_back_is_a_finding(tmp_path):
     wheel = tmp_path / "wheels" / WHEEL_NAME
     write_wheel(wheel, good_files())
     with zipfile.ZipFile(wheel) as zf:
         info = zf.getinfo(MODULE)
     raw = bytearray(wheel.read_bytes())
-    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
     start = info.header_offset + 30 + name_len + extra_len
     raw[start + 5] ^= 0xFF  # the compressed bytes no longer match the CRC
     wheel.write_bytes(bytes(raw))
@@ -510,7 +565,6 @@ def test_the_policy_file_must_be_whole(tmp_path):
             load_policy(path)
 
 
-
 def test_a_damaged_wheel_gives_findings_never_a_traceback(tmp_path):
     """Random damage to each file of the good wheel (bytes changed, cut
     short, RECORD left out): the audit passes it or raises AuditError, and
@@ -522,9 +576,8 @@ def test_a_damaged_wheel_gives_findings_never_a_traceback(tmp_path):
         data = bytearray(files[name])
         for _ in range(rng.randint(1, 6)):
             data[rng.randrange(len(data))] = rng.randrange(256)
-        files[name] = bytes(data[:rng.randrange(1, len(data) + 1)])
-        wheel = write_wheel(tmp_path / str(i) / "wheels" / WHEEL_NAME, files,
-                            record=rng.random() < 0.8)
+        files[name] = bytes(data[: rng.randrange(1, len(data) + 1)])
+        wheel = write_wheel(tmp_path / str(i) / "wheels" / WHEEL_NAME, files, record=rng.random() < 0.8)
         report = tmp_path / str(i) / "audit.json"
         try:
             audit.audit(None, TARGET, wheel.parent, report)

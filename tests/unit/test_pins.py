@@ -36,11 +36,14 @@ def pins(path: Path) -> dict[str, str]:
 def test_the_cpu_constraints_pin_release_tomls_torch_and_vllm():
     cpu = config.load(environ={}).target("cpu")
     pinned = pins(CONSTRAINTS)
-    for name, version, key in [("torch", cpu.torch, "torch"),
-                               (cpu.vllm_distribution, cpu.vllm_version, "vllm_version")]:
+    for name, version, key in [
+        ("torch", cpu.torch, "torch"),
+        (cpu.vllm_distribution, cpu.vllm_version, "vllm_version"),
+    ]:
         assert pinned.get(canonicalize_name(name)) == version, (
             f"release.toml [targets.cpu] {key} says {name} {version}, {relative(CONSTRAINTS)} pins "
-            f"{pinned.get(canonicalize_name(name), 'nothing')}: change them together")
+            f"{pinned.get(canonicalize_name(name), 'nothing')}: change them together"
+        )
 
 
 def test_the_tests_requirements_take_their_versions_from_the_constraints():

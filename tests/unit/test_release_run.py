@@ -21,8 +21,9 @@ STAGE_NAMES = [s.name for s in registry.RELEASE]
 
 
 def a_run(profile: str | None = None, **options) -> Run:
-    return Run.create(profile=profile, targets=None, python=None, options=Options(**options),
-                      cfg=config.load(environ={}))
+    return Run.create(
+        profile=profile, targets=None, python=None, options=Options(**options), cfg=config.load(environ={})
+    )
 
 
 @pytest.fixture
@@ -32,13 +33,17 @@ def key(tmp_path, monkeypatch):
     monkeypatch.delenv(signing.PASSPHRASE_ENV, raising=False)
     private = Ed25519PrivateKey.generate()
     path = tmp_path / "release-key.pem"
-    path.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    path.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     path.chmod(0o600)
     return path, signing.fingerprint(private)
 
 
 # --- the plan ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("profile", list(config.load(environ={}).profiles))
 def test_the_plan_names_every_target_and_destination_of_the_profile(profile, key):
@@ -59,8 +64,9 @@ def test_the_plan_names_every_target_and_destination_of_the_profile(profile, key
 
 def test_the_plan_names_remote_destinations_as_release_toml_gives_them(key):
     run = a_run(key=str(key[0]))
-    run.profile = dataclasses.replace(run.profile, index="https://pypi.example.org", registry="registry.example.org:5000",
-                                      manifests="out/manifests")
+    run.profile = dataclasses.replace(
+        run.profile, index="https://pypi.example.org", registry="registry.example.org:5000", manifests="out/manifests"
+    )
     text = "\n".join(plan.describe(run, STAGE_NAMES, version="1.0.0"))
     assert "index:      https://pypi.example.org (a package index" in text
     assert "--index-url https://pypi.example.org/simple/" in text
@@ -75,8 +81,9 @@ def test_the_plan_says_how_each_targets_parity_gate_is_met(key, tmp_path):
     evidence.write_text("{}")
     cuda = "\n".join(plan.describe(a_run("cuda", key=str(key[0])), STAGE_NAMES, version="1.0.0"))
     assert "needs --parity-evidence cuda=FILE" in cuda
-    given = "\n".join(plan.describe(a_run("cuda", key=str(key[0]), parity_evidence={"cuda": evidence}),
-                                    STAGE_NAMES, version="1.0.0"))
+    given = "\n".join(
+        plan.describe(a_run("cuda", key=str(key[0]), parity_evidence={"cuda": evidence}), STAGE_NAMES, version="1.0.0")
+    )
     assert f"evidence {evidence} (--parity-evidence)" in given and "needs --parity-evidence" not in given
     cpu = "\n".join(plan.describe(a_run(key=str(key[0])), STAGE_NAMES, version="1.0.0"))
     assert "parity:   run here on the shipped wheels" in cpu
@@ -87,9 +94,13 @@ def test_the_plan_names_a_key_from_the_environment_and_an_encrypted_one_without_
     monkeypatch.setenv("ACTIVEKV_SIGNING_KEY", str(path))
     assert signing.key_in_use(None) == (f"{path} (ACTIVEKV_SIGNING_KEY)", fingerprint)
     locked = path.with_name("locked.pem")
-    locked.write_bytes(Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(b"secret")))
+    locked.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
     locked.chmod(0o600)
     where, identity = signing.key_in_use(str(locked))
     assert where == f"{locked} (--key)" and "encrypted" in identity  # and nothing was asked
@@ -108,6 +119,7 @@ def test_a_key_that_cannot_sign_stops_the_release_before_any_stage(key):
 
 
 # --- stage times, the failing stage, the outputs ------------------------------------
+
 
 def test_elapsed_times_read_as_seconds_minutes_and_hours():
     assert registry.elapsed(4.24) == "4.2 s"
@@ -133,13 +145,23 @@ def test_a_release_prints_each_stages_time_and_the_outputs_last(key, capsys):
             clock.now += seconds
             for what, where in outputs:
                 run.output(what, where)
+
         return execute
 
-    stages = [registry.Stage("check-tree", "tree", stage(1.0)),
-              registry.Stage("build", "wheels", stage(125)),
-              registry.Stage("publish", "publish", stage(3, ("wheel", "build/publish/simple/a.whl"),
-                                                          ("image", "127.0.0.1:5000/x@sha256:ab"),
-                                                          ("manifest", "build/publish/manifests/m.json")))]
+    stages = [
+        registry.Stage("check-tree", "tree", stage(1.0)),
+        registry.Stage("build", "wheels", stage(125)),
+        registry.Stage(
+            "publish",
+            "publish",
+            stage(
+                3,
+                ("wheel", "build/publish/simple/a.whl"),
+                ("image", "127.0.0.1:5000/x@sha256:ab"),
+                ("manifest", "build/publish/manifests/m.json"),
+            ),
+        ),
+    ]
     registry.run_release(a_run(key=str(key[0])), stages=stages, clock=clock)
     out = capsys.readouterr().out
     assert out.index("release plan:") < out.index("=== stage 1/3: check-tree")
@@ -147,10 +169,12 @@ def test_a_release_prints_each_stages_time_and_the_outputs_last(key, capsys):
     assert "=== stage 2/3: build done in 2 min 05 s" in out
     assert "=== stage 3/3: publish done in 3.0 s" in out
     assert "release done in 2 min 09 s: profile default, targets cpu" in out
-    assert out.strip().splitlines()[-4:] == ["outputs:",
-                                            "  wheel:    build/publish/simple/a.whl",
-                                            "  image:    127.0.0.1:5000/x@sha256:ab",
-                                            "  manifest: build/publish/manifests/m.json"]
+    assert out.strip().splitlines()[-4:] == [
+        "outputs:",
+        "  wheel:    build/publish/simple/a.whl",
+        "  image:    127.0.0.1:5000/x@sha256:ab",
+        "  manifest: build/publish/manifests/m.json",
+    ]
 
 
 def test_a_failing_stage_is_named_with_its_time_and_stops_the_release(key, capsys):
@@ -164,8 +188,11 @@ def test_a_failing_stage_is_named_with_its_time_and_stops_the_release(key, capsy
     def later(run):
         ran.append("publish")
 
-    stages = [registry.Stage("check-tree", "tree", lambda run: None), registry.Stage("build", "wheels", fail),
-              registry.Stage("publish", "publish", later)]
+    stages = [
+        registry.Stage("check-tree", "tree", lambda run: None),
+        registry.Stage("build", "wheels", fail),
+        registry.Stage("publish", "publish", later),
+    ]
     with pytest.raises(BuildError):
         registry.run_release(a_run(key=str(key[0])), stages=stages, clock=clock)
     out = capsys.readouterr().out

@@ -22,12 +22,14 @@ from tests.unit.test_release_run import a_run, key  # noqa: F401  (the key fixtu
 
 # --- the cheap checks, before the expensive install -----------------------------------
 
+
 def test_preflight_prints_the_plan_and_refuses_a_dirty_tree_unless_allowed(key, tmp_path, capsys):
     repo = tmp_path / "repo"
     repo.mkdir()
 
     def git(*args):
         subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
     git("init", "-q")
     (repo / "a.txt").write_text("a\n")
     git("add", "a.txt")
@@ -42,10 +44,18 @@ def test_preflight_prints_the_plan_and_refuses_a_dirty_tree_unless_allowed(key, 
     assert "uncommitted changes allowed (--allow-dirty" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("posargs", "wanted"), [
-    (["--help"], True), (["-h"], True), (["--profile", "cuda", "--help"], True), (["--he"], True),
-    ([], False), (["--allow-dirty"], False), (["--profile", "cuda", "--key", "k.pem"], False),
-])
+@pytest.mark.parametrize(
+    ("posargs", "wanted"),
+    [
+        (["--help"], True),
+        (["-h"], True),
+        (["--profile", "cuda", "--help"], True),
+        (["--he"], True),
+        ([], False),
+        (["--allow-dirty"], False),
+        (["--profile", "cuda", "--key", "k.pem"], False),
+    ],
+)
 def test_help_is_told_from_the_release_s_own_flags(posargs, wanted):
     assert sessions.asks_for_help(posargs) is wanted
 
@@ -87,8 +97,7 @@ def release_session(monkeypatch):
 def test_release_help_returns_without_the_test_environment_install(release_session):
     session = FakeSession(["--help"])
     release_session(session)
-    assert session.calls == ["install -r packaging/release-requirements.txt",
-                             "python -m pipeline release --help"]
+    assert session.calls == ["install -r packaging/release-requirements.txt", "python -m pipeline release --help"]
 
 
 def test_a_refused_preflight_stops_the_release_session_before_the_install(release_session):
@@ -102,20 +111,25 @@ def test_a_refused_preflight_stops_the_release_session_before_the_install(releas
 def test_the_release_session_checks_then_installs_then_releases_with_the_same_flags(release_session):
     session = FakeSession(["--allow-dirty"])
     release_session(session)
-    assert session.calls == ["install -r packaging/release-requirements.txt",
-                             "python -m pipeline plan --allow-dirty", "install_cpu_test_env",
-                             "python -m pipeline release --allow-dirty"]
+    assert session.calls == [
+        "install -r packaging/release-requirements.txt",
+        "python -m pipeline plan --allow-dirty",
+        "install_cpu_test_env",
+        "python -m pipeline release --allow-dirty",
+    ]
 
 
 def test_the_pipeline_prints_the_release_help_and_knows_the_plan_command():
-    result = subprocess.run([sys.executable, "-m", "pipeline", "release", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "release", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m pipeline") and "python -m pipeline plan" in result.stdout
     assert "--allow-dirty" in result.stdout and "--parity-evidence" in result.stdout
 
 
 # --- a bare ci/run-nox -----------------------------------------------------------------
+
 
 def run_nox_module():
     loader = importlib.machinery.SourceFileLoader("run_nox_under_test", str(ROOT / "ci" / "run-nox"))
@@ -129,7 +143,7 @@ def test_a_bare_run_nox_lists_the_sessions_and_the_readmes_two_commands(capsys):
     assert run_nox.nox_arguments([]) == ["--list"]  # never nox's default session
     printed = capsys.readouterr().out
     readme = (ROOT / "README.md").read_text()
-    commands = readme[readme.index("## Commands"):].split("\n## ", 1)[0]
+    commands = readme[readme.index("## Commands") :].split("\n## ", 1)[0]
     for command in ("python3 ci/run-nox -s tests", "python3 ci/run-nox -s release"):
         assert command in printed and f"    {command}\n" in commands
 

@@ -25,7 +25,7 @@ def test_prompts_are_the_same_for_every_engine_and_differ_between_users_and_rate
     assert wl.conversation_opening(m, VOCAB, 1.0, 3) != wl.conversation_opening(m, VOCAB, 2.0, 3)
     opening = wl.conversation_opening(m, VOCAB, 1.0, 3)
     # Every user opens with the one shared system prompt, then a history in range.
-    assert opening[:m.system_tokens] == wl.system_prompt(m, VOCAB)
+    assert opening[: m.system_tokens] == wl.system_prompt(m, VOCAB)
     assert m.history_tokens[0] <= len(opening) - m.system_tokens <= m.history_tokens[1]
     assert all(wl.FIRST_ID <= t < VOCAB for t in opening)
 
@@ -35,7 +35,7 @@ def test_documents_are_asked_again_in_random_order():
     assert len(order) == W.requests
     # shuffled passes: each document once before any is asked again
     for start in range(0, W.requests - W.documents + 1, W.documents):
-        assert sorted(order[start:start + W.documents]) == list(range(W.documents))
+        assert sorted(order[start : start + W.documents]) == list(range(W.documents))
     assert order != sorted(order)
     assert wl.document(W, VOCAB, 2) == wl.document(W, VOCAB, 2) != wl.document(W, VOCAB, 3)
 
@@ -84,25 +84,37 @@ def test_engines_get_the_same_host_bytes():
 
 
 def test_metrics_are_summed_over_labels():
-    text = ('# HELP vllm:prefix_cache_hits_total x\n'
-            'vllm:prefix_cache_hits_total{engine="0",model_name="bench"} 10.0\n'
-            'vllm:prefix_cache_hits_total{engine="1",model_name="bench"} 5.0\n'
-            'vllm:num_requests_running{engine="0"} 3\n')
-    text += ('vllm:prompt_tokens_cached_by_source_total{engine="0",source="device"} 7.0\n'
-             'vllm:prompt_tokens_cached_by_source_total{engine="0",source="host"} 2.0\n'
-             'vllm:prompt_tokens_cached_by_source_total{engine="1",source="host"} 1.0\n')
+    text = (
+        "# HELP vllm:prefix_cache_hits_total x\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="bench"} 10.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="bench"} 5.0\n'
+        'vllm:num_requests_running{engine="0"} 3\n'
+    )
+    text += (
+        'vllm:prompt_tokens_cached_by_source_total{engine="0",source="device"} 7.0\n'
+        'vllm:prompt_tokens_cached_by_source_total{engine="0",source="host"} 2.0\n'
+        'vllm:prompt_tokens_cached_by_source_total{engine="1",source="host"} 1.0\n'
+    )
     assert server.parse_metrics(text) == {
-        "vllm:prefix_cache_hits_total": 15.0, "vllm:num_requests_running": 3.0,
+        "vllm:prefix_cache_hits_total": 15.0,
+        "vllm:num_requests_running": 3.0,
         "vllm:prompt_tokens_cached_by_source_total": 10.0,
         "vllm:prompt_tokens_cached_by_source_total{source=device}": 7.0,
-        "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0}
+        "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0,
+    }
     delta = runner.counters_delta(
         {"vllm:prefix_cache_hits_total": 4.0, "vllm:prompt_tokens_cached_by_source_total{source=host}": 1.0},
-        {"vllm:prefix_cache_hits_total": 15.0, "vllm:prefix_cache_hits_created": 9.0,
-         "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0,
-         "vllm:prompt_tokens_cached_by_source_created{source=host}": 5.0})
-    assert delta == {"vllm:prefix_cache_hits_total": 11.0,
-                     "vllm:prompt_tokens_cached_by_source_total{source=host}": 2.0}
+        {
+            "vllm:prefix_cache_hits_total": 15.0,
+            "vllm:prefix_cache_hits_created": 9.0,
+            "vllm:prompt_tokens_cached_by_source_total{source=host}": 3.0,
+            "vllm:prompt_tokens_cached_by_source_created{source=host}": 5.0,
+        },
+    )
+    assert delta == {
+        "vllm:prefix_cache_hits_total": 11.0,
+        "vllm:prompt_tokens_cached_by_source_total{source=host}": 2.0,
+    }
 
 
 def test_percentile_is_numpys():
@@ -113,9 +125,21 @@ def test_percentile_is_numpys():
 
 
 def _request(rate, i, ttft, out=4, **extra):
-    return {"type": "request", "phase": "measured", "rate": rate, "sent": i * 0.5, "ttft_s": ttft,
-            "latency_s": ttft + 0.3, "tpot_s": 0.1, "output_tokens": out, "prompt_tokens": 100,
-            "user": i, "turn": 0, "output_sha": f"a{i}", **extra}
+    return {
+        "type": "request",
+        "phase": "measured",
+        "rate": rate,
+        "sent": i * 0.5,
+        "ttft_s": ttft,
+        "latency_s": ttft + 0.3,
+        "tpot_s": 0.1,
+        "output_tokens": out,
+        "prompt_tokens": 100,
+        "user": i,
+        "turn": 0,
+        "output_sha": f"a{i}",
+        **extra,
+    }
 
 
 def _write(records, engine, rate, ttfts, counters, device="GPU-X", shas=None):
@@ -130,16 +154,38 @@ def _write(records, engine, rate, ttfts, counters, device="GPU-X", shas=None):
 
 
 def test_report_hit_shares_answers_and_the_best_peer(tmp_path):
-    _write(tmp_path, "plain", 2.0, [0.4, 0.5, 0.6],
-           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200})
-    _write(tmp_path, "vllm-offloading", 2.0, [0.2, 0.3, 0.4],
-           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200,
-            "vllm:external_prefix_cache_hits_total": 300})
-    _write(tmp_path, "activekv-exact", 2.0, [0.1, 0.1, 0.2],
-           {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200,
+    _write(
+        tmp_path,
+        "plain",
+        2.0,
+        [0.4, 0.5, 0.6],
+        {"vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 200},
+    )
+    _write(
+        tmp_path,
+        "vllm-offloading",
+        2.0,
+        [0.2, 0.3, 0.4],
+        {
+            "vllm:prefix_cache_queries_total": 1000,
+            "vllm:prefix_cache_hits_total": 200,
+            "vllm:external_prefix_cache_hits_total": 300,
+        },
+    )
+    _write(
+        tmp_path,
+        "activekv-exact",
+        2.0,
+        [0.1, 0.1, 0.2],
+        {
+            "vllm:prefix_cache_queries_total": 1000,
+            "vllm:prefix_cache_hits_total": 200,
             "vllm:external_prefix_cache_hits_total": 700,
             "vllm:prompt_tokens_cached_by_source_total{source=host}": 700,
-            "vllm:prompt_tokens_cached_by_source_total{source=disk}": 0}, shas={1: "other"})
+            "vllm:prompt_tokens_cached_by_source_total{source=disk}": 0,
+        },
+        shas={1: "other"},
+    )
     table = report.load(tmp_path)
     engines = table[("multi-turn", "GPU-X")]
     assert list(engines) == ["plain", "activekv-exact", "vllm-offloading"]  # engines.py's order
@@ -162,8 +208,12 @@ def test_resumption_counts_only_whole_rate_points(tmp_path):
 
 
 def test_connector_time_from_activekv_counters():
-    counters = {"vllm:activekv_load_us_total": 20000.0, "vllm:activekv_bytes_to_device_total": 1e9,
-                "vllm:activekv_save_us_total": 0.0, "vllm:activekv_hit_tokens_total": 640.0}
+    counters = {
+        "vllm:activekv_load_us_total": 20000.0,
+        "vllm:activekv_bytes_to_device_total": 1e9,
+        "vllm:activekv_save_us_total": 0.0,
+        "vllm:activekv_hit_tokens_total": 640.0,
+    }
     c = report.connector_time(counters, requests=10)
     assert c["load_ms_a_request"] == 2.0
     assert c["load_gbps"] == 50.0  # 1 GB in 20 ms
@@ -181,9 +231,15 @@ def test_host_bytes_are_split_as_each_tier_counts_them():
 
 
 def _run_line(**changes):
-    line = {"type": "run", "engine": "plain", "workload": {"name": "multi-turn", "users": 8, "rates": [1.0]},
-            "server_args": ["--block-size", "16"], "server_env": {}, "workers": 1,
-            "machine": {"device": "GPU-X", "vllm": "0.26.0", "host": "a"}}
+    line = {
+        "type": "run",
+        "engine": "plain",
+        "workload": {"name": "multi-turn", "users": 8, "rates": [1.0]},
+        "server_args": ["--block-size", "16"],
+        "server_env": {},
+        "workers": 1,
+        "machine": {"device": "GPU-X", "vllm": "0.26.0", "host": "a"},
+    }
     for key, value in changes.items():
         line[key] = {**line[key], **value} if isinstance(value, dict) else value
     return line

@@ -29,15 +29,14 @@ def mode(path) -> int:
 
 def write_key(path, key=None, *, passphrase: bytes | None = None, perms: int = 0o600):
     key = key or Ed25519PrivateKey.generate()
-    encryption = (serialization.BestAvailableEncryption(passphrase) if passphrase
-                  else serialization.NoEncryption())
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       encryption))
+    encryption = serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
     path.chmod(perms)
     return key
 
 
 # --- a key the pipeline makes -----------------------------------------------------
+
 
 def test_a_generated_key_is_0600_in_a_0700_folder_even_with_umask_0(tmp_path):
     old = os.umask(0)
@@ -68,7 +67,7 @@ def test_a_generated_key_is_created_exclusively_with_mode_0600_never_widened(tmp
     monkeypatch.setattr(os, "chmod", spy_chmod)
     path = tmp_path / "key.pem"
     signing.generate_key(path)
-    (flags, created_mode), = [(f, m) for p, f, m in opened if p == str(path)]
+    ((flags, created_mode),) = [(f, m) for p, f, m in opened if p == str(path)]
     assert flags & os.O_CREAT and flags & os.O_EXCL and created_mode == 0o600
     assert all(m & 0o077 == 0 for p, m in chmods if p == str(path))
 
@@ -87,6 +86,7 @@ def test_a_generated_key_never_replaces_a_file_or_follows_a_link(tmp_path):
 
 
 # --- a key the user gives -----------------------------------------------------------
+
 
 @pytest.mark.parametrize("perms", [0o644, 0o640, 0o604, 0o660, 0o606, 0o700 | 0o044])
 def test_a_private_key_others_can_access_is_refused_as_ssh_does(tmp_path, perms):
@@ -125,14 +125,14 @@ def test_an_encrypted_key_asks_for_its_passphrase_on_a_terminal(tmp_path, monkey
     assert asked == [f"passphrase for {path}: "]
 
 
-def test_an_encrypted_key_without_a_passphrase_or_terminal_is_refused_naming_the_variable(tmp_path,
-                                                                                         monkeypatch):
+def test_an_encrypted_key_without_a_passphrase_or_terminal_is_refused_naming_the_variable(tmp_path, monkeypatch):
     path = tmp_path / "key.pem"
     write_key(path, passphrase=b"correct horse")
     monkeypatch.delenv(PASSPHRASE_ENV, raising=False)
     monkeypatch.setattr("sys.stdin", io.StringIO())
-    with pytest.raises(SigningKeyError, match=f"{path}: the key is encrypted and no passphrase was "
-                                              f"given; set {PASSPHRASE_ENV}"):
+    with pytest.raises(
+        SigningKeyError, match=f"{path}: the key is encrypted and no passphrase was given; set {PASSPHRASE_ENV}"
+    ):
         signing.signing_key(str(path))
 
 
@@ -157,18 +157,22 @@ def test_a_key_that_cannot_be_used_is_refused_naming_it_and_what_to_do(tmp_path,
     with pytest.raises(SigningKeyError) as err:
         signing.load_private_key(path)
     assert str(err.value).startswith(f"{path}: ")
-    assert {"missing": "no such file", "folder": "a folder", "not PEM": "not a PEM private key",
-            "not Ed25519": "not Ed25519"}[case] in str(err.value)
+    assert {
+        "missing": "no such file",
+        "folder": "a folder",
+        "not PEM": "not a PEM private key",
+        "not Ed25519": "not Ed25519",
+    }[case] in str(err.value)
 
 
 # --- the fingerprint ------------------------------------------------------------------
+
 
 def test_the_fingerprint_is_sha256_of_the_raw_public_key_in_base64_as_documented(tmp_path):
     key = Ed25519PrivateKey.generate()
     # What an operator computes with openssl: the SPKI DER's last 32 bytes
     # are the raw key (see pipeline/signing.py).
-    der = key.public_key().public_bytes(serialization.Encoding.DER,
-                                        serialization.PublicFormat.SubjectPublicKeyInfo)
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     expected = "SHA256:" + base64.b64encode(hashlib.sha256(der[-32:]).digest()).decode().rstrip("=")
     assert signing.fingerprint(key) == signing.fingerprint(key.public_key()) == expected
     assert re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", expected)

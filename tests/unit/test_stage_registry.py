@@ -12,7 +12,8 @@ from pipeline.stages import registry
 
 def test_every_stage_module_is_registered_and_every_registered_stage_has_its_module():
     modules = {f"pipeline.stages.{m.name}" for m in pkgutil.iter_modules(stages.__path__)} - {
-        "pipeline.stages.registry"}
+        "pipeline.stages.registry"
+    }
     assert {s.execute.__module__ for s in registry.RELEASE} == modules
     assert not {s.execute.__module__ for s in registry.TOOLS} & modules  # a tool is no stage
     assert all(s.execute.__name__ == "execute" for s in (*registry.RELEASE, *registry.TOOLS))
@@ -20,5 +21,13 @@ def test_every_stage_module_is_registered_and_every_registered_stage_has_its_mod
 
 def test_a_release_runs_the_stages_in_the_documented_order():
     assert [s.name for s in registry.RELEASE] == [
-        "check-tree", "build", "audit", "patch-vllm", "parity", "runtime-image", "manifest", "publish"]
+        "check-tree",
+        "build",
+        "audit",
+        "patch-vllm",
+        "parity",
+        "runtime-image",
+        "manifest",
+        "publish",
+    ]
     assert " → ".join(s.name for s in registry.RELEASE) in registry.__doc__

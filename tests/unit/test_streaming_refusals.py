@@ -43,8 +43,7 @@ def test_resident_layers_come_first_then_the_ring_takes_the_rest_in_turn(impl):
 def _sliding_groups():
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, SlidingWindowSpec
 
-    spec = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
-                             sliding_window=128)
+    spec = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.bfloat16, sliding_window=128)
     return [KVCacheGroupSpec(layer_names=LAYERS, kv_cache_spec=spec)]
 
 
@@ -52,18 +51,21 @@ def _hybrid_groups():
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
     full = standalone.kv_cache_config().kv_cache_groups[0]
-    return [KVCacheGroupSpec(layer_names=LAYERS[:2], kv_cache_spec=full.kv_cache_spec),
-            KVCacheGroupSpec(layer_names=LAYERS[2:], kv_cache_spec=_sliding_groups()[0].kv_cache_spec)]
+    return [
+        KVCacheGroupSpec(layer_names=LAYERS[:2], kv_cache_spec=full.kv_cache_spec),
+        KVCacheGroupSpec(layer_names=LAYERS[2:], kv_cache_spec=_sliding_groups()[0].kv_cache_spec),
+    ]
 
 
 REFUSALS = {
     "mla": ({"model_config__use_mla": True}, "multi-head latent attention"),
     "sliding-window": ({"groups": "sliding"}, "one full-attention group"),
     "hybrid": ({"groups": "hybrid"}, "one full-attention group"),
-    "kv-sharing": ({"model_config__get_num_layers_by_block_type": lambda pc, kind="attention": 6},
-                   "layers share KV (6 attention layers, 4 with a KV cache of their own)"),
-    "speculative-decoding": ({"speculative_config": SimpleNamespace(method="eagle")},
-                             "speculative decoding"),
+    "kv-sharing": (
+        {"model_config__get_num_layers_by_block_type": lambda pc, kind="attention": 6},
+        "layers share KV (6 attention layers, 4 with a KV cache of their own)",
+    ),
+    "speculative-decoding": ({"speculative_config": SimpleNamespace(method="eagle")}, "speculative decoding"),
     "pipeline-parallel": ({"parallel_config__pipeline_parallel_size": 2}, "pipeline parallelism"),
 }
 

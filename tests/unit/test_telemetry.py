@@ -38,8 +38,11 @@ def test_the_engines_export_the_same_names_help_and_labels():
     names = activekv.telemetry_names()
     assert names["counters"] == ref.COUNTERS
     assert names["gauges"] == ref.GAUGES
-    assert names["info"] == {"name": ref.CONFIG_INFO, "help": ref.CONFIG_INFO_HELP,
-                             "labels": list(ref.CONFIG_INFO_LABELS)}
+    assert names["info"] == {
+        "name": ref.CONFIG_INFO,
+        "help": ref.CONFIG_INFO_HELP,
+        "labels": list(ref.CONFIG_INFO_LABELS),
+    }
     assert list(names["counters"]) == list(ref.COUNTERS)  # the same order: the stats' dicts
     assert not set(ref.COUNTERS) & set(ref.GAUGES)
 
@@ -111,8 +114,9 @@ def test_vllms_log_line_shows_a_gauges_latest_value_over_its_interval(impl):
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 
     module, name = standalone.IMPLEMENTATIONS[impl]
-    logging = KVConnectorLogging(KVTransferConfig(kv_connector=name, kv_connector_module_path=module,
-                                                  kv_role="kv_both"))
+    logging = KVConnectorLogging(
+        KVTransferConfig(kv_connector=name, kv_connector_module_path=module, kv_role="kv_both")
+    )
     for seq, blocks in enumerate([10, 11, 12], start=1):
         logging.observe({"hit_tokens": 2, **gauges(store_blocks={"scheduler": (seq, blocks)})})
     lines = []
@@ -128,8 +132,12 @@ def prom(impl, extra=None, engines=(0,)):
     registry = CollectorRegistry()
     types = {t: functools.partial(t, registry=registry) for t in (Gauge, Counter, Histogram)}
     cls = standalone.connector_class(impl)
-    metrics = cls.build_prom_metrics(standalone.vllm_config(extra or {}, cls.__name__), types,
-                                     ["model_name", "engine"], {e: ["tiny", str(e)] for e in engines})
+    metrics = cls.build_prom_metrics(
+        standalone.vllm_config(extra or {}, cls.__name__),
+        types,
+        ["model_name", "engine"],
+        {e: ["tiny", str(e)] for e in engines},
+    )
     return metrics, registry
 
 
@@ -140,13 +148,19 @@ def sample(registry, name, engine=0):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_prometheus_gauges_are_each_sources_latest_summed_and_counters_add(impl):
     metrics, reg = prom(impl)
-    metrics.observe({"hit_tokens": 4, **gauges(store_blocks={"scheduler": (1, 10)},
-                                               **{STEP_GAUGE: {"worker0": (1, 100), "worker1": (1, 100)}})}, 0)
+    metrics.observe(
+        {
+            "hit_tokens": 4,
+            **gauges(store_blocks={"scheduler": (1, 10)}, **{STEP_GAUGE: {"worker0": (1, 100), "worker1": (1, 100)}}),
+        },
+        0,
+    )
     assert sample(reg, "vllm:activekv_store_blocks") == 10
     assert sample(reg, f"vllm:activekv_{STEP_GAUGE}") == 200
     # The next step: worker 1 alone reports (worker 0's value is unchanged).
-    metrics.observe({"hit_tokens": 4, **gauges(store_blocks={"scheduler": (2, 12)},
-                                               **{STEP_GAUGE: {"worker1": (2, 40)}})}, 0)
+    metrics.observe(
+        {"hit_tokens": 4, **gauges(store_blocks={"scheduler": (2, 12)}, **{STEP_GAUGE: {"worker1": (2, 40)}})}, 0
+    )
     assert sample(reg, "vllm:activekv_store_blocks") == 12, "a gauge was summed over steps"
     assert sample(reg, f"vllm:activekv_{STEP_GAUGE}") == 140
     assert sample(reg, "vllm:activekv_hit_tokens_total") == 8
@@ -173,16 +187,30 @@ def _info(registry):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_the_configuration_is_one_info_metric_set_to_one(impl):
-    extra = {"mode": "compressed", "capacity_bytes": 1 << 28, "store_threshold": 2,
-             "streaming": {"resident_layers": 1, "ring_size": 3}}
+    extra = {
+        "mode": "compressed",
+        "capacity_bytes": 1 << 28,
+        "store_threshold": 2,
+        "streaming": {"resident_layers": 1, "ring_size": 3},
+    }
     _, reg = prom(impl, extra)
     [info] = _info(reg)
     assert info.value == 1
     assert info.labels == {
-        "model_name": "tiny", "engine": "0", "mode": "compressed", "capacity_bytes": str(1 << 28),
-        "store_threshold": "2", "max_bytes_per_request": "0", "store_blocks": "prompt",
-        "fence_timeout_ms": "30000", "store_path_set": "false", "streaming": "true",
-        "resident_layers": "1", "ring_size": "3", "homes": "exact"}
+        "model_name": "tiny",
+        "engine": "0",
+        "mode": "compressed",
+        "capacity_bytes": str(1 << 28),
+        "store_threshold": "2",
+        "max_bytes_per_request": "0",
+        "store_blocks": "prompt",
+        "fence_timeout_ms": "30000",
+        "store_path_set": "false",
+        "streaming": "true",
+        "resident_layers": "1",
+        "ring_size": "3",
+        "homes": "exact",
+    }
     _, reg = prom(impl, {"store_path": "/some/where/store"})
     [info] = _info(reg)
     assert info.labels["store_path_set"] == "true" and info.labels["streaming"] == "false"
@@ -196,9 +224,11 @@ def test_both_engines_register_the_same_prometheus_metrics():
         _, reg = prom(impl)
         families[impl] = {(m.name, m.type, m.documentation) for m in reg.collect()}
     assert families["native"] == families["reference"]
-    expected = ({(f"vllm:activekv_{n}", "counter", h) for n, h in ref.COUNTERS.items()}
-                | {(f"vllm:activekv_{n}", "gauge", h) for n, h in ref.GAUGES.items()}
-                | {(f"vllm:activekv_{ref.CONFIG_INFO}", "gauge", ref.CONFIG_INFO_HELP)})
+    expected = (
+        {(f"vllm:activekv_{n}", "counter", h) for n, h in ref.COUNTERS.items()}
+        | {(f"vllm:activekv_{n}", "gauge", h) for n, h in ref.GAUGES.items()}
+        | {(f"vllm:activekv_{ref.CONFIG_INFO}", "gauge", ref.CONFIG_INFO_HELP)}
+    )
     assert families["native"] == expected
 
 
@@ -214,16 +244,18 @@ class _Blocks:
 
 
 def _request(rid, tokens):
-    return SimpleNamespace(request_id=rid, all_token_ids=list(tokens), num_prompt_tokens=len(tokens),
-                           cache_salt=None)
+    return SimpleNamespace(request_id=rid, all_token_ids=list(tokens), num_prompt_tokens=len(tokens), cache_salt=None)
 
 
 def _new_step(rid, blocks, computed, scheduled):
     return SimpleNamespace(
         scheduled_new_reqs=[SimpleNamespace(req_id=rid, block_ids=(blocks,), num_computed_tokens=computed)],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(), new_block_ids=[],
-                                              num_computed_tokens=[]),
-        num_scheduled_tokens={rid: scheduled}, finished_req_ids=set())
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+        ),
+        num_scheduled_tokens={rid: scheduled},
+        finished_req_ids=set(),
+    )
 
 
 def _untimed(s):

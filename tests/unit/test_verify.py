@@ -41,15 +41,27 @@ def release(tmp_path):
     (made / "activekv-0.1.0.cdx.json").rename(files / "activekv-0.1.0.cdx.json")
     for wheel in made.glob("*.whl"):
         wheel.rename(packages / wheel.name)
-    return {"manifest": path, "pub": pub, "packages": packages, "key": key, "tmp": tmp_path,
-            "fingerprint": signing.fingerprint(key), "wheel": next(packages.glob("*.whl")),
-            "sbom": files / "activekv-0.1.0.cdx.json"}
+    return {
+        "manifest": path,
+        "pub": pub,
+        "packages": packages,
+        "key": key,
+        "tmp": tmp_path,
+        "fingerprint": signing.fingerprint(key),
+        "wheel": next(packages.glob("*.whl")),
+        "sbom": files / "activekv-0.1.0.cdx.json",
+    }
 
 
 def cli(*args, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k != verify.FINGERPRINT_ENV}
-    return subprocess.run([sys.executable, "-m", "pipeline", "verify", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, env={**clean, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "verify", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+    )
 
 
 # What an operator's venv holds to run verify (README, "Verify a release"):
@@ -70,8 +82,7 @@ runpy.run_module("pipeline", run_name="__main__")
 
 
 def test_verify_needs_only_cryptography_jsonschema_and_packaging():
-    result = subprocess.run([sys.executable, "-c", ONLY_VERIFY_DEPENDENCIES], cwd=ROOT, capture_output=True,
-                            text=True)
+    result = subprocess.run([sys.executable, "-c", ONLY_VERIFY_DEPENDENCIES], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "--fingerprint" in result.stdout
 
@@ -93,18 +104,19 @@ def pinned(r) -> list:
 
 # --- the trust root -----------------------------------------------------------
 
+
 def test_a_release_verifies_against_the_pinned_fingerprint_and_says_the_image_was_not_checked(release):
     result = cli(*pinned(release))
     assert result.returncode == 0, result.stderr
-    assert f"verified: ActiveKV 0.1.0 ({'a' * 12}), signature by {release['fingerprint']}, 2 files" \
-        in result.stdout
+    assert f"verified: ActiveKV 0.1.0 ({'a' * 12}), signature by {release['fingerprint']}, 2 files" in result.stdout
     assert f"image {IMAGE} (target cpu): not checked: no --image given" in result.stdout
     assert "1 image(s) NOT checked" in result.stdout
 
 
 def test_the_pinned_fingerprint_can_come_from_the_environment(release):
-    result = cli(release["manifest"], "--wheels", release["packages"],
-                 env={verify.FINGERPRINT_ENV: release["fingerprint"]})
+    result = cli(
+        release["manifest"], "--wheels", release["packages"], env={verify.FINGERPRINT_ENV: release["fingerprint"]}
+    )
     assert result.returncode == 0, result.stderr
     assert "verified: ActiveKV 0.1.0" in result.stdout
 
@@ -116,11 +128,14 @@ def test_a_trusted_key_held_by_the_operator_needs_no_key_beside_the_manifest(rel
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("form, names", [
-    ([], ["--fingerprint", "--trusted-key", verify.FINGERPRINT_ENV]),
-    (["--public-key", "{pub}"], ["--public-key", "--fingerprint", "--trusted-key"]),
-    (["--artifacts", "{packages}"], ["--artifacts", "--wheels"]),
-])
+@pytest.mark.parametrize(
+    "form, names",
+    [
+        ([], ["--fingerprint", "--trusted-key", verify.FINGERPRINT_ENV]),
+        (["--public-key", "{pub}"], ["--public-key", "--fingerprint", "--trusted-key"]),
+        (["--artifacts", "{packages}"], ["--artifacts", "--wheels"]),
+    ],
+)
 def test_verify_refuses_without_a_pinned_trust_root_and_says_what_to_give(release, form, names):
     """Nothing pinned, or the earlier form (its key came from the release's
     own folder; its files were searched for by name): refused."""
@@ -136,32 +151,42 @@ def test_a_release_re_signed_with_another_key_beside_it_is_refused(release, tmp_
     data["commit"] = "f" * 40
     attacker = signing.generate_key(tmp_path / "attacker" / "key.pem")
     manifest.write_signed(data, release["manifest"].parent, attacker)
-    refused(cli(*pinned(release)), ManifestError.exit_code, release["pub"], release["fingerprint"],
-            "do not install")
+    refused(cli(*pinned(release)), ManifestError.exit_code, release["pub"], release["fingerprint"], "do not install")
     # The original key, pinned as a file, rejects the new signature too.
     trusted = tmp_path / "original.pub.pem"
     trusted.write_bytes(signing.public_pem(release["key"]))
-    refused(cli(release["manifest"], "--trusted-key", trusted, "--wheels", release["packages"]),
-            ManifestError.exit_code, release["manifest"].name, "signature does not match")
+    refused(
+        cli(release["manifest"], "--trusted-key", trusted, "--wheels", release["packages"]),
+        ManifestError.exit_code,
+        release["manifest"].name,
+        "signature does not match",
+    )
 
 
 def test_a_trusted_key_and_a_fingerprint_of_other_keys_are_refused(release, tmp_path):
     other = signing.generate_key(tmp_path / "other" / "key.pem")
     trusted = tmp_path / "other.pub.pem"
     trusted.write_bytes(signing.public_pem(other))
-    refused(cli(*pinned(release), "--trusted-key", trusted), ManifestError.exit_code,
-            trusted, release["fingerprint"])
+    refused(cli(*pinned(release), "--trusted-key", trusted), ManifestError.exit_code, trusted, release["fingerprint"])
 
 
 @pytest.mark.parametrize("text", ["abc", "SHA256:short", "MD5:" + "a" * 43])
 def test_a_malformed_fingerprint_is_refused(release, text):
-    refused(cli(release["manifest"], "--fingerprint", text, "--wheels", release["packages"]),
-            SigningKeyError.exit_code, "--fingerprint", repr(text))
-    refused(cli(release["manifest"], "--wheels", release["packages"], env={verify.FINGERPRINT_ENV: text}),
-            SigningKeyError.exit_code, verify.FINGERPRINT_ENV)
+    refused(
+        cli(release["manifest"], "--fingerprint", text, "--wheels", release["packages"]),
+        SigningKeyError.exit_code,
+        "--fingerprint",
+        repr(text),
+    )
+    refused(
+        cli(release["manifest"], "--wheels", release["packages"], env={verify.FINGERPRINT_ENV: text}),
+        SigningKeyError.exit_code,
+        verify.FINGERPRINT_ENV,
+    )
 
 
 # --- missing, mistyped and malformed paths --------------------------------------
+
 
 def _break(release, case):
     """Make `case` happen; returns (extra flags, the manifest to give, what
@@ -219,12 +244,28 @@ def _break(release, case):
     raise AssertionError(case)
 
 
-@pytest.mark.parametrize("case", [
-    "manifest mistyped", "manifest is a folder", "signature missing", "signature not base64",
-    "manifest not JSON, signed", "manifest not JSON, unsigned", "key beside the manifest missing",
-    "key beside the manifest not PEM", "trusted key mistyped", "trusted key is a folder",
-    "wheels folder mistyped", "wheels folder is a file", "wheel missing", "files folder mistyped",
-    "files folder missing from the publish layout", "file missing", "file is a folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "manifest mistyped",
+        "manifest is a folder",
+        "signature missing",
+        "signature not base64",
+        "manifest not JSON, signed",
+        "manifest not JSON, unsigned",
+        "key beside the manifest missing",
+        "key beside the manifest not PEM",
+        "trusted key mistyped",
+        "trusted key is a folder",
+        "wheels folder mistyped",
+        "wheels folder is a file",
+        "wheel missing",
+        "files folder mistyped",
+        "files folder missing from the publish layout",
+        "file missing",
+        "file is a folder",
+    ],
+)
 def test_a_missing_mistyped_or_malformed_path_is_one_error_line_naming_it(release, case):
     flags, given, names, code = _break(release, case)
     wheels = [] if "--wheels" in flags else ["--wheels", release["packages"]]
@@ -235,11 +276,16 @@ def test_a_missing_mistyped_or_malformed_path_is_one_error_line_naming_it(releas
 
 
 def test_the_wheels_folder_must_be_given_when_the_manifest_lists_wheels(release):
-    refused(cli(release["manifest"], "--fingerprint", release["fingerprint"]),
-            ConfigError.exit_code, "1 wheel(s)", "--wheels DIR")
+    refused(
+        cli(release["manifest"], "--fingerprint", release["fingerprint"]),
+        ConfigError.exit_code,
+        "1 wheel(s)",
+        "--wheels DIR",
+    )
 
 
 # --- one artifact, one exact path ------------------------------------------------
+
 
 @pytest.mark.parametrize("flag", ["--wheels", "--files", "--index-dir"])
 def test_a_folder_given_twice_is_refused_never_picked_from(release, tmp_path, flag):
@@ -265,8 +311,11 @@ def test_a_wheel_is_read_from_its_project_folder_in_a_directory_index(release, t
     assert result.returncode == 0, result.stderr
     # Not searched for: a wheel at the index's top is not its place.
     shutil.move(index / "activekv" / release["wheel"].name, index / release["wheel"].name)
-    refused(cli(release["manifest"], "--fingerprint", release["fingerprint"], "--index-dir", index),
-            ManifestError.exit_code, index / "activekv" / release["wheel"].name)
+    refused(
+        cli(release["manifest"], "--fingerprint", release["fingerprint"], "--index-dir", index),
+        ManifestError.exit_code,
+        index / "activekv" / release["wheel"].name,
+    )
 
 
 @pytest.mark.parametrize("which", ["wheel", "sbom"])
@@ -281,13 +330,19 @@ def test_a_file_given_as_a_symlink_is_refused(release, tmp_path, which):
 
 # --- images, as the operator pulled them ----------------------------------------
 
+
 def image_record(release) -> dict:
     return next(a for a in json.loads(release["manifest"].read_text())["artifacts"] if a["kind"] == "image")
 
 
 def check(release, images, inspect):
-    return verify.verify(release["manifest"], fingerprint=release["fingerprint"],
-                         wheels=release["packages"], images=images, image_inspect=inspect)
+    return verify.verify(
+        release["manifest"],
+        fingerprint=release["fingerprint"],
+        wheels=release["packages"],
+        images=images,
+        image_inspect=inspect,
+    )
 
 
 def test_the_image_is_checked_under_the_reference_the_operator_pulled(release):
@@ -302,11 +357,14 @@ def test_the_image_is_checked_under_the_reference_the_operator_pulled(release):
     assert asked == [PULLED] and result.images == [PULLED] and result.not_checked == []
 
 
-@pytest.mark.parametrize("seen, message", [
-    (("sha256:" + "e" * 64, None), "its id is sha256:eee"),
-    ((None, "sha256:" + "0" * 64), f"its label {verify.LABEL} is sha256:000"),
-    ((None, {}), f"its label {verify.LABEL} is None"),
-])
+@pytest.mark.parametrize(
+    "seen, message",
+    [
+        (("sha256:" + "e" * 64, None), "its id is sha256:eee"),
+        ((None, "sha256:" + "0" * 64), f"its label {verify.LABEL} is sha256:000"),
+        ((None, {}), f"its label {verify.LABEL} is None"),
+    ],
+)
 def test_an_image_whose_id_or_label_differs_is_refused(release, seen, message):
     a = image_record(release)
     image_id = seen[0] or a["digest"]
@@ -329,17 +387,18 @@ def test_an_image_asked_for_that_cannot_be_inspected_fails(release):
 
 
 def test_an_image_the_manifest_does_not_list_is_refused(release):
-    with pytest.raises(ConfigError, match=f"--image registry/other:1: the manifest lists no image other "
-                                          f"\\(it lists: {IMAGE}\\)"):
+    with pytest.raises(
+        ConfigError, match=f"--image registry/other:1: the manifest lists no image other \\(it lists: {IMAGE}\\)"
+    ):
         check(release, ["registry/other:1"], lambda ref: None)
 
 
 def test_without_a_container_engine_the_cli_fails_for_the_image_it_was_asked_to_check(release):
     result = cli(*pinned(release), "--image", PULLED, env={"PATH": str(release["tmp"] / "no-bin")})
     assert result.returncode == ManifestError.exit_code
-    assert result.stderr == (f"error: image {PULLED}: could not be checked: no container engine here to "
-                             f"inspect it; verify where the image is pulled (or leave out --image to "
-                             f"check the files only)\n")
+    assert result.stderr == (
+        f"error: image {PULLED}: could not be checked: no container engine here to "
+        f"inspect it; verify where the image is pulled (or leave out --image to "
+        f"check the files only)\n"
+    )
     assert "Traceback" not in result.stderr
-
-

@@ -37,8 +37,10 @@ def oracle_margins(figures):
     margins: list[float] = []
     yield margins
     if margins:
-        figures.append(f"oracles: smallest top-1/top-2 logprob gap {min(margins):.3f} over "
-                       f"{len(margins)} runs (MIN_MARGIN {h.MIN_MARGIN})")
+        figures.append(
+            f"oracles: smallest top-1/top-2 logprob gap {min(margins):.3f} over "
+            f"{len(margins)} runs (MIN_MARGIN {h.MIN_MARGIN})"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -97,9 +99,13 @@ def deep_model(cache_dir):
 @pytest.fixture(scope="session")
 def answer_with_8x_memory(deep_model, oracle_margins):
     """Plain vLLM (no connector) given 8x the streaming tests' budget M, on STREAMING_PROMPT."""
-    llm = h.make_llm(deep_model, connector=None,
-                     kv_cache_bytes=8 * h.streaming_budget_bytes(STREAMING_LAYERS),
-                     max_model_len=h.STREAMING_CONTEXT, env=h.SAME_THREADS)
+    llm = h.make_llm(
+        deep_model,
+        connector=None,
+        kv_cache_bytes=8 * h.streaming_budget_bytes(STREAMING_LAYERS),
+        max_model_len=h.STREAMING_CONTEXT,
+        env=h.SAME_THREADS,
+    )
     try:
         answer = h.generate(llm, [STREAMING_PROMPT])
     finally:

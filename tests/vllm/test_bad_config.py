@@ -18,8 +18,10 @@ CASES = {
     # A capacity against the block size of the model vLLM loaded.
     "store-too-small": ({"capacity_bytes": 1024}, ["'capacity_bytes'", "holds no block"]),
     # A streaming geometry against the model's layers (the tiny model has 4).
-    "streaming-saves-nothing": ({"streaming": {"resident_layers": 2, "ring_size": 2}},
-                                ["resident_layers + ring_size = 2 + 2", "below the model's 4"]),
+    "streaming-saves-nothing": (
+        {"streaming": {"resident_layers": 2, "ring_size": 2}},
+        ["resident_layers + ring_size = 2 + 2", "below the model's 4"],
+    ),
 }
 
 

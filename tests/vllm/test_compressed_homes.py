@@ -39,16 +39,21 @@ def compressed_layer_bytes() -> int:
 
 @pytest.fixture(scope="module")
 def compressed_homes_llm(deep_model, connector):
-    llm = h.make_llm(deep_model, {"streaming": HOMES}, connector=connector,
-                     kv_cache_bytes=h.streaming_budget_bytes(STREAMING_LAYERS),
-                     max_model_len=h.STREAMING_CONTEXT, env=h.SAME_THREADS)
+    llm = h.make_llm(
+        deep_model,
+        {"streaming": HOMES},
+        connector=connector,
+        kv_cache_bytes=h.streaming_budget_bytes(STREAMING_LAYERS),
+        max_model_len=h.STREAMING_CONTEXT,
+        env=h.SAME_THREADS,
+    )
     yield llm
     h.shutdown(llm)
 
 
-def test_compressed_homes_serve_8x_the_context_within_the_bound(compressed_homes_llm,
-                                                                answer_with_8x_memory, connector,
-                                                                figures):
+def test_compressed_homes_serve_8x_the_context_within_the_bound(
+    compressed_homes_llm, answer_with_8x_memory, connector, figures
+):
     # Each run under its own salt: the whole prompt is computed and streamed
     # again, so the two runs take the same path.
     runs = []
@@ -69,7 +74,8 @@ def test_compressed_homes_serve_8x_the_context_within_the_bound(compressed_homes
         f"compressed homes ({connector}): {h.STREAMING_CONTEXT} tokens in budget M; {same}/{total} "
         f"generated tokens those of plain vLLM with 8x M; top logprobs within {gap:.3f} (bound "
         f"{MAX_LOGPROB_GAP}); homes {compressed_layer_bytes()} bytes a block and layer against "
-        f"{h.layer_block_bytes()} exact")
+        f"{h.layer_block_bytes()} exact"
+    )
     assert gap <= MAX_LOGPROB_GAP, f"compressed homes moved a top logprob by {gap:.3f}"
     assert same == total, f"compressed homes changed {total - same} of {total} greedy tokens"
     assert gap > 0, "compressed homes gave exact's logprobs: were the homes compressed at all?"

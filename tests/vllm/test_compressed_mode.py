@@ -42,8 +42,7 @@ def test_compressed_blocks_take_about_half_the_bytes(compressed_llm, figures):
     exact = h.exact_block_bytes()
     ratio = bytes_per_block(compressed) / exact
     figures.append(
-        f"compressed: {bytes_per_block(compressed):.0f} host bytes per block vs exact "
-        f"{exact} (ratio {ratio:.4f})"
+        f"compressed: {bytes_per_block(compressed):.0f} host bytes per block vs exact {exact} (ratio {ratio:.4f})"
     )
     assert 0.5 <= ratio <= 0.6
 
@@ -66,8 +65,10 @@ def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, 
     if vllm_differs and under_ci():
         # CI's runs must prove determinism: shapes where vLLM disagrees with
         # itself would leave the claim untested without anyone noticing.
-        pytest.fail(f"vLLM without ActiveKV disagrees with itself on these shapes ({vllm_differs[:160]}): "
-                    "compressed determinism cannot be checked; pick shapes vLLM repeats")
+        pytest.fail(
+            f"vLLM without ActiveKV disagrees with itself on these shapes ({vllm_differs[:160]}): "
+            "compressed determinism cannot be checked; pick shapes vLLM repeats"
+        )
     if vllm_differs:
         figures.append(
             f"compressed determinism not claimed: vLLM without ActiveKV disagrees with itself on "

@@ -53,8 +53,14 @@ def test_copies_on_a_thread_beside_a_bound_forward_are_bitwise_the_forwards_own(
         pytest.skip("one CPU: none beside the forward's for a copy thread")
     env = dict(os.environ, **h.SAME_THREADS, **runs.forward_binding(str(cpus[0])))
     env.pop("ACTIVEKV_CPU_COPY_THREAD", None)
-    child = subprocess.run([sys.executable, "-c", CHILD, str(deep_model)], env=env, text=True,
-                           capture_output=True, timeout=600, check=False)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(deep_model)],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
     log = child.stdout + child.stderr
     assert child.returncode == 0, log[-3000:]
     result = json.loads(next(line for line in child.stdout.splitlines() if line.startswith("RESULT "))[7:])
@@ -67,5 +73,7 @@ def test_copies_on_a_thread_beside_a_bound_forward_are_bitwise_the_forwards_own(
     assert thread["staged"] == inline["staged"] > 0
     assert thread["tokens"] == inline["tokens"]
     assert thread["top"] == inline["top"], "the copy thread's run differs in its logprobs"
-    figures.append(f"CPU copy thread beside a forward bound to CPU {cpus[0]}: "
-                   f"{len(thread['tokens'])} tokens and their logprobs bitwise the forward's own copies'")
+    figures.append(
+        f"CPU copy thread beside a forward bound to CPU {cpus[0]}: "
+        f"{len(thread['tokens'])} tokens and their logprobs bitwise the forward's own copies'"
+    )

@@ -54,9 +54,12 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     bitwise = h.difference([again], [plain_hit])
     figures.append(
         "exact reload vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
-        + ("logprobs bit for bit equal" if not bitwise else
-           f"top logprobs within {h.largest_logprob_gap([again], [plain_hit]):.2e} "
-           f"(first difference at {bitwise.split(':')[0]})")
+        + (
+            "logprobs bit for bit equal"
+            if not bitwise
+            else f"top logprobs within {h.largest_logprob_gap([again], [plain_hit]):.2e} "
+            f"(first difference at {bitwise.split(':')[0]})"
+        )
     )
 
 
@@ -92,8 +95,9 @@ BATCH_DEVICE_BLOCKS = 4 * h.NUM_DEVICE_BLOCKS
 
 @pytest.fixture(scope="module")
 def batch_llm(tiny_model, connector):
-    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector,
-                     kv_cache_bytes=BATCH_DEVICE_BLOCKS * h.exact_block_bytes())
+    llm = h.make_llm(
+        tiny_model, {"mode": "exact"}, connector=connector, kv_cache_bytes=BATCH_DEVICE_BLOCKS * h.exact_block_bytes()
+    )
     yield llm
     h.shutdown(llm)
 

@@ -35,14 +35,19 @@ def test_plain_vllm_refuses_the_context_in_budget_m(deep_model, figures):
 
 @pytest.fixture(scope="module")
 def streaming_llm(deep_model, connector):
-    llm = h.make_llm(deep_model, {"streaming": h.STREAMING}, connector=connector,
-                     kv_cache_bytes=BUDGET, max_model_len=CONTEXT, env=h.SAME_THREADS)
+    llm = h.make_llm(
+        deep_model,
+        {"streaming": h.STREAMING},
+        connector=connector,
+        kv_cache_bytes=BUDGET,
+        max_model_len=CONTEXT,
+        env=h.SAME_THREADS,
+    )
     yield llm
     h.shutdown(llm)
 
 
-def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_memory, connector,
-                                                 figures):
+def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_memory, connector, figures):
     with h.TelemetryDelta(streaming_llm) as moved:
         got = h.generate(streaming_llm, [PROMPT])
     diff = h.difference(got, answer_with_8x_memory)
@@ -61,14 +66,15 @@ def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_m
     rows = rows_for(8 * h.STREAMING_BUDGET_BLOCKS)
     assert rows > 8 * h.STREAMING_BUDGET_BLOCKS
     assert report["streaming_host_bytes"] == rows * streamed * h.layer_block_bytes()
-    figures.append(f"streaming ({connector}): {CONTEXT} tokens in a budget that holds "
-                   f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of plain vLLM (no connector) with "
-                   f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged")
+    figures.append(
+        f"streaming ({connector}): {CONTEXT} tokens in a budget that holds "
+        f"{CONTEXT // 8} for plain vLLM; tokens and logprobs bitwise those of plain vLLM (no connector) with "
+        f"8x the memory; {moved['streamed_bytes_to_device'] / 2**20:.1f} MiB staged"
+    )
 
 
 @catches_a_wrong_block
-def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm,
-                                                                   answer_with_8x_memory):
+def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm, answer_with_8x_memory):
     # Under a salt of its own the prompt is computed afresh and stored, and
     # vLLM's own prefix hit on that KV is the oracle; then, once vLLM's own
     # cache is flushed, its blocks load from the host store into the ring and

@@ -41,9 +41,11 @@ def test_the_command_line_takes_the_backend_as_the_readme_writes_it():
 
 @pytest.fixture(scope="module")
 def flag_llm(tiny_model):
-    llm = h.make_llm(tiny_model, connector=None,
-                     llm_args={"kv_offloading_backend": "activekv", "kv_offloading_size": SIZE_GIB,
-                               "disable_log_stats": False})
+    llm = h.make_llm(
+        tiny_model,
+        connector=None,
+        llm_args={"kv_offloading_backend": "activekv", "kv_offloading_size": SIZE_GIB, "disable_log_stats": False},
+    )
     yield llm
     h.shutdown(llm)
 
@@ -53,8 +55,10 @@ def test_the_flag_pair_configures_the_host_store(flag_llm):
     transfer = config.kv_transfer_config
     assert (transfer.kv_connector, transfer.kv_role) == ("ActiveKVHostConnector", "kv_both")
     # vLLM's size is the total over the workers; capacity_bytes is a worker's.
-    assert transfer.kv_connector_extra_config["capacity_bytes"] == \
-        int(SIZE_GIB * (1 << 30)) // config.parallel_config.world_size
+    assert (
+        transfer.kv_connector_extra_config["capacity_bytes"]
+        == int(SIZE_GIB * (1 << 30)) // config.parallel_config.world_size
+    )
 
 
 def test_a_prefix_vllm_evicted_comes_back_from_the_flag_configured_store(flag_llm, plain):

@@ -49,8 +49,10 @@ def test_generated_model_has_clear_margins_on_every_greedy_step(baseline_llm, fi
     h.flush_device_cache(baseline_llm)
     results = h.generate(baseline_llm, [h.random_tokens(rng, n) for n in lengths])
     margin, where = h.smallest_margin(results)
-    figures.append(f"model margins: smallest top-1/top-2 gap {margin:.3f} ({where}) over "
-                   f"{len(lengths)} prompts x {h.MAX_TOKENS} tokens; MIN_MARGIN {h.MIN_MARGIN}")
+    figures.append(
+        f"model margins: smallest top-1/top-2 gap {margin:.3f} ({where}) over "
+        f"{len(lengths)} prompts x {h.MAX_TOKENS} tokens; MIN_MARGIN {h.MIN_MARGIN}"
+    )
     assert margin >= h.MIN_MARGIN, f"near tie at {where}: {margin:.4f}"
 
 

@@ -27,8 +27,14 @@ def test_native_replay_matches_the_reference_bit_for_bit(recording):
     sched, worker = recording
     ref1, ref2, native = (replay(sched, worker, i) for i in ("reference", "reference", "native"))
     for scenario in ("miss", "full hit"):
-        cell = judge("exact", scenario, ref1.observations[scenario], ref2.observations[scenario],
-                     native.observations[scenario], ref1.live_differs[scenario])
+        cell = judge(
+            "exact",
+            scenario,
+            ref1.observations[scenario],
+            ref2.observations[scenario],
+            native.observations[scenario],
+            ref1.live_differs[scenario],
+        )
         assert (cell.gating, cell.result, cell.note) == (True, "pass", "live run: equal"), cell.detail
     assert any(what == "loaded" for what, _ in ref1.observations["full hit"])  # a real hit
 

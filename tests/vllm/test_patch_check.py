@@ -11,8 +11,12 @@ from tests.vllm.wrong_block import WRONG_BLOCK
 pytestmark = pytest.mark.vllm
 
 
-SWAPPED_BLOCKS = pytest.param("swapped-blocks", marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="planted bug: a request's blocks reloaded in pairs swapped"))
+SWAPPED_BLOCKS = pytest.param(
+    "swapped-blocks",
+    marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason="planted bug: a request's blocks reloaded in pairs swapped"
+    ),
+)
 
 
 @pytest.mark.parametrize("connector", ["native", WRONG_BLOCK, SWAPPED_BLOCKS])

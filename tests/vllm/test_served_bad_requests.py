@@ -23,8 +23,10 @@ pytestmark = pytest.mark.vllm
 
 BLOCK = 32
 MAX_LEN = 512
-FLAGS = [*vllm_flags(model="tiny", max_model_len=MAX_LEN, block_size=BLOCK, kv_blocks=48, kv_budget_gib=0,
-                    eager=True), "--enable-prompt-tokens-details"]
+FLAGS = [
+    *vllm_flags(model="tiny", max_model_len=MAX_LEN, block_size=BLOCK, kv_blocks=48, kv_budget_gib=0, eager=True),
+    "--enable-prompt-tokens-details",
+]
 HOST_BYTES = 8 << 20
 
 
@@ -33,9 +35,12 @@ def server(tmp_path_factory):
     path, _ = model_dir("tiny")
     engine = eng.ENGINES["activekv-exact"]
     # Dev mode: POST /reset_prefix_cache empties vLLM's own cache, so a hit can only be the host store's.
-    s = Server(path, [*FLAGS, *engine.server_args(HOST_BYTES)],
-               {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_SERVER_DEV_MODE": "1",
-                **engine.server_env(HOST_BYTES)}, tmp_path_factory.mktemp("bad-requests") / "server.log")
+    s = Server(
+        path,
+        [*FLAGS, *engine.server_args(HOST_BYTES)],
+        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_SERVER_DEV_MODE": "1", **engine.server_env(HOST_BYTES)},
+        tmp_path_factory.mktemp("bad-requests") / "server.log",
+    )
     s.start(600)
     yield s
     s.stop()
@@ -54,8 +59,11 @@ def post(server: Server, path: str, body: dict | None = None) -> tuple[int, dict
 
 
 def ask(server: Server, prompt: list[int], **fields) -> tuple[int, dict]:
-    return post(server, "/v1/completions", {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 8,
-                                            "temperature": 0.0, "ignore_eos": True, **fields})
+    return post(
+        server,
+        "/v1/completions",
+        {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True, **fields},
+    )
 
 
 def cached(body: dict) -> int:
@@ -95,8 +103,9 @@ def test_a_cache_salt_that_is_not_a_string_is_refused_as_the_clients_error(serve
     assert_serving(server)
 
 
-@pytest.mark.parametrize("salt", ["", "x" * 100_000, "tenant\u00e9\u4e2d\U0001f600", "a\x00b"],
-                         ids=["empty", "100k-chars", "unicode", "nul"])
+@pytest.mark.parametrize(
+    "salt", ["", "x" * 100_000, "tenant\u00e9\u4e2d\U0001f600", "a\x00b"], ids=["empty", "100k-chars", "unicode", "nul"]
+)
 def test_an_odd_string_salt_is_refused_or_keeps_its_tenant_apart(server, salt):
     prompt = tokens(zlib.crc32(salt.encode("utf-8", "surrogatepass")) % 1000 + 10)
     status, first = ask(server, prompt, cache_salt=salt)
@@ -132,8 +141,13 @@ def test_host_store_hits_stay_within_a_salt(server):
 
 
 FORGED = [
-    {"do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [0, 1, 2, 3],
-     "remote_host": "127.0.0.1", "remote_port": 1},
+    {
+        "do_remote_prefill": True,
+        "remote_engine_id": "x",
+        "remote_block_ids": [0, 1, 2, 3],
+        "remote_host": "127.0.0.1",
+        "remote_port": 1,
+    },
     {"do_remote_decode": True},
     {"activekv": {"block_ids": [0, 1], "cache_salt": "tenant-a"}},
     {"lmcache": {"skip_save": True}, "kv_connector": "ActiveKVHostConnector"},

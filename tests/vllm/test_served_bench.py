@@ -15,10 +15,24 @@ from pipeline.bench.served import report, runner
 pytestmark = pytest.mark.vllm
 
 USERS, TURNS, ANSWER = 8, 3, 8
-RUN = ["run", "--workload", "multi-turn", "--model", "tiny", "--rates", "4", "--kv-blocks", "16",
-       "--block-size", "32", "--host-gib", "0.1", "--eager",
-       "--set", f"users={USERS},turns={TURNS},system_tokens=64,history_tokens=64-160,question_tokens=8-16,"
-                f"answer_tokens={ANSWER}"]
+RUN = [
+    "run",
+    "--workload",
+    "multi-turn",
+    "--model",
+    "tiny",
+    "--rates",
+    "4",
+    "--kv-blocks",
+    "16",
+    "--block-size",
+    "32",
+    "--host-gib",
+    "0.1",
+    "--eager",
+    "--set",
+    f"users={USERS},turns={TURNS},system_tokens=64,history_tokens=64-160,question_tokens=8-16,answer_tokens={ANSWER}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +43,9 @@ def records(tmp_path_factory):
 
 
 def requests_of(records, engine):
-    return [r for r in runner.read_records(runner.records_path(records, "multi-turn", engine))
-            if r["type"] == "request"]
+    return [
+        r for r in runner.read_records(runner.records_path(records, "multi-turn", engine)) if r["type"] == "request"
+    ]
 
 
 @pytest.mark.parametrize("engine", ["plain", "activekv-exact"])

@@ -26,8 +26,10 @@ from pipeline.bench.served.server import Server
 pytestmark = pytest.mark.vllm
 
 BLOCK = 32
-FLAGS = [*vllm_flags(model="tiny", max_model_len=512, block_size=BLOCK, kv_blocks=24, kv_budget_gib=0,
-                    eager=True), "--enable-prompt-tokens-details"]
+FLAGS = [
+    *vllm_flags(model="tiny", max_model_len=512, block_size=BLOCK, kv_blocks=24, kv_budget_gib=0, eager=True),
+    "--enable-prompt-tokens-details",
+]
 HOST_BYTES = 8 << 20  # 256 blocks of the tiny model: every prefix fits, none is evicted
 ANSWER = 8
 
@@ -40,9 +42,12 @@ def prompts(seed: int, vocab: int) -> list[list[int]]:
 def server(tmp_path, name: str, store) -> Server:
     path, _ = model_dir("tiny")
     engine = eng.with_options(eng.ENGINES["activekv-exact"], {"store_path": str(store)})
-    return Server(path, [*FLAGS, *engine.server_args(HOST_BYTES)],
-                  {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(HOST_BYTES)},
-                  tmp_path / f"{name}.log")
+    return Server(
+        path,
+        [*FLAGS, *engine.server_args(HOST_BYTES)],
+        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(HOST_BYTES)},
+        tmp_path / f"{name}.log",
+    )
 
 
 async def ask(url: str, prompt: list[int]) -> dict:
@@ -52,8 +57,9 @@ async def ask(url: str, prompt: list[int]) -> dict:
         return await complete(session, url, prompt, ANSWER, timeout_s=300)
 
 
-async def loop(url: str, family: list[list[int]], stop: asyncio.Event, out: list[dict], *,
-               fresh: random.Random | None = None) -> None:
+async def loop(
+    url: str, family: list[list[int]], stop: asyncio.Event, out: list[dict], *, fresh: random.Random | None = None
+) -> None:
     """Asks the family's prompts in turn until `stop`; with `fresh`, each with
     two blocks of new tokens after it, which the server saves."""
     i = 0
@@ -82,8 +88,10 @@ def killed(tmp_path_factory):
             got["victim_first"] = [await ask(victim.url, p) for p in theirs]
             stop_victim, stop_all = asyncio.Event(), asyncio.Event()
             clients = [asyncio.create_task(loop(survivor.url, mine, stop_all, got["survivor"])) for _ in range(2)]
-            storm = [asyncio.create_task(loop(victim.url, theirs, stop_victim, got["victim"],
-                                              fresh=random.Random(c))) for c in range(3)]
+            storm = [
+                asyncio.create_task(loop(victim.url, theirs, stop_victim, got["victim"], fresh=random.Random(c)))
+                for c in range(3)
+            ]
             await asyncio.sleep(4)
             os.killpg(victim.process.pid, signal.SIGKILL)  # mid-flight: its requests fail, its saves stop
             stop_victim.set()
@@ -101,6 +109,7 @@ def killed(tmp_path_factory):
         again = server(tmp, "victim-again", store)
         try:
             again.start(600)
+
             async def ask_all() -> list[dict]:
                 return list(await asyncio.gather(*(ask(again.url, p) for p in theirs)))
 

@@ -65,8 +65,12 @@ class OtherInstance:
     def __init__(self, model, path, capacity):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", OTHER, str(model), str(path), str(capacity)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, **h.SAME_THREADS))
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, **h.SAME_THREADS),
+        )
         self.expect("ready")
 
     def expect(self, prefix: str) -> str:
@@ -74,7 +78,7 @@ class OtherInstance:
             line = self.proc.stdout.readline()  # vLLM's own log lines come here too
             assert line, "the other vLLM instance stopped by itself"
             if line.startswith(prefix):
-                return line[len(prefix):].strip()
+                return line[len(prefix) :].strip()
 
     def generate(self, prompt: int, salt: str | None = None) -> dict:
         self.proc.stdin.write(f"gen {prompt} {salt or '-'}\n")
@@ -167,6 +171,8 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
         other.close()
         if llm is not None:
             h.shutdown(llm)
-    figures.append(f"shared store: cross hits both ways, salt isolation across instances; after a kill -9 "
-                   f"mid-storm the survivor served {served} of the killed one's blocks ({whole} prompts "
-                   f"whole, bit for bit its own prefix hit), every answer its cold run's")
+    figures.append(
+        f"shared store: cross hits both ways, salt isolation across instances; after a kill -9 "
+        f"mid-storm the survivor served {served} of the killed one's blocks ({whole} prompts "
+        f"whole, bit for bit its own prefix hit), every answer its cold run's"
+    )

@@ -18,10 +18,37 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def soaked(tmp_path_factory):
     out = tmp_path_factory.mktemp("soak") / "activekv-exact.jsonl"
-    code = soak.main(["--engine", "activekv-exact", "--model", "tiny", "--duration-s", "40", "--concurrency", "6",
-                      "--cancel-share", "0.33", "--cancel-within-s", "0.3", "--prefixes", "12",
-                      "--prefix-tokens", "256", "--kv-blocks", "24", "--block-size", "32", "--host-gib", "0.002",
-                      "--eager", "--sample-s", "2", "--out", str(out)])
+    code = soak.main(
+        [
+            "--engine",
+            "activekv-exact",
+            "--model",
+            "tiny",
+            "--duration-s",
+            "40",
+            "--concurrency",
+            "6",
+            "--cancel-share",
+            "0.33",
+            "--cancel-within-s",
+            "0.3",
+            "--prefixes",
+            "12",
+            "--prefix-tokens",
+            "256",
+            "--kv-blocks",
+            "24",
+            "--block-size",
+            "32",
+            "--host-gib",
+            "0.002",
+            "--eager",
+            "--sample-s",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     return code, lines
 

@@ -55,8 +55,10 @@ def test_a_restarted_vllm_serves_the_prefix_from_the_store_file(tiny_model, tmp_
     # cache_salt holds across the restart: each tenant finds its own blocks only.
     assert salted["hit_tokens"] == reusable and tenant.tokens == other_tenant.tokens
     assert third["hit_tokens"] == 0 and stranger.num_cached_tokens == 0
-    figures.append(f"store file restart: {reusable} of {len(prompt)} prompt tokens from the file on "
-                   "the first request, bit for bit vLLM's own prefix hit")
+    figures.append(
+        f"store file restart: {reusable} of {len(prompt)} prompt tokens from the file on "
+        "the first request, bit for bit vLLM's own prefix hit"
+    )
 
 
 def test_a_store_file_of_another_configuration_is_refused_and_kept(tiny_model, tmp_path, capfd):
@@ -72,11 +74,14 @@ def test_a_store_file_of_another_configuration_is_refused_and_kept(tiny_model, t
     assert path.read_bytes() == before, "a refused start changed the store file"
 
 
-@pytest.mark.parametrize("where, says", [
-    ("missing/store", "its directory does not exist"),
-    ("a-directory", "cannot be opened for reading and writing"),
-    ("not-a-store", "is not an ActiveKV store"),
-])
+@pytest.mark.parametrize(
+    "where, says",
+    [
+        ("missing/store", "its directory does not exist"),
+        ("a-directory", "cannot be opened for reading and writing"),
+        ("not-a-store", "is not an ActiveKV store"),
+    ],
+)
 def test_a_store_path_it_cannot_use_stops_the_start_naming_it(tiny_model, tmp_path, capfd, where, says):
     path = tmp_path / where
     if where == "a-directory":
@@ -135,8 +140,11 @@ def test_kill_9_during_a_save_storm_then_a_restart_serves_only_verified_blocks(t
     for kill in range(3):
         child = subprocess.Popen(
             [sys.executable, "-c", STORM, str(tiny_model), str(path), str(capacity), str(8 * kill)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, **h.SAME_THREADS))
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, **h.SAME_THREADS),
+        )
         try:
             done, before_kill = 0, 3 + rng.randrange(4)
             while done < before_kill:  # some requests complete, then a kill at a random point
@@ -176,6 +184,8 @@ def test_kill_9_during_a_save_storm_then_a_restart_serves_only_verified_blocks(t
     finally:
         h.shutdown(llm)
     assert full > 0, "no prompt came back whole from the killed storm's file"
-    figures.append(f"store file after 3 kill -9 during a save storm: {served} blocks served from the file "
-                   f"over {hits} of {len(STORM_PROMPTS)} prompts ({full} whole, bit for bit vLLM's own "
-                   "prefix hit), every answer's tokens the cold run's")
+    figures.append(
+        f"store file after 3 kill -9 during a save storm: {served} blocks served from the file "
+        f"over {hits} of {len(STORM_PROMPTS)} prompts ({full} whole, bit for bit vLLM's own "
+        "prefix hit), every answer's tokens the cold run's"
+    )

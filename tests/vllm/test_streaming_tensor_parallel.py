@@ -15,17 +15,26 @@ BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS, tp_size=2)  # per worker
 
 
 def _tp2(model, extra, connector, kv_cache_bytes):
-    return h.make_llm(model, extra, connector=connector, tensor_parallel_size=2,
-                      kv_cache_bytes=kv_cache_bytes, max_model_len=h.STREAMING_CONTEXT,
-                      env=h.TP2_THREADS)
+    return h.make_llm(
+        model,
+        extra,
+        connector=connector,
+        tensor_parallel_size=2,
+        kv_cache_bytes=kv_cache_bytes,
+        max_model_len=h.STREAMING_CONTEXT,
+        env=h.TP2_THREADS,
+    )
 
 
 @pytest.fixture(scope="session")
 def answer_with_8x_memory(cache_dir, tmp_path_factory, oracle_margins):
     """vLLM at TP=2 with its own example connector, given 8x the budget."""
-    llm = _tp2(tiny_llama(cache_dir, STREAMING_LAYERS),
-               {"shared_storage_path": str(tmp_path_factory.mktemp("example-tp2"))}, h.EXAMPLE,
-               8 * BUDGET)
+    llm = _tp2(
+        tiny_llama(cache_dir, STREAMING_LAYERS),
+        {"shared_storage_path": str(tmp_path_factory.mktemp("example-tp2"))},
+        h.EXAMPLE,
+        8 * BUDGET,
+    )
     try:
         answer = h.generate(llm, [PROMPT])
     finally:
@@ -35,8 +44,7 @@ def answer_with_8x_memory(cache_dir, tmp_path_factory, oracle_margins):
 
 
 def test_each_rank_streams_its_own_heads(cache_dir, connector, answer_with_8x_memory):
-    llm = _tp2(tiny_llama(cache_dir, STREAMING_LAYERS), {"streaming": h.STREAMING}, connector,
-               BUDGET)
+    llm = _tp2(tiny_llama(cache_dir, STREAMING_LAYERS), {"streaming": h.STREAMING}, connector, BUDGET)
     try:
         with h.TelemetryDelta(llm) as moved:
             got = h.generate(llm, [PROMPT])

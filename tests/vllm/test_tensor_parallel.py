@@ -15,8 +15,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def tp2_llm(tiny_model, connector):
-    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector, tensor_parallel_size=2,
-                     env=h.TP2_THREADS)
+    llm = h.make_llm(tiny_model, {"mode": "exact"}, connector=connector, tensor_parallel_size=2, env=h.TP2_THREADS)
     yield llm
     h.shutdown(llm)
 
@@ -45,7 +44,8 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     assert second["store_used_bytes"] + second["store_free_bytes"] == second["store_capacity_bytes"]
     assert second["store_blocks"] >= blocks and second["store_used_bytes"] >= second["store_blocks"] * slot
     assert second["store_hit_ratio"] == pytest.approx(
-        h.telemetry(tp2_llm)["hit_tokens"] / h.telemetry(tp2_llm)["lookup_tokens"])
+        h.telemetry(tp2_llm)["hit_tokens"] / h.telemetry(tp2_llm)["lookup_tokens"]
+    )
     # Against the same TP=2 engine (TP=1 may round differently): the cold run's
     # tokens, and vLLM's own prefix hit of the same cached-token count bit for bit.
     h.require_clear_margins([cold], "the TP=2 engine's cold run")
@@ -54,4 +54,3 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     note = h.check_against_own_prefix_hits(warm, own_hits)
     if note:
         figures.append(f"TP=2 reload: {note}")
-

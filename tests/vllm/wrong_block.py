@@ -9,8 +9,10 @@ from pipeline.harness import vllm_harness as h
 
 WRONG_BLOCK = pytest.param(
     "wrong-block",
-    marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                            reason="planted bug: every load serves another stored block"),
+    marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason="planted bug: every load serves another stored block"
+    ),
 )
 catches_a_wrong_block = pytest.mark.parametrize(
-    "connector", [*sorted(h.CONNECTORS), WRONG_BLOCK], indirect=True, scope="module")
+    "connector", [*sorted(h.CONNECTORS), WRONG_BLOCK], indirect=True, scope="module"
+)

@@ -71,8 +71,10 @@ def workload_with(base: wl.Workload, settings: list[str], rates: str | None) -> 
             key, _, value = pair.partition("=")
             settable = set(fields) - {"name", "kind", "notes", "rates"}
             if key not in settable:
-                raise SystemExit(f"--set {pair}: no workload parameter {key!r} (rates: --rates); "
-                                 f"one of {', '.join(sorted(settable))}")
+                raise SystemExit(
+                    f"--set {pair}: no workload parameter {key!r} (rates: --rates); "
+                    f"one of {', '.join(sorted(settable))}"
+                )
             if isinstance(getattr(base, key), tuple):  # a token range, LOW-HIGH
                 low, _, high = value.partition("-")
                 changes[key] = (int(low), int(high or low))
@@ -83,13 +85,30 @@ def workload_with(base: wl.Workload, settings: list[str], rates: str | None) -> 
     return wl.scaled(base, **changes)
 
 
-def vllm_flags(*, model: str, max_model_len: int, block_size: int | None, kv_blocks: int | None,
-               kv_budget_gib: float, eager: bool, tensor_parallel_size: int = 1) -> list[str]:
+def vllm_flags(
+    *,
+    model: str,
+    max_model_len: int,
+    block_size: int | None,
+    kv_blocks: int | None,
+    kv_budget_gib: float,
+    eager: bool,
+    tensor_parallel_size: int = 1,
+) -> list[str]:
     """`vllm serve` flags every served run shares (this benchmark's and the
     soak's): the model's load, the prefix cache, the KV budget, the mode."""
-    flags = ["--load-format", "auto" if model == "tiny" else "dummy", "--dtype", "bfloat16",
-             "--seed", "0", "--max-model-len", str(max_model_len), "--enable-prefix-caching",
-             "--disable-uvicorn-access-log"]
+    flags = [
+        "--load-format",
+        "auto" if model == "tiny" else "dummy",
+        "--dtype",
+        "bfloat16",
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(max_model_len),
+        "--enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
     if block_size:
         flags += ["--block-size", str(block_size)]
     if kv_blocks:
@@ -105,9 +124,15 @@ def vllm_flags(*, model: str, max_model_len: int, block_size: int | None, kv_blo
 
 
 def server_flags(args, w: wl.Workload) -> list[str]:
-    flags = vllm_flags(model=args.model, max_model_len=w.max_model_len(), block_size=args.block_size,
-                       kv_blocks=args.kv_blocks, kv_budget_gib=args.kv_budget_gib or w.kv_budget_gib,
-                       eager=args.eager, tensor_parallel_size=args.tensor_parallel_size)
+    flags = vllm_flags(
+        model=args.model,
+        max_model_len=w.max_model_len(),
+        block_size=args.block_size,
+        kv_blocks=args.kv_blocks,
+        kv_budget_gib=args.kv_budget_gib or w.kv_budget_gib,
+        eager=args.eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
     flags += ["--enable-prompt-tokens-details", "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     return flags + args.server_arg
 
@@ -132,10 +157,18 @@ def run(args) -> int:
         if engine.connector and engine.connector.startswith("ActiveKV"):
             engine = eng.with_options(engine, options)
         try:
-            run_sweep(records=args.records, model_dir=path, vocab=vocab, w=w, engine=engine,
-                      server_args=server_flags(args, w), server_env=env,
-                      start_timeout_s=args.start_timeout, force=args.force,
-                      workers=args.tensor_parallel_size)
+            run_sweep(
+                records=args.records,
+                model_dir=path,
+                vocab=vocab,
+                w=w,
+                engine=engine,
+                server_args=server_flags(args, w),
+                server_env=env,
+                start_timeout_s=args.start_timeout,
+                force=args.force,
+                workers=args.tensor_parallel_size,
+            )
         except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
             print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)
             failed.append(name)
@@ -162,8 +195,11 @@ def report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.served", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.bench.served",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run", help="one workload's sweep, engine after engine")
     r.add_argument("--workload", required=True, choices=list(wl.WORKLOADS))
@@ -177,12 +213,26 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--block-size", type=int, help="tokens a KV block (vLLM's default otherwise)")
     r.add_argument("--max-num-batched-tokens", type=int, default=8192)
     r.add_argument("--eager", action="store_true", help="vLLM's eager mode instead of its compiled default")
-    r.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="vLLM's workers; the host bytes are the server's total, split as each tier counts them")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE,...",
-                   help="workload parameters (ranges as LOW-HIGH), e.g. users=8,turns=4,history_tokens=100-200")
-    r.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an ActiveKV connector option for every ActiveKV engine (JSON value)")
+    r.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="vLLM's workers; the host bytes are the server's total, split as each tier counts them",
+    )
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE,...",
+        help="workload parameters (ranges as LOW-HIGH), e.g. users=8,turns=4,history_tokens=100-200",
+    )
+    r.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ActiveKV connector option for every ActiveKV engine (JSON value)",
+    )
     r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
     r.add_argument("--start-timeout", type=float, default=900)
     r.add_argument("--force", action="store_true", help="run again over existing records")
@@ -198,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "report":
         return report(args)
     for w in wl.WORKLOADS.values():
-        print(f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
-              f"{w.max_prompt_tokens():,}, KV budget {w.kv_budget_gib:g} GiB, host {w.host_gib:g} GiB, "
-              f"rates {', '.join(f'{r:g}' for r in w.rates)}")
+        print(
+            f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
+            f"{w.max_prompt_tokens():,}, KV budget {w.kv_budget_gib:g} GiB, host {w.host_gib:g} GiB, "
+            f"rates {', '.join(f'{r:g}' for r in w.rates)}"
+        )
     return 0
 
 

@@ -24,23 +24,31 @@ def _ids_of_text(text: str) -> list[int]:
     return [int(w[1:]) for w in text.split() if w.startswith("w") and w[1:].isdigit()]
 
 
-async def complete(session, url: str, prompt: list[int], max_tokens: int,
-                   timeout_s: float = 1800) -> dict[str, Any]:
+async def complete(session, url: str, prompt: list[int], max_tokens: int, timeout_s: float = 1800) -> dict[str, Any]:
     """Sends one request and returns its record: send time (monotonic), time
     to first token, latency, time per output token after the first, the
     prompt's, cached and output token counts, the output ids, or an error."""
     import aiohttp
 
-    payload = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-               "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
-               "stream_options": {"include_usage": True}}
+    payload = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "return_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
     record: dict[str, Any] = {"sent": time.monotonic(), "prompt_tokens": len(prompt)}
     times: list[float] = []
     output: list[int] = []
     usage: dict[str, Any] = {}
     try:
-        async with session.post(url + "/v1/completions", json=payload,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with session.post(
+            url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as r:
             if r.status != 200:
                 record["error"] = f"HTTP {r.status}: {(await r.text())[:500]}"
                 return record

@@ -31,8 +31,12 @@ class Engine:
     def server_args(self, host_bytes: int, workers: int = 1) -> list[str]:
         if not self.connector:
             return []
-        extra = {k: ({"HOST_BYTES": host_bytes, "WORKER_BYTES": host_bytes // workers}.get(v, v)
-                     if isinstance(v, str) else v) for k, v in self.extra.items()}
+        extra = {
+            k: (
+                {"HOST_BYTES": host_bytes, "WORKER_BYTES": host_bytes // workers}.get(v, v) if isinstance(v, str) else v
+            )
+            for k, v in self.extra.items()
+        }
         config = {"kv_connector": self.connector, "kv_role": "kv_both", "kv_connector_extra_config": extra}
         return ["--kv-transfer-config", json.dumps(config)]
 
@@ -40,21 +44,36 @@ class Engine:
         return {k: (f"{host_bytes / workers / GIB:g}" if v == "WORKER_GIB" else v) for k, v in self.env.items()}
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in [
-    Engine("plain"),
-    Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}),
-    Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "WORKER_BYTES"}),
-    # R resident layers and the ring as the streaming figures in
-    # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
-    Engine("activekv-streaming", ACTIVEKV, {"capacity_bytes": "WORKER_BYTES",
-                                            "streaming": {"resident_layers": 14, "ring_size": 2}}),
-    Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
-    # LMCache keys its chunks with Python's hash(): without a fixed seed each
-    # process keys differently (its docs: 0% hits).
-    Engine("lmcache", "LMCacheConnectorV1", {}, {
-        "PYTHONHASHSEED": "0", "LMCACHE_LOCAL_CPU": "True", "LMCACHE_MAX_LOCAL_CPU_SIZE": "WORKER_GIB",
-        "LMCACHE_CHUNK_SIZE": "256", "LMCACHE_TRACK_USAGE": "false"}),
-]}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in [
+        Engine("plain"),
+        Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}),
+        Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "WORKER_BYTES"}),
+        # R resident layers and the ring as the streaming figures in
+        # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
+        Engine(
+            "activekv-streaming",
+            ACTIVEKV,
+            {"capacity_bytes": "WORKER_BYTES", "streaming": {"resident_layers": 14, "ring_size": 2}},
+        ),
+        Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
+        # LMCache keys its chunks with Python's hash(): without a fixed seed each
+        # process keys differently (its docs: 0% hits).
+        Engine(
+            "lmcache",
+            "LMCacheConnectorV1",
+            {},
+            {
+                "PYTHONHASHSEED": "0",
+                "LMCACHE_LOCAL_CPU": "True",
+                "LMCACHE_MAX_LOCAL_CPU_SIZE": "WORKER_GIB",
+                "LMCACHE_CHUNK_SIZE": "256",
+                "LMCACHE_TRACK_USAGE": "false",
+            },
+        ),
+    ]
+}
 
 DEFAULT_SWEEP = ["plain", "activekv-exact", "activekv-compressed", "vllm-offloading", "lmcache"]
 

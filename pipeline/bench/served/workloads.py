@@ -72,8 +72,11 @@ class Workload:
 
     def max_prompt_tokens(self) -> int:
         if self.kind == "multi-turn":
-            return (self.system_tokens + self.history_tokens[1]
-                    + self.turns * (self.question_tokens[1] + self.answer_tokens))
+            return (
+                self.system_tokens
+                + self.history_tokens[1]
+                + self.turns * (self.question_tokens[1] + self.answer_tokens)
+            )
         if self.kind == "doc-qa":
             return self.document_tokens[1] + self.question_tokens[1]
         return self.context_tokens
@@ -93,20 +96,67 @@ class Workload:
         return self.users * self.context_tokens
 
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in [
-    Workload("multi-turn", "multi-turn", users=64, turns=8, system_tokens=2048,
-             history_tokens=(1000, 5000), question_tokens=(50, 150), kv_budget_gib=8.0,
-             host_gib=64.0, rates=(1.0, 2.0, 4.0, 8.0)),
-    Workload("doc-qa", "doc-qa", documents=24, document_tokens=(20000, 30000), question_tokens=(16, 48),
-             requests=96, kv_budget_gib=16.0, host_gib=80.0, rates=(0.5, 1.0, 2.0, 4.0)),
-    Workload("multi-turn-fits", "multi-turn", users=8, turns=8, system_tokens=2048,
-             history_tokens=(1000, 5000), question_tokens=(50, 150), kv_budget_gib=16.0,
-             host_gib=64.0, rates=(1.0, 2.0, 4.0, 8.0)),
-    Workload("doc-qa-fits", "doc-qa", documents=4, document_tokens=(20000, 30000), question_tokens=(16, 48),
-             requests=96, kv_budget_gib=16.0, host_gib=80.0, rates=(0.5, 1.0, 2.0, 4.0)),
-    Workload("long-streaming", "long-streaming", users=8, context_tokens=200_000, answer_tokens=256,
-             kv_budget_gib=40.0, host_gib=100.0, rates=(0.0,)),
-]}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in [
+        Workload(
+            "multi-turn",
+            "multi-turn",
+            users=64,
+            turns=8,
+            system_tokens=2048,
+            history_tokens=(1000, 5000),
+            question_tokens=(50, 150),
+            kv_budget_gib=8.0,
+            host_gib=64.0,
+            rates=(1.0, 2.0, 4.0, 8.0),
+        ),
+        Workload(
+            "doc-qa",
+            "doc-qa",
+            documents=24,
+            document_tokens=(20000, 30000),
+            question_tokens=(16, 48),
+            requests=96,
+            kv_budget_gib=16.0,
+            host_gib=80.0,
+            rates=(0.5, 1.0, 2.0, 4.0),
+        ),
+        Workload(
+            "multi-turn-fits",
+            "multi-turn",
+            users=8,
+            turns=8,
+            system_tokens=2048,
+            history_tokens=(1000, 5000),
+            question_tokens=(50, 150),
+            kv_budget_gib=16.0,
+            host_gib=64.0,
+            rates=(1.0, 2.0, 4.0, 8.0),
+        ),
+        Workload(
+            "doc-qa-fits",
+            "doc-qa",
+            documents=4,
+            document_tokens=(20000, 30000),
+            question_tokens=(16, 48),
+            requests=96,
+            kv_budget_gib=16.0,
+            host_gib=80.0,
+            rates=(0.5, 1.0, 2.0, 4.0),
+        ),
+        Workload(
+            "long-streaming",
+            "long-streaming",
+            users=8,
+            context_tokens=200_000,
+            answer_tokens=256,
+            kv_budget_gib=40.0,
+            host_gib=100.0,
+            rates=(0.0,),
+        ),
+    ]
+}
 
 
 def scaled(workload: Workload, **changes: Any) -> Workload:
@@ -154,7 +204,7 @@ def document_order(w: Workload, rate: float) -> list[int]:
         one_pass = list(range(w.documents))
         rng.shuffle(one_pass)
         order.extend(one_pass)
-    return order[:w.requests]
+    return order[: w.requests]
 
 
 def long_context(w: Workload, vocab: int, user: int) -> list[int]:
