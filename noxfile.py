@@ -5,6 +5,7 @@ pipeline's commands (pipeline/stages/registry.py); logic lives in pipeline/.
     nox -s tests               C++, unit, real-vLLM and container tests (the parity gate among them)
     nox -s parity              the parity harness alone (the release's parity gate runs it on the wheels)
     nox -s tests -- -m "not vllm and not container and not gpu"   only pytest, with these arguments
+    nox -s lint                ruff's layout and rules (ruff.toml); the tests session runs it first
     nox -s build  -- --target cpu [--python 3.11]   wheels, in the target's builder container
     nox -s audit  -- --target cpu                   build, then the payload audit
     nox -s patch-vllm [-- --target cuda | --vllm X.Y.Z [--rebase]]  the patched vLLM wheel (cpu: build first)
@@ -38,6 +39,12 @@ def tests(session: nox.Session) -> None:
     sessions.install_cpu_test_env(session)
     sessions.install_engine(session, cpp_tests=not session.posargs)
     sessions.run_all_tests(session, images)
+
+
+@nox.session(python=PYTHON, default=False)
+def lint(session: nox.Session) -> None:
+    """ruff format --check and ruff check over the project's Python."""
+    sessions.run_lint(session)
 
 
 @nox.session(python=PYTHON)

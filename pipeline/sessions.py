@@ -232,6 +232,7 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
             session.log(f"{name} failed: {error}")
         summary[name] = f"{outcome} in {time.monotonic() - start:.0f} s ({junit_counts(counts)})"
 
+    phase("lint", lambda counts: run_lint(session))
     phase("C++ tests", lambda counts: run_cpp_tests(session, counts))
     phase("fast tests", lambda counts: run_pytest(session, f"--junitxml={counts}", "-m", FAST_TESTS))
     if images is not None:
@@ -273,6 +274,14 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
     failed = [name for name, outcome in summary.items() if outcome.startswith("FAILED")]
     if failed:
         session.error("failed: " + ", ".join(failed))
+
+
+def run_lint(session: Session) -> None:
+    """ruff's layout and rules (ruff.toml) over the project's Python: a file
+    laid out otherwise, or a finding, fails the phase and names the file."""
+    session.install("-r", str(ROOT / "packaging" / "lint-requirements.txt"))
+    session.run("ruff", "format", "--check", "--diff", str(ROOT))
+    session.run("ruff", "check", "--output-format", "concise", str(ROOT))
 
 
 def junit_counts(path: Path) -> str:

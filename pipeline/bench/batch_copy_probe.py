@@ -279,7 +279,7 @@ def duplex(result: dict) -> None:
         h_in = torch.empty(stage_mib << 20, dtype=torch.uint8, pin_memory=True)
         d_in = torch.empty(stage_mib << 20, dtype=torch.uint8, device="cuda")
 
-        def best_ms(h2d: bool, d2h: bool) -> float:
+        def best_ms(h2d: bool, d2h: bool, h_in=h_in, d_in=d_in) -> float:
             out = []
             for _ in range(7):
                 torch.cuda.synchronize()

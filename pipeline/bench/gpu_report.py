@@ -243,7 +243,10 @@ def _goal(title: str, rows: list[dict], key: str, limit: float, at_most: bool = 
     # Runs of one GPU pool into a point; where the rows span several GPUs, a
     # point says its own.
     several = len({r.get("gpu") for r in rows}) > 1
-    name = lambda r: _point(r) + (f", {_gpu(r)}" if several else "")
+
+    def name(r):
+        return _point(r) + (f", {_gpu(r)}" if several else "")
+
     lines = [f"- {title}: {verdict}{_on(rows)}; the worst {name(worst[0])}: {worst[1]:.3f}x{_samples(worst[2])}"]
     lines += [f"  - {name(r)}: {value:.3f}x{_samples(samples)}" for r, value, samples in missed]
     return not missed, lines
@@ -380,8 +383,8 @@ def arc_table(results: list[dict], h2d_peak_gbs: float) -> str:
     efficiency = h2d_peak_gbs / (2 * ARC_LINK_GBS)
     arc_link = ARC_LINK_GBS * efficiency
     rows = [
-        f"| context | streamed a step | H200: step (measured) | H200 tokens/s | B60: bus | B60: attention | "
-        f"B60: step (computed) | B60 tokens/s (computed) | B60 tokens/s, contiguous homes (computed) |",
+        "| context | streamed a step | H200: step (measured) | H200 tokens/s | B60: bus | B60: attention | "
+        "B60: step (computed) | B60 tokens/s (computed) | B60 tokens/s, contiguous homes (computed) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     contiguous = {

@@ -279,7 +279,7 @@ def plot(samples: list[dict], path: Path) -> None:
 
     keys = [k for k in [*CREEP, "store_blocks"] if any(k in s for s in samples)]
     fig, axes = plt.subplots(len(keys), 1, figsize=(7, 1.8 * len(keys)), sharex=True)
-    for ax, k in zip(axes, keys):
+    for ax, k in zip(axes, keys, strict=True):
         ax.plot([s["t_s"] for s in samples if k in s], [s[k] for s in samples if k in s])
         ax.set_ylabel(k, fontsize=8)
     axes[-1].set_xlabel("seconds")

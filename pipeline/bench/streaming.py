@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import random
 import re
@@ -133,7 +134,7 @@ def decode_steps(
                 )
             row = raw[p]
             row["engine_step_s"].append((stamps[-1] - stamps[0]) / (new_tokens - 1))
-            row["median_interval_s"].append(statistics.median(b - a for a, b in zip(stamps, stamps[1:])))
+            row["median_interval_s"].append(statistics.median(b - a for a, b in itertools.pairwise(stamps)))
             row["wall_diff_s"].append((wall_n - wall_1) / (new_tokens - 1))
             if counted:
                 row["counters"].append(
@@ -196,7 +197,7 @@ def refusal(model, connector, extra, budget: int, max_model_len: int) -> dict[st
             # vLLM's in-process engine raises its ValueError here; an engine
             # process logs it and raises RuntimeError.
             text = log.read_text(errors="replace") + f"\nValueError: {err}"
-            line = next((l for l in text.splitlines() if ESTIMATE.search(l)), None)
+            line = next((each for each in text.splitlines() if ESTIMATE.search(each)), None)
             if line is None:
                 sys.stderr.write(text[-4000:])
                 raise

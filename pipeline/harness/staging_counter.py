@@ -18,6 +18,8 @@ kv_connector_module_path="pipeline.harness.staging_counter", in this process
 
 from __future__ import annotations
 
+import itertools
+
 from activekv_reference import ActiveKVReferenceConnector
 from activekv_reference.homes import HomeRows
 
@@ -27,7 +29,7 @@ STEPS: list[dict[str, int]] = []
 def copies(pairs: list[tuple[int, int]]) -> int:
     """Copies for (row, block) pairs: runs where both step by one, in row order."""
     pairs = sorted(pairs)
-    return len(pairs) - sum(1 for (r, b), (r2, b2) in zip(pairs, pairs[1:]) if (r2, b2) == (r + 1, b + 1))
+    return len(pairs) - sum(1 for (r, b), (r2, b2) in itertools.pairwise(pairs) if (r2, b2) == (r + 1, b + 1))
 
 
 class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
@@ -72,7 +74,7 @@ class StagingCountingReferenceConnector(ActiveKVReferenceConnector):
             STEPS.append(
                 {
                     "blocks": len(blocks),
-                    "copies": copies(list(zip(meta.stage_rows, blocks))),
+                    "copies": copies(list(zip(meta.stage_rows, blocks, strict=True))),
                     "copies_rows_in_table_order": copies([(self._shadow.row(2 * b), b) for b in blocks]),
                     "runs_of_ids": copies([(b, b) for b in blocks]),  # the fewest copies any rows allow
                     "runs_of_ids_per_request": self._runs_per_request(blocks),

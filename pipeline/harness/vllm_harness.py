@@ -109,7 +109,7 @@ def smallest_margin(results: Sequence[Result]) -> tuple[float, str]:
     """The smallest top-1/top-2 gap along the results' greedy paths, and where."""
     best = (float("inf"), "no generated token")
     for i, r in enumerate(results):
-        for pos, (step, m) in enumerate(zip(r.top, r.margins)):
+        for pos, (step, m) in enumerate(zip(r.top, r.margins, strict=False)):
             if m < best[0]:
                 best = (m, f"prompt {i}, generated token {pos} ({step[0][0]} over {step[1][0]})")
     return best
@@ -132,8 +132,8 @@ def difference(got: Sequence[Result], want: Sequence[Result]) -> str:
     """The first difference in tokens or top logprobs, bit for bit; "" when equal."""
     if len(got) != len(want):
         return f"{len(got)} results != {len(want)}"
-    for i, (a, b) in enumerate(zip(got, want)):
-        for pos, (x, y) in enumerate(zip(a.top, b.top)):
+    for i, (a, b) in enumerate(zip(got, want, strict=False)):
+        for pos, (x, y) in enumerate(zip(a.top, b.top, strict=False)):
             if x != y:
                 return f"prompt {i}, generated token {pos}: top logprobs {x} != {y}"
         if a.tokens != b.tokens or len(a.top) != len(b.top):
@@ -188,8 +188,8 @@ def largest_logprob_gap(got: Sequence[Result], want: Sequence[Result]) -> float:
     """Largest |difference| of a logprob both sides report (a token in both top
     LOGPROBS), at the steps where the chosen tokens agree."""
     gaps = [0.0]
-    for a, b in zip(got, want):
-        for x, y in zip(a.top, b.top):
+    for a, b in zip(got, want, strict=False):
+        for x, y in zip(a.top, b.top, strict=False):
             if x[0][0] == y[0][0]:
                 theirs = dict(y)
                 gaps += [abs(lp - theirs[t]) for t, lp in x if t in theirs]
@@ -415,7 +415,7 @@ def device_block_digests(worker) -> dict[int, str]:
             block = blocks[b].contiguous()
             used[b] = used[b] or bool(block.any())
             digests[b].update(block.view(-1).view(torch.uint8).numpy().tobytes())
-    return {b: d.hexdigest() for b, (d, u) in enumerate(zip(digests, used)) if u}
+    return {b: d.hexdigest() for b, (d, u) in enumerate(zip(digests, used, strict=False)) if u}
 
 
 def prefix_cached_blocks(llm) -> dict[object, list[int]]:

@@ -15,6 +15,7 @@ parity.json says which units ran and which were kept.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import shutil
@@ -148,14 +149,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{mode} session {session.name}",
                 args.resume,
                 mark,
-                lambda: session_unit(args, mode, session),
+                functools.partial(session_unit, args, mode, session),
             )
             cells += done["cells"]
             overhead.append(done["overhead"])
             units[name] = "kept" if done["kept"] else "ran"
         name = f"{mode}-end-to-end"
         done = unit(
-            args.out, name, f"{mode} end to end", args.resume, mark, lambda: {"cells": [e2e.run(model, mode).as_dict()]}
+            args.out,
+            name,
+            f"{mode} end to end",
+            args.resume,
+            mark,
+            lambda mode=mode: {"cells": [e2e.run(model, mode).as_dict()]},
         )
         cells += done["cells"]
         units[name] = "kept" if done["kept"] else "ran"

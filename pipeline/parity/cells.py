@@ -26,7 +26,7 @@ class Cell:
 
 
 def _first_difference(a: list, b: list) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return f"observation {i} ({x[0]}): {str(x[1])[:120]} != {str(y[1])[:120]}"
     if len(a) != len(b):
@@ -110,7 +110,7 @@ def table(cells: list[Cell]) -> str:
     rows = [("mode", "scenario", "gating", "result", "observations", "note")]
     rows += [(c.mode, c.scenario, "yes" if c.gating else "no", c.result, str(c.observations), c.note) for c in cells]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for c in cells:
         if c.detail:

@@ -35,8 +35,8 @@ def _workload(llm) -> list[h.Result]:
 
 
 def _first_logprob_difference(a: list[h.Result], b: list[h.Result]) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
-        for step, (sx, sy) in enumerate(zip(x.top, y.top)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        for step, (sx, sy) in enumerate(zip(x.top, y.top, strict=False)):
             if sx != sy:
                 return f"request {i} step {step}: {sx[:2]} != {sy[:2]}"
     return ""

@@ -126,7 +126,10 @@ def pip_check_allowed(target: Target) -> dict[str, str]:
     overrides = load_overrides(overrides_file(target.name))
     if not overrides:
         return {}
-    ere = lambda s: s.replace(".", "\\.").replace("+", "\\+")  # names, versions: letters, digits, '.', '-', '_', '+'
+
+    def ere(s):  # names, versions: letters, digits, '.', '-', '_', '+'
+        return s.replace(".", "\\.").replace("+", "\\+")
+
     lines = [
         f"has requirement {ere(o['name'])}=={ere(o['pinned'])}, but you have {ere(o['name'])} {ere(o['instead'])}\\.$"
         for o in overrides.values()

@@ -22,7 +22,7 @@ from pipeline.audit.static import audit_wheel
 from pipeline.audit.wheel import Finding
 from pipeline.errors import AuditError, RebuildError
 from pipeline.paths import ROOT
-from pipeline.stages import audit, build
+from pipeline.stages import audit
 from tests.container.wheels import rewrite_wheel
 
 pytestmark = pytest.mark.container

@@ -256,7 +256,7 @@ def answers_with_8x_memory(llms, setting):
         for _ in range(2):
             h.flush_device_cache(llm)
             runs.append([h.generate(llm, batch) for batch in ROUNDS])
-        for n, (again, first) in enumerate(zip(runs[1], runs[0])):
+        for n, (again, first) in enumerate(zip(runs[1], runs[0], strict=False)):
             # Otherwise there is no bit-for-bit oracle to compare streaming with.
             bitwise(again, first, f"plain vLLM repeating round {n + 1} of the batch")
         return {"long": long, "batch": runs[0], "cudagraph_mode": cudagraph_mode(llm)}
@@ -288,8 +288,8 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     report = [
         f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
         f"{h.difference([g], [w]) or 'same'}"
-        for n, (got, want) in enumerate(zip(rounds, answers_with_8x_memory["batch"]))
-        for i, (g, w) in enumerate(zip(got, want))
+        for n, (got, want) in enumerate(zip(rounds, answers_with_8x_memory["batch"], strict=False))
+        for i, (g, w) in enumerate(zip(got, want, strict=False))
     ]
     assert all(line.endswith("same") for line in report), "\n".join(report)
     assert [r.num_cached_tokens for r in rounds[1]] == [len(SHARED)] * len(SUFFIXES), report
@@ -399,7 +399,7 @@ def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, an
         )
     got = compressed_homes_long(llms, setting, "native")
     gap = h.largest_logprob_gap(got, want)
-    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g.tokens, w.tokens))
+    same = sum(a == b for g, w in zip(got, want, strict=False) for a, b in zip(g.tokens, w.tokens, strict=False))
     total = sum(len(w.tokens) for w in want)
     figures.append(
         f"{setting['name']} compressed homes: {CONTEXT} tokens in the budget, {same}/{total} "

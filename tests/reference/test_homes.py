@@ -1,6 +1,7 @@
 """Home rows (reference/activekv_reference/homes.py): every block with content
 has one row of its own, and a request's blocks lie in long runs of rows."""
 
+import itertools
 import random
 
 import pytest
@@ -25,20 +26,20 @@ def check_invariants(homes: HomeRows) -> None:
         assert row not in owner, f"mapped row {row} is also {owner[row]}"
     assert len(owner) + len(mapped) == homes.num_rows
     runs = homes.free_runs()
-    assert all(a_end < b_start for (_, a_end), (b_start, _) in zip(runs, runs[1:])), (
+    assert all(a_end < b_start for (_, a_end), (b_start, _) in itertools.pairwise(runs)), (
         "free runs must be maximal (merged with their neighbours)"
     )
 
 
 def runs_of(rows: list[int]) -> int:
-    return 1 + sum(1 for a, b in zip(rows, rows[1:]) if b != a + 1)
+    return 1 + sum(1 for a, b in itertools.pairwise(rows) if b != a + 1)
 
 
 def copies_of(homes: HomeRows, blocks: list[int]) -> int:
     """Copies a staging of `blocks` takes: runs of consecutive rows whose
     block ids are consecutive too (the stage list is in row order)."""
     pairs = sorted((homes.row(b), b) for b in blocks)
-    return 1 + sum(1 for (r, b), (r2, b2) in zip(pairs, pairs[1:]) if (r2, b2) != (r + 1, b + 1))
+    return 1 + sum(1 for (r, b), (r2, b2) in itertools.pairwise(pairs) if (r2, b2) != (r + 1, b + 1))
 
 
 def test_sizes_follow_the_cache():
@@ -186,7 +187,7 @@ def test_a_long_running_server_stages_a_run_of_ids_in_about_one_copy():
             req = rng.choice(sorted(live))
             table = live.pop(req)
             blocks_per_copy.append(len(table) / copies_of(homes, table))
-            id_runs = 1 + sum(1 for a, b in zip(table, table[1:]) if abs(b - a) != 1)
+            id_runs = 1 + sum(1 for a, b in itertools.pairwise(table) if abs(b - a) != 1)
             blocks_per_id_run.append(len(table) / id_runs)
             homes.end_request(req)
             free.extend(reversed(table))

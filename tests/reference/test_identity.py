@@ -29,11 +29,11 @@ def test_one_key_per_full_block_and_partial_block_ignored():
 def test_key_commits_to_every_earlier_token():
     changed = list(TOKENS)
     changed[1] += 1  # a token in block 0
-    assert all(a != b for a, b in zip(keys(), keys(changed)))
+    assert all(a != b for a, b in zip(keys(), keys(changed), strict=False))
     changed = list(TOKENS)
     changed[13] += 1  # a token in block 3
     assert keys()[:3] == keys(changed)[:3]
-    assert all(a != b for a, b in zip(keys()[3:], keys(changed)[3:]))
+    assert all(a != b for a, b in zip(keys()[3:], keys(changed)[3:], strict=False))
 
 
 def test_salt_and_every_identity_field_separate_keys():

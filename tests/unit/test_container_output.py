@@ -9,7 +9,7 @@ from pipeline.container import echo_run_keeping_tail
 
 
 def test_keeps_the_last_lines_and_the_exit_status(capsys):
-    script = "import sys\nfor i in range(100): print(f'line {i}', file=sys.stderr if i % 2 else sys.stdout, flush=True)\nsys.exit(3)"
+    script = "import sys\nfor i in range(100): print(f'line {i}', file=sys.stderr if i % 2 else sys.stdout, flush=True)\nsys.exit(3)"  # noqa: E501
     status, tail = echo_run_keeping_tail([sys.executable, "-c", script], lines=5)
     assert status == 3
     assert tail.splitlines() == [f"line {i}" for i in range(95, 100)]

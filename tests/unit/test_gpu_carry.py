@@ -152,7 +152,8 @@ def test_pieces_are_staged_in_order_and_the_pinned_wheel_is_unpacked(tmp_path):
 
 
 def test_a_c0_of_another_archive_starts_the_stage_over(tmp_path):
-    carry, stage = packed(tmp_path), tmp_path / "stage"
+    stage = tmp_path / "stage"
+    packed(tmp_path)
     for n in (0, 1):
         assert take(tmp_path, n).returncode == 0
     packed(tmp_path)  # another archive: its wheel's bytes are new
@@ -370,7 +371,8 @@ def fake_python(tmp_path: Path) -> Path:
     torch's report says its cuDNN is older."""
     script = tmp_path / "python"
     script.write_text(r"""#!/usr/bin/env bash
-echo "PYTHONPATH=${PYTHONPATH:-} SKIP=${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-} CMAKE=${SKBUILD_CMAKE_DEFINE:-} :: $*" >> "$FAKE_LOG"
+skip=${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-}
+echo "PYTHONPATH=${PYTHONPATH:-} SKIP=$skip CMAKE=${SKBUILD_CMAKE_DEFINE:-} :: $*" >> "$FAKE_LOG"
 args=("$@")
 if [[ $1 == -m && $2 == pip ]]; then
   for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --target ]] && target=${args[i + 1]}; done

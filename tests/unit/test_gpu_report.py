@@ -169,7 +169,10 @@ def test_repeated_runs_of_a_point_count_by_their_median(tmp_path):
 def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
     """A peak read low at the start flatters the run's points: the one after
     the points (or before, whichever is higher) is the bus's."""
-    peak = lambda gbs, **when: "RESULT " + json.dumps({"part": "peak", "h2d_gbs": gbs, "d2h_gbs": 55.0, **when})
+
+    def peak(gbs, **when):
+        return "RESULT " + json.dumps({"part": "peak", "h2d_gbs": gbs, "d2h_gbs": 55.0, **when})
+
     low_first = run_file(
         tmp_path,
         "low.txt",
@@ -207,7 +210,10 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
 
 def test_each_goal_says_which_gpus_its_points_came_from(tmp_path):
     """The goals name the H200: a verdict whose points an H100 measured says so."""
-    peak = lambda **gpu: "RESULT " + json.dumps({"part": "peak", "h2d_gbs": 55.0, "d2h_gbs": 55.0, **gpu})
+
+    def peak(**gpu):
+        return "RESULT " + json.dumps({"part": "peak", "h2d_gbs": 55.0, "d2h_gbs": 55.0, **gpu})
+
     h100 = run_file(
         tmp_path, "h100.txt", peak(gpu="NVIDIA H100 80GB HBM3"), GRID_HEADER, result("grid"), peak(when="end")
     )
@@ -288,10 +294,10 @@ def test_compressed_homes_by_the_engines_default_against_their_bound_and_exact(t
     )
     _, verdict = goals_of(ok)
     assert line_of(verdict, "- compressed homes (").endswith(
-        "their bound: met at the one point on a GPU its file does not name; the worst decode 16k x1, 8 back to back: 1.097x"
+        "their bound: met at the one point on a GPU its file does not name; the worst decode 16k x1, 8 back to back: 1.097x"  # noqa: E501
     )
     assert line_of(verdict, "- compressed homes' tokens/s").endswith(
-        "exact homes': met at the one point on a GPU its file does not name; the worst decode 128k x1, 8 back to back: 1.930x"
+        "exact homes': met at the one point on a GPU its file does not name; the worst decode 128k x1, 8 back to back: 1.930x"  # noqa: E501
     )
     slow = run_file(
         tmp_path,

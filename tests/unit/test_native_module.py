@@ -433,7 +433,7 @@ def test_streaming_steps_are_bitwise_the_reference():
             per_step,
         )
     ref, nat = runs["reference"], runs["native"]
-    for step, (a, b) in enumerate(zip(ref[0], nat[0])):
+    for step, (a, b) in enumerate(zip(ref[0], nat[0], strict=False)):
         for name in a:
             assert torch.equal(a[name].view(torch.int16), b[name].view(torch.int16)), (step, name)
     assert nat[1] == ref[1] and len(nat[1]) == 4

@@ -74,10 +74,15 @@ def test_every_series_makes_the_same_changes(version):
     same files, the sizing file aside, and, but for the sizing (rewritten),
     the same added lines, so one native module serves all three."""
     other, ref = (patch_series.load_series(v) for v in (version, "0.32.0"))
+
+    def sizing(v, p):
+        return [f for f in patch_series.touched_files(p) if f != SIZING_FILE[v]]
+
+    def added(v, p):
+        return [t for f, _, t in patch_series.added_blocks(p) if f != SIZING_FILE[v]]
+
     for a, b in zip(other.patches, ref.patches, strict=True):
-        sizing = lambda v, p: [f for f in patch_series.touched_files(p) if f != SIZING_FILE[v]]
         assert sizing(version, a) == sizing("0.32.0", b)
-        added = lambda v, p: [t for f, _, t in patch_series.added_blocks(p) if f != SIZING_FILE[v]]
         assert added(version, a) == added("0.32.0", b)
 
 

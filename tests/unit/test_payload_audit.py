@@ -143,8 +143,10 @@ def write_wheel(path: Path, entries: dict[str, bytes] | list[Entry], *, record: 
     return path
 
 
-def wheel_with(tmp_path: Path, *, add: dict[str, bytes] = {}, drop: Iterable[str] = (), name: str = WHEEL_NAME) -> Path:
-    files = good_files() | add
+def wheel_with(
+    tmp_path: Path, *, add: dict[str, bytes] | None = None, drop: Iterable[str] = (), name: str = WHEEL_NAME
+) -> Path:
+    files = good_files() | (add or {})
     for n in drop:
         del files[n]
     return write_wheel(tmp_path / "wheels" / name, files)

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import signing
 from pipeline.errors import PublishError
-from pipeline.stages import manifest, publish
+from pipeline.stages import publish
 
 from tests.small_release import PATCH, VERSION, WHEEL, entry, small_release  # noqa: F401
 

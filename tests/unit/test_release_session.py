@@ -23,7 +23,7 @@ from tests.unit.test_release_run import a_run, key  # noqa: F401  (the key fixtu
 # --- the cheap checks, before the expensive install -----------------------------------
 
 
-def test_preflight_prints_the_plan_and_refuses_a_dirty_tree_unless_allowed(key, tmp_path, capsys):
+def test_preflight_prints_the_plan_and_refuses_a_dirty_tree_unless_allowed(key, tmp_path, capsys):  # noqa: F811  (the key fixture)
     repo = tmp_path / "repo"
     repo.mkdir()
 

@@ -77,7 +77,7 @@ def expected(plain):
     def tokens_for(prompts):
         todo = list(dict.fromkeys(tuple(p) for p in prompts if tuple(p) not in memo))
         if todo:
-            for p, r in zip(todo, plain(todo)):
+            for p, r in zip(todo, plain(todo), strict=False):
                 memo[p] = r.tokens
         return [memo[tuple(p)] for p in prompts]
 

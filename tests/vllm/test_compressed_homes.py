@@ -68,7 +68,9 @@ def test_compressed_homes_serve_8x_the_context_within_the_bound(
     assert ours_differs == "", f"compressed homes gave different answers on two runs: {ours_differs}"
     want = answer_with_8x_memory
     gap = h.largest_logprob_gap(runs[0], want)
-    same = sum(a == b for got, ref in zip(runs[0], want) for a, b in zip(got.tokens, ref.tokens))
+    same = sum(
+        a == b for got, ref in zip(runs[0], want, strict=False) for a, b in zip(got.tokens, ref.tokens, strict=False)
+    )
     total = sum(len(ref.tokens) for ref in want)
     figures.append(
         f"compressed homes ({connector}): {h.STREAMING_CONTEXT} tokens in budget M; {same}/{total} "

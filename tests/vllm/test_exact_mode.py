@@ -133,7 +133,7 @@ def test_mixed_concurrent_batch(batch_llm, expected, figures):
     # Second pass: vLLM's cache was dropped, so every reusable token of every
     # prompt is either loaded from the host store or shared within the batch.
     reusable = [h.reusable_tokens(len(p)) for p in batch]
-    assert all(r.num_cached_tokens == n for r, n in zip(second, reusable))
+    assert all(r.num_cached_tokens == n for r, n in zip(second, reusable, strict=False))
     assert warm["hit_tokens"] >= h.reusable_tokens(len(batch[0]))
     assert cold["stored_blocks"] > 0
     assert not h.check_reloads(second, own_hits)

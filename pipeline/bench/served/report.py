@@ -223,10 +223,10 @@ def plot(table, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
         for engine, points in engines.items():
             rates = sorted(points)
-            for ax, key in zip(axes, ("ttft_p50_ms", "ttft_p99_ms", "output_tok_s")):
+            for ax, key in zip(axes, ("ttft_p50_ms", "ttft_p99_ms", "output_tok_s"), strict=True):
                 ys = [points[r].get(key) for r in rates]
                 ax.plot(rates, [float("nan") if y is None else y for y in ys], marker="o", label=engine)
-        for ax, title in zip(axes, ("TTFT p50 (ms)", "TTFT p99 (ms)", "output tokens/s")):
+        for ax, title in zip(axes, ("TTFT p50 (ms)", "TTFT p99 (ms)", "output tokens/s"), strict=True):
             ax.set_xlabel("request rate (requests/s)")
             ax.set_title(title)
             ax.grid(alpha=0.3)

@@ -200,7 +200,7 @@ async def open_loop_point(
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         tasks = []
         due = t0
-        for gap, (tags, prompt) in zip(wl.arrival_gaps(w, rate, len(prompts)), prompts):
+        for gap, (tags, prompt) in zip(wl.arrival_gaps(w, rate, len(prompts)), prompts, strict=True):
             due += gap
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             tasks.append(asyncio.create_task(_timed(url, session, prompt, w.answer_tokens, t0, progress, **tags)))
