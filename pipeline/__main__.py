@@ -93,6 +93,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="parity, with --engine-wheel: where the record goes (default build/release/<target>/parity.json)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="parity, with --engine-wheel: the harness's units run at once, each in a process "
+        "of its own (a GPU host with cores and GPU memory to spare: 4)",
+    )
+    parser.add_argument(
         "--key",
         help="manifest: the Ed25519 signing key (PEM, mode 0600; or "
         "ACTIVEKV_SIGNING_KEY; passphrase: ACTIVEKV_SIGNING_KEY_PASSPHRASE or asked)",
@@ -118,6 +125,8 @@ def options(args: argparse.Namespace) -> Options:
         )
     if args.out is not None and not all(given):
         raise ConfigError("--out is the record of `parity --engine-wheel W --vllm-wheel V`")
+    if args.jobs < 1 or (args.jobs > 1 and not all(given)):
+        raise ConfigError(f"--jobs {args.jobs}: 1 or more, for `parity --engine-wheel W --vllm-wheel V`")
     for flag, path in (("--engine-wheel", args.engine_wheel), ("--vllm-wheel", args.vllm_wheel)):
         if path is not None and not path.is_file():
             raise ConfigError(f"{flag} {path}: not a file")
@@ -131,6 +140,7 @@ def options(args: argparse.Namespace) -> Options:
         parity_evidence=evidence,
         parity_wheels=(args.engine_wheel.resolve(), args.vllm_wheel.resolve()) if all(given) else None,
         parity_out=args.out.resolve() if args.out is not None else None,
+        parity_jobs=args.jobs,
     )
 
 

@@ -33,6 +33,7 @@ class Options:
     # vLLM wheel) to run the gate on, and where its record goes.
     parity_wheels: tuple[Path, Path] | None = None
     parity_out: Path | None = None
+    parity_jobs: int = 1
 
 
 class Run:

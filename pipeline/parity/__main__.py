@@ -1,6 +1,6 @@
 """`python -m pipeline.parity`: record, replay, judge; exit 1 on a failed gating cell.
 
-    python -m pipeline.parity --out build/parity [--modes exact compressed] [--device cuda] [--resume]
+    python -m pipeline.parity --out build/parity [--modes exact compressed] [--device cuda] [--resume] [--jobs N]
 
 The work is done in units: each session (recorded in one vLLM, replayed by
 both engines, judged) and each mode's end-to-end cell. A unit's result is
@@ -10,6 +10,10 @@ sources; the device); --resume takes a unit whose fingerprint matches instead
 of running it again: a release run again on the same wheels, or a GPU host
 whose commands may run only so long, where each vLLM start costs 40 s.
 parity.json says which units ran and which were kept.
+
+--jobs N runs N units at once, each in a process of its own (a GPU host with
+cores and GPU memory to spare: most of a unit is vLLM starting); the record
+is the one a run of one job writes.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ import argparse
 import functools
 import hashlib
 import json
+import os
+import queue
 import shutil
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..harness import vllm_harness as h
@@ -66,19 +75,31 @@ def fingerprint(device: str) -> str:
     return digest.hexdigest()
 
 
+def kept_unit(out: Path, name: str, mark: str) -> dict | None:
+    """The unit's result an earlier run left in OUT/units, if the same bytes made it."""
+    path = out / "units" / f"{name}.json"
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text())
+    return kept if kept.get("fingerprint") == mark else None
+
+
 def unit(out: Path, name: str, label: str, resume: bool, mark: str, run) -> dict:
     """A unit's result ({"cells": [...], "overhead": ...}): kept from an earlier
     run under the same fingerprint (`mark`) with --resume, else run and kept."""
     path = out / "units" / f"{name}.json"
-    if resume and path.is_file():
-        kept = json.loads(path.read_text())
-        if kept.get("fingerprint") == mark:
-            print(f"parity: {label}: kept from an earlier run ({path.name}, same fingerprint)", flush=True)
-            return {**kept, "kept": True}
+    kept = kept_unit(out, name, mark) if resume else None
+    if kept is not None:
+        print(f"parity: {label}: kept ({path.parent.name}/{path.name}, same fingerprint)", flush=True)
+        return {**kept, "kept": True}
     result = {"fingerprint": mark, **run()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return {**result, "kept": False}
+
+
+def end_to_end_unit(model: Path, mode: str) -> dict:
+    return {"cells": [e2e.run(model, mode).as_dict()]}
 
 
 def session_unit(args, mode: str, session: Session) -> dict:
@@ -116,6 +137,38 @@ def session_unit(args, mode: str, session: Session) -> dict:
     return {"cells": [c.as_dict() for c in cells], "overhead": overhead}
 
 
+def run_in_jobs(args, names: list[str]) -> None:
+    """Each unit in a process of its own (`--units NAME`), `args.jobs` at a
+    time; each job's output goes to OUT/jobs/NAME.log. A unit that failed
+    in its job is left for the caller's own run, where its error shows."""
+    logs = args.out / "jobs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # A compile cache per slot: jobs of the same shapes must not write one
+    # cache at once; a slot's later units reuse what its first compiled.
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(args.jobs):
+        slots.put(slot)
+    common = ["--out", str(args.out), "--cache", str(args.cache), "--device", args.device, "--modes", *args.modes]
+
+    def job(name: str) -> None:
+        slot = slots.get()
+        start = time.monotonic()
+        try:
+            env = dict(os.environ, VLLM_CACHE_ROOT=str(args.out / "jobs" / f"vllm-cache-{slot}"))
+            command = [sys.executable, "-m", "pipeline.parity", *common, "--units", name]
+            with (logs / f"{name}.log").open("w") as log:
+                code = subprocess.run(
+                    command + (["--resume"] if args.resume else []), stdout=log, stderr=subprocess.STDOUT, env=env
+                ).returncode
+            outcome = "done" if code == 0 else f"FAILED (exit {code}; {logs.name}/{name}.log)"
+            print(f"parity: job {name}: {outcome} in {time.monotonic() - start:.0f} s", flush=True)
+        finally:
+            slots.put(slot)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(job, names))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.parity")
     parser.add_argument("--out", type=Path, default=PARITY_DIR)
@@ -132,39 +185,52 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the units an earlier run left in OUT/units under the same fingerprint",
     )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="units run at once, each in a process of its own (default 1)"
+    )
+    parser.add_argument("--units", nargs="+", help=argparse.SUPPRESS)  # a job's share: these units, no record
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more")
 
     h.reference_on_path()
     model = tiny_llama(args.cache)
+    # Every unit: (name, label, what runs it); sessions record on a model of their own depth.
+    plan: list[tuple[str, str, object]] = []
+    for mode in args.modes:
+        for session in sessions(mode):
+            tiny_llama(args.cache, session.num_layers)  # made once, before any job needs it
+            run = functools.partial(session_unit, args, mode, session)
+            plan.append((f"{mode}-{session.name}", f"{mode} session {session.name}", run))
+        plan.append((f"{mode}-end-to-end", f"{mode} end to end", functools.partial(end_to_end_unit, model, mode)))
+    if args.units:
+        unknown = set(args.units) - {name for name, _, _ in plan}
+        if unknown:
+            parser.error(f"--units: no such unit {sorted(unknown)} (units: {', '.join(n for n, _, _ in plan)})")
+        mark = fingerprint(args.device)
+        for name, label, run in plan:
+            if name in args.units:
+                unit(args.out, name, label, args.resume, mark, run)
+        return 0
     mark = fingerprint(args.device)
+    kept_before: set[str] = set()
+    if args.jobs > 1:
+        if args.resume:
+            kept_before = {name for name, _, _ in plan if kept_unit(args.out, name, mark) is not None}
+        else:  # the jobs' units are this run's: none from before may be kept
+            shutil.rmtree(args.out / "units", ignore_errors=True)
+        run_in_jobs(args, [name for name, _, _ in plan if name not in kept_before])
     cells: list[dict] = []
     overhead: list[dict] = []
     units: dict[str, str] = {}
-    for mode in args.modes:
-        for session in sessions(mode):
-            name = f"{mode}-{session.name}"
-            done = unit(
-                args.out,
-                name,
-                f"{mode} session {session.name}",
-                args.resume,
-                mark,
-                functools.partial(session_unit, args, mode, session),
-            )
-            cells += done["cells"]
-            overhead.append(done["overhead"])
-            units[name] = "kept" if done["kept"] else "ran"
-        name = f"{mode}-end-to-end"
-        done = unit(
-            args.out,
-            name,
-            f"{mode} end to end",
-            args.resume,
-            mark,
-            lambda mode=mode: {"cells": [e2e.run(model, mode).as_dict()]},
-        )
+    for name, label, run in plan:
+        # After the jobs, each unit is kept from its job (one that failed there runs here).
+        done = unit(args.out, name, label, args.resume or args.jobs > 1, mark, run)
         cells += done["cells"]
-        units[name] = "kept" if done["kept"] else "ran"
+        if "overhead" in done:
+            overhead.append(done["overhead"])
+        kept = name in kept_before if args.jobs > 1 else done["kept"]
+        units[name] = "kept" if kept else "ran"
     print(table([Cell(**c) for c in cells]))
     print(
         "\nper-step connector time on the same recordings (inside connector calls only; "

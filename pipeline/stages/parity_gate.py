@@ -134,7 +134,13 @@ def given_wheels(target: Target, engine_wheel: Path, vllm_wheel: Path) -> list[d
 
 
 def run_on_accelerator_host(
-    target: Target, engine_wheel: Path, vllm_wheel: Path, out: Path, *, python: Path = Path(sys.executable)
+    target: Target,
+    engine_wheel: Path,
+    vllm_wheel: Path,
+    out: Path,
+    *,
+    python: Path = Path(sys.executable),
+    jobs: int = 1,
 ) -> dict:
     """`python -m pipeline parity --target T --engine-wheel W --vllm-wheel V`
     on a host with the target's accelerator: the gate on the given wheels,
@@ -149,6 +155,7 @@ def run_on_accelerator_host(
         python,
         needs_accelerator=target.accelerator != "cpu",
         resume=True,
+        jobs=jobs,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
@@ -202,6 +209,7 @@ def run_here(
     *,
     needs_accelerator: bool = False,
     resume: bool = False,
+    jobs: int = 1,
 ) -> dict:
     """Install the wheels apart into `work`, check what imports is theirs
     (and, with needs_accelerator, that torch sees the target's
@@ -257,7 +265,7 @@ def run_here(
             )
     for w in ran:
         check_installed(w["path"], site)
-    harness = run_harness(target, python, env, work / "harness", resume=resume)
+    harness = run_harness(target, python, env, work / "harness", resume=resume, jobs=jobs)
     cells = harness["cells"]
     shutil.rmtree(site)  # the installed wheels served the run; vLLM's thousands of files go
     return {
@@ -273,7 +281,9 @@ def run_here(
     }
 
 
-def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False) -> dict:
+def run_harness(
+    target: Target, python: Path, env: dict[str, str], out: Path, *, resume: bool = False, jobs: int = 1
+) -> dict:
     """The parity harness's report (its cells, and which units ran or were
     kept), run with `python` on the installed wheels (`env` puts them first
     on the import path): the one call of the harness, where a target's own
@@ -288,6 +298,7 @@ def run_harness(target: Target, python: Path, env: dict[str, str], out: Path, *,
             "--device",
             target.accelerator,
             *(["--resume"] if resume else []),
+            *(["--jobs", str(jobs)] if jobs > 1 else []),
         ],
         env=env,
     )
@@ -362,7 +373,7 @@ def execute(run: Run) -> None:
             raise ParityError("--engine-wheel and --vllm-wheel are one target's: name it with --target")
         (target,) = run.targets
         out = run.options.parity_out or paths.target_dir(target.name) / RECORD
-        record = run_on_accelerator_host(target, *given, out)
+        record = run_on_accelerator_host(target, *given, out, jobs=run.options.parity_jobs)
         run.say(
             f"{target.name}: parity gate passed on {record['host']['device'] or record['host']['accelerator']} "
             f"({sum(c['gating'] for c in record['cells'])} gating cells) on "
