@@ -67,6 +67,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..harness.vllm_harness import shutdown
+
 GIB = 1 << 30
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -165,14 +167,6 @@ def make_llm(
         ),
         **kw,
     )
-
-
-def shutdown(llm) -> None:
-    import gc
-
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
 
 
 def timed_generate(llm, prompt: list[int], salt: str, max_tokens: int = 1) -> float:

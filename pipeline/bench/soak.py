@@ -185,12 +185,7 @@ def run(args) -> int:
     )
     out_path = args.out or Path("bench/soak") / f"{args.engine}.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    server = Server(
-        path,
-        [*flags, *engine.server_args(host_bytes)],
-        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(host_bytes)},
-        out_path.with_suffix(".server.log"),
-    )
+    server = Server.for_engine(path, flags, engine, host_bytes, out_path.with_suffix(".server.log"))
     requests: list[dict] = []
     samples: list[dict] = []
     print(

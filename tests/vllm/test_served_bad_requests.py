@@ -35,11 +35,13 @@ def server(tmp_path_factory):
     path, _ = model_dir("tiny")
     engine = eng.ENGINES["activekv-exact"]
     # Dev mode: POST /reset_prefix_cache empties vLLM's own cache, so a hit can only be the host store's.
-    s = Server(
+    s = Server.for_engine(
         path,
-        [*FLAGS, *engine.server_args(HOST_BYTES)],
-        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_SERVER_DEV_MODE": "1", **engine.server_env(HOST_BYTES)},
+        FLAGS,
+        engine,
+        HOST_BYTES,
         tmp_path_factory.mktemp("bad-requests") / "server.log",
+        env={"VLLM_SERVER_DEV_MODE": "1"},
     )
     s.start(600)
     yield s

@@ -42,12 +42,7 @@ def prompts(seed: int, vocab: int) -> list[list[int]]:
 def server(tmp_path, name: str, store) -> Server:
     path, _ = model_dir("tiny")
     engine = eng.with_options(eng.ENGINES["activekv-exact"], {"store_path": str(store)})
-    return Server(
-        path,
-        [*FLAGS, *engine.server_args(HOST_BYTES)],
-        {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **engine.server_env(HOST_BYTES)},
-        tmp_path / f"{name}.log",
-    )
+    return Server.for_engine(path, FLAGS, engine, HOST_BYTES, tmp_path / f"{name}.log")
 
 
 async def ask(url: str, prompt: list[int]) -> dict:

@@ -150,7 +150,6 @@ def run(args) -> int:
     if unknown:
         raise SystemExit(f"--engines: no engine {', '.join(unknown)}; one of {', '.join(eng.ENGINES)}")
     path, vocab = model_dir(args.model)
-    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     failed = []
     for name in names:
         engine = eng.ENGINES[name]
@@ -164,7 +163,7 @@ def run(args) -> int:
                 w=w,
                 engine=engine,
                 server_args=server_flags(args, w),
-                server_env=env,
+                server_env={},
                 start_timeout_s=args.start_timeout,
                 force=args.force,
                 workers=args.tensor_parallel_size,

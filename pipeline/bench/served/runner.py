@@ -268,15 +268,15 @@ def run_sweep(
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
-    args = [*server_args, *engine.server_args(host_bytes, workers)]
-    env = {**server_env, **engine.server_env(host_bytes, workers)}
-    server = Server(model_dir, args, env, path.with_suffix(".server.log"))
+    server = Server.for_engine(
+        model_dir, server_args, engine, host_bytes, path.with_suffix(".server.log"), workers=workers, env=server_env
+    )
     run_line = {
         "type": "run",
         "engine": engine.name,
         "workload": asdict(w),
-        "server_args": args,
-        "server_env": env,
+        "server_args": server.args,
+        "server_env": server.extra_env,
         "workers": workers,
         "machine": machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

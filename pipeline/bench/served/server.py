@@ -51,9 +51,36 @@ class Server:
             str(self.port),
             *args,
         ]
+        self.args, self.extra_env = list(args), dict(env)
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+
+    @classmethod
+    def for_engine(
+        cls,
+        model_dir: Path,
+        flags: list[str],
+        engine,
+        host_bytes: int,
+        log_path: Path,
+        *,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> Server:
+        """`vllm serve` with the shared flags and one engine's (its connector
+        and host tier at `host_bytes`, split over `workers`): the one way the
+        benchmark, the soak and the served tests start a server."""
+        return cls(
+            model_dir,
+            [*flags, *engine.server_args(host_bytes, workers)],
+            {
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # the connector's metadata crosses processes
+                **(env or {}),
+                **engine.server_env(host_bytes, workers),
+            },
+            log_path,
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.is_file():
