@@ -225,7 +225,7 @@ fi
   printf 'export ACTIVEKV_UNPATCHED_VLLM=%q ACTIVEKV_TEST_CACHE=%q\n' "$ACTIVEKV_UNPATCHED_VLLM" "$ACTIVEKV_TEST_CACHE"
   [[ -z ${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-} ]] || echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
 } > "$WORK/env.sh"
-echo "+ for later runs here (python -m pipeline parity, pipeline.bench.served, pipeline.bench.soak): source $WORK/env.sh"
+echo "+ for later runs here (python -m pipeline parity, bench.served, bench.soak): source $WORK/env.sh"
 "$python" -c 'import torch, activekv, vllm; from vllm import LLM; print("torch", torch.__version__, "activekv from", activekv.__file__); print("vllm", vllm.__version__, "offers", activekv.vllm_features())'
 # vLLM and its dependencies warn at import on this stack: the warnings are not ours to fail on.
 exec "$python" -m pytest -m gpu tests/gpu -o filterwarnings=default -ra "${pytest_args[@]}"

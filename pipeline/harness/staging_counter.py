@@ -1,5 +1,5 @@
 """The reference connector with each streaming step's staging counted, for
-pipeline.bench.staging_copies (never shipped). The reference decides the
+bench.staging_copies (never shipped). The reference decides the
 same home rows as the native engine (homes.py mirrors home_rows.h).
 
 Per step with blocks to stage, in STEPS: the blocks, the copies their staging

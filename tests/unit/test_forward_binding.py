@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipeline.bench import runs
+from bench import runs
 
 
 def test_unbound_by_default_and_one_place_per_cpu():

@@ -1,4 +1,4 @@
-"""pipeline.bench.gpu_report --goals: the layer-streaming goals read from streaming_bench's
+"""bench.gpu_report --goals: the layer-streaming goals read from streaming_bench's
 output and gpu_vllm's JSON, point by point. Only the engine's own copy method
 and layout count, repeated runs of a point count by their median, settings that
 make another point stay apart, wrong bytes fail whatever the speed, a goal with
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench import gpu_report
+from bench import gpu_report
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "bench" / "raw"
@@ -389,7 +389,7 @@ def test_the_grid_header_is_printed_as_the_report_reads_it():
 
 def cli(*args: Path | str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.bench.gpu_report", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "bench.gpu_report", *map(str, args)], cwd=ROOT, capture_output=True, text=True
     )
 
 

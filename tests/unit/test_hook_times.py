@@ -1,12 +1,12 @@
 """HookClock: the CPU streaming benchmark's split of a step's time
-(pipeline/bench/hook_times.py)."""
+(bench/hook_times.py)."""
 
 import gc
 import time
 
 import pytest
 
-from pipeline.bench.hook_times import GC_LABELS, HookClock
+from bench.hook_times import GC_LABELS, HookClock
 
 
 class Runner:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bench.served import __main__ as served
-from pipeline.bench.served import report, runner, server
-from pipeline.bench.served import workloads as wl
-from pipeline.bench.served.engines import ENGINES, with_options
+from bench.served import __main__ as served
+from bench.served import report, runner, server
+from bench.served import workloads as wl
+from bench.served.engines import ENGINES, with_options
 
 W = wl.scaled(wl.WORKLOADS["doc-qa"], documents=5, document_tokens=(50, 80), requests=12)
 VOCAB = 1000

@@ -3,7 +3,7 @@
 import os
 import threading
 
-from pipeline.bench import soak
+from bench import soak
 
 
 def test_the_process_group_of_this_test_is_read_from_proc():

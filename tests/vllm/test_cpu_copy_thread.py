@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from pipeline.bench import runs
+from bench import runs
 from pipeline.harness import vllm_harness as h
 
 pytestmark = pytest.mark.vllm

@@ -15,9 +15,9 @@ import zlib
 
 import pytest
 
-from pipeline.bench.served import engines as eng
-from pipeline.bench.served.__main__ import model_dir, vllm_flags
-from pipeline.bench.served.server import MODEL_NAME, Server
+from bench.served import engines as eng
+from bench.served.__main__ import model_dir, vllm_flags
+from bench.served.server import MODEL_NAME, Server
 
 pytestmark = pytest.mark.vllm
 

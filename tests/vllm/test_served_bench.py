@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from pipeline.bench.served import __main__ as served
-from pipeline.bench.served import report, runner
+from bench.served import __main__ as served
+from bench.served import report, runner
 
 pytestmark = pytest.mark.vllm
 

@@ -18,10 +18,10 @@ import signal
 
 import pytest
 
-from pipeline.bench.served import engines as eng
-from pipeline.bench.served.__main__ import model_dir, vllm_flags
-from pipeline.bench.served.client import complete
-from pipeline.bench.served.server import Server
+from bench.served import engines as eng
+from bench.served.__main__ import model_dir, vllm_flags
+from bench.served.client import complete
+from bench.served.server import Server
 
 pytestmark = pytest.mark.vllm
 

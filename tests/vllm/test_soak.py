@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from pipeline.bench import soak
+from bench import soak
 
 pytestmark = pytest.mark.vllm
 

@@ -1,7 +1,7 @@
 """Time to first token of a 2k-token prompt in vLLM (CPU): prefix from the host
 store vs recomputed, for the reference and the native engine.
 
-    python -m pipeline.bench.ttft [--repeats 5] [--out FILE.json]
+    python -m bench.ttft [--repeats 5] [--out FILE.json]
 
 What is timed: one LLM.generate of the prompt for 1 token (greedy), wall
 clock, after vLLM's own prefix cache is flushed. "Recompute" gives each
@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import tiny_llama
 from . import runs
 
 PROMPT_TOKENS = 2048 + 9
@@ -83,7 +83,7 @@ def report(record: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.ttft")
+    parser = argparse.ArgumentParser(prog="python -m bench.ttft")
     parser.add_argument("--repeats", type=int, default=5)
     runs.add_run_arguments(parser)
     args = parser.parse_args()
@@ -91,7 +91,7 @@ def main() -> None:
     model = tiny_llama(args.cache)
     prompt = h.random_tokens(random.Random(0), PROMPT_TOKENS)
     record: dict[str, Any] = {
-        "command": "python -m pipeline.bench.ttft " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.ttft " + " ".join(sys.argv[1:]),
         "environment": runs.environment(),
         "prompt_tokens": PROMPT_TOKENS,
         "repeats": args.repeats,

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from pipeline.bench.served.server import MODEL_NAME
+from bench.served.server import MODEL_NAME
 
 
 def _ids_of_text(text: str) -> list[int]:

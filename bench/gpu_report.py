@@ -6,12 +6,12 @@ docs/benchmarks/history.md quotes, including the Arc Pro B60 table, which is *co
 from the H200's measured ratios and the card's published link and memory
 figures, never measured.
 
-    python -m pipeline.bench.gpu_report bench/raw/<run>.txt [--plot PNG] [--trace TRACE.json.gz ...]
-    python -m pipeline.bench.gpu_report --goals bench/raw/<grid>.txt bench/raw/<compressed>.txt
+    python -m bench.gpu_report bench/raw/<run>.txt [--plot PNG] [--trace TRACE.json.gz ...]
+    python -m bench.gpu_report --goals bench/raw/<grid>.txt bench/raw/<compressed>.txt
 
 --goals says, point by point, whether the layer-streaming goals are met by the runs
 given (several runs of a point: their median). It also reads
-`python -m pipeline.bench.gpu_vllm streaming --out X.json`'s JSON for the goal
+`python -m bench.gpu_vllm streaming --out X.json`'s JSON for the goal
 inside vLLM. Exit 0: every goal measured and met; 1: one missed; 3: none
 missed, some not measured; 2: input it cannot read.
 
@@ -41,7 +41,7 @@ WEIGHT_BYTES = 16.06e9
 # its bound, copied by the engine's own method. Compressed homes, by the
 # engine's default on CUDA (fused codec kernels, batched copies): at most 1.10x
 # their bound, and at least 1.6x exact homes' tokens/s at 128k decode. Inside
-# vLLM (pipeline.bench.gpu_vllm streaming's JSON): a decode step at most 1.10x
+# vLLM (bench.gpu_vllm streaming's JSON): a decode step at most 1.10x
 # the bus's bound, exact and compressed homes alike.
 EXACT_GOAL = 1.05
 COMPRESSED_GOAL = 1.10

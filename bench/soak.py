@@ -1,6 +1,6 @@
 """ActiveKV under a long served load: nothing lost, nothing creeping.
 
-    python -m pipeline.bench.soak [--engine activekv-exact] [--duration-s 600]
+    python -m bench.soak [--engine activekv-exact] [--duration-s 600]
         [--model tiny|llama3-8b] [--concurrency 16] [--cancel-share 0.2]
         [--prefixes 48] [--prefix-tokens 256] [--host-gib G] [--kv-blocks N | --kv-budget-gib G]
         [--block-size B] [--eager] [--out bench/soak/ENGINE.jsonl] [--plot FILE.png]
@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.bench.served import engines as eng
-from pipeline.bench.served.client import complete
-from pipeline.bench.served.server import Server
+from bench.served import engines as eng
+from bench.served.client import complete
+from bench.served.server import Server
 
 GIB = 1 << 30
 # What is sampled from each process of the server's group (/proc/PID/status, kB).
@@ -170,7 +170,7 @@ def settle(server: Server, timeout_s: float) -> dict[str, float]:
 
 
 def run(args) -> int:
-    from pipeline.bench.served.__main__ import model_dir, vllm_flags
+    from bench.served.__main__ import model_dir, vllm_flags
 
     engine = eng.ENGINES[args.engine]
     path, vocab = model_dir(args.model)
@@ -285,7 +285,7 @@ def plot(samples: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engine", default="activekv-exact", choices=list(eng.ENGINES))
     parser.add_argument("--duration-s", type=float, default=600)

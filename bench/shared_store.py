@@ -1,7 +1,7 @@
 """The host store on a file (store_path), in vLLM on CPU: what a restart's first
 request costs, and the host memory of two vLLM instances on one host.
 
-    python -m pipeline.bench.shared_store [--blocks 2048] [--out FILE.json]
+    python -m bench.shared_store [--blocks 2048] [--out FILE.json]
 
 restart: one vLLM with a store file in /dev/shm serves a prompt (recompute,
 timed: it also saves the prompt's blocks), is shut down, and a new vLLM on the
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import tiny_llama
 from . import runs
 
 PROMPT_TOKENS = 2048 + 9
@@ -163,7 +163,7 @@ def report(record: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.shared_store")
+    parser = argparse.ArgumentParser(prog="python -m bench.shared_store")
     parser.add_argument("--blocks", type=int, default=2048, help="the store's capacity in blocks")
     runs.add_run_arguments(parser)
     args = parser.parse_args()
@@ -172,7 +172,7 @@ def main() -> None:
     # Enough prompts to fill the store once (each stores its full blocks).
     prompts = -(-args.blocks // (PROMPT_TOKENS // h.BLOCK_SIZE))
     record: dict[str, Any] = {
-        "command": "python -m pipeline.bench.shared_store " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.shared_store " + " ".join(sys.argv[1:]),
         "environment": runs.environment(),
         "env": runs.reserve_cpus(args.reserved_cpus),
         "wait": runs.wait_until_idle(args.wait_load, args.max_wait),

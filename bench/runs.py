@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..paths import TEST_CACHE
+from pipeline.paths import TEST_CACHE
 
 
 def machine_state() -> dict[str, Any]:

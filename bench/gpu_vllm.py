@@ -2,13 +2,13 @@
 Llama-3-8B-geometry model with random weights made on the device (vLLM's
 load_format="dummy": 32 layers, 32 query heads, 8 KV heads of 128, bf16).
 
-    python -m pipeline.bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
-    python -m pipeline.bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
+    python -m bench.gpu_vllm ttft      [--lengths 8192,32768,131072] [--out FILE.json]
+    python -m bench.gpu_vllm streaming [--budgets-gib 4,16] [--contexts 32768,131072]
                                                 [--homes exact,compressed] [--resident-layers R]
                                                 [--async-scheduling on|off] [--settle off,on] [--repeats 3]
                                                 [--out FILE.json]
-    python -m pipeline.bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
-    python -m pipeline.bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
+    python -m bench.gpu_vllm decode    [--lengths 8192,32768,131072] [--out FILE.json]
+    python -m bench.gpu_vllm restart   [--lengths 32768,131072] [--store-dir /dev/shm] [--out FILE.json]
 
 Run by ci/gpu-vllm-check.sh's environment (its PYTHONPATH), in vLLM's
 default mode (compiled, FULL_AND_PIECEWISE CUDA graphs; PIECEWISE for a
@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..harness.vllm_harness import shutdown
+from pipeline.harness.vllm_harness import shutdown
 
 GIB = 1 << 30
 LLAMA3_8B = {
@@ -465,7 +465,7 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     global BLOCK
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.bench.gpu_vllm",
+        prog="python -m bench.gpu_vllm",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

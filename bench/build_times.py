@@ -1,6 +1,6 @@
 """Build times of a target: cold from nothing, and warm after a one-file change.
 
-    python -m pipeline.bench.build_times [--target cpu] [--skip-cold]
+    python -m bench.build_times [--target cpu] [--skip-cold]
 
 Cold: the target's images (the debootstrap base included) and the compiler
 cache are removed first, so the figure is images + compile + repair from

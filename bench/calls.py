@@ -2,7 +2,7 @@
 for the reference and the native engine (outside vLLM, vLLM's config classes).
 A no-op Python call is printed beside them: the floor of any call.
 
-    python -m pipeline.bench.calls [--repeats 5] [--number 100000]
+    python -m bench.calls [--repeats 5] [--number 100000]
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from ..harness import vllm_harness as h
-from ..parity.replay import scheduler_output_from_plain
-from ..harness.standalone import kv_cache_config, kv_caches, make_pair
+from pipeline.harness import vllm_harness as h
+from pipeline.parity.replay import scheduler_output_from_plain
+from pipeline.harness.standalone import kv_cache_config, kv_caches, make_pair
 
 NO_REQUESTS = {
     "cached_req_ids": [],
@@ -52,7 +52,7 @@ def idle_calls(impl: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.calls")
+    parser = argparse.ArgumentParser(prog="python -m bench.calls")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--number", type=int, default=100_000)
     args = parser.parse_args()

@@ -24,10 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.served import workloads as wl
-from pipeline.bench.served.client import complete
-from pipeline.bench.served.engines import GIB, Engine
-from pipeline.bench.served.server import Server
+from bench.served import workloads as wl
+from bench.served.client import complete
+from bench.served.engines import GIB, Engine
+from bench.served.server import Server
 
 
 def records_path(records: Path, workload: str, engine: str) -> Path:

@@ -1,12 +1,12 @@
 """ActiveKV served under load beside vLLM's offloading and LMCache.
 
-    python -m pipeline.bench.served run --workload multi-turn
+    python -m bench.served run --workload multi-turn
         [--engines plain,activekv-exact,activekv-compressed,vllm-offloading,lmcache]
         [--rates 1,2,4,8] [--records bench/served/records] [--model llama3-8b|tiny]
         [--kv-budget-gib G | --kv-blocks N] [--host-gib G] [--eager] [--block-size B]
         [--set users=8,turns=4,...] [--engine-option key=value] [--server-arg=--flag ...] [--force]
-    python -m pipeline.bench.served report [--records DIR] [--plots DIR] [--out FILE.md]
-    python -m pipeline.bench.served workloads
+    python -m bench.served report [--records DIR] [--plots DIR] [--out FILE.md]
+    python -m bench.served workloads
 
 `run` starts `vllm serve` (the OpenAI server; vLLM's default compiled mode
 unless --eager) once an engine, each with the same flags and memory, and
@@ -32,9 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.bench.served import engines as eng
-from pipeline.bench.served import workloads as wl
-from pipeline.bench.served.tokenizer import write_tokenizer
+from bench.served import engines as eng
+from bench.served import workloads as wl
+from bench.served.tokenizer import write_tokenizer
 
 DEFAULT_RECORDS = Path("bench/served/records")
 GIB = 1 << 30
@@ -48,8 +48,8 @@ def model_dir(which: str) -> tuple[Path, int]:
         path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny"))
         vocab = CONFIG["vocab_size"]
     else:
-        from pipeline.bench.gpu_vllm import LLAMA3_8B
-        from pipeline.bench.gpu_vllm import model_dir as llama_dir
+        from bench.gpu_vllm import LLAMA3_8B
+        from bench.gpu_vllm import model_dir as llama_dir
 
         path, vocab = llama_dir(), LLAMA3_8B["vocab_size"]
     write_tokenizer(path, vocab)
@@ -138,7 +138,7 @@ def server_flags(args, w: wl.Workload) -> list[str]:
 
 
 def run(args) -> int:
-    from pipeline.bench.served.runner import run_sweep
+    from bench.served.runner import run_sweep
 
     base = wl.WORKLOADS[args.workload]
     w = workload_with(base, args.set, args.rates)
@@ -178,11 +178,11 @@ def run(args) -> int:
 
 
 def report(args) -> int:
-    from pipeline.bench.served import report as rep
+    from bench.served import report as rep
 
     table = rep.load(args.records)
     if not table:
-        raise SystemExit(f"no records under {args.records}: run `python -m pipeline.bench.served run` first")
+        raise SystemExit(f"no records under {args.records}: run `python -m bench.served run` first")
     text = rep.markdown(table)
     print(text)
     if args.out:
@@ -195,7 +195,7 @@ def report(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.bench.served",
+        prog="python -m bench.served",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

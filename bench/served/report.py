@@ -17,8 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.served.engines import ENGINES
-from pipeline.bench.served.runner import read_records
+from bench.served.engines import ENGINES
+from bench.served.runner import read_records
 
 PEERS = ("plain", "vllm-offloading", "lmcache")
 
