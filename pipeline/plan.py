@@ -13,7 +13,7 @@ from pipeline import signing, source
 from pipeline.paths import LOCAL_REGISTRY_DIR, ROOT, relative
 from pipeline.run import Run
 from pipeline.stages.parity_gate import RUNS_HERE
-from pipeline.stages.publish import LOCAL_REGISTRY_ADDR
+from pipeline.publishing.registry import LOCAL_REGISTRY_ADDR
 from pipeline.stages.runtime_image import image_name
 
 

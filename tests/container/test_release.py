@@ -22,6 +22,8 @@ from pipeline import patch_series, provenance, release_format, signing, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
 from pipeline.harness.tiny_model import tiny_llama
 from pipeline.paths import ROOT
+from pipeline.publishing import index as package_index
+from pipeline.publishing import registry
 from pipeline.stages import audit, manifest, parity_gate, publish, runtime_image
 from tests.small_release import small_release
 
@@ -127,7 +129,7 @@ class Destinations:
                     stderr=subprocess.STDOUT,
                 )
             )
-        self.registry = publish.start_registry(root / "registry", self.registry_addr)
+        self.registry = registry.start_registry(root / "registry", self.registry_addr)
         self.wait(f"http://127.0.0.1:{self.index_port}/simple/")
 
     @staticmethod
@@ -146,8 +148,8 @@ class Destinations:
 
     def dest(self) -> publish.Destinations:
         return publish.Destinations(
-            index=publish.HttpIndex(self.index_url),
-            registry=publish.Registry(self.registry_addr, self.runtime),
+            index=package_index.HttpIndex(self.index_url),
+            registry=registry.Registry(self.registry_addr, self.runtime),
             manifests=self.root / "manifests",
         )
 
@@ -156,7 +158,7 @@ class Destinations:
         self.registry.wait(timeout=30)
 
     def start_registry(self) -> None:
-        self.registry = publish.start_registry(self.root / "registry", self.registry_addr)
+        self.registry = registry.start_registry(self.root / "registry", self.registry_addr)
 
     def close(self) -> None:
         for p in [*self.procs, self.registry]:

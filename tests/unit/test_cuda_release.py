@@ -22,7 +22,8 @@ from pipeline import config, runtime_pins
 from pipeline.errors import ConfigError, ParityError, PipelineError, PublishError
 from pipeline.paths import ROOT
 from pipeline.release_format import wheel_name
-from pipeline.stages import build, parity_gate, publish
+from pipeline.publishing import index as package_index
+from pipeline.stages import build, parity_gate
 
 CFG = config.load(environ={})
 CUDA = CFG.target("cuda")
@@ -76,7 +77,7 @@ def test_a_name_that_is_not_a_wheels_is_refused_with_the_callers_error():
 def test_one_directory_index_holds_both_targets_wheels_and_pip_reads_the_labelled_links(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    index = publish.DirectoryIndex(tmp_path / "simple")
+    index = package_index.DirectoryIndex(tmp_path / "simple")
     for name in (CUDA_WHEEL, "activekv-0.1.0+cpu-cp311-cp311-manylinux_2_34_x86_64.whl"):
         parts = wheel_name(name)
         with zipfile.ZipFile(wheels / name, "w") as zf:

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PublishError
+from pipeline.publishing import index as package_index
+from pipeline.publishing.registry import Registry
 from pipeline.stages import publish
 
 from tests.small_release import PATCH, VERSION, WHEEL, entry, small_release  # noqa: F401
@@ -26,8 +28,8 @@ from tests.small_release import PATCH, VERSION, WHEEL, entry, small_release  # n
 
 def destinations(root: Path, registry=None) -> publish.Destinations:
     return publish.Destinations(
-        index=publish.DirectoryIndex(root / "simple"),
-        registry=registry or publish.Registry("127.0.0.1:9", None),
+        index=package_index.DirectoryIndex(root / "simple"),
+        registry=registry or Registry("127.0.0.1:9", None),
         manifests=root / "manifests",
     )
 
@@ -80,11 +82,12 @@ def test_a_destination_out_of_space_leaves_no_partial_file_and_the_rerun_resumes
 RUN_WITH_SIZE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
+from pipeline.publishing import index as package_index, registry
 from pipeline.stages import publish
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[4]), int(sys.argv[4])))
-dest = publish.Destinations(index=publish.DirectoryIndex(Path(sys.argv[3]) / "simple"),
-                            registry=publish.Registry("127.0.0.1:9", None), manifests=Path(sys.argv[3]) / "manifests")
+dest = publish.Destinations(index=package_index.DirectoryIndex(Path(sys.argv[3]) / "simple"),
+                            registry=registry.Registry("127.0.0.1:9", None), manifests=Path(sys.argv[3]) / "manifests")
 try:
     publish.publish(Path(sys.argv[1]), artifact_dirs=[Path(sys.argv[2]), Path(sys.argv[1]).parent], dest=dest)
 except publish.PublishError as e:
@@ -190,7 +193,7 @@ def release_with_a_registry(tmp_path, config: str):
             "inputs_digest": "sha256:" + "c" * 64,
         }
         path, files = small_release(tmp_path / "release", image=image)
-        yield path, files, destinations(tmp_path / "dest", publish.Registry(address, None)), address
+        yield path, files, destinations(tmp_path / "dest", Registry(address, None)), address
     finally:
         server.shutdown()
         server.server_close()
@@ -228,6 +231,6 @@ def test_the_outputs_name_each_published_wheel_the_image_by_digest_and_the_manif
 
 
 def test_an_http_index_names_where_pip_finds_each_wheel():
-    index = publish.HttpIndex("https://pypi.example.org/")
+    index = package_index.HttpIndex("https://pypi.example.org/")
     assert index.pip_url() == "https://pypi.example.org/simple/"
     assert index.location(WHEEL) == f"{WHEEL} at https://pypi.example.org/simple/activekv/"

@@ -15,7 +15,7 @@ from pipeline import config, plan, signing
 from pipeline.errors import BuildError, SigningKeyError
 from pipeline.run import Options, Run
 from pipeline.stages import registry
-from pipeline.stages.publish import LOCAL_REGISTRY_ADDR
+from pipeline.publishing.registry import LOCAL_REGISTRY_ADDR
 
 STAGE_NAMES = [s.name for s in registry.RELEASE]
 
