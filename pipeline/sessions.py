@@ -276,12 +276,25 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
         session.error("failed: " + ", ".join(failed))
 
 
+# The C++ clang-format lays out: the engine's and the probes'.
+CPP_SOURCES = ("engine/*.cpp", "engine/*.h", "engine/*.cu", "engine/*.cuh", "bench/probes/*.cpp")
+
+
 def run_lint(session: Session) -> None:
-    """ruff's layout and rules (ruff.toml) over the project's Python: a file
-    laid out otherwise, or a finding, fails the phase and names the file."""
+    """ruff's layout and rules (ruff.toml) over the project's Python and
+    clang-format's layout (.clang-format) over its C++: a file laid out
+    otherwise, or a finding, fails the phase and names the file."""
     session.install("-r", str(ROOT / "packaging" / "lint-requirements.txt"))
     session.run("ruff", "format", "--check", "--diff", str(ROOT))
     session.run("ruff", "check", "--output-format", "concise", str(ROOT))
+    cpp = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *CPP_SOURCES],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    session.run("clang-format", "--dry-run", "--Werror", *cpp, external=True)
 
 
 def junit_counts(path: Path) -> str:

@@ -95,8 +95,8 @@ int main() {
         }
       }
       const double c = median(copy_t), a = median(attention_t), r = median(rest_t);
-      std::printf("%-36s copy %7.1f  attention %7.1f  rest %7.1f  total %7.1f us/step\n",
-                  names[variant], c, a, r, c + a + r);
+      std::printf("%-36s copy %7.1f  attention %7.1f  rest %7.1f  total %7.1f us/step\n", names[variant], c,
+                  a, r, c + a + r);
     }
   }
   std::printf("%s", sink == 0.5f ? " \n" : "");  // keeps sink alive; never prints

@@ -30,11 +30,15 @@ inline std::string accelerator_problem(const std::string& device) {
   } catch (const c10::Error&) {
     return "--device " + device + ": not a device torch knows (e.g. cuda, cuda:1, xpu)";
   }
-  if (d.is_cpu()) return "--device cpu: this benchmark measures the bus to an accelerator; name one (cuda, xpu)";
+  if (d.is_cpu())
+    return "--device cpu: this benchmark measures the bus to an accelerator; name one (cuda, xpu)";
   const std::string type = c10::DeviceTypeName(d.type(), /*lower_case=*/true);
-  if (!c10::impl::hasDeviceGuardImpl(d.type())) return "--device " + device + ": this torch was built without " + type;
+  if (!c10::impl::hasDeviceGuardImpl(d.type()))
+    return "--device " + device + ": this torch was built without " + type;
   const auto count = c10::impl::getDeviceGuardImpl(d.type())->deviceCount();
-  if (count == 0) return "no " + type + " device here: run it on a machine with one (ci/gpu-engine-check.sh builds it there)";
+  if (count == 0)
+    return "no " + type +
+           " device here: run it on a machine with one (ci/gpu-engine-check.sh builds it there)";
   if (d.has_index() && d.index() >= count) {
     return "--device " + device + ": this machine has " + std::to_string(count) + " " + type + " device(s)";
   }
@@ -143,7 +147,8 @@ inline std::string host_placement() {
 inline std::string gpu_model_names(const std::string& driver = detail::kNvidiaGpus) {
   std::vector<std::pair<std::string, int>> counted;
   for (const auto& model : detail::gpu_models(driver)) {
-    const auto it = std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == model; });
+    const auto it =
+        std::find_if(counted.begin(), counted.end(), [&](const auto& c) { return c.first == model; });
     if (it == counted.end()) {
       counted.emplace_back(model, 1);
     } else {

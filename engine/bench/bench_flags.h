@@ -58,7 +58,8 @@ inline bool switch_on(const std::string& flag, const std::string& value) {
 }
 
 // `value`, which must be one of `names`.
-inline std::string one_of(const std::string& flag, const std::string& value, const std::vector<std::string>& names) {
+inline std::string one_of(const std::string& flag, const std::string& value,
+                          const std::vector<std::string>& names) {
   for (const std::string& name : names) {
     if (value == name) return value;
   }
@@ -84,8 +85,9 @@ inline std::vector<std::string> parts(const std::string& flag, const std::string
 // code when the program should stop: 0 after --help anywhere (the usage
 // printed), 2 after a bad command line (what was wrong, then the usage, on
 // stderr).
-inline std::optional<int> parse_flags(int argc, char** argv, const char* usage,
-                                      const std::function<bool(const std::string&, const std::string&)>& take) {
+inline std::optional<int> parse_flags(
+    int argc, char** argv, const char* usage,
+    const std::function<bool(const std::string&, const std::string&)>& take) {
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf("%s", usage);

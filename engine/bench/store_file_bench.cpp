@@ -20,7 +20,8 @@
 
 namespace {
 
-constexpr const char* kUsage = "usage: store_file_bench [--dir /dev/shm] [--gib 1,8] [--slot-bytes 2097152]\n";
+constexpr const char* kUsage =
+    "usage: store_file_bench [--dir /dev/shm] [--gib 1,8] [--slot-bytes 2097152]\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -32,23 +33,25 @@ int main(int argc, char** argv) {
   std::string dir = "/dev/shm";
   std::vector<std::int64_t> gib = {1, 8};
   std::int64_t slot_bytes = std::int64_t{2} << 20;  // a 16-token block of Llama-3-8B, 32 layers, exact
-  const auto stop = activekv::bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
-    namespace bench = activekv::bench;
-    if (k == "--dir") {
-      dir = v;
-    } else if (k == "--slot-bytes") {
-      slot_bytes = bench::whole_number(k, v, 1);
-    } else if (k == "--gib") {
-      gib.clear();
-      for (const auto& part : bench::parts(k, v)) gib.push_back(bench::whole_number(k, part, 1));
-    } else {
-      return false;
-    }
-    return true;
-  });
+  const auto stop =
+      activekv::bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+        namespace bench = activekv::bench;
+        if (k == "--dir") {
+          dir = v;
+        } else if (k == "--slot-bytes") {
+          slot_bytes = bench::whole_number(k, v, 1);
+        } else if (k == "--gib") {
+          gib.clear();
+          for (const auto& part : bench::parts(k, v)) gib.push_back(bench::whole_number(k, part, 1));
+        } else {
+          return false;
+        }
+        return true;
+      });
   if (stop) return *stop;
   for (const std::int64_t g : gib) {
-    const std::filesystem::path path = std::filesystem::path(dir) / ("activekv-store-bench-" + std::to_string(g));
+    const std::filesystem::path path =
+        std::filesystem::path(dir) / ("activekv-store-bench-" + std::to_string(g));
     std::filesystem::remove(path);
     // The arena's layout at 32 layers: 256 MiB chunks, so a slot is 32 pieces.
     activekv::StoreFileOptions o;
@@ -80,7 +83,8 @@ int main(int argc, char** argv) {
       }
       fill_s = seconds_since(t0);
       std::printf("store %lld GiB in %s: created in %.2f s, %lld slots written and sealed in %.2f s\n",
-                  static_cast<long long>(g), dir.c_str(), create_s, static_cast<long long>(o.num_slots), fill_s);
+                  static_cast<long long>(g), dir.c_str(), create_s, static_cast<long long>(o.num_slots),
+                  fill_s);
     }
     t0 = std::chrono::steady_clock::now();
     auto f = activekv::StoreFile::open(o);
@@ -89,8 +93,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "reopen did not recover every slot\n");
       return 1;
     }
-    std::printf("store %lld GiB: reopened in %.2f s, %zu slots verified (%.1f GB/s)\n", static_cast<long long>(g),
-                open_s, f.value()->recovered().size(), static_cast<double>(g << 30) / open_s / 1e9);
+    std::printf("store %lld GiB: reopened in %.2f s, %zu slots verified (%.1f GB/s)\n",
+                static_cast<long long>(g), open_s, f.value()->recovered().size(),
+                static_cast<double>(g << 30) / open_s / 1e9);
     // The scheduler's side of the same restart: the sealed records read and
     // the shared index made from them, as SchedulerSide does.
     const std::string index_path = path.string() + ".index";
@@ -127,24 +132,28 @@ int main(int argc, char** argv) {
       index.value()->commit(*r.slot);
     }
     const double evicting_save_us = seconds_since(t0) * 1e6 / kSaves;
-    std::printf("store %lld GiB: an evicting save costs the index %.1f us (%lld slots)\n", static_cast<long long>(g),
-                evicting_save_us, static_cast<long long>(o.num_slots));
+    std::printf("store %lld GiB: an evicting save costs the index %.1f us (%lld slots)\n",
+                static_cast<long long>(g), evicting_save_us, static_cast<long long>(o.num_slots));
     // A second vLLM attaching while this one holds the store.
     t0 = std::chrono::steady_clock::now();
     auto second_file = activekv::StoreFile::open(o);
     auto second_index = activekv::SharedBlockIndex::open(index_path, o.num_slots, sealed_blocks);
     const double join_s = seconds_since(t0);
-    if (!second_file.ok() || !second_file.value()->joined() || !second_index.ok() || !second_index.value()->joined()) {
+    if (!second_file.ok() || !second_file.value()->joined() || !second_index.ok() ||
+        !second_index.value()->joined()) {
       std::fprintf(stderr, "the second attach did not join\n");
       return 1;
     }
-    std::printf("store %lld GiB: index rebuilt from the sealed records in %.2f s (%lld blocks); "
-                "a second vLLM joined the store in %.3f s\n",
-                static_cast<long long>(g), rebuild_s, static_cast<long long>(index.value()->restored()), join_s);
-    std::printf("RESULT {\"gib\": %lld, \"dir\": \"%s\", \"slot_bytes\": %lld, \"slots\": %lld, \"fill_s\": %.3f, "
-                "\"reopen_s\": %.3f, \"index_rebuild_s\": %.3f, \"evicting_save_us\": %.2f, \"second_join_s\": %.3f}\n",
-                static_cast<long long>(g), dir.c_str(), static_cast<long long>(slot_bytes),
-                static_cast<long long>(o.num_slots), fill_s, open_s, rebuild_s, evicting_save_us, join_s);
+    std::printf(
+        "store %lld GiB: index rebuilt from the sealed records in %.2f s (%lld blocks); "
+        "a second vLLM joined the store in %.3f s\n",
+        static_cast<long long>(g), rebuild_s, static_cast<long long>(index.value()->restored()), join_s);
+    std::printf(
+        "RESULT {\"gib\": %lld, \"dir\": \"%s\", \"slot_bytes\": %lld, \"slots\": %lld, \"fill_s\": %.3f, "
+        "\"reopen_s\": %.3f, \"index_rebuild_s\": %.3f, \"evicting_save_us\": %.2f, \"second_join_s\": "
+        "%.3f}\n",
+        static_cast<long long>(g), dir.c_str(), static_cast<long long>(slot_bytes),
+        static_cast<long long>(o.num_slots), fill_s, open_s, rebuild_s, evicting_save_us, join_s);
     second_index.value().reset();
     second_file.value().reset();
     index.value().reset();

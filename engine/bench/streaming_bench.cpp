@@ -56,7 +56,8 @@ using namespace activekv;
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--block 16]
+constexpr const char* kUsage =
+    R"(usage: streaming_bench [--device cuda] [--iters 3] [--host-gib 72] [--ring 2] [--block 16]
                        [--only probe,tuning,grid,compressed,curve] [--knobs batch,...] [--kinds decode,prefill]
                        [--contexts 16384,...] [--timeline 1] [--pin-to-gpu-node 1] [--id-runs 1] [--back-to-back N]
                        [--attention 0] [--variants compressed-fused-batch,...]
@@ -95,22 +96,22 @@ std::int64_t g_ring = 2;  // ring buffers (--ring)
 // tail first), the runs in random order.
 std::int64_t g_id_runs = 1;
 std::int64_t g_back_to_back = 0;  // --back-to-back
-bool g_attention = true;  // --attention
+bool g_attention = true;          // --attention
 
 struct Options {
   std::string device = "cuda";
   std::int64_t iters = 3;
   std::int64_t block = 16;
-  double host_gib = 72;  // the most pinned homes a point may use
-  std::string profile_dir;  // streaming_bench_profiled: where the traces go
+  double host_gib = 72;                 // the most pinned homes a point may use
+  std::string profile_dir;              // streaming_bench_profiled: where the traces go
   std::string profile_homes = "exact";  // or "compressed"
   std::set<std::string> only;
-  std::set<std::string> knobs;  // tuning: only these knobs' rows (all when empty)
+  std::set<std::string> knobs;     // tuning: only these knobs' rows (all when empty)
   std::set<std::string> variants;  // compressed: only these compressed variants (all when empty)
-  std::set<std::string> kinds;  // tuning: only these step kinds, decode or prefill (all when empty)
+  std::set<std::string> kinds;     // tuning: only these step kinds, decode or prefill (all when empty)
   std::set<std::string> contexts;  // tuning, grid and compressed: only these contexts (all when empty)
-  bool timeline = false;  // tuning and compressed: also one step's compute stream, timed by events
-  bool pin_to_gpu_node = false;  // the process on the GPU's NUMA node's CPUs, homes first touched there
+  bool timeline = false;           // tuning and compressed: also one step's compute stream, timed by events
+  bool pin_to_gpu_node = false;    // the process on the GPU's NUMA node's CPUs, homes first touched there
   bool wants(const std::string& part) const { return only.empty() || only.count(part) != 0; }
   bool at_context(std::int64_t context) const {  // --contexts
     return contexts.empty() || contexts.count(std::to_string(context)) != 0;
@@ -139,7 +140,7 @@ struct StepShape {
   std::string kind;          // "decode" or "prefill"
   std::int64_t context = 0;  // tokens of each sequence after the step
   std::int64_t batch = 1;
-  std::int64_t new_tokens = 1;  // per sequence
+  std::int64_t new_tokens = 1;     // per sequence
   std::int64_t shared_prefix = 0;  // tokens every sequence shares (their blocks cross once)
   // Block ids in order, each sequence's blocks consecutive (else scattered, as
   // a long-running server leaves them: --id-runs).
@@ -157,14 +158,14 @@ const char* homes_name(Homes h) { return h == Homes::kExtents ? "extents" : "blo
 struct Step {
   StepShape shape;
   Homes homes = Homes::kExtents;
-  std::vector<std::vector<std::int64_t>> tables;  // per sequence, its blocks in order
+  std::vector<std::vector<std::int64_t>> tables;               // per sequence, its blocks in order
   std::vector<std::int64_t> stage_blocks, stage_rows;          // in row order
   std::vector<std::int64_t> writeback_blocks, writeback_rows;  // in row order
   std::unordered_map<std::int64_t, std::int64_t> row_of;
-  double mean_run = 0;                            // consecutive home rows per run of the staged
+  double mean_run = 0;      // consecutive home rows per run of the staged
   std::int64_t copies = 0;  // a streamed layer's staging by the copy engines: runs of rows and ids both
   // Device tensors for the layer's compute.
-  at::Tensor table;      // [batch * blocks_per_seq]
+  at::Tensor table;                    // [batch * blocks_per_seq]
   at::Tensor slot_block, slot_offset;  // [batch * new_tokens]
   at::Tensor q, k_new, v_new;
 };
@@ -218,15 +219,18 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
         const auto& t = s.tables[q];
         const std::size_t end = std::min(t.size(), given[q] + kChunk);
         if (given[q] == end) continue;
-        rows.assign("seq " + std::to_string(q), std::vector<std::int64_t>(t.begin() + static_cast<long>(given[q]),
-                                                                          t.begin() + static_cast<long>(end)));
+        rows.assign("seq " + std::to_string(q),
+                    std::vector<std::int64_t>(t.begin() + static_cast<long>(given[q]),
+                                              t.begin() + static_cast<long>(end)));
         given[q] = end;
         more = true;
       }
     }
-    for (const auto& t : s.tables) for (const auto b : t) s.row_of[b] = rows.row(b);
+    for (const auto& t : s.tables)
+      for (const auto b : t) s.row_of[b] = rows.row(b);
   } else {
-    for (const auto& t : s.tables) for (const auto b : t) s.row_of[b] = b;
+    for (const auto& t : s.tables)
+      for (const auto b : t) s.row_of[b] = b;
   }
   std::set<std::int64_t> stage, wb;
   std::vector<std::int64_t> slot_block, slot_offset;
@@ -252,7 +256,8 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
   std::int64_t runs = 0;
   for (std::size_t i = 0; i < s.stage_rows.size(); ++i) {
     if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1) ++runs;
-    if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1 || s.stage_blocks[i] != s.stage_blocks[i - 1] + 1) {
+    if (i == 0 || s.stage_rows[i] != s.stage_rows[i - 1] + 1 ||
+        s.stage_blocks[i] != s.stage_blocks[i - 1] + 1) {
       ++s.copies;
     }
   }
@@ -279,8 +284,11 @@ at::Tensor layer_compute(const Step& s, at::Tensor& kv) {
   const std::int64_t b = s.shape.batch, ctx = s.shape.context;
   const std::int64_t per_seq = s.table.size(0) / b;
   auto side = [&](std::int64_t which) {
-    return kv.select(1, which).index_select(0, s.table).view({b, per_seq * kv.size(2), kKvHeads, kHeadSize})
-        .narrow(1, 0, ctx).transpose(1, 2);
+    return kv.select(1, which)
+        .index_select(0, s.table)
+        .view({b, per_seq * kv.size(2), kKvHeads, kHeadSize})
+        .narrow(1, 0, ctx)
+        .transpose(1, 2);
   };
   const std::int64_t group = kQueryHeads / kKvHeads;
   const at::Tensor q = s.q.view({b, kKvHeads, group * s.shape.new_tokens, kHeadSize});
@@ -302,7 +310,10 @@ double pinned_peak(bool to_device, std::int64_t iters) {
   for (std::int64_t i = 0; i <= iters; ++i) {
     device_sync();
     const auto t0 = std::chrono::steady_clock::now();
-    if (to_device) d.copy_(h, true); else h.copy_(d, true);
+    if (to_device)
+      d.copy_(h, true);
+    else
+      h.copy_(d, true);
     device_sync();
     if (i > 0) t.push_back(seconds_since(t0));
   }
@@ -314,15 +325,18 @@ struct Model {
   std::int64_t block = 16, num_blocks = 0, resident = 0;
   std::vector<at::Tensor> kv;  // per layer: its own buffer (resident) or its ring buffer
   std::unique_ptr<LayerStreamer> streamer;
-  std::int64_t layer_bytes = 0;  // one block of one layer as its home holds it
+  std::int64_t layer_bytes = 0;    // one block of one layer as its home holds it
   std::unique_ptr<KVCodec> codec;  // the homes' (exact: a view)
 
   Model(std::int64_t block_size, std::int64_t blocks, std::int64_t resident_layers, Mode homes = Mode::kExact)
-      : block(block_size), num_blocks(blocks), resident(resident_layers),
+      : block(block_size),
+        num_blocks(blocks),
+        resident(resident_layers),
         codec(make_codec(homes, {2, block_size, kKvHeads, kHeadSize}, at::kBFloat16, kHeadSize)) {
     const auto dev = at::TensorOptions().device(g_device).dtype(at::kBFloat16);
     std::vector<at::Tensor> ring;
-    for (std::int64_t r = 0; r < g_ring; ++r) ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
+    for (std::int64_t r = 0; r < g_ring; ++r)
+      ring.push_back(at::zeros({blocks, 2, block, kKvHeads, kHeadSize}, dev));
     std::unordered_map<std::string, at::Tensor> by_name;
     std::vector<std::string> names;
     for (std::int64_t l = 0; l < kLayers; ++l) {
@@ -358,8 +372,9 @@ struct Model {
     device_sync();
     Telemetry stats;
     const auto t0 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < steps; ++i) queue_step(s, streaming, stats, i + 1 == steps ? timeline : nullptr,
-                                                        i + 1 == steps ? host_marks : nullptr);
+    for (std::int64_t i = 0; i < steps; ++i)
+      queue_step(s, streaming, stats, i + 1 == steps ? timeline : nullptr,
+                 i + 1 == steps ? host_marks : nullptr);
     last_host_s = seconds_since(t0) / static_cast<double>(steps);  // the host has queued the steps
     if (streaming) streamer->synchronize();
     device_sync();
@@ -420,35 +435,37 @@ void free_pinned_cache() {
 
 void report(const Bench& b, const std::string& part, const Model& m, const Step& s, double step_s,
             double attention_s, const std::string& method) {
-  const double streamed_bytes = static_cast<double>(s.stage_blocks.size()) *
-                                static_cast<double>(m.streamed() * m.layer_bytes);
-  const double writeback_bytes = static_cast<double>(s.writeback_blocks.size()) *
-                                 static_cast<double>(m.streamed() * m.layer_bytes);
+  const double streamed_bytes =
+      static_cast<double>(s.stage_blocks.size()) * static_cast<double>(m.streamed() * m.layer_bytes);
+  const double writeback_bytes =
+      static_cast<double>(s.writeback_blocks.size()) * static_cast<double>(m.streamed() * m.layer_bytes);
   const double bus_s = streamed_bytes / b.h2d_peak;
   const double bound_s = std::max(attention_s, bus_s);
-  std::printf("%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-12s  step %9.2f ms  bound %9.2f ms "
-              "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f  copies %lld  host %.2f ms\n",
-              part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
-              static_cast<long long>(s.shape.context),
-              static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.shared_prefix),
-              static_cast<long long>(m.resident), method.c_str(), step_s * 1e3, bound_s * 1e3,
-              attention_s * 1e3, bus_s * 1e3, step_s / bound_s, streamed_bytes / (1 << 30), s.mean_run,
-              static_cast<long long>(s.copies), m.host_s * 1e3);
-  std::printf("RESULT {\"part\": \"%s\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
-              "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
-              "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
-              "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
-              "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
-              "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld, \"id_runs\": %lld, \"copies_per_layer\": %lld, \"back_to_back\": %lld}\n",
-              part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
-              static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
-              static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
-              static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(),
-              step_s * 1e3, attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s,
-              streamed_bytes, writeback_bytes, b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false",
-              homes_name(s.homes), m.host_s * 1e3, static_cast<long long>(g_ring),
-              static_cast<long long>(s.shape.contiguous ? 0 : g_id_runs), static_cast<long long>(s.copies),
-              static_cast<long long>(g_back_to_back));
+  std::printf(
+      "%-8s %-7s%s %-9s ctx %7lld x%-3lld prefix %6lld R %2lld %-12s  step %9.2f ms  bound %9.2f ms "
+      "(attention %8.2f, bus %8.2f)  %.3fx  %7.2f GiB  run %.2f  copies %lld  host %.2f ms\n",
+      part.c_str(), s.shape.kind.c_str(), s.shape.contiguous ? "*" : " ", homes_name(s.homes),
+      static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
+      static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.resident), method.c_str(),
+      step_s * 1e3, bound_s * 1e3, attention_s * 1e3, bus_s * 1e3, step_s / bound_s,
+      streamed_bytes / (1 << 30), s.mean_run, static_cast<long long>(s.copies), m.host_s * 1e3);
+  std::printf(
+      "RESULT {\"part\": \"%s\", \"kind\": \"%s\", \"context\": %lld, \"batch\": %lld, "
+      "\"new_tokens\": %lld, \"shared_prefix\": %lld, \"block\": %lld, \"layers\": %lld, "
+      "\"resident\": %lld, \"method\": \"%s\", \"step_ms\": %.4f, \"attention_ms\": %.4f, "
+      "\"bus_ms\": %.4f, \"bound_ms\": %.4f, \"ratio\": %.5f, \"streamed_bytes\": %.0f, "
+      "\"writeback_bytes\": %.0f, \"h2d_peak_gbs\": %.3f, \"mean_run_blocks\": %.3f, \"contiguous\": %s, "
+      "\"homes\": \"%s\", \"host_ms\": %.4f, \"ring\": %lld, \"id_runs\": %lld, \"copies_per_layer\": %lld, "
+      "\"back_to_back\": %lld}\n",
+      part.c_str(), s.shape.kind.c_str(), static_cast<long long>(s.shape.context),
+      static_cast<long long>(s.shape.batch), static_cast<long long>(s.shape.new_tokens),
+      static_cast<long long>(s.shape.shared_prefix), static_cast<long long>(m.block),
+      static_cast<long long>(kLayers), static_cast<long long>(m.resident), method.c_str(), step_s * 1e3,
+      attention_s * 1e3, bus_s * 1e3, bound_s * 1e3, step_s / bound_s, streamed_bytes, writeback_bytes,
+      b.h2d_peak / 1e9, s.mean_run, s.shape.contiguous ? "true" : "false", homes_name(s.homes),
+      m.host_s * 1e3, static_cast<long long>(g_ring),
+      static_cast<long long>(s.shape.contiguous ? 0 : g_id_runs), static_cast<long long>(s.copies),
+      static_cast<long long>(g_back_to_back));
   std::fflush(stdout);
 }
 
@@ -459,7 +476,8 @@ void report(const Bench& b, const std::string& part, const Model& m, const Step&
 bool verify_step(Model& m, const Step& s) {
   std::set<std::int64_t> written(s.writeback_blocks.begin(), s.writeback_blocks.end());
   std::vector<std::int64_t> sample;
-  for (std::size_t i = 0; i < s.stage_blocks.size(); i += std::max<std::size_t>(1, s.stage_blocks.size() / 256)) {
+  for (std::size_t i = 0; i < s.stage_blocks.size();
+       i += std::max<std::size_t>(1, s.stage_blocks.size() / 256)) {
     if (!written.count(s.stage_blocks[i])) sample.push_back(s.stage_blocks[i]);
   }
   HostArena& homes = m.streamer->homes();
@@ -472,7 +490,8 @@ bool verify_step(Model& m, const Step& s) {
   const auto shape = m.kv.front()[0].sizes().vec();
   for (std::int64_t l = kLayers - g_ring; l < kLayers; ++l) {
     for (const auto b : sample) {
-      home(l - m.resident, b).copy_(m.codec->encode(at::randn(shape).to(at::kBFloat16).unsqueeze(0)).view({-1}));
+      home(l - m.resident, b)
+          .copy_(m.codec->encode(at::randn(shape).to(at::kBFloat16).unsqueeze(0)).view({-1}));
     }
   }
   m.run(s, true);
@@ -489,14 +508,17 @@ bool verify_step(Model& m, const Step& s) {
       ok = ok && at::equal(bytes_of(m.codec->encode(ring_block(b))), home(l - m.resident, b));
     }
   }
-  std::printf("verify: %s %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
-              s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
-              sample.size(), s.writeback_blocks.size(), static_cast<long long>(g_ring),
-              ok ? "bitwise equal to their homes (through the homes' codec)" : "DIFFER FROM THEIR HOMES");
-  std::printf("RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"homes\": \"%s\", \"context\": %lld, "
-              "\"batch\": %lld, \"ok\": %s}\n",
-              s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
-              ok ? "true" : "false");
+  std::printf(
+      "verify: %s %s ctx %lld x%lld: %zu staged and %zu written-back blocks of the last %lld layers %s\n",
+      s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context),
+      static_cast<long long>(s.shape.batch), sample.size(), s.writeback_blocks.size(),
+      static_cast<long long>(g_ring),
+      ok ? "bitwise equal to their homes (through the homes' codec)" : "DIFFER FROM THEIR HOMES");
+  std::printf(
+      "RESULT {\"part\": \"verify\", \"kind\": \"%s\", \"homes\": \"%s\", \"context\": %lld, "
+      "\"batch\": %lld, \"ok\": %s}\n",
+      s.shape.kind.c_str(), homes_name(s.homes), static_cast<long long>(s.shape.context),
+      static_cast<long long>(s.shape.batch), ok ? "true" : "false");
   return ok;
 }
 
@@ -522,10 +544,11 @@ void grid(Bench& b) {
     if (!b.o.at_context(s.context)) continue;  // a part of the grid fits a device call of 10 minutes
     const std::int64_t need = s.batch * cdiv(s.context, block) * block;
     if (need > max_tokens) {
-      std::printf("skipped: %s ctx %lld x%lld needs %.0f GiB of homes, over --host-gib %.0f (the "
-                  "machine has 128 GiB)\n", s.kind.c_str(), static_cast<long long>(s.context),
-                  static_cast<long long>(s.batch), static_cast<double>(need) * bytes_per_token / (1 << 30),
-                  b.o.host_gib);
+      std::printf(
+          "skipped: %s ctx %lld x%lld needs %.0f GiB of homes, over --host-gib %.0f (the "
+          "machine has 128 GiB)\n",
+          s.kind.c_str(), static_cast<long long>(s.context), static_cast<long long>(s.batch),
+          static_cast<double>(need) * bytes_per_token / (1 << 30), b.o.host_gib);
       continue;
     }
     tokens = std::max(tokens, need);
@@ -535,10 +558,12 @@ void grid(Bench& b) {
   const std::int64_t num_blocks = cdiv(tokens, block) + cdiv(tokens, block) / 32;
   const auto t0 = std::chrono::steady_clock::now();
   Model m(block, num_blocks, 0);
-  std::printf("grid: %lld blocks of %lld tokens, homes %.1f GiB (allocated and zeroed in %.1f s), "
-              "copy method %s\n", static_cast<long long>(num_blocks), static_cast<long long>(block),
-              static_cast<double>(m.streamer->homes().num_slots() * kLayers * m.layer_bytes) / (1 << 30), seconds_since(t0),
-              copy_method_name(m.streamer->copy_method()));
+  std::printf(
+      "grid: %lld blocks of %lld tokens, homes %.1f GiB (allocated and zeroed in %.1f s), "
+      "copy method %s\n",
+      static_cast<long long>(num_blocks), static_cast<long long>(block),
+      static_cast<double>(m.streamer->homes().num_slots() * kLayers * m.layer_bytes) / (1 << 30),
+      seconds_since(t0), copy_method_name(m.streamer->copy_method()));
   std::uint32_t seed = 1;
   const StreamCopy chosen = m.streamer->copy_method();
   for (const auto& shape : fit) {
@@ -553,12 +578,14 @@ void grid(Bench& b) {
       report(b, "grid", m, step, m.median_run(step, true, b.o.iters), attention, copy_method_name(method));
       if (!verify_step(m, step)) b.failed = true;
     };
-    const StreamCopy first = m.streamer->can_copy_by(StreamCopy::kDeviceGather) ? StreamCopy::kDeviceGather : chosen;
+    const StreamCopy first =
+        m.streamer->can_copy_by(StreamCopy::kDeviceGather) ? StreamCopy::kDeviceGather : chosen;
     if (!shape.contiguous) run(old, first);
     for (const StreamCopy method : {StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
       if (m.streamer->can_copy_by(method)) run(s, method);
     }
-    if (!m.streamer->can_copy_by(StreamCopy::kDeviceGather)) run(s, chosen);  // a CPU or a device without mapping
+    if (!m.streamer->can_copy_by(StreamCopy::kDeviceGather))
+      run(s, chosen);  // a CPU or a device without mapping
     // The engine's per-run copies at one point, for comparison.
     if (shape.kind == "decode" && shape.context == 16384 && shape.batch == 1 && shape.shared_prefix == 0 &&
         chosen != StreamCopy::kRuns) {
@@ -593,11 +620,13 @@ void print_timeline(Model& m, const Step& s, const char* label) {
                   host[h + 2] - host[h + 1], host[h + 3] - host[h + 2]);
     host_layers += buf;
   }
-  std::printf("timeline %s %s ctx %lld x%lld: end %.3f ms, compute %.3f ms, compute idle %.3f ms (first layer "
-              "waited %.3f ms)\n  start/idle/compute per layer (ms): %s\n"
-              "  host: staged/compute/write-back/stage-ahead per layer (ms): %s\n",
-              s.shape.kind.c_str(), label, static_cast<long long>(s.shape.context), static_cast<long long>(s.shape.batch),
-              at(ev.size() - 1), compute, idle, at(1), layers.c_str(), host_layers.c_str());
+  std::printf(
+      "timeline %s %s ctx %lld x%lld: end %.3f ms, compute %.3f ms, compute idle %.3f ms (first layer "
+      "waited %.3f ms)\n  start/idle/compute per layer (ms): %s\n"
+      "  host: staged/compute/write-back/stage-ahead per layer (ms): %s\n",
+      s.shape.kind.c_str(), label, static_cast<long long>(s.shape.context),
+      static_cast<long long>(s.shape.batch), at(ev.size() - 1), compute, idle, at(1), layers.c_str(),
+      host_layers.c_str());
 }
 
 // The tuning part's rows: each the streamer's defaults but what its knobs set.
@@ -652,7 +681,8 @@ void tuning(Bench& b) {
     const Step s = make_step(shape, block, num_blocks, seed++);
     const double attention = m.median_run(s, false, b.o.iters);
     for (const TuningRow& k : tuning_rows()) {
-      if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0)) continue;
+      if (!m.streamer->can_copy_by(k.method) || (!b.o.knobs.empty() && b.o.knobs.count(k.label) == 0))
+        continue;
       StreamingTuning t = defaults;
       k.knobs(t);
       m.streamer->set_tuning(t);
@@ -678,9 +708,11 @@ void resident_curve(Bench& b) {
     const Step s = make_step(shape, block, num_blocks, 99);
     if (attention == 0) attention = m.median_run(s, false, b.o.iters);
     const double step = r < kLayers ? m.median_run(s, true, b.o.iters) : m.median_run(s, false, b.o.iters);
-    report(b, "curve", m, s, step, attention, r < kLayers ? copy_method_name(m.streamer->copy_method()) : "none");
-    const double device_gib = static_cast<double>((r + std::min<std::int64_t>(g_ring, kLayers - r)) *
-                                                  num_blocks * m.layer_bytes) / (1 << 30);
+    report(b, "curve", m, s, step, attention,
+           r < kLayers ? copy_method_name(m.streamer->copy_method()) : "none");
+    const double device_gib =
+        static_cast<double>((r + std::min<std::int64_t>(g_ring, kLayers - r)) * num_blocks * m.layer_bytes) /
+        (1 << 30);
     std::printf("CURVE {\"resident\": %lld, \"device_kv_gib\": %.3f, \"host_homes_gib\": %.3f}\n",
                 static_cast<long long>(r), device_gib,
                 static_cast<double>((kLayers - r) * num_blocks * m.layer_bytes) / (1 << 30));
@@ -729,22 +761,27 @@ void compressed(Bench& b) {
     const bool same = at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort));
     const at::Tensor enc_device = codec->encode(blocks.to(g_device)).cpu();
     const at::Tensor q_diff = (enc_device.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt) -
-                               data.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt)).abs();
-    std::printf("compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
-                "%s the CPU's bytes (%lld of %lld int8 values differ, by at most %lld)\n",
-                same ? "equals" : "DIFFERS FROM",
-                (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
-                at::equal(enc_device, data) ? "equals" : "DIFFERS FROM",
-                static_cast<long long>(q_diff.ne(0).sum().item<std::int64_t>()),
-                static_cast<long long>(q_diff.numel()), static_cast<long long>(q_diff.max().item<std::int64_t>()));
+                               data.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt))
+                                  .abs();
+    std::printf(
+        "compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
+        "%s the CPU's bytes (%lld of %lld int8 values differ, by at most %lld)\n",
+        same ? "equals" : "DIFFERS FROM",
+        (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
+        at::equal(enc_device, data) ? "equals" : "DIFFERS FROM",
+        static_cast<long long>(q_diff.ne(0).sum().item<std::int64_t>()),
+        static_cast<long long>(q_diff.numel()), static_cast<long long>(q_diff.max().item<std::int64_t>()));
     std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
                 same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
   }
   std::vector<StepShape> shapes;
-  for (const StepShape& point : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},   {"decode", 65536, 1, 1, 0},
-                                                       {"decode", 131072, 1, 1, 0},  {"decode", 131072, 4, 1, 0},
+  for (const StepShape& point : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},
+                                                       {"decode", 65536, 1, 1, 0},
+                                                       {"decode", 131072, 1, 1, 0},
+                                                       {"decode", 131072, 4, 1, 0},
                                                        {"decode", 16384 + block, 16, 1, 16384},
-                                                       {"prefill", 16384, 1, 2048, 0}, {"prefill", 131072, 1, 2048, 0}}) {
+                                                       {"prefill", 16384, 1, 2048, 0},
+                                                       {"prefill", 131072, 1, 2048, 0}}) {
     if (b.o.at_context(point.context)) shapes.push_back(point);
   }
   if (shapes.empty()) {
@@ -752,11 +789,13 @@ void compressed(Bench& b) {
     return;
   }
   std::int64_t tokens = 0;
-  for (const auto& point : shapes) tokens = std::max(tokens, point.batch * cdiv(point.context, block) * block);
+  for (const auto& point : shapes)
+    tokens = std::max(tokens, point.batch * cdiv(point.context, block) * block);
   const std::int64_t num_blocks = cdiv(tokens, block) + cdiv(tokens, block) / 32;
   std::vector<Step> steps;
   std::uint32_t seed = 31;
-  for (const auto& point : shapes) steps.push_back(make_step(point, block, num_blocks, seed++, Homes::kExtents));
+  for (const auto& point : shapes)
+    steps.push_back(make_step(point, block, num_blocks, seed++, Homes::kExtents));
   std::vector<double> exact_step(steps.size()), attention(steps.size());
   std::unique_ptr<Model> compressed_model;
   for (const CompressedVariant& v : compressed_variants()) {
@@ -791,14 +830,16 @@ void compressed(Bench& b) {
       if (homes == Mode::kExact) {
         exact_step[i] = step;
       } else {
-        std::printf("%s: %s ctx %lld x%lld  %.3fx exact homes' tokens/s\n", v.label, steps[i].shape.kind.c_str(),
-                    static_cast<long long>(steps[i].shape.context), static_cast<long long>(steps[i].shape.batch),
-                    exact_step[i] / step);
-        std::printf("RESULT {\"part\": \"compressed-speedup\", \"method\": \"%s\", \"kind\": \"%s\", \"context\": %lld, "
-                    "\"batch\": %lld, \"back_to_back\": %lld, \"speedup\": %.4f}\n", v.label,
+        std::printf("%s: %s ctx %lld x%lld  %.3fx exact homes' tokens/s\n", v.label,
                     steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
-                    static_cast<long long>(steps[i].shape.batch), static_cast<long long>(g_back_to_back),
-                    exact_step[i] / step);
+                    static_cast<long long>(steps[i].shape.batch), exact_step[i] / step);
+        std::printf(
+            "RESULT {\"part\": \"compressed-speedup\", \"method\": \"%s\", \"kind\": \"%s\", \"context\": "
+            "%lld, "
+            "\"batch\": %lld, \"back_to_back\": %lld, \"speedup\": %.4f}\n",
+            v.label, steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
+            static_cast<long long>(steps[i].shape.batch), static_cast<long long>(g_back_to_back),
+            exact_step[i] / step);
       }
       if (!verify_step(m, steps[i])) b.failed = true;
       std::fflush(stdout);
@@ -818,7 +859,8 @@ void probe(Bench& b) {
   std::shuffle(ids.begin(), ids.end(), std::mt19937(3));
   ids.resize(static_cast<std::size_t>(n));
   std::sort(ids.begin(), ids.end());
-  at::Tensor device_rows = at::empty({num_blocks, row}, at::TensorOptions().dtype(at::kByte).device(g_device));
+  at::Tensor device_rows =
+      at::empty({num_blocks, row}, at::TensorOptions().dtype(at::kByte).device(g_device));
   const double bytes = static_cast<double>(n * row);
   auto timed = [&](const std::function<void()>& fn) {
     std::vector<double> t;
@@ -833,22 +875,26 @@ void probe(Bench& b) {
   };
   const auto runs = homes.runs(ids);
   const double t_runs = timed([&] {
-    for (const auto& r : runs) device_rows.narrow(0, r.first, r.count).copy_(homes.run_view(0, r).value(), true);
+    for (const auto& r : runs)
+      device_rows.narrow(0, r.first, r.count).copy_(homes.run_view(0, r).value(), true);
   });
-  std::printf("probe: copy engine, one copy per run (%zu runs)      %7.1f GB/s\n", runs.size(), bytes / t_runs / 1e9);
+  std::printf("probe: copy engine, one copy per run (%zu runs)      %7.1f GB/s\n", runs.size(),
+              bytes / t_runs / 1e9);
   for (const auto word : {at::kByte, at::kInt, at::kLong, at::kComplexDouble}) {
     const std::int64_t w = static_cast<std::int64_t>(c10::elementSize(word));
     std::vector<at::Tensor> alias;
     for (std::int64_t c = 0; c < homes.num_chunks(); ++c) {
       at::Tensor bytes_c = homes.chunk_view(0, c).value();
       alias.push_back(at::for_blob(bytes_c.data_ptr(), {bytes_c.size(0), row / w})
-                          .options(at::TensorOptions().dtype(word).device(g_device)).target_device(g_device)
+                          .options(at::TensorOptions().dtype(word).device(g_device))
+                          .target_device(g_device)
                           .make_tensor());
     }
     std::vector<at::Tensor> local(static_cast<std::size_t>(homes.num_chunks()));
     {
       std::vector<std::vector<std::int64_t>> per(static_cast<std::size_t>(homes.num_chunks()));
-      for (const auto id : ids) per[static_cast<std::size_t>(id / homes.slots_per_chunk())].push_back(id % homes.slots_per_chunk());
+      for (const auto id : ids)
+        per[static_cast<std::size_t>(id / homes.slots_per_chunk())].push_back(id % homes.slots_per_chunk());
       for (std::size_t c = 0; c < per.size(); ++c) local[c] = at::tensor(per[c], at::kLong).to(g_device);
     }
     at::Tensor out = at::empty({n, row / w}, at::TensorOptions().dtype(word).device(g_device));
@@ -862,10 +908,12 @@ void probe(Bench& b) {
         off += k;
       }
     });
-    std::printf("probe: device gather of host rows, %2lld-byte words   %7.1f GB/s\n", static_cast<long long>(w),
-                bytes / t / 1e9);
-    std::printf("RESULT {\"part\": \"probe\", \"word_bytes\": %lld, \"gbs\": %.3f, \"runs_gbs\": %.3f, \"h2d_peak_gbs\": %.3f}\n",
-                static_cast<long long>(w), bytes / t / 1e9, bytes / t_runs / 1e9, b.h2d_peak / 1e9);
+    std::printf("probe: device gather of host rows, %2lld-byte words   %7.1f GB/s\n",
+                static_cast<long long>(w), bytes / t / 1e9);
+    std::printf(
+        "RESULT {\"part\": \"probe\", \"word_bytes\": %lld, \"gbs\": %.3f, \"runs_gbs\": %.3f, "
+        "\"h2d_peak_gbs\": %.3f}\n",
+        static_cast<long long>(w), bytes / t / 1e9, bytes / t_runs / 1e9, b.h2d_peak / 1e9);
   }
 }
 
@@ -881,12 +929,13 @@ void profile(Bench& b, const std::string& dir) {
   // Compressed homes: the points where their device decode and encode meet a
   // compute-bound attention.
   const std::vector<StepShape> shapes =
-      compressed ? std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"prefill", 16384, 1, 2048, 0, false},
-                                          {"decode", 16384 + block, 16, 1, 16384, false}}
-                 : std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false}, {"decode", 131072, 1, 1, 0, false},
+      compressed ? std::vector<StepShape>{{"decode", 16384, 1, 1, 0, false},
                                           {"prefill", 16384, 1, 2048, 0, false},
-                                          {"prefill", 65536, 1, 2048, 0, false}, {"decode", 131072, 1, 1, 0, true},
-                                          {"prefill", 65536, 1, 2048, 0, true}};
+                                          {"decode", 16384 + block, 16, 1, 16384, false}}
+                 : std::vector<StepShape>{
+                       {"decode", 16384, 1, 1, 0, false},     {"decode", 131072, 1, 1, 0, false},
+                       {"prefill", 16384, 1, 2048, 0, false}, {"prefill", 65536, 1, 2048, 0, false},
+                       {"decode", 131072, 1, 1, 0, true},     {"prefill", 65536, 1, 2048, 0, true}};
   const std::int64_t num_blocks = 2 * cdiv(131072, block);
   Model m(block, num_blocks, 0, compressed ? Mode::kCompressed : Mode::kExact);
   for (const auto& shape : shapes) {
@@ -913,22 +962,34 @@ int main(int argc, char** argv) {
   Bench b;
   const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
     const auto whole = [&](std::int64_t least) { return bench::whole_number(k, v, least); };
-    if (k == "--device") b.o.device = v;
-    else if (k == "--iters") b.o.iters = whole(1);
-    else if (k == "--block") b.o.block = whole(1);
-    else if (k == "--ring") g_ring = whole(1);
-    else if (k == "--id-runs") g_id_runs = whole(1);
-    else if (k == "--back-to-back") g_back_to_back = whole(0);
-    else if (k == "--host-gib") b.o.host_gib = bench::positive_number(k, v);
+    if (k == "--device")
+      b.o.device = v;
+    else if (k == "--iters")
+      b.o.iters = whole(1);
+    else if (k == "--block")
+      b.o.block = whole(1);
+    else if (k == "--ring")
+      g_ring = whole(1);
+    else if (k == "--id-runs")
+      g_id_runs = whole(1);
+    else if (k == "--back-to-back")
+      g_back_to_back = whole(0);
+    else if (k == "--host-gib")
+      b.o.host_gib = bench::positive_number(k, v);
 #ifdef ACTIVEKV_BENCH_PROFILE
-    else if (k == "--profile-dir") b.o.profile_dir = v;
-    else if (k == "--profile-homes") b.o.profile_homes = bench::one_of(k, v, {"exact", "compressed"});
+    else if (k == "--profile-dir")
+      b.o.profile_dir = v;
+    else if (k == "--profile-homes")
+      b.o.profile_homes = bench::one_of(k, v, {"exact", "compressed"});
 #else
     else if (k == "--profile-dir" || k == "--profile-homes") throw bench::BadFlag(k + ": only streaming_bench_profiled profiles");
 #endif
-    else if (k == "--timeline") b.o.timeline = bench::switch_on(k, v);
-    else if (k == "--pin-to-gpu-node") b.o.pin_to_gpu_node = bench::switch_on(k, v);
-    else if (k == "--attention") g_attention = bench::switch_on(k, v);
+    else if (k == "--timeline")
+      b.o.timeline = bench::switch_on(k, v);
+    else if (k == "--pin-to-gpu-node")
+      b.o.pin_to_gpu_node = bench::switch_on(k, v);
+    else if (k == "--attention")
+      g_attention = bench::switch_on(k, v);
     else if (k == "--only") {
       for (const auto& part : bench::parts(k, v)) b.o.only.insert(bench::one_of(k, part, kParts));
     } else if (k == "--knobs") {
@@ -942,9 +1003,11 @@ int main(int argc, char** argv) {
       }
       for (const auto& part : bench::parts(k, v)) b.o.variants.insert(bench::one_of(k, part, names));
     } else if (k == "--kinds") {
-      for (const auto& part : bench::parts(k, v)) b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
+      for (const auto& part : bench::parts(k, v))
+        b.o.kinds.insert(bench::one_of(k, part, {"decode", "prefill"}));
     } else if (k == "--contexts") {
-      for (const auto& part : bench::parts(k, v)) b.o.contexts.insert(std::to_string(bench::whole_number(k, part, 1)));
+      for (const auto& part : bench::parts(k, v))
+        b.o.contexts.insert(std::to_string(bench::whole_number(k, part, 1)));
     } else {
       return false;
     }
@@ -968,19 +1031,23 @@ int main(int argc, char** argv) {
   std::printf("%s\n", bench::host_placement().c_str());
   // The driver's launch queues (read when the context is made) move the host's
   // time to queue a step: a run says if they were scaled.
-  if (const char* queues = std::getenv("CUDA_SCALE_LAUNCH_QUEUES")) std::printf("CUDA_SCALE_LAUNCH_QUEUES=%s\n", queues);
+  if (const char* queues = std::getenv("CUDA_SCALE_LAUNCH_QUEUES"))
+    std::printf("CUDA_SCALE_LAUNCH_QUEUES=%s\n", queues);
   g_device = c10::Device(b.o.device);
   if (!g_device.has_index()) g_device = c10::Device(g_device.type(), 0);  // tensors say cuda:0
   b.h2d_peak = pinned_peak(true, 5);
   b.d2h_peak = pinned_peak(false, 5);
-  std::printf("device %s; %lld layers, %lld KV heads x %lld, %lld query heads, bf16, block %lld; pinned "
-              "peak host->device %.1f GB/s, device->host %.1f GB/s\n", b.o.device.c_str(),
-              static_cast<long long>(kLayers), static_cast<long long>(kKvHeads), static_cast<long long>(kHeadSize),
-              static_cast<long long>(kQueryHeads), static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
+  std::printf(
+      "device %s; %lld layers, %lld KV heads x %lld, %lld query heads, bf16, block %lld; pinned "
+      "peak host->device %.1f GB/s, device->host %.1f GB/s\n",
+      b.o.device.c_str(), static_cast<long long>(kLayers), static_cast<long long>(kKvHeads),
+      static_cast<long long>(kHeadSize), static_cast<long long>(kQueryHeads),
+      static_cast<long long>(b.o.block), b.h2d_peak / 1e9, b.d2h_peak / 1e9);
   // The run's first peak line names the GPU: gpu_report says which machine each goal's points came from.
   std::string gpu = bench::gpu_model_names();
-  std::replace_if(gpu.begin(), gpu.end(),
-                  [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }, ' ');
+  std::replace_if(
+      gpu.begin(), gpu.end(),
+      [](char c) { return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20; }, ' ');
   std::printf("gpu: %s\n", gpu.empty() ? "not named (the NVIDIA driver lists none)" : gpu.c_str());
   std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f%s}\n", b.h2d_peak / 1e9,
               b.d2h_peak / 1e9, gpu.empty() ? "" : (", \"gpu\": \"" + gpu + "\"").c_str());
@@ -1001,9 +1068,9 @@ int main(int argc, char** argv) {
   // every point, so pipeline.bench.gpu_report takes each against the best.
   free_pinned_cache();
   const double h2d_end = pinned_peak(true, 5), d2h_end = pinned_peak(false, 5);
-  std::printf("pinned peak again after the points: host->device %.1f GB/s, device->host %.1f GB/s\n", h2d_end / 1e9,
-              d2h_end / 1e9);
-  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"when\": \"end\"}\n", h2d_end / 1e9,
-              d2h_end / 1e9);
+  std::printf("pinned peak again after the points: host->device %.1f GB/s, device->host %.1f GB/s\n",
+              h2d_end / 1e9, d2h_end / 1e9);
+  std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"when\": \"end\"}\n",
+              h2d_end / 1e9, d2h_end / 1e9);
   return b.failed ? 1 : 0;
 }

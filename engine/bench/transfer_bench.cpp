@@ -65,7 +65,8 @@ void row(const char* what, double bytes, double seconds, double peak_gbs) {
   }
 }
 
-constexpr const char* kUsage = "usage: transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]\n";
+constexpr const char* kUsage =
+    "usage: transfer_bench [--device cuda] [--blocks 2048] [--layers 4] [--iters 5]\n";
 
 // The options, or the exit code when the run should stop: 0 after --help, 2
 // after saying what was wrong with the command line or that no accelerator
@@ -73,11 +74,16 @@ constexpr const char* kUsage = "usage: transfer_bench [--device cuda] [--blocks 
 std::variant<Options, int> parse_options(int argc, char** argv) {
   Options o;
   const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
-    if (k == "--device") o.device = v;
-    else if (k == "--blocks") o.blocks = bench::whole_number(k, v, 1);
-    else if (k == "--layers") o.layers = bench::whole_number(k, v, 1);
-    else if (k == "--iters") o.iters = bench::whole_number(k, v, 1);
-    else return false;
+    if (k == "--device")
+      o.device = v;
+    else if (k == "--blocks")
+      o.blocks = bench::whole_number(k, v, 1);
+    else if (k == "--layers")
+      o.layers = bench::whole_number(k, v, 1);
+    else if (k == "--iters")
+      o.iters = bench::whole_number(k, v, 1);
+    else
+      return false;
     return true;
   });
   if (stop) return *stop;
@@ -355,8 +361,8 @@ struct EngineSteps {
   }
   // Mean seconds of a step over `rotation`'s plans, each run until its copies landed.
   double time_steps(const std::vector<StepPlan>& rotation, bool gated = true) {
-    return timed(b.o.iters, [this, gated, next = moved(rotation)] { run_step(next(), gated); },
-                 [this] { landed(); });
+    return timed(
+        b.o.iters, [this, gated, next = moved(rotation)] { run_step(next(), gated); }, [this] { landed(); });
   }
 
  private:
@@ -407,9 +413,10 @@ void measure_save_step_host_time(EngineSteps& e) {
     drain_s += std::chrono::duration<double>(t4 - t3).count();
   }
   const double k = 1e3 / static_cast<double>(o.iters);
-  std::printf("save step, host time: bind %.3f ms, issue %lld layers %.3f ms (slowest layer %.3f ms), "
-              "wait_for_save %.3f ms; then until the copies landed %.3f ms\n", bind_s * k,
-              static_cast<long long>(o.layers), issue_s * k, layer_max_s * 1e3, wait_s * k, drain_s * k);
+  std::printf(
+      "save step, host time: bind %.3f ms, issue %lld layers %.3f ms (slowest layer %.3f ms), "
+      "wait_for_save %.3f ms; then until the copies landed %.3f ms\n",
+      bind_s * k, static_cast<long long>(o.layers), issue_s * k, layer_max_s * 1e3, wait_s * k, drain_s * k);
 }
 
 void measure_engine_loads(EngineSteps& e, const Peaks& peaks) {
@@ -434,9 +441,9 @@ int main(int argc, char** argv) {
   g_device = c10::Device(o.device);
   const KVLayout layout = bench_layout(o.layers);
   Batch batch(o, layout);
-  std::printf("device %s, %lld blocks x %lld layers x %.0f KiB = %.0f MiB per batch\n",
-              o.device.c_str(), static_cast<long long>(o.blocks), static_cast<long long>(o.layers),
-              batch.block_bytes / 1024, batch.batch_bytes / (1 << 20));
+  std::printf("device %s, %lld blocks x %lld layers x %.0f KiB = %.0f MiB per batch\n", o.device.c_str(),
+              static_cast<long long>(o.blocks), static_cast<long long>(o.layers), batch.block_bytes / 1024,
+              batch.batch_bytes / (1 << 20));
 
   Peaks peaks;
   {

@@ -55,16 +55,20 @@ Engine* engine_in(const py::handle& self, PyObject* key) {
   }
   return &py::cast<Engine&>(py::handle(value));
 }
-WorkerSide* find_worker(const py::handle& self) { return engine_in<WorkerSide>(self, connector_keys().worker); }
+WorkerSide* find_worker(const py::handle& self) {
+  return engine_in<WorkerSide>(self, connector_keys().worker);
+}
 
 SchedulerEngine& scheduler_of(const py::handle& self) {
   auto* engine = engine_in<SchedulerEngine>(self, connector_keys().scheduler);
-  if (engine == nullptr) throw py::attribute_error("ActiveKV: a scheduler-side call on a worker-side connector");
+  if (engine == nullptr)
+    throw py::attribute_error("ActiveKV: a scheduler-side call on a worker-side connector");
   return *engine;
 }
 WorkerSide& worker_of(const py::handle& self) {
   WorkerSide* engine = find_worker(self);
-  if (engine == nullptr) throw py::attribute_error("ActiveKV: a worker-side call on a scheduler-side connector");
+  if (engine == nullptr)
+    throw py::attribute_error("ActiveKV: a worker-side call on a scheduler-side connector");
   return *engine;
 }
 void set_metadata(const py::handle& self, const py::handle& meta) {
@@ -133,7 +137,8 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   if (!config.streaming) return;
   const py::object compilation = py::getattr(vllm_config, "compilation_config", py::none());
   const py::object model = py::getattr(vllm_config, "model_config", py::none());
-  const bool eager = !model.is_none() && py::getattr(model, "enforce_eager", py::bool_(false)).is(py::bool_(true));
+  const bool eager =
+      !model.is_none() && py::getattr(model, "enforce_eager", py::bool_(false)).is(py::bool_(true));
   if (!eager && py::getattr(compilation, "use_breakable_cudagraph", py::none()).is(py::bool_(true))) {
     throw py::value_error(
         "ActiveKV layer streaming needs each layer's KV cache update to run outside CUDA graphs, which "
@@ -162,13 +167,14 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
       throw py::value_error(
           "ActiveKV layer streaming needs vLLM with ActiveKV's patch series (patches/vllm/" +
           g_classes->features.version + "/0002: KVConnectorBase_V1.get_kv_cache_regions); this vLLM " +
-          g_classes->features.version + " is not patched: install the patched wheel "
+          g_classes->features.version +
+          " is not patched: install the patched wheel "
           "(python3 ci/run-nox -s patch-vllm) or remove 'streaming' from kv_connector_extra_config");
     }
     geometry = streaming_geometry(*config.streaming, vllm_config, kv_cache_config.attr("kv_cache_groups"));
-    report = StartupReport::of(
-        *geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
-        py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
+    report =
+        StartupReport::of(*geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
+                          py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
     if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
       throw py::value_error(s.error());
     }
@@ -177,18 +183,18 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());
     }
   }
-  const ModelIdentity id{py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
-                         dtype_name(layout.dtype),
-                         static_cast<std::int64_t>(layout.layer_names.size()),
-                         layout.num_kv_heads,
-                         layout.head_size,
-                         layout.block_size,
-                         py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
+  const ModelIdentity id{
+      py::cast<std::string>(py::str(vllm_config.attr("model_config").attr("model"))),
+      dtype_name(layout.dtype),
+      static_cast<std::int64_t>(layout.layer_names.size()),
+      layout.num_kv_heads,
+      layout.head_size,
+      layout.block_size,
+      py::cast<std::int64_t>(vllm_config.attr("parallel_config").attr("tensor_parallel_size"))};
   if (scheduler) {
-    auto side = std::make_unique<SchedulerSide>(config, id.digest(), layout.block_size, slot_bytes,
-                                                num_slots, id.tp_size,
-                                                geometry ? std::optional<std::int64_t>(num_blocks)
-                                                         : std::nullopt);
+    auto side = std::make_unique<SchedulerSide>(
+        config, id.digest(), layout.block_size, slot_bytes, num_slots, id.tp_size,
+        geometry ? std::optional<std::int64_t>(num_blocks) : std::nullopt);
     if (report) side->report_streaming(*report);
     // vLLM makes the scheduler's connector after its workers registered their
     // KV caches, so every rank's store file is open and verified by now.
@@ -205,17 +211,19 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     // Tensor x pipeline parallel (vLLM's world_size; tensor parallel where a
     // config has no world_size), times the data-parallel ranks on this host.
     const py::object parallel = vllm_config.attr("parallel_config");
-    worker->set_workers(py::cast<std::int64_t>(py::getattr(parallel, "world_size", py::int_(id.tp_size))) *
-                        py::cast<std::int64_t>(py::getattr(parallel, "data_parallel_size_local", py::int_(1))));
+    worker->set_workers(
+        py::cast<std::int64_t>(py::getattr(parallel, "world_size", py::int_(id.tp_size))) *
+        py::cast<std::int64_t>(py::getattr(parallel, "data_parallel_size_local", py::int_(1))));
     if (!config.store_path.empty()) {
       // What must match for the file's bytes to be read back (the blocks'
       // shape and strides are added at register_kv_caches).
       std::string digest;
-      for (const auto b : id.digest()) digest += "0123456789abcdef"[b >> 4], digest += "0123456789abcdef"[b & 15];
+      for (const auto b : id.digest())
+        digest += "0123456789abcdef"[b >> 4], digest += "0123456789abcdef"[b & 15];
       worker->use_store_file(store_file_of_rank(config.store_path, rank, id.tp_size),
                              "activekv-store model=" + digest + " mode=" + mode_name(config.mode) +
-                                 " dtype=" + dtype_name(layout.dtype) + " rank=" + std::to_string(rank) + "/" +
-                                 std::to_string(id.tp_size));
+                                 " dtype=" + dtype_name(layout.dtype) + " rank=" + std::to_string(rank) +
+                                 "/" + std::to_string(id.tp_size));
     }
     self.attr("_activekv_worker") = py::cast(std::move(worker));
   }
@@ -238,8 +246,9 @@ py::dict connector_namespace() {
     ns["_cache_hit_source"] =
         py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
   }
-  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(
-      method([](py::object) { return false; }));  // a dropped save is only a future miss
+  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(method([](py::object) {
+    return false;
+  }));  // a dropped save is only a future miss
 
   // -- worker --
   ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
@@ -253,8 +262,10 @@ py::dict connector_namespace() {
     }
     if (const std::string line = worker.store_file_line(); !line.empty()) {
       const bool on_cuda = !caches.empty() && caches.begin()->second.is_cuda();
-      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")(
-          "%s; %s", line, on_cuda ? pin_store_file(self, *worker.store_file()) : std::string("pageable"));
+      py::module_::import("logging")
+          .attr("getLogger")("vllm.activekv")
+          .attr("info")("%s; %s", line,
+                        on_cuda ? pin_store_file(self, *worker.store_file()) : std::string("pageable"));
     }
   });
   ns["shutdown"] = named("shutdown", [](py::object self) { unpin_store_file(self); });
@@ -293,14 +304,15 @@ py::dict connector_namespace() {
     py::gil_scoped_release nogil;
     w.wait_for_layer_load(name);
   });
-  ns["save_kv_layer"] = named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
-    WorkerSide& w = worker_of(self);
-    if (!w.has_saves() && !w.has_stream_work()) return;
-    const auto name = py::cast<std::string>(layer);
-    const auto tensor = py::cast<at::Tensor>(kv);
-    py::gil_scoped_release nogil;
-    w.save_layer(name, tensor);
-  });
+  ns["save_kv_layer"] =
+      named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
+        WorkerSide& w = worker_of(self);
+        if (!w.has_saves() && !w.has_stream_work()) return;
+        const auto name = py::cast<std::string>(layer);
+        const auto tensor = py::cast<at::Tensor>(kv);
+        py::gil_scoped_release nogil;
+        w.save_layer(name, tensor);
+      });
   ns["wait_for_save"] = named("wait_for_save", [](py::object self) {
     WorkerSide& w = worker_of(self);
     if (!w.has_saves()) return w.wait_for_save();  // no copy to wait for
@@ -337,12 +349,14 @@ py::dict connector_namespace() {
   });
 
   // -- scheduler --
-  ns["get_num_new_matched_tokens"] = named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
-    return scheduler_of(self).get_num_new_matched_tokens(request, n);
-  });
-  ns["update_state_after_alloc"] = named("update_state_after_alloc", [](py::object self, py::object request, py::object blocks, std::int64_t n) {
-    scheduler_of(self).update_state_after_alloc(request, blocks, n);
-  });
+  ns["get_num_new_matched_tokens"] =
+      named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
+        return scheduler_of(self).get_num_new_matched_tokens(request, n);
+      });
+  ns["update_state_after_alloc"] = named(
+      "update_state_after_alloc", [](py::object self, py::object request, py::object blocks, std::int64_t n) {
+        scheduler_of(self).update_state_after_alloc(request, blocks, n);
+      });
   ns["build_connector_meta"] = named("build_connector_meta", [](py::object self, py::object so) {
     const StepPlan plan = scheduler_of(self).build(so);
     // vLLM 0.34's model runner starts the loads before the forward only on a
@@ -372,19 +386,20 @@ py::dict connector_namespace() {
   const py::object classmethod = py::module_::import("builtins").attr("classmethod");
   // A copy of the payload, as the reference's dict(data): vLLM's log line
   // aggregates into the first stats it built, and the payload stays as sent.
-  ns["build_kv_connector_stats"] = classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
-    py::dict copy;
-    if (!data.is_none()) {
-      for (const auto& [k, v] : py::dict(data)) copy[k] = v;
-    }
-    return g_classes->stats("data"_a = copy);
-  }));
+  ns["build_kv_connector_stats"] =
+      classmethod(named("build_kv_connector_stats", [](py::object, py::object data) {
+        py::dict copy;
+        if (!data.is_none()) {
+          for (const auto& [k, v] : py::dict(data)) copy[k] = v;
+        }
+        return g_classes->stats("data"_a = copy);
+      }));
   // A full CUDA graph replays with no per-layer hook. The store's loads and
   // saves then run at the step's edges (start_load_kv, wait_for_save), but
   // layer streaming stages and writes back each layer between the graph
   // pieces: with it, vLLM downgrades FULL_AND_PIECEWISE to PIECEWISE.
-  ns["requires_piecewise_for_cudagraph"] = classmethod(named("requires_piecewise_for_cudagraph",
-      [](py::object, py::object extra_config) {
+  ns["requires_piecewise_for_cudagraph"] =
+      classmethod(named("requires_piecewise_for_cudagraph", [](py::object, py::object extra_config) {
         auto parsed = Config::parse(to_config_values(extra_config));
         return parsed.ok() && parsed.value().streaming.has_value();
       }));
@@ -393,8 +408,8 @@ py::dict connector_namespace() {
   // each block one contiguous row in the logical order (HND on CUDA's flash
   // attention). Other modes take vLLM's default. A config that does not parse
   // is refused by the connector's constructor, with its message.
-  ns["get_required_kvcache_layout"] = classmethod(named("get_required_kvcache_layout",
-      [](py::object, py::object vllm_config) -> py::object {
+  ns["get_required_kvcache_layout"] =
+      classmethod(named("get_required_kvcache_layout", [](py::object, py::object vllm_config) -> py::object {
         const py::object transfer = vllm_config.attr("kv_transfer_config");
         if (transfer.is_none()) return py::none();
         auto parsed = Config::parse(to_config_values(transfer.attr("kv_connector_extra_config")));
@@ -406,21 +421,22 @@ py::dict connector_namespace() {
       }));
   // Called by vLLM's engine core at start-up (patch 0002), before any
   // connector instance exists: the regions of the device KV cache, or None.
-  ns["get_kv_cache_regions"] = classmethod(named("get_kv_cache_regions",
-      [](py::object, py::object vllm_config, py::object kv_cache_groups) -> py::object {
-        const Config config = parse_config(
-            vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config"));
-        if (!config.streaming) return py::none();
-        return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups).regions());
-      }));
+  ns["get_kv_cache_regions"] = classmethod(
+      named("get_kv_cache_regions",
+            [](py::object, py::object vllm_config, py::object kv_cache_groups) -> py::object {
+              const Config config =
+                  parse_config(vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config"));
+              if (!config.streaming) return py::none();
+              return py::cast(streaming_geometry(*config.streaming, vllm_config, kv_cache_groups).regions());
+            }));
   // Sleep mode (vLLM 0.33+) frees and remaps the device KV cache under the
   // connector; ActiveKV's worker keeps views of it and copies in flight, so
   // vLLM refuses the combination at start-up, naming the connector.
-  ns["supports_sleep_mode"] = classmethod(named("supports_sleep_mode", [](py::object, py::object) {
-    return false;
-  }));
-  ns["build_prom_metrics"] = classmethod(named("build_prom_metrics", 
-      [](py::object, py::object vllm_config, py::object types, py::object labels, py::object per_engine) {
+  ns["supports_sleep_mode"] =
+      classmethod(named("supports_sleep_mode", [](py::object, py::object) { return false; }));
+  ns["build_prom_metrics"] =
+      classmethod(named("build_prom_metrics", [](py::object, py::object vllm_config, py::object types,
+                                                 py::object labels, py::object per_engine) {
         return g_classes->prom(vllm_config, types, labels, per_engine);
       }));
   return ns;

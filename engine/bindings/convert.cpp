@@ -38,7 +38,7 @@ ConfigValue to_config_value(const py::handle& v) {
 template <class Owner, class T>
 struct Field {
   const char* name;  // the Python attribute
-  T Owner::*member;
+  T Owner::* member;
   // Read as empty when the attribute is absent.
   bool may_be_absent = false;
 };
@@ -123,9 +123,7 @@ Owner read_fields(const py::handle& meta, const std::tuple<Field<Owner, T>...>& 
 
 }  // namespace
 
-py::bytes to_bytes(const BlockKey& key) {
-  return {reinterpret_cast<const char*>(key.data()), key.size()};
-}
+py::bytes to_bytes(const BlockKey& key) { return {reinterpret_cast<const char*>(key.data()), key.size()}; }
 
 BlockKey to_key(const py::handle& b) {
   const std::string s = py::cast<std::string>(b);
@@ -160,10 +158,14 @@ c10::ScalarType dtype_from_python(const py::handle& dtype) {
 
 std::string dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::Float: return "float32";
-    default: return c10::toString(t);
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Half:
+      return "float16";
+    case c10::ScalarType::Float:
+      return "float32";
+    default:
+      return c10::toString(t);
   }
 }
 

@@ -28,8 +28,8 @@ py::dict telemetry_dict(const Telemetry& t, const std::string& source) {
     const auto g = static_cast<Gauge>(i);
     const auto v = t.gauge(g);
     if (!v) continue;
-    const py::object value = gauge_is_ratio(g) ? py::object(py::float_(*v))
-                                               : py::object(py::int_(static_cast<long long>(*v)));
+    const py::object value =
+        gauge_is_ratio(g) ? py::object(py::float_(*v)) : py::object(py::int_(static_cast<long long>(*v)));
     py::dict per;
     per[py::str(source)] = py::list(py::make_tuple(t.seq(), value));
     gauges[name_of(kGaugeNames[i])] = per;
@@ -52,8 +52,8 @@ py::dict merge_latest(const py::dict& into, const py::dict& from) {
     if (!out.contains(name)) out[name] = py::dict();
     py::dict mine(out[name]);
     for (const auto& [source, entry] : py::reinterpret_borrow<py::dict>(per)) {
-      if (!mine.contains(source) ||
-          py::object(entry[py::int_(0)]).cast<double>() >= py::object(mine[source][py::int_(0)]).cast<double>()) {
+      if (!mine.contains(source) || py::object(entry[py::int_(0)]).cast<double>() >=
+                                        py::object(mine[source][py::int_(0)]).cast<double>()) {
         mine[source] = entry;
       }
     }
@@ -151,9 +151,9 @@ py::dict prom_namespace(const py::object& prom_base) {
     };
     py::dict counters;
     for (std::size_t i = 0; i < kCounterNames.size(); ++i) {
-      counters[name_of(kCounterNames[i])] = children(self.attr("_counter_cls")(
-          "name"_a = kPrefix + std::string(kCounterNames[i]), "documentation"_a = name_of(kCounterHelp[i]),
-          "labelnames"_a = labels));
+      counters[name_of(kCounterNames[i])] = children(
+          self.attr("_counter_cls")("name"_a = kPrefix + std::string(kCounterNames[i]),
+                                    "documentation"_a = name_of(kCounterHelp[i]), "labelnames"_a = labels));
     }
     py::dict gauges;
     for (std::size_t i = 0; i < kGaugeNames.size(); ++i) {
@@ -170,8 +170,8 @@ py::dict prom_namespace(const py::object& prom_base) {
     const py::object info = self.attr("_gauge_cls")(
         "name"_a = kPrefix + std::string(kConfigInfoName), "documentation"_a = name_of(kConfigInfoHelp),
         "multiprocess_mode"_a = "mostrecent", "labelnames"_a = info_labels);
-    const py::list config = config_labels(
-        parse_config(vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config")));
+    const py::list config =
+        config_labels(parse_config(vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config")));
     for (const auto& [idx, values] : per_engine) {
       const py::object all = py::list(py::reinterpret_borrow<py::object>(values)) + config;
       info.attr("labels")(*all).attr("set")(1);
@@ -180,31 +180,36 @@ py::dict prom_namespace(const py::object& prom_base) {
     self.attr("_activekv_gauges") = gauges;
     self.attr("_activekv_latest") = py::dict();  // engine -> gauge -> source -> [seq, value]
   });
-  ns["observe"] = named("observe", [](py::object self, py::dict data, py::int_ engine_idx) {
-    py::dict counters = self.attr("_activekv_counters");
-    for (const auto& [name, per] : counters) {
-      const py::object v = data.attr("get")(name, 0);
-      if (py::cast<bool>(v)) per[engine_idx].attr("inc")(v);
-    }
-    const py::dict reported = gauges_of(data);
-    if (py::len(reported) == 0) return;
-    py::dict latest_all = self.attr("_activekv_latest");
-    if (!latest_all.contains(engine_idx)) latest_all[engine_idx] = py::dict();
-    const py::dict latest = merge_latest(py::dict(latest_all[engine_idx]), reported);
-    latest_all[engine_idx] = latest;
-    py::dict gauges = self.attr("_activekv_gauges");
-    for (const auto& [name, per] : reported) {
-      if (!gauges.contains(name)) continue;  // a newer engine's gauge: not ours to show
-      gauges[name][engine_idx].attr("set")(sum_over_sources(py::dict(latest[name])));
-    }
-  }, "transfer_stats_data"_a, "engine_idx"_a = 0);
+  ns["observe"] = named(
+      "observe",
+      [](py::object self, py::dict data, py::int_ engine_idx) {
+        py::dict counters = self.attr("_activekv_counters");
+        for (const auto& [name, per] : counters) {
+          const py::object v = data.attr("get")(name, 0);
+          if (py::cast<bool>(v)) per[engine_idx].attr("inc")(v);
+        }
+        const py::dict reported = gauges_of(data);
+        if (py::len(reported) == 0) return;
+        py::dict latest_all = self.attr("_activekv_latest");
+        if (!latest_all.contains(engine_idx)) latest_all[engine_idx] = py::dict();
+        const py::dict latest = merge_latest(py::dict(latest_all[engine_idx]), reported);
+        latest_all[engine_idx] = latest;
+        py::dict gauges = self.attr("_activekv_gauges");
+        for (const auto& [name, per] : reported) {
+          if (!gauges.contains(name)) continue;  // a newer engine's gauge: not ours to show
+          gauges[name][engine_idx].attr("set")(sum_over_sources(py::dict(latest[name])));
+        }
+      },
+      "transfer_stats_data"_a, "engine_idx"_a = 0);
   return ns;
 }
 
 py::dict telemetry_names() {
   py::dict counters, gauges, info;
-  for (std::size_t i = 0; i < kCounterNames.size(); ++i) counters[name_of(kCounterNames[i])] = name_of(kCounterHelp[i]);
-  for (std::size_t i = 0; i < kGaugeNames.size(); ++i) gauges[name_of(kGaugeNames[i])] = name_of(kGaugeHelp[i]);
+  for (std::size_t i = 0; i < kCounterNames.size(); ++i)
+    counters[name_of(kCounterNames[i])] = name_of(kCounterHelp[i]);
+  for (std::size_t i = 0; i < kGaugeNames.size(); ++i)
+    gauges[name_of(kGaugeNames[i])] = name_of(kGaugeHelp[i]);
   py::list labels;
   for (const auto& l : kConfigInfoLabels) labels.append(name_of(l));
   info["name"] = name_of(kConfigInfoName);

@@ -34,8 +34,8 @@ void SchedulerEngine::sync(const py::handle& request) {
   const py::object all = request.attr("all_token_ids");
   if (known == 0) requests_[py::str(id)] = request;
   if (py::len(all) <= static_cast<std::size_t>(known)) return;
-  const auto fresh = py::cast<std::vector<std::int64_t>>(
-      all[py::slice(known, static_cast<py::ssize_t>(py::len(all)), 1)]);
+  const auto fresh =
+      py::cast<std::vector<std::int64_t>>(all[py::slice(known, static_cast<py::ssize_t>(py::len(all)), 1)]);
   const py::object salt = request.attr("cache_salt");
   side_->observe_request(id, salt.is_none() ? std::nullopt : std::optional(py::cast<std::string>(salt)),
                          py::cast<std::int64_t>(request.attr("num_prompt_tokens")), fresh);

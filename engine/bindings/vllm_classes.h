@@ -21,9 +21,9 @@ inline constexpr const char* kModule = "activekv";
 inline constexpr const char* kConnectorName = "ActiveKVHostConnector";
 inline constexpr const char* kConnectorAlias = "ActiveKVConnector";
 // The module's attributes made by make_vllm_classes.
-inline constexpr std::array<const char*, 6> kVllmFacing = {kConnectorName,           kConnectorAlias,
-                                                           "ActiveKVMetadata",       "ActiveKVWorkerMetadata",
-                                                           "ActiveKVStats",          "ActiveKVPromMetrics"};
+inline constexpr std::array<const char*, 6> kVllmFacing = {kConnectorName,     kConnectorAlias,
+                                                           "ActiveKVMetadata", "ActiveKVWorkerMetadata",
+                                                           "ActiveKVStats",    "ActiveKVPromMetrics"};
 
 struct Classes {
   py::object base;            // KVConnectorBase_V1

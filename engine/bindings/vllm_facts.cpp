@@ -20,7 +20,8 @@ KVCacheGroups kv_cache_groups_of(const py::list& groups) {
   for (const auto& g : groups) {
     out.kinds.push_back(py::cast<std::string>(py::type::handle_of(g.attr("kv_cache_spec")).attr("__name__")));
   }
-  out.one_full_attention = groups.size() == 1 && py::type::handle_of(groups[0].attr("kv_cache_spec")).is(full);
+  out.one_full_attention =
+      groups.size() == 1 && py::type::handle_of(groups[0].attr("kv_cache_spec")).is(full);
   return out;
 }
 
@@ -38,8 +39,8 @@ StreamableFacts streamable_facts(const py::handle& vllm_config, const py::handle
   f.sliding_window = !py::getattr(groups[0].attr("kv_cache_spec"), "sliding_window", py::none()).is_none();
   if (f.sliding_window) return f;
   const py::object parallel = vllm_config.attr("parallel_config");
-  f.attention_layers = py::cast<std::int64_t>(
-      model.attr("get_num_layers_by_block_type")(parallel, "attention"));
+  f.attention_layers =
+      py::cast<std::int64_t>(model.attr("get_num_layers_by_block_type")(parallel, "attention"));
   f.kv_cache_layers = static_cast<std::int64_t>(py::len(groups[0].attr("layer_names")));
   if (f.attention_layers != f.kv_cache_layers) return f;
   f.speculative = !vllm_config.attr("speculative_config").is_none();

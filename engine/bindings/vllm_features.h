@@ -42,7 +42,8 @@ struct VllmFeatures {
   // field without a default is no class attribute).
   static bool has_field(const char* module, const char* cls, const char* field) {
     namespace py = pybind11;
-    const py::object fields = py::getattr(py::module_::import(module).attr(cls), "__dataclass_fields__", py::none());
+    const py::object fields =
+        py::getattr(py::module_::import(module).attr(cls), "__dataclass_fields__", py::none());
     return !fields.is_none() && fields.contains(field);
   }
 
@@ -53,8 +54,8 @@ struct VllmFeatures {
     const py::object find_spec = py::module_::import("importlib.util").attr("find_spec");
     f.cache_hit_source = !find_spec("vllm.v1.metrics.cache_hit_source").is_none();
     f.layer_work_hook = py::hasattr(base, "has_layer_work");
-    f.streaming_hooks = py::hasattr(base, "get_kv_cache_regions") &&
-                        py::hasattr(base, "loads_before_kv_cache_update");
+    f.streaming_hooks =
+        py::hasattr(base, "get_kv_cache_regions") && py::hasattr(base, "loads_before_kv_cache_update");
     f.piecewise_hook = py::hasattr(base, "requires_piecewise_for_cudagraph");
     f.kvcache_layout_hook = py::hasattr(base, "get_required_kvcache_layout");
     f.sync_kv_loads_flag = has_field("vllm.v1.core.sched.output", "SchedulerOutput", "has_sync_kv_loads");

@@ -90,8 +90,10 @@ int main(int argc, char** argv) {
       mode = v;
       if (!activekv::mode_named(mode)) {
         std::string accepted;
-        for (const auto& [name, m] : activekv::kModes) accepted += (accepted.empty() ? "" : ", ") + std::string(name);
-        return usage(program, "--activekv-mode: '" + mode + "' is not accepted; accepted values: " + accepted);
+        for (const auto& [name, m] : activekv::kModes)
+          accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+        return usage(program,
+                     "--activekv-mode: '" + mode + "' is not accepted; accepted values: " + accepted);
       }
     } else if (arg == "--activekv-capacity") {
       const char* v = value("--activekv-capacity");
@@ -101,7 +103,8 @@ int main(int argc, char** argv) {
       const char* end = v + std::strlen(v);
       const auto parsed = std::from_chars(v, end, bytes);
       if (parsed.ec != std::errc{} || parsed.ptr != end || !activekv::capacity_in_range(bytes)) {
-        return usage(program, std::string("--activekv-capacity: '") + v + "' is not " + activekv::kCapacityAccepts);
+        return usage(program,
+                     std::string("--activekv-capacity: '") + v + "' is not " + activekv::kCapacityAccepts);
       }
       capacity = std::to_string(bytes);
     } else if (arg == "--activekv-streaming") {
@@ -112,8 +115,9 @@ int main(int argc, char** argv) {
       const std::string resident = s.substr(0, comma);
       const std::string ring = comma == std::string::npos ? "2" : s.substr(comma + 1);
       if (!all_digits(resident) || !all_digits(ring) || resident.size() > 6 || ring.size() > 6) {
-        return usage(program, "--activekv-streaming: '" + s +
-                                  "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)");
+        return usage(program,
+                     "--activekv-streaming: '" + s +
+                         "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)");
       }
       // The range checks (ring >= 2, fewer resident layers than the model has)
       // are the engine's, with the key named, when vLLM starts. Reprinted: JSON
@@ -154,8 +158,10 @@ int main(int argc, char** argv) {
   if (!capacity.empty()) add("capacity_bytes", capacity);
   if (!streaming.empty()) add("streaming", streaming);
   extra += "}";
-  const std::string transfer = "{\"kv_connector\": \"ActiveKVHostConnector\", \"kv_role\": \"kv_both\", "
-                               "\"kv_connector_extra_config\": " + extra + "}";
+  const std::string transfer =
+      "{\"kv_connector\": \"ActiveKVHostConnector\", \"kv_role\": \"kv_both\", "
+      "\"kv_connector_extra_config\": " +
+      extra + "}";
 
   PyConfig config;
   PyConfig_InitPythonConfig(&config);

@@ -5,8 +5,7 @@
 namespace activekv {
 
 AdmissionPolicy::AdmissionPolicy(const Config& config, std::int64_t slot_bytes)
-    : threshold_(config.store_threshold),
-      store_decode_(config.store_blocks == StoreScope::kPromptAndDecode) {
+    : threshold_(config.store_threshold), store_decode_(config.store_blocks == StoreScope::kPromptAndDecode) {
   if (config.max_bytes_per_request != 0) {
     max_blocks_per_request_ = config.max_bytes_per_request / slot_bytes;
   }
@@ -31,8 +30,7 @@ std::int64_t AdmissionPolicy::sightings(const BlockKey& key) const {
   return it == counts_.end() ? 0 : it->second.n;
 }
 
-std::int64_t AdmissionPolicy::savable_blocks(std::int64_t num_full_blocks,
-                                             std::int64_t num_prompt_tokens,
+std::int64_t AdmissionPolicy::savable_blocks(std::int64_t num_full_blocks, std::int64_t num_prompt_tokens,
                                              std::int64_t block_size) const {
   if (store_decode_) return num_full_blocks;
   return std::min(num_full_blocks, num_prompt_tokens / block_size);

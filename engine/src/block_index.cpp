@@ -7,8 +7,8 @@ namespace activekv {
 
 BlockIndex::BlockIndex(std::int64_t num_slots) : num_slots_(num_slots) {
   if (num_slots <= 0) {
-    throw std::invalid_argument("the host store holds no block (num_slots=" +
-                                std::to_string(num_slots) + ")");
+    throw std::invalid_argument("the host store holds no block (num_slots=" + std::to_string(num_slots) +
+                                ")");
   }
   free_.reserve(static_cast<std::size_t>(num_slots));
   for (std::int64_t s = num_slots - 1; s >= 0; --s) free_.push_back(s);

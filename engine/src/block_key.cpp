@@ -12,12 +12,10 @@ void put_u64_le(Sha256& h, std::uint64_t v) {
 }  // namespace
 
 Digest ModelIdentity::digest() const {
-  const std::string text = "model=" + model + "|dtype=" + dtype +
-                           "|num_layers=" + std::to_string(num_layers) +
-                           "|num_kv_heads=" + std::to_string(num_kv_heads) +
-                           "|head_size=" + std::to_string(head_size) +
-                           "|block_size=" + std::to_string(block_size) +
-                           "|tp_size=" + std::to_string(tp_size);
+  const std::string text =
+      "model=" + model + "|dtype=" + dtype + "|num_layers=" + std::to_string(num_layers) +
+      "|num_kv_heads=" + std::to_string(num_kv_heads) + "|head_size=" + std::to_string(head_size) +
+      "|block_size=" + std::to_string(block_size) + "|tp_size=" + std::to_string(tp_size);
   return Sha256::of("activekv-identity-v1|" + text);
 }
 

@@ -13,9 +13,7 @@ constexpr std::array<const char*, 8> kKeys = {
     "store_blocks",   "store_path",       "store_threshold",       "streaming"};
 constexpr const char* kStreamingWhere = "kv_connector_extra_config['streaming']";
 
-std::string where(const std::string& key) {
-  return "kv_connector_extra_config['" + key + "']";
-}
+std::string where(const std::string& key) { return "kv_connector_extra_config['" + key + "']"; }
 
 Status bad(std::string message) { return {ErrorCode::kInvalidConfig, std::move(message)}; }
 
@@ -59,8 +57,8 @@ Status read_choice_at(const std::string& place, const ConfigValue& v,
 Result<StreamingConfig> read_streaming(const ConfigValue& v) {
   const std::string at = kStreamingWhere;
   if (v.kind != ConfigValue::Kind::kTable) {
-    return bad(at + ": expected a table {'resident_layers': R, 'ring_size': K}, got " +
-               v.type_name + " " + v.repr);
+    return bad(at + ": expected a table {'resident_layers': R, 'ring_size': K}, got " + v.type_name + " " +
+               v.repr);
   }
   for (const auto& [key, value] : v.table) {
     if (key != "homes" && key != "resident_layers" && key != "ring_size") {
@@ -70,13 +68,14 @@ Result<StreamingConfig> read_streaming(const ConfigValue& v) {
   StreamingConfig out;
   for (const auto& [key, value] : v.table) {
     const std::string place = at + "['" + key + "']";
-    const Status s =
-        key == "homes" ? read_choice_at(place, value, kModes, out.homes)
-        : key == "resident_layers"
-            ? read_int_at(place, value, out.resident_layers, [](auto x) { return x >= 0; },
-                          "an integer >= 0 (layers kept on the device)")
-            : read_int_at(place, value, out.ring_size, [](auto x) { return x >= 2; },
-                          "an integer >= 2 (staging buffers on the device)");
+    const Status s = key == "homes" ? read_choice_at(place, value, kModes, out.homes)
+                     : key == "resident_layers"
+                         ? read_int_at(
+                               place, value, out.resident_layers, [](auto x) { return x >= 0; },
+                               "an integer >= 0 (layers kept on the device)")
+                         : read_int_at(
+                               place, value, out.ring_size, [](auto x) { return x >= 2; },
+                               "an integer >= 2 (staging buffers on the device)");
     if (!s.ok()) return s;
   }
   return out;
@@ -98,13 +97,12 @@ std::int64_t physical_memory_bytes() {
          static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
-Result<std::int64_t> Config::store_slots(std::int64_t slot_bytes,
-                                         std::int64_t host_memory_bytes) const {
+Result<std::int64_t> Config::store_slots(std::int64_t slot_bytes, std::int64_t host_memory_bytes) const {
   const std::string at = where("capacity_bytes") + "=" + std::to_string(capacity_bytes);
   const std::int64_t slots = capacity_bytes / slot_bytes;
   if (slots == 0) {
-    return bad(at + " holds no block; one block takes " + std::to_string(slot_bytes) +
-               " bytes in " + mode_name(mode) + " mode");
+    return bad(at + " holds no block; one block takes " + std::to_string(slot_bytes) + " bytes in " +
+               mode_name(mode) + " mode");
   }
   if (capacity_bytes > host_memory_bytes) {
     return bad(at + " exceeds this host's memory (" + std::to_string(host_memory_bytes) +
@@ -120,8 +118,7 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     if (!known) {
       std::string accepted;
       for (const char* k : kKeys) accepted += (accepted.empty() ? "" : ", ") + std::string(k);
-      return bad("kv_connector_extra_config: unknown key '" + key + "'; accepted keys: " +
-                 accepted);
+      return bad("kv_connector_extra_config: unknown key '" + key + "'; accepted keys: " + accepted);
     }
   }
   Config c;
@@ -137,19 +134,20 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
       s = read_choice_at(where(key), v, kScopes, c.store_blocks);
     } else if (key == "store_path") {
       if (v.kind != ConfigValue::Kind::kString || v.string_value.empty()) {
-        s = bad(where(key) + ": expected a file path (a non-empty string), got " + v.type_name + " " + v.repr);
+        s = bad(where(key) + ": expected a file path (a non-empty string), got " + v.type_name + " " +
+                v.repr);
       }
       c.store_path = v.string_value;
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {
-      s = read_int(key, v, c.fence_timeout_ms, [](auto x) { return x >= 1; },
-                   "a positive number of milliseconds");
+      s = read_int(
+          key, v, c.fence_timeout_ms, [](auto x) { return x >= 1; }, "a positive number of milliseconds");
     } else if (key == "store_threshold") {
       s = read_int(key, v, c.store_threshold, [](auto x) { return x >= 1; }, "an integer >= 1");
     } else {
-      s = read_int(key, v, c.max_bytes_per_request, [](auto x) { return x >= 0; },
-                   "an integer >= 0 (0 = no cap)");
+      s = read_int(
+          key, v, c.max_bytes_per_request, [](auto x) { return x >= 0; }, "an integer >= 0 (0 = no cap)");
     }
     if (!s.ok()) return s;
   }

@@ -96,11 +96,13 @@ std::vector<int> cpus_beside(const std::vector<int>& forward) {
   if (DIR* nodes = opendir("/sys/devices/system/node")) {
     while (const dirent* entry = readdir(nodes)) {
       const std::string name = entry->d_name;
-      if (name.size() <= 4 || name.rfind("node", 0) != 0 || name.find_first_not_of("0123456789", 4) != std::string::npos) {
+      if (name.size() <= 4 || name.rfind("node", 0) != 0 ||
+          name.find_first_not_of("0123456789", 4) != std::string::npos) {
         continue;
       }
       const auto cpus = parse_cpu_list(read_line("/sys/devices/system/node/" + name + "/cpulist"));
-      if (std::any_of(cpus.begin(), cpus.end(), in_forward)) near.insert(near.end(), cpus.begin(), cpus.end());
+      if (std::any_of(cpus.begin(), cpus.end(), in_forward))
+        near.insert(near.end(), cpus.begin(), cpus.end());
     }
     closedir(nodes);
   }
@@ -108,8 +110,8 @@ std::vector<int> cpus_beside(const std::vector<int>& forward) {
   // A hyperthread sibling shares its core's units with the forward's thread.
   std::vector<int> taken(forward);
   for (const int c : forward) {
-    const auto siblings =
-        parse_cpu_list(read_line("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
+    const auto siblings = parse_cpu_list(
+        read_line("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list"));
     taken.insert(taken.end(), siblings.begin(), siblings.end());
   }
   std::sort(taken.begin(), taken.end());
@@ -124,7 +126,8 @@ std::vector<int> cpus_beside(const std::vector<int>& forward) {
   };
   std::vector<int> out;
   for (const int c : near) {
-    if (std::binary_search(taken.begin(), taken.end(), c) || !within(allowed, c) || !within(parents, c)) continue;
+    if (std::binary_search(taken.begin(), taken.end(), c) || !within(allowed, c) || !within(parents, c))
+      continue;
     out.push_back(c);
   }
   std::sort(out.begin(), out.end());

@@ -34,7 +34,8 @@ using MemcpyBatchAsync = CUresult (*)(std::uint64_t* dsts, std::uint64_t* srcs, 
                                       std::size_t num_attrs, std::size_t* fail_index, void* stream);
 
 MemcpyBatchAsync batch_copy_fn() {
-  static const auto fn = reinterpret_cast<MemcpyBatchAsync>(cuda_driver_symbol("cuMemcpyBatchAsync", kBatchCopyVersion));
+  static const auto fn =
+      reinterpret_cast<MemcpyBatchAsync>(cuda_driver_symbol("cuMemcpyBatchAsync", kBatchCopyVersion));
   return fn;
 }
 
@@ -57,8 +58,8 @@ void cuda_batch_copy(CopyBatch& batch, void* stream, bool to_device, std::size_t
     const std::size_t count = std::min(call, n - first);
     std::size_t first_attr = 0;
     std::size_t failed = 0;
-    const CUresult rc = copy(batch.dsts.data() + first, batch.srcs.data() + first, batch.sizes.data() + first, count,
-                             &attrs, &first_attr, 1, &failed, stream);
+    const CUresult rc = copy(batch.dsts.data() + first, batch.srcs.data() + first, batch.sizes.data() + first,
+                             count, &attrs, &first_attr, 1, &failed, stream);
     if (rc != kCudaSuccess) {
       throw std::runtime_error("cuMemcpyBatchAsync of " + std::to_string(count) + " copies failed at copy " +
                                std::to_string(first + failed) + " of " + std::to_string(n) + ": " +

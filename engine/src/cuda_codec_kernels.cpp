@@ -103,7 +103,8 @@ constexpr int kComputeCapabilityMinor = 76;
 constexpr int kDriverVersion = 12000;
 
 struct Nvrtc {
-  NvrtcResult (*create)(NvrtcProgram*, const char*, const char*, int, const char* const*, const char* const*) = nullptr;
+  NvrtcResult (*create)(NvrtcProgram*, const char*, const char*, int, const char* const*,
+                        const char* const*) = nullptr;
   NvrtcResult (*compile)(NvrtcProgram, int, const char* const*) = nullptr;
   NvrtcResult (*log_size)(NvrtcProgram, std::size_t*) = nullptr;
   NvrtcResult (*log)(NvrtcProgram, char*) = nullptr;
@@ -118,13 +119,14 @@ struct Driver {
   CUresult (*attribute)(int*, int, int) = nullptr;
   CUresult (*load)(void**, const void*) = nullptr;
   CUresult (*function)(void**, void*, const char*) = nullptr;
-  CUresult (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
-                     void**) = nullptr;
+  CUresult (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                     void**, void**) = nullptr;
   CUresult (*current_context)(void**) = nullptr;
   CUresult (*retain_primary)(void**, int) = nullptr;
   CUresult (*set_current)(void*) = nullptr;
   bool ok() const {
-    return device_get && attribute && load && function && launch && current_context && retain_primary && set_current;
+    return device_get && attribute && load && function && launch && current_context && retain_primary &&
+           set_current;
   }
 };
 
@@ -169,12 +171,15 @@ Module compile_for(int device_index) {
   find(nv.cubin_size, nvrtc_symbol("nvrtcGetCUBINSize"));
   find(nv.cubin, nvrtc_symbol("nvrtcGetCUBIN"));
   find(nv.destroy, nvrtc_symbol("nvrtcDestroyProgram"));
-  if (!nv.ok()) return {.error = "no NVRTC library (libnvrtc.so.13 or .12) beside the CUDA runtime or on the loader's path"};
+  if (!nv.ok())
+    return {.error =
+                "no NVRTC library (libnvrtc.so.13 or .12) beside the CUDA runtime or on the loader's path"};
   int device = 0, major = 0, minor = 0;
   if (d.device_get(&device, device_index) != kCudaSuccess ||
       d.attribute(&major, kComputeCapabilityMajor, device) != kCudaSuccess ||
       d.attribute(&minor, kComputeCapabilityMinor, device) != kCudaSuccess) {
-    return {.error = "the driver did not give device " + std::to_string(device_index) + "'s compute capability"};
+    return {.error =
+                "the driver did not give device " + std::to_string(device_index) + "'s compute capability"};
   }
   // The module loads into the thread's current context, which must be the
   // device's primary one (torch's): made current here where torch has not
@@ -192,7 +197,8 @@ Module compile_for(int device_index) {
   if (rc == kCudaSuccess) rc = d.current_context(&current);
   if (rc == kCudaSuccess && current != primary) rc = d.set_current(primary);
   if (rc != kCudaSuccess) {
-    return {.error = "no CUDA context for device " + std::to_string(device_index) + ": " + cuda_error_text(rc)};
+    return {.error =
+                "no CUDA context for device " + std::to_string(device_index) + ": " + cuda_error_text(rc)};
   }
   NvrtcProgram program = nullptr;
   if (nv.create(&program, kSource, "activekv_codec.cu", 0, nullptr, nullptr) != 0) {
@@ -208,7 +214,8 @@ Module compile_for(int device_index) {
     nv.log_size(program, &size);
     std::string log(size, '\0');
     nv.log(program, log.data());
-    out.error = "NVRTC could not compile the codec kernels for " + arch.substr(arch.find('=') + 1) + ": " + log;
+    out.error =
+        "NVRTC could not compile the codec kernels for " + arch.substr(arch.find('=') + 1) + ": " + log;
   } else {
     std::size_t size = 0;
     nv.cubin_size(program, &size);
@@ -217,7 +224,8 @@ Module compile_for(int device_index) {
     rc = d.load(&out.module, cubin.data());
     if (rc == kCudaSuccess) rc = d.function(&out.decode, out.module, "activekv_decode_scatter");
     if (rc == kCudaSuccess) rc = d.function(&out.encode, out.module, "activekv_encode_gather");
-    if (rc != kCudaSuccess) out = Module{.error = "the driver could not load the codec kernels: " + cuda_error_text(rc)};
+    if (rc != kCudaSuccess)
+      out = Module{.error = "the driver could not load the codec kernels: " + cuda_error_text(rc)};
   }
   nv.destroy(&program);
   return out;
@@ -234,9 +242,11 @@ Module module_for(int device_index) {
   return m;
 }
 
-void launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned block, void* stream, void** args, const char* what) {
+void launch(void* fn, unsigned grid_x, unsigned grid_y, unsigned block, void* stream, void** args,
+            const char* what) {
   const CUresult rc = driver().launch(fn, grid_x, grid_y, 1, block, 1, 1, 0, stream, args, nullptr);
-  if (rc != kCudaSuccess) throw std::runtime_error(std::string(what) + " launch failed: " + cuda_error_text(rc));
+  if (rc != kCudaSuccess)
+    throw std::runtime_error(std::string(what) + " launch failed: " + cuda_error_text(rc));
 }
 
 constexpr unsigned kThreads = 256;
@@ -269,11 +279,13 @@ CudaCodecKernels::~CudaCodecKernels() = default;
 void CudaCodecKernels::decode_scatter(const void* rows, std::int64_t n, const std::int64_t* ids, void* ring,
                                       void* stream) const {
   if (n <= 0) return;
-  const bool aligned = reinterpret_cast<std::uintptr_t>(rows) % 16 == 0 && reinterpret_cast<std::uintptr_t>(ring) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<std::uintptr_t>(rows) % 16 == 0 && reinterpret_cast<std::uintptr_t>(ring) % 16 == 0;
   int wide = wide_ && aligned ? 1 : 0;
   const std::int64_t per_thread = wide != 0 ? 16 : 1;
   const auto threads = (shape_.block_elems + per_thread - 1) / per_thread;
-  const auto grid_x = static_cast<unsigned>(std::clamp<std::int64_t>((threads + kThreads - 1) / kThreads, 1, 1024));
+  const auto grid_x =
+      static_cast<unsigned>(std::clamp<std::int64_t>((threads + kThreads - 1) / kThreads, 1, 1024));
   const auto grid_y = static_cast<unsigned>(std::min<std::int64_t>(n, 65535));
   std::int64_t block_elems = shape_.block_elems, head = shape_.head_size, row_bytes = shape_.row_bytes;
   void* args[] = {&rows, &n, &ids, &ring, &block_elems, &head, &row_bytes, &wide};

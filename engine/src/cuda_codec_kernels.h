@@ -35,15 +35,18 @@ class CudaCodecKernels {
  public:
   // Compiles the kernels for CUDA device `device_index`, or returns null and
   // says why in `why_not` (no NVRTC library, a compile or load error).
-  static std::unique_ptr<CudaCodecKernels> load(int device_index, const CompressedRows& rows, std::string& why_not);
+  static std::unique_ptr<CudaCodecKernels> load(int device_index, const CompressedRows& rows,
+                                                std::string& why_not);
   ~CudaCodecKernels();
   CudaCodecKernels(const CudaCodecKernels&) = delete;
   CudaCodecKernels& operator=(const CudaCodecKernels&) = delete;
 
   // Device pointers; `ids` are int64 block ids; `stream` a cudaStream_t.
   // Throws std::runtime_error naming the driver's error.
-  void decode_scatter(const void* rows, std::int64_t n, const std::int64_t* ids, void* ring, void* stream) const;
-  void encode_gather(const void* ring, const std::int64_t* ids, std::int64_t n, void* rows, void* stream) const;
+  void decode_scatter(const void* rows, std::int64_t n, const std::int64_t* ids, void* ring,
+                      void* stream) const;
+  void encode_gather(const void* ring, const std::int64_t* ids, std::int64_t n, void* rows,
+                     void* stream) const;
 
  private:
   CudaCodecKernels() = default;

@@ -73,7 +73,8 @@ std::string cuda_error_text(CUresult rc) {
   if (void* lib = driver_library()) {
     if (auto f = reinterpret_cast<GetErrorString>(::dlsym(lib, "cuGetErrorString"))) f(rc, &text);
   }
-  return "CUresult " + std::to_string(rc) + (text != nullptr ? std::string(" (") + text + ")" : std::string());
+  return "CUresult " + std::to_string(rc) +
+         (text != nullptr ? std::string(" (") + text + ")" : std::string());
 }
 
 void* nvrtc_symbol(const char* name) {

@@ -135,25 +135,34 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   f.expect(s.ok(), "register_kv_caches: " + s.error());
   if (!s.ok()) return "";
   // Slots 10..12 form one run, 40 another: both copy paths.
-  step(w, l, kv, StepPlan{{}, {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"},
-                               SaveOp{12, 5, key(3), "r"}, SaveOp{40, 9, key(4), "r"}}, {}, {}, {}, {}, {}},
+  step(w, l, kv,
+       StepPlan{{},
+                {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"}, SaveOp{12, 5, key(3), "r"},
+                 SaveOp{40, 9, key(4), "r"}},
+                {},
+                {},
+                {},
+                {},
+                {}},
        layer_hooks);
   w.drain_saves();  // on a device the copies settle after their step
   f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
   Caches before;
   for (const auto& [n, t] : kv) before[n] = t.cpu();
-  step(w, l, kv, StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}},
-                          {}, {}, {}, {}, {}, {}}, layer_hooks);
+  step(
+      w, l, kv,
+      StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}}, {}, {}, {}, {}, {}, {}},
+      layer_hooks);
   f.expect(w.take_load_errors().empty(), "the loads reported errors");
   // Each loaded block against the block its slot was saved from.
   const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
   for (const auto& n : l.layer_names) {
     const at::Tensor after = kv[n].cpu();
     for (const auto& [to, from] : landed) {
-      const bool same = mode == Mode::kExact
-          ? bitwise(after[to], before[n][from])
-          // int8 with per-token-per-head scales: close, not equal.
-          : at::allclose(after[to].to(at::kFloat), before[n][from].to(at::kFloat), 0.05, 0.05);
+      const bool same = mode == Mode::kExact ? bitwise(after[to], before[n][from])
+                                             // int8 with per-token-per-head scales: close, not equal.
+                                             : at::allclose(after[to].to(at::kFloat),
+                                                            before[n][from].to(at::kFloat), 0.05, 0.05);
       f.expect(same, block_of(n, to) + " does not hold what block " + std::to_string(from) + " saved");
     }
     f.expect(bitwise(after[4], before[n][4]), block_of(n, 4) + " changed though no load targets it");
@@ -260,7 +269,8 @@ std::string fence_timeout_quarantines(c10::Device device, Findings& f) {
   f.expect(report.saved.empty(), "blocks reported saved though their fence passed its deadline");
   f.expect(static_cast<std::int64_t>(report.quarantined.size()) == n,
            std::to_string(report.quarantined.size()) + " of " + std::to_string(n) + " slots quarantined");
-  f.expect(w.take_telemetry().get(Counter::kQuarantinedFences) == 1, "telemetry does not count one quarantined fence");
+  f.expect(w.take_telemetry().get(Counter::kQuarantinedFences) == 1,
+           "telemetry does not count one quarantined fence");
   f.expect(w.arena()->quarantined_count() == n, "the arena does not hold every slot quarantined");
   f.expect(!w.arena()->tag(0), "a quarantined slot is visible");
   at::accelerator::synchronizeDevice(device.index());  // the late copies land in quarantined slots only
@@ -304,8 +314,8 @@ at::Tensor content(std::int64_t layer, std::int64_t block, std::int64_t step) {
 
 // A worker streaming `l`'s layers as `streaming` says over `kv` (8 store
 // slots), registered; nullptr, with what failed in `f`, otherwise.
-std::unique_ptr<WorkerSide> streaming_worker(const KVLayout& l, const StreamingConfig& streaming, const Caches& kv,
-                                             Findings& f, const Config& config = Config{}) {
+std::unique_ptr<WorkerSide> streaming_worker(const KVLayout& l, const StreamingConfig& streaming,
+                                             const Caches& kv, Findings& f, const Config& config = Config{}) {
   auto geometry = StreamingGeometry::plan(streaming, l.layer_names);
   f.expect(geometry.ok(), "StreamingGeometry::plan: " + geometry.status().error());
   if (!geometry.ok()) return nullptr;
@@ -320,8 +330,8 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const KVLayout l = layout(names, 2, 32);
   // l0 resident, a ring of 2: l1 and l3 view ring buffer 0, l2 and l4 ring buffer 1.
   const at::Tensor ring0 = blocks(l, kRingBlocks, device), ring1 = blocks(l, kRingBlocks, device);
-  Caches kv = {{"l0", blocks(l, kRingBlocks, device)}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0},
-               {"l4", ring1}};
+  Caches kv = {
+      {"l0", blocks(l, kRingBlocks, device)}, {"l1", ring0}, {"l2", ring1}, {"l3", ring0}, {"l4", ring1}};
   const auto made = streaming_worker(l, StreamingConfig{1, 2, homes}, kv, f);
   if (!made) return "";
   WorkerSide& worker = *made;
@@ -492,7 +502,8 @@ std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
     run(all, {});
     f.expect(worker.take_load_errors().empty(), "a block was reported once its rows were written back" + how);
   }
-  return std::to_string(n) + " blocks x 3 layers written back (256 MiB a layer) against a 1 ms deadline, "
+  return std::to_string(n) +
+         " blocks x 3 layers written back (256 MiB a layer) against a 1 ms deadline, "
          "settled on the host and across steps: staged, each was reported until its rows were written back";
 }
 
@@ -629,7 +640,8 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
         for (int k = 0; k < 4; ++k) at::mm(slow, slow);
       }
       copied[i].push_back(layer.index_select(0, p.sample_ids[static_cast<std::size_t>(li)]));
-      if (!p.written.empty()) layer.index_fill_(0, p.written_ids, value(li, static_cast<std::int64_t>(i) + 1));
+      if (!p.written.empty())
+        layer.index_fill_(0, p.written_ids, value(li, static_cast<std::int64_t>(i) + 1));
       worker.save_layer(name, layer);
     }
     worker.wait_for_save();
@@ -651,8 +663,9 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
         auto& want = staged_form[static_cast<std::int64_t>(v)];
         if (!want.defined()) want = codec->decode(codec->encode(at::full_like(zeros, v).unsqueeze(0)))[0];
         f.expect(bitwise(got[static_cast<std::int64_t>(k)], want),
-                 block_of(names[static_cast<std::size_t>(li)], samples[k]) + " at step " + std::to_string(i + 1) +
-                     " does not hold its layer's bytes of step " + std::to_string(by));
+                 block_of(names[static_cast<std::size_t>(li)], samples[k]) + " at step " +
+                     std::to_string(i + 1) + " does not hold its layer's bytes of step " +
+                     std::to_string(by));
         ++checked;
       }
     }
@@ -668,8 +681,8 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     const auto per_layer = bytes.value().size() / names.size();
     for (std::int64_t li = 0; li < layers; ++li) {
       const at::Tensor want = at::full_like(zeros, value(li, step)).contiguous();
-      const bool same = std::memcmp(bytes.value().data() + static_cast<std::size_t>(li) * per_layer, want.data_ptr(),
-                                    per_layer) == 0;
+      const bool same = std::memcmp(bytes.value().data() + static_cast<std::size_t>(li) * per_layer,
+                                    want.data_ptr(), per_layer) == 0;
       f.expect(same && per_layer == static_cast<std::size_t>(want.nbytes()),
                "the store's layer " + names[static_cast<std::size_t>(li)] + " of the block saved at step " +
                    std::to_string(step) + " does not hold that step's bytes");
@@ -702,10 +715,11 @@ std::string compressed_decode(c10::Device device, Findings& f) {
   const at::Tensor encoded = codec->encode(kv.to(device)).cpu();
   const at::Tensor diff = encoded.narrow(1, 0, q).view(at::kChar).to(at::kInt) -
                           data.narrow(1, 0, q).view(at::kChar).to(at::kInt);
-  return std::to_string(kv.size(0)) + " blocks decoded bitwise as on the CPU; the device's encode "
-         "differs from the CPU's in " + std::to_string(diff.ne(0).sum().item<std::int64_t>()) + " of " +
-         std::to_string(diff.numel()) + " int8 values (by at most " +
-         std::to_string(diff.abs().max().item<std::int64_t>()) + ")";
+  return std::to_string(kv.size(0)) +
+         " blocks decoded bitwise as on the CPU; the device's encode "
+         "differs from the CPU's in " +
+         std::to_string(diff.ne(0).sum().item<std::int64_t>()) + " of " + std::to_string(diff.numel()) +
+         " int8 values (by at most " + std::to_string(diff.abs().max().item<std::int64_t>()) + ")";
 }
 
 // ---- the list -------------------------------------------------------------------
@@ -719,14 +733,16 @@ const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> all = {
       {"save-load-exact", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f); }},
       {"save-load-compressed", [](c10::Device d, Findings& f) { return save_load(d, Mode::kCompressed, f); }},
-      {"save-load-full-graph", [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f, false); }},
+      {"save-load-full-graph",
+       [](c10::Device d, Findings& f) { return save_load(d, Mode::kExact, f, false); }},
       {"save-fences-complete", save_fences_complete},
       {"fence-timeout-quarantines", fence_timeout_quarantines},
       {"streaming-ring", [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kExact); }},
       {"streaming-ring-compressed",
        [](c10::Device d, Findings& f) { return streaming_ring(d, f, Mode::kCompressed); }},
       {"streaming-fence-timeout-poisons", streaming_fence_timeout_poisons},
-      {"streaming-back-to-back", [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kExact); }},
+      {"streaming-back-to-back",
+       [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kExact); }},
       {"streaming-back-to-back-compressed",
        [](c10::Device d, Findings& f) { return streaming_back_to_back(d, f, Mode::kCompressed); }},
       {"compressed-decode", compressed_decode},
@@ -754,9 +770,12 @@ c10::Device usable(c10::Device device) {
 
 const char* outcome_name(CheckResult::Outcome outcome) {
   switch (outcome) {
-    case CheckResult::Outcome::kPassed: return "passed";
-    case CheckResult::Outcome::kFailed: return "failed";
-    case CheckResult::Outcome::kSkipped: return "skipped";
+    case CheckResult::Outcome::kPassed:
+      return "passed";
+    case CheckResult::Outcome::kFailed:
+      return "failed";
+    case CheckResult::Outcome::kSkipped:
+      return "skipped";
   }
   return "?";
 }

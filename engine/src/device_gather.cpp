@@ -52,8 +52,8 @@ bool LayerStreamer::init_device_gather() {
   auto grain = static_cast<std::uintptr_t>(row_bytes);
   for (std::int64_t c = 0; c < homes_->num_chunks(); ++c) {
     const at::Tensor last = homes_->chunk_view(layers - 1, c).value();
-    end = std::max(end, reinterpret_cast<std::uintptr_t>(last.data_ptr()) +
-                            static_cast<std::uintptr_t>(last.numel()));
+    end = std::max(
+        end, reinterpret_cast<std::uintptr_t>(last.data_ptr()) + static_cast<std::uintptr_t>(last.numel()));
     grain = std::gcd(grain, chunk_starts_[static_cast<std::size_t>(c)] - homes_base_);
   }
   homes_grain_ = static_cast<std::int64_t>(grain);
@@ -61,7 +61,8 @@ bool LayerStreamer::init_device_gather() {
   const auto word = static_cast<std::int64_t>(c10::elementSize(word_type_));
   const std::int64_t words = row_bytes / word;
   const auto on_device = at::TensorOptions().dtype(word_type_).device(device_);
-  const auto view_rows = static_cast<std::int64_t>((end - homes_base_) / grain) - row_bytes / homes_grain_ + 1;
+  const auto view_rows =
+      static_cast<std::int64_t>((end - homes_base_) / grain) - row_bytes / homes_grain_ + 1;
   all_homes_ = at::for_blob(reinterpret_cast<void*>(homes_base_), {view_rows, words})
                    .strides({homes_grain_ / word, 1})
                    .options(on_device)
@@ -102,8 +103,8 @@ void LayerStreamer::make_pieces() {
 }
 
 void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
-  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1 || tuning.batch_first_call < 0 ||
-      tuning.cpu_copy_thread_min_bytes < 0) {
+  if (tuning.pieces < 1 || tuning.piece_bytes < 1 || tuning.copy_engine_run < 1 ||
+      tuning.batch_first_call < 0 || tuning.cpu_copy_thread_min_bytes < 0) {
     throw std::invalid_argument(
         "set_tuning: pieces, piece_bytes and copy_engine_run must be positive, batch_first_call and "
         "cpu_copy_thread_min_bytes not negative");
@@ -119,7 +120,8 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
     copy_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.copy_high_priority);
   }
   if (device_gather_possible_) {
-    if (new_gather_stream) gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
+    if (new_gather_stream)
+      gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
     make_pieces();
   }
   apply_issue_thread();
@@ -127,18 +129,24 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
 
 const char* copy_method_name(StreamCopy method) {
   switch (method) {
-    case StreamCopy::kRuns: return "runs";
-    case StreamCopy::kDeviceGather: return "gather";
-    case StreamCopy::kCopyEngineBatch: return "batch";
+    case StreamCopy::kRuns:
+      return "runs";
+    case StreamCopy::kDeviceGather:
+      return "gather";
+    case StreamCopy::kCopyEngineBatch:
+      return "batch";
   }
   return "?";
 }
 
 bool LayerStreamer::can_copy_by(StreamCopy method) const {
   switch (method) {
-    case StreamCopy::kRuns: return true;
-    case StreamCopy::kDeviceGather: return device_gather_possible_;
-    case StreamCopy::kCopyEngineBatch: return batch_copy_possible_;
+    case StreamCopy::kRuns:
+      return true;
+    case StreamCopy::kDeviceGather:
+      return device_gather_possible_;
+    case StreamCopy::kCopyEngineBatch:
+      return batch_copy_possible_;
   }
   return false;
 }
@@ -183,7 +191,8 @@ LayerStreamer::DeviceIndex LayerStreamer::device_index(const std::vector<std::in
     // The chunk is [layers, rows_in_chunk, row_bytes].
     const std::int64_t rows_in_chunk = std::min(per_chunk, homes_->num_slots() - chunk * per_chunk);
     const std::uintptr_t start = chunk_starts_[static_cast<std::size_t>(chunk)];
-    ids[2 * n + i] = static_cast<std::int64_t>(start - homes_base_) / homes_grain_ + row * row_bytes / homes_grain_;
+    ids[2 * n + i] =
+        static_cast<std::int64_t>(start - homes_base_) / homes_grain_ + row * row_bytes / homes_grain_;
     ids[3 * n + i] = rows_in_chunk * row_bytes / homes_grain_;
   }
   const at::Tensor on_device = host.to(device_, /*non_blocking=*/true);
@@ -224,8 +233,8 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
     const c10::StreamGuard on_gather_stream(*gather_stream_);
     rows_of_layer = at::add(index.base, index.step, streamed);
   }
-  std::size_t run = 0;           // the first copy-engine run not yet fully read
-  std::int64_t run_offset = 0;   // rows of it already read
+  std::size_t run = 0;          // the first copy-engine run not yet fully read
+  std::int64_t run_offset = 0;  // rows of it already read
   for (std::int64_t first = 0; first < n; first += piece_rows) {
     const std::int64_t rows = std::min(piece_rows, n - first);
     const std::size_t k = next_piece_++ % pieces_.size();
@@ -257,7 +266,8 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
         }
       }
       if (batched) {
-        detail::cuda_batch_copy(*batch_, gather_stream_->native_handle(), /*to_device=*/true, batch_first_call());
+        detail::cuda_batch_copy(*batch_, gather_stream_->native_handle(), /*to_device=*/true,
+                                batch_first_call());
       }
       if (row < first + rows) {  // gathered rows of this piece
         at::Tensor out = piece.narrow(0, row - first, first + rows - row);
@@ -343,8 +353,8 @@ bool LayerStreamer::init_batch_copy() {
     const c10::StreamGuard on_copy_stream(*copy_stream_);
     const at::Tensor row = homes_->run_view(0, SlotRun{0, 1, 0}).value();  // host bytes [1, layer_bytes]
     const at::Tensor scratch = at::full(row.sizes(), 1, row.options().device(device_));
-    batch_->add(reinterpret_cast<std::uintptr_t>(scratch.data_ptr()), reinterpret_cast<std::uintptr_t>(row.data_ptr()),
-                static_cast<std::size_t>(row.numel()));
+    batch_->add(reinterpret_cast<std::uintptr_t>(scratch.data_ptr()),
+                reinterpret_cast<std::uintptr_t>(row.data_ptr()), static_cast<std::size_t>(row.numel()));
     detail::cuda_batch_copy(*batch_, copy_stream_->native_handle(), /*to_device=*/true, /*first_call=*/0);
     batch_->clear();
     if (!at::equal(scratch.cpu(), row)) return false;
@@ -372,7 +382,8 @@ void LayerStreamer::batch_copy(std::int64_t streamed, const std::vector<PairRun>
       batch_->add(block, home, bytes);
     }
   }
-  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home, one_call ? 0 : batch_first_call());
+  detail::cuda_batch_copy(*batch_, stream.native_handle(), /*to_device=*/!to_home,
+                          one_call ? 0 : batch_first_call());
 }
 
 std::uint64_t LayerStreamer::home_address(std::size_t streamed, std::int64_t row) const {

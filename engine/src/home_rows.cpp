@@ -63,8 +63,7 @@ void HomeRows::end_request(const std::string& req_id) {
 HomeRows::Extent& HomeRows::new_extent(const std::string& req_id, std::int64_t needed) {
   const auto old = extents_.find(req_id);
   const auto held = held_.find(req_id);
-  const std::int64_t want =
-      std::max({extent_, held == held_.end() ? std::int64_t{0} : held->second, needed});
+  const std::int64_t want = std::max({extent_, held == held_.end() ? std::int64_t{0} : held->second, needed});
   std::int64_t start = -1;
   if (old != extents_.end() && free_.contains(old->second.end)) {  // continue the run
     start = old->second.end;

@@ -7,8 +7,8 @@
 
 namespace activekv {
 
-HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64_t layer_bytes,
-                     bool pin, std::int64_t chunk_bytes)
+HostArena::HostArena(std::int64_t num_slots, std::int64_t num_layers, std::int64_t layer_bytes, bool pin,
+                     std::int64_t chunk_bytes)
     : num_slots_(num_slots),
       num_layers_(num_layers),
       layer_bytes_(layer_bytes),
@@ -57,8 +57,9 @@ Status HostArena::seal(const SlotLease& lease, const std::vector<std::string>& t
       throw std::invalid_argument("seal: an empty tag for slot " + std::to_string(lease.slots[i]));
     }
     if (file_ && tags[i].size() != std::tuple_size_v<StoreTag>) {
-      throw std::invalid_argument("seal: a store file's tag is " + std::to_string(std::tuple_size_v<StoreTag>) +
-                                  " bytes, not " + std::to_string(tags[i].size()));
+      throw std::invalid_argument("seal: a store file's tag is " +
+                                  std::to_string(std::tuple_size_v<StoreTag>) + " bytes, not " +
+                                  std::to_string(tags[i].size()));
     }
     const auto slot = lease.slots[i];
     if (generations_[static_cast<std::size_t>(slot)] != lease.generations[i]) {
@@ -121,7 +122,8 @@ Status HostArena::ensure_chunk(std::int64_t chunk) {
   if (c.defined()) return Status::Ok();
   const std::int64_t rows = std::min(slots_per_chunk_, num_slots_ - chunk * slots_per_chunk_);
   if (file_) {  // the file outlives its views: the arena holds it
-    c = at::from_blob(file_->chunk_data(chunk), {num_layers_, rows, layer_bytes_}, at::TensorOptions().dtype(at::kByte));
+    c = at::from_blob(file_->chunk_data(chunk), {num_layers_, rows, layer_bytes_},
+                      at::TensorOptions().dtype(at::kByte));
     return Status::Ok();
   }
   try {
@@ -139,14 +141,12 @@ Result<at::Tensor> HostArena::run_view(std::int64_t layer, const SlotRun& run) {
   if (run.first < 0 || run.count < 1 || run.first + run.count > num_slots_ ||
       run.first / slots_per_chunk_ != (run.first + run.count - 1) / slots_per_chunk_) {
     return Status(ErrorCode::kOutOfRange,
-                  "slots " + std::to_string(run.first) + ".." +
-                      std::to_string(run.first + run.count - 1) + " out of range (arena has " +
-                      std::to_string(num_slots_) + " slots)");
+                  "slots " + std::to_string(run.first) + ".." + std::to_string(run.first + run.count - 1) +
+                      " out of range (arena has " + std::to_string(num_slots_) + " slots)");
   }
   const std::int64_t chunk = run.first / slots_per_chunk_;
   if (const Status s = ensure_chunk(chunk); !s.ok()) return s;
-  return chunks_[static_cast<std::size_t>(chunk)][layer].narrow(0, run.first % slots_per_chunk_,
-                                                                 run.count);
+  return chunks_[static_cast<std::size_t>(chunk)][layer].narrow(0, run.first % slots_per_chunk_, run.count);
 }
 
 Result<at::Tensor> HostArena::chunk_view(std::int64_t layer, std::int64_t chunk) {

@@ -49,10 +49,9 @@ class CompressedCodec final : public KVCodec {
   CompressedCodec(std::vector<std::int64_t> shape, at::ScalarType dtype, std::int64_t head_size)
       : shape_(std::move(shape)), dtype_(dtype), head_size_(head_size) {
     if (shape_.empty() || shape_.back() % head_size_ != 0) {
-      throw std::invalid_argument(
-          "compressed mode needs the innermost KV dim (" +
-          std::to_string(shape_.empty() ? 0 : shape_.back()) +
-          ") to be a multiple of head_size (" + std::to_string(head_size_) + ")");
+      throw std::invalid_argument("compressed mode needs the innermost KV dim (" +
+                                  std::to_string(shape_.empty() ? 0 : shape_.back()) +
+                                  ") to be a multiple of head_size (" + std::to_string(head_size_) + ")");
     }
     qbytes_ = numel_of(shape_);
     rows_ = qbytes_ / head_size_;
@@ -77,7 +76,9 @@ class CompressedCodec final : public KVCodec {
     // The int8 and the scales land in their bytes of the row (no cat).
     at::Tensor out = at::empty({n, qbytes_ + rows_ * static_cast<std::int64_t>(sizeof(float))},
                                blocks.options().dtype(at::kByte));
-    out.slice(1, 0, qbytes_).view(at::kChar).view({n, rows_, head_size_})
+    out.slice(1, 0, qbytes_)
+        .view(at::kChar)
+        .view({n, rows_, head_size_})
         .copy_(at::round(rows / scale).clamp_(-kQMax, kQMax));
     out.slice(1, qbytes_).view(kScaleType).view({n, rows_, 1}).copy_(scale);
     return out;
@@ -114,8 +115,8 @@ std::int64_t codec_layer_bytes(Mode mode, std::int64_t block_numel, std::int64_t
   return block_numel + (block_numel / head_size) * static_cast<std::int64_t>(sizeof(float));
 }
 
-std::unique_ptr<KVCodec> make_codec(Mode mode, std::vector<std::int64_t> block_shape,
-                                    at::ScalarType dtype, std::int64_t head_size) {
+std::unique_ptr<KVCodec> make_codec(Mode mode, std::vector<std::int64_t> block_shape, at::ScalarType dtype,
+                                    std::int64_t head_size) {
   if (mode == Mode::kExact) return std::make_unique<ExactCodec>(std::move(block_shape), dtype);
   return std::make_unique<CompressedCodec>(std::move(block_shape), dtype, head_size);
 }

@@ -90,9 +90,9 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
       view.value().zero_();
     }
   }
-  return std::unique_ptr<LayerStreamer>(
-      new LayerStreamer(std::move(geometry), std::move(streamed_kv), std::move(homes), std::move(codec),
-                        fence_timeout_ms, head_size, workers));
+  return std::unique_ptr<LayerStreamer>(new LayerStreamer(std::move(geometry), std::move(streamed_kv),
+                                                          std::move(homes), std::move(codec),
+                                                          fence_timeout_ms, head_size, workers));
 }
 
 LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
@@ -112,7 +112,8 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
   stage_fences_.resize(n);
   occupant_writeback_.resize(n);
   home_writeback_.resize(n);
-  buffer_last_use_.resize(static_cast<std::size_t>(std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed())));
+  buffer_last_use_.resize(
+      static_cast<std::size_t>(std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed())));
   stage_tasks_.assign(n, 0);
   occupant_writeback_tasks_.assign(n, 0);
   poisoned_.assign(n * static_cast<std::size_t>(homes_->num_slots()), 0);
@@ -130,7 +131,8 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
       if (env_says("ACTIVEKV_FUSED_CODEC", "0")) {  // an operator's way around them
         codec_kernels_missing_ = "turned off by ACTIVEKV_FUSED_CODEC=0";
       } else if (kv.scalar_type() != at::kBFloat16) {
-        codec_kernels_missing_ = std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
+        codec_kernels_missing_ =
+            std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
       } else {
         const c10::DeviceGuard on_device(device_);
         codec_kernels_ = detail::CudaCodecKernels::load(
@@ -159,7 +161,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
 LayerStreamer::~LayerStreamer() {
   try {
     synchronize();  // copies still landing in the homes must finish before they are freed
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+  } catch (...) {   // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
   issuer_.reset();  // joined before the state its tasks use goes
 }
@@ -210,7 +212,8 @@ void LayerStreamer::copy_from_home(std::int64_t streamed, const SlotRun& rows, a
 
 void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home) {
   at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
-  if (!codec_ && kv.is_contiguous()) {  // exact homes and a contiguous ring: bytes straight between rows and blocks
+  if (!codec_ &&
+      kv.is_contiguous()) {  // exact homes and a contiguous ring: bytes straight between rows and blocks
     // One memcpy per stretch of ids consecutive with the rows. Not ATen's
     // copy_: microseconds a call, and a small CPU cache's home rows come in
     // many short runs as requests come and go (9-19 a layer at 3776 tokens
@@ -220,7 +223,8 @@ void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool
     auto* rows = static_cast<char*>(home_bytes_of(streamed, run.rows).data_ptr());
     for (std::size_t i = 0, n = 1; i < run.blocks.size(); i += n) {
       n = 1;
-      while (i + n < run.blocks.size() && run.blocks[i + n] == run.blocks[i] + static_cast<std::int64_t>(n)) ++n;
+      while (i + n < run.blocks.size() && run.blocks[i + n] == run.blocks[i] + static_cast<std::int64_t>(n))
+        ++n;
       char* block = ring + static_cast<std::size_t>(run.blocks[i]) * bytes;
       char* row = rows + i * bytes;
       std::memcpy(to_home ? row : block, to_home ? block : row, n * bytes);
@@ -252,8 +256,8 @@ void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool
 void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
                                const std::vector<std::int64_t>& rows) const {
   if (rows.size() != blocks.size()) {
-    throw std::out_of_range(std::to_string(rows.size()) + " home rows for " +
-                            std::to_string(blocks.size()) + " streamed blocks");
+    throw std::out_of_range(std::to_string(rows.size()) + " home rows for " + std::to_string(blocks.size()) +
+                            " streamed blocks");
   }
   for (const auto row : rows) {
     if (row < 0 || row >= homes_->num_slots()) {
@@ -280,12 +284,13 @@ std::vector<LayerStreamer::HomeRun> LayerStreamer::home_runs(const std::vector<s
   return out;
 }
 
-std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(
-    const std::vector<std::int64_t>& blocks, const std::vector<std::int64_t>& rows) const {
+std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(const std::vector<std::int64_t>& blocks,
+                                                             const std::vector<std::int64_t>& rows) const {
   // The arena's runs of rows, split where the block ids stop being consecutive.
   std::vector<PairRun> out;
   for (const auto& run : homes_->runs(rows)) {
-    for (auto i = static_cast<std::size_t>(run.offset); i < static_cast<std::size_t>(run.offset + run.count); ++i) {
+    for (auto i = static_cast<std::size_t>(run.offset); i < static_cast<std::size_t>(run.offset + run.count);
+         ++i) {
       if (i > static_cast<std::size_t>(run.offset) && blocks[i] == out.back().block + out.back().count) {
         ++out.back().count;
         continue;
@@ -296,23 +301,23 @@ std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(
   return out;
 }
 
-void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
-                               std::vector<std::int64_t> stage_rows,
+void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
                                std::vector<std::int64_t> writeback_blocks,
                                std::vector<std::int64_t> writeback_rows) {
   drain_issued();  // the issue thread's tasks read the step's state
   ++step_;
   // settle_across_steps: where the last step reached every buffer's last
   // occupant; otherwise (the first step, one cut short) as without it.
-  from_last_step_ =
-      tuning_.settle_across_steps && std::all_of(buffer_last_use_.begin(), buffer_last_use_.end(), [this](const auto& u) {
-        return u.attended != nullptr && u.step + 1 == step_;
-      });
+  from_last_step_ = tuning_.settle_across_steps &&
+                    std::all_of(buffer_last_use_.begin(), buffer_last_use_.end(), [this](const auto& u) {
+                      return u.attended != nullptr && u.step + 1 == step_;
+                    });
   settle_writebacks(/*wait=*/!from_last_step_);
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
-  copy_thread_this_step_ = issuer_ != nullptr && !has_streams() &&
-                           list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
+  copy_thread_this_step_ =
+      issuer_ != nullptr && !has_streams() &&
+      list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
   writeback_blocks_ = std::move(writeback_blocks);
   writeback_rows_ = std::move(writeback_rows);
   stage_runs_.clear();
@@ -378,7 +383,8 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks,
     const auto it = std::lower_bound(written.begin(), written.end(), b);
     if (it != written.end() && *it == b) staged_too[static_cast<std::size_t>(it - written.begin())] = 1;
   }
-  stage_writeback_disjoint_ = std::none_of(staged_too.begin(), staged_too.end(), [](char c) { return c != 0; });
+  stage_writeback_disjoint_ =
+      std::none_of(staged_too.begin(), staged_too.end(), [](char c) { return c != 0; });
   fresh_blocks_.clear();
   fresh_ids_.reset();
   if (codec_) {
@@ -439,7 +445,8 @@ void LayerStreamer::settle_writebacks(bool wait) {
       // an earlier write-back's poison; one with an unknown outcome poisons it.
       poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = *done ? 0 : 1;
     }
-    if (*done && home_writeback_[p.layer] == p.fence) home_writeback_[p.layer].reset();  // nothing to wait for
+    if (*done && home_writeback_[p.layer] == p.fence)
+      home_writeback_[p.layer].reset();  // nothing to wait for
   }
   pending_writebacks_.erase(pending_writebacks_.begin(),
                             pending_writebacks_.begin() + static_cast<std::ptrdiff_t>(settled));
@@ -501,9 +508,9 @@ void LayerStreamer::apply_issue_thread() {
   }
   // CPU: exact homes and contiguous ring buffers, whose copies are memcpys.
   // Compressed homes' codec is ATen work, whose threads are the forward's.
-  const bool wanted =
-      tuning_.cpu_copy_thread && !codec_ &&
-      std::all_of(streamed_kv_.begin(), streamed_kv_.end(), [](const at::Tensor& kv) { return kv.is_contiguous(); });
+  const bool wanted = tuning_.cpu_copy_thread && !codec_ &&
+                      std::all_of(streamed_kv_.begin(), streamed_kv_.end(),
+                                  [](const at::Tensor& kv) { return kv.is_contiguous(); });
   if (wanted == (issuer_ != nullptr)) return;
   drain_issued();
   issuer_.reset();
@@ -532,8 +539,8 @@ void LayerStreamer::write_back_cpu(std::int64_t streamed) {
 }
 
 bool LayerStreamer::posts_stage_cpu(std::int64_t streamed) const {
-  return streamed >= 0 && streamed < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(streamed)] &&
-         has_stage_work();
+  return streamed >= 0 && streamed < geometry_.num_streamed() &&
+         !stage_issued_[static_cast<std::size_t>(streamed)] && has_stage_work();
 }
 
 void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due) {
@@ -543,7 +550,8 @@ void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, T
   // A sleeping thread is woken for copies due by the next layer's stage(): a
   // wake costs the poster more than a layer's copy at short contexts, so a
   // ring of K wakes it every K layers (issue_thread.h).
-  const bool wake = due || (stage && staged <= next_stage_) || (not_woken_for_ >= 0 && not_woken_for_ <= next_stage_);
+  const bool wake =
+      due || (stage && staged <= next_stage_) || (not_woken_for_ >= 0 && not_woken_for_ <= next_stage_);
   const std::uint64_t task = issue(
       [this, written, staged, stage] {
         const Stopwatch t;
@@ -559,13 +567,15 @@ void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, T
   }
   if (stage) stage_tasks_[static_cast<std::size_t>(staged)] = task;
   // The buffer's next occupant's compute writes the blocks a write-back reads.
-  if (const std::int64_t next = written + geometry_.ring_size; written >= 0 && next < geometry_.num_streamed()) {
+  if (const std::int64_t next = written + geometry_.ring_size;
+      written >= 0 && next < geometry_.num_streamed()) {
     occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
   }
 }
 
 void LayerStreamer::post_written_back_cpu() {
-  if (copies_on_thread() && written_back_ >= 0) post_copies_cpu(std::exchange(written_back_, -1), -1, nullptr, true);
+  if (copies_on_thread() && written_back_ >= 0)
+    post_copies_cpu(std::exchange(written_back_, -1), -1, nullptr, true);
 }
 
 void LayerStreamer::start(Telemetry& stats) {
@@ -644,7 +654,8 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   staged_[ju] = 1;
   if (copies_on_thread()) {
     post_written_back_cpu();  // stage_ahead did not follow the last write_back
-    post_copies_cpu(-1, j, &stats, /*due=*/true);  // not posted ahead (start or the layer K places before did not run)
+    post_copies_cpu(-1, j, &stats,
+                    /*due=*/true);  // not posted ahead (start or the layer K places before did not run)
     // The buffer's last occupant's write-back reads the blocks this layer's
     // compute writes; its staging, posted after it, lands there too.
     wait_issued(std::max(stage_tasks_[ju], occupant_writeback_tasks_[ju]));
@@ -712,18 +723,21 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const bool last_use = carries_last_use(j);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_);
   const std::uint64_t task = issue([this, attended, j, next, last_use, deadline] {
-    BufferLastUse* use = last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
-    if (use != nullptr) *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
+    BufferLastUse* use =
+        last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
+    if (use != nullptr)
+      *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
     // Exact homes only: a compressed write-back's encode would sit on the
     // write-back stream too, and crossing apart read no faster (docs/benchmarks/history.md,
     // 2026-12-04).
-    const bool own_stream = copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
+    const bool own_stream =
+        copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
     // The staging of layer j + K into this buffer follows on the copy stream
     // and must come after this layer's attention; so must a write-back there.
     if (use == nullptr || (!writeback_blocks_.empty() && !own_stream)) attended->block(*copy_stream_);
     if (writeback_blocks_.empty()) return;
-    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j), std::make_shared<c10::Event>(device_.type()),
-                       deadline};
+    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j),
+                       std::make_shared<c10::Event>(device_.type()), deadline};
     const c10::Stream stream = own_stream ? *writeback_stream_ : *copy_stream_;
     {
       const c10::StreamGuard on_stream(stream);
@@ -765,7 +779,8 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   stats.add(Counter::kStreamUs, t.us());
 }
 
-void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered, Telemetry& stats) {
+void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered,
+                                Telemetry& stats) {
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
   if (copies_on_thread()) {  // the store save read the buffer on this thread, done by now
@@ -773,7 +788,8 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
     post_written_back_cpu();
     next_stage_ = it->second + 1;
     // The last layer's write-back overlaps what follows the forward.
-    post_copies_cpu(written, it->second + geometry_.ring_size, &stats, it->second + 1 == geometry_.num_streamed());
+    post_copies_cpu(written, it->second + geometry_.ring_size, &stats,
+                    it->second + 1 == geometry_.num_streamed());
     return;
   }
   if (!has_streams()) return;

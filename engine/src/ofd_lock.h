@@ -16,7 +16,7 @@ inline constexpr off_t kFirstLockByte = off_t{1} << 62;
 // with F_OFD_GETLK, `out` receives what the kernel answered. False on failure
 // (errno says why).
 inline bool ofd_lock(int fd, int cmd, short type, off_t start, off_t len = 1, struct flock* out = nullptr) {
-  struct flock l {};
+  struct flock l{};
   l.l_type = type;
   l.l_whence = SEEK_SET;
   l.l_start = start;

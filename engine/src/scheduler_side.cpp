@@ -10,9 +10,8 @@
 
 namespace activekv {
 
-SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest,
-                             std::int64_t block_size, std::int64_t slot_bytes,
-                             std::int64_t num_slots, std::int64_t tp_size,
+SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest, std::int64_t block_size,
+                             std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size,
                              std::optional<std::int64_t> streaming_blocks)
     : config_(config),
       identity_digest_(identity_digest),
@@ -58,13 +57,12 @@ Result<std::string> SchedulerSide::restore_from_store_files() {
   }
   const SharedBlockIndex& ix = *shared.value();
   const std::string files = tp_size_ > 1 ? " (" + std::to_string(tp_size_) + " ranks' files)" : "";
-  std::string line =
-      ix.joined()
-          ? "ActiveKV host store " + config_.store_path + files + ": shared with " +
-                std::to_string(ix.live_instances() - 1) + " running vLLM instance(s), " +
-                std::to_string(ix.visible_blocks()) + " blocks stored"
-          : "ActiveKV host store: " + std::to_string(ix.restored()) + " blocks restored from " +
-                config_.store_path + files;
+  std::string line = ix.joined()
+                         ? "ActiveKV host store " + config_.store_path + files + ": shared with " +
+                               std::to_string(ix.live_instances() - 1) + " running vLLM instance(s), " +
+                               std::to_string(ix.visible_blocks()) + " blocks stored"
+                         : "ActiveKV host store: " + std::to_string(ix.restored()) +
+                               " blocks restored from " + config_.store_path + files;
   index_ = std::move(shared.value());
   return line;
 }
@@ -74,10 +72,8 @@ std::int64_t SchedulerSide::known_tokens(const std::string& req_id) const {
   return it == requests_.end() ? 0 : static_cast<std::int64_t>(it->second.tokens.size());
 }
 
-void SchedulerSide::observe_request(const std::string& req_id,
-                                    const std::optional<std::string>& salt,
-                                    std::int64_t num_prompt_tokens,
-                                    std::span<const std::int64_t> tokens) {
+void SchedulerSide::observe_request(const std::string& req_id, const std::optional<std::string>& salt,
+                                    std::int64_t num_prompt_tokens, std::span<const std::int64_t> tokens) {
   auto [it, created] = requests_.try_emplace(req_id);
   if (created) {
     it->second.salt = salt;
@@ -88,10 +84,9 @@ void SchedulerSide::observe_request(const std::string& req_id,
 
 const std::vector<BlockKey>& SchedulerSide::keys_upto(RequestState& st, std::int64_t num_blocks) {
   if (static_cast<std::int64_t>(st.keys.size()) < num_blocks) {
-    const auto n = std::min<std::size_t>(st.tokens.size(),
-                                         static_cast<std::size_t>(num_blocks * block_size_));
-    extend_block_keys(identity_digest_, st.salt, std::span(st.tokens).first(n), block_size_,
-                      st.keys);
+    const auto n =
+        std::min<std::size_t>(st.tokens.size(), static_cast<std::size_t>(num_blocks * block_size_));
+    extend_block_keys(identity_digest_, st.salt, std::span(st.tokens).first(n), block_size_, st.keys);
   }
   return st.keys;
 }
@@ -100,9 +95,8 @@ bool SchedulerSide::wants_tokens(const std::string& req_id, std::int64_t compute
   const auto it = requests_.find(req_id);
   if (it == requests_.end()) return false;
   const auto& st = it->second;
-  const std::int64_t limit = config_.store_blocks == StoreScope::kPrompt
-                                 ? std::min(computed, st.num_prompt_tokens)
-                                 : computed;
+  const std::int64_t limit =
+      config_.store_blocks == StoreScope::kPrompt ? std::min(computed, st.num_prompt_tokens) : computed;
   return static_cast<std::int64_t>(st.tokens.size()) < limit;
 }
 
@@ -186,8 +180,7 @@ StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
 }
 
 void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
-                                   const std::vector<CachedRequest>& cached_requests,
-                                   StepPlan& plan) {
+                                   const std::vector<CachedRequest>& cached_requests, StepPlan& plan) {
   // A request computed c tokens and computes s now: its attention reads the
   // blocks holding tokens below c + s, and it writes those holding c .. c+s-1.
   // Its fresh blocks (new content: appended to its table, or past its prefix
@@ -206,10 +199,10 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   for (const auto& op : plan.loads) loaded.push_back(op.block_id);
   sort_unique(loaded);
   std::vector<std::int64_t> touched, written, not_staged(loaded);
-  const auto add = [&](const std::vector<std::int64_t>& table, std::int64_t computed,
-                       std::int64_t scheduled, const std::vector<std::int64_t>& fresh) {
-    const auto end = std::min(static_cast<std::size_t>(cdiv(computed + scheduled, block_size_)),
-                              table.size());
+  const auto add = [&](const std::vector<std::int64_t>& table, std::int64_t computed, std::int64_t scheduled,
+                       const std::vector<std::int64_t>& fresh) {
+    const auto end =
+        std::min(static_cast<std::size_t>(cdiv(computed + scheduled, block_size_)), table.size());
     const auto begin = std::min(static_cast<std::size_t>(computed / block_size_), end);
     touched.insert(touched.end(), table.begin(), table.begin() + static_cast<std::ptrdiff_t>(end));
     written.insert(written.end(), table.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -237,8 +230,8 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   for (const auto& r : cached_requests) {
     const auto it = block_tables_.find(r.req_id);
     if (r.resumed || it == block_tables_.end()) {  // after preemption, or never seen
-      start_over(r.req_id, r.new_block_ids.value_or(std::vector<std::int64_t>{}),
-                 r.num_computed_tokens, r.num_scheduled_tokens);
+      start_over(r.req_id, r.new_block_ids.value_or(std::vector<std::int64_t>{}), r.num_computed_tokens,
+                 r.num_scheduled_tokens);
       continue;
     }
     const auto fresh = r.new_block_ids.value_or(std::vector<std::int64_t>{});
@@ -274,11 +267,9 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
 
 void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
                                StepPlan& plan) {
-  const std::int64_t known =
-      std::min({computed, static_cast<std::int64_t>(st.tokens.size()),
-                static_cast<std::int64_t>(st.block_ids.size()) * block_size_});
-  const std::int64_t full =
-      policy_.savable_blocks(known / block_size_, st.num_prompt_tokens, block_size_);
+  const std::int64_t known = std::min({computed, static_cast<std::int64_t>(st.tokens.size()),
+                                       static_cast<std::int64_t>(st.block_ids.size()) * block_size_});
+  const std::int64_t full = policy_.savable_blocks(known / block_size_, st.num_prompt_tokens, block_size_);
   const auto& keys = keys_upto(st, full);
   const std::int64_t prompt_blocks = st.num_prompt_tokens / block_size_;
   for (std::int64_t i = st.save_cursor; i < full; ++i) {

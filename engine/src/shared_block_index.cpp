@@ -21,7 +21,8 @@ namespace activekv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
-constexpr std::uint32_t kFormat = 4;  // 2: the LRU list in the slots; 3: dead holders counted; 4: visible counted
+constexpr std::uint32_t kFormat =
+    4;  // 2: the LRU list in the slots; 3: dead holders counted; 4: visible counted
 constexpr std::size_t kHeaderBytes = 4096;
 constexpr std::int32_t kEmpty = -1;      // hash table: never used
 constexpr std::int32_t kTombstone = -2;  // hash table: erased
@@ -51,16 +52,16 @@ struct SharedBlockIndex::Header {
   std::int64_t free_top;
   std::int64_t tombstones;
   std::uint64_t dead_holders;  // times a holder died inside the lock and the tables were rebuilt
-  std::int32_t lru_head;  // the least recently used visible slot, or -1
-  std::int32_t lru_tail;  // the most recently used, or -1
+  std::int32_t lru_head;       // the least recently used visible slot, or -1
+  std::int32_t lru_tail;       // the most recently used, or -1
   pthread_mutex_t mutex;
   std::int64_t visible;  // slots on the LRU list (kVisible)
 };
 
 struct SharedBlockIndex::Slot {
-  std::uint32_t state;   // State
-  std::int32_t owner;    // pending: the instance saving it
-  std::uint64_t last_use;  // the LRU list's order as ticks: it is rebuilt from them
+  std::uint32_t state;      // State
+  std::int32_t owner;       // pending: the instance saving it
+  std::uint64_t last_use;   // the LRU list's order as ticks: it is rebuilt from them
   std::uint64_t pinned_by;  // bit i: instance i has a load from it in flight
   std::int32_t lru_prev;    // visible slots only: the LRU list, oldest first
   std::int32_t lru_next;
@@ -99,7 +100,8 @@ SharedBlockIndex::Slot& SharedBlockIndex::slot_at(std::int64_t slot) const {
 }
 
 std::int32_t* SharedBlockIndex::free_stack() const {
-  return reinterpret_cast<std::int32_t*>(map_ + kHeaderBytes + static_cast<std::size_t>(num_slots_) * sizeof(Slot));
+  return reinterpret_cast<std::int32_t*>(map_ + kHeaderBytes +
+                                         static_cast<std::size_t>(num_slots_) * sizeof(Slot));
 }
 
 std::int32_t* SharedBlockIndex::table() const { return free_stack() + num_slots_; }
@@ -122,7 +124,8 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
 
   ix->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (ix->fd_ < 0) {
-    if (errno == ENOENT) return failed(path, "its directory does not exist; create it or choose another path");
+    if (errno == ENOENT)
+      return failed(path, "its directory does not exist; create it or choose another path");
     return failed(path, std::string("cannot be opened for reading and writing (") + std::strerror(errno) +
                             "); choose a writable path");
   }
@@ -130,7 +133,7 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     return failed(path, std::string("cannot be locked (") + std::strerror(errno) +
                             "); choose a path on a local file system");
   }
-  struct flock held {};
+  struct flock held{};
   detail::ofd_lock(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
   ix->joined_ = held.l_type != F_UNLCK;
   if (!ix->joined_) {  // nobody uses it: (re)made from the store files
@@ -142,7 +145,7 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
                               std::strerror(e) + "); free space there or choose another path");
     }
   } else {
-    struct stat st {};
+    struct stat st{};
     if (::fstat(ix->fd_, &st) != 0 || static_cast<std::size_t>(st.st_size) != ix->map_bytes_) {
       return failed(path, "is in use for a store of another size (" + std::to_string(st.st_size) +
                               " bytes, this store's index takes " + std::to_string(ix->map_bytes_) +
@@ -213,8 +216,9 @@ std::uint64_t SharedBlockIndex::tick() const { return ++header().clock; }
 bool SharedBlockIndex::alive(int instance) const {
   if (instance == instance_) return true;
   if (instance < 0 || instance >= kMaxInstances) return false;
-  struct flock held {};
-  if (!detail::ofd_lock(fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance + instance, 1, &held)) return true;  // unknown: keep
+  struct flock held{};
+  if (!detail::ofd_lock(fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance + instance, 1, &held))
+    return true;  // unknown: keep
   return held.l_type != F_UNLCK;
 }
 
@@ -226,7 +230,7 @@ int SharedBlockIndex::live_instances() const {
 
 std::int64_t SharedBlockIndex::find(const BlockKey& key) const {
   const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  for (std::size_t i = BlockKeyHash{}(key) & mask, n = 0; n < static_cast<std::size_t>(table_size_);
+  for (std::size_t i = BlockKeyHash{}(key)&mask, n = 0; n < static_cast<std::size_t>(table_size_);
        i = (i + 1) & mask, ++n) {
     const std::int32_t s = table()[i];
     if (s == kEmpty) return -1;
@@ -237,7 +241,7 @@ std::int64_t SharedBlockIndex::find(const BlockKey& key) const {
 
 void SharedBlockIndex::insert(const BlockKey& key, std::int64_t slot) const {
   const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  std::size_t i = BlockKeyHash{}(key) & mask;
+  std::size_t i = BlockKeyHash{}(key)&mask;
   while (table()[i] >= 0) i = (i + 1) & mask;  // at most half full: always ends
   if (table()[i] == kTombstone) --header().tombstones;
   table()[i] = static_cast<std::int32_t>(slot);
@@ -245,7 +249,7 @@ void SharedBlockIndex::insert(const BlockKey& key, std::int64_t slot) const {
 
 void SharedBlockIndex::erase(const BlockKey& key) const {
   const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  for (std::size_t i = BlockKeyHash{}(key) & mask, n = 0; n < static_cast<std::size_t>(table_size_);
+  for (std::size_t i = BlockKeyHash{}(key)&mask, n = 0; n < static_cast<std::size_t>(table_size_);
        i = (i + 1) & mask, ++n) {
     const std::int32_t s = table()[i];
     if (s == kEmpty) return;

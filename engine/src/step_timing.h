@@ -18,8 +18,7 @@ namespace activekv::detail {
 class Stopwatch {
  public:
   std::int64_t us() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::steady_clock::now() - start_)
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_)
         .count();
   }
 

@@ -36,7 +36,7 @@ struct Header {
   std::int64_t num_layers;
   std::int64_t slots_per_chunk;
   std::uint64_t data_offset;
-  std::uint64_t last_sequence;  // the last commit's, of every process sharing the file (atomic_ref)
+  std::uint64_t last_sequence;    // the last commit's, of every process sharing the file (atomic_ref)
   char identity[kIdentityBytes];  // NUL-terminated
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
@@ -120,14 +120,15 @@ std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
 }
 
 Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
-  if (o.num_slots < 1 || o.slot_bytes < 1) return failed(o.path, "needs at least one slot of at least one byte");
+  if (o.num_slots < 1 || o.slot_bytes < 1)
+    return failed(o.path, "needs at least one slot of at least one byte");
   if (o.num_layers < 1 || o.slot_bytes % o.num_layers != 0 || o.slots_per_chunk < 0) {
     return failed(o.path, "slots of " + std::to_string(o.slot_bytes) + " bytes do not split into " +
                               std::to_string(o.num_layers) + " layers");
   }
   if (o.identity.size() >= kIdentityBytes) {
-    return failed(o.path, "identity of " + std::to_string(o.identity.size()) + " bytes is over the header's " +
-                              std::to_string(kIdentityBytes - 1));
+    return failed(o.path, "identity of " + std::to_string(o.identity.size()) +
+                              " bytes is over the header's " + std::to_string(kIdentityBytes - 1));
   }
   std::unique_ptr<StoreFile> f(new StoreFile());
   f->path_ = o.path;
@@ -140,13 +141,14 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   f->data_offset_ = round_up(kHeaderBytes + records, page_bytes());
   const std::size_t total = f->data_offset_ + static_cast<std::size_t>(o.num_slots * o.slot_bytes);
 
-  struct stat before {};
+  struct stat before{};
   const bool existed = ::stat(o.path.c_str(), &before) == 0;
   f->fd_ = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (f->fd_ < 0) {
-    if (errno == ENOENT) return failed(o.path, "its directory does not exist; create it or choose another path");
-    return failed(o.path, "cannot be opened for reading and writing (" + errno_text() +
-                              "); choose a writable path");
+    if (errno == ENOENT)
+      return failed(o.path, "its directory does not exist; create it or choose another path");
+    return failed(o.path,
+                  "cannot be opened for reading and writing (" + errno_text() + "); choose a writable path");
   }
   // Attach under the gate: the first process (nobody holds the attach byte)
   // recovers the file, the others join it as it is.
@@ -158,12 +160,12 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
     detail::ofd_lock(f->fd_, F_OFD_SETLKW, F_RDLCK, kAttachByte);
     detail::ofd_lock(f->fd_, F_OFD_SETLK, F_UNLCK, kGateByte);
   };
-  struct stat st {};
+  struct stat st{};
   if (::fstat(f->fd_, &st) != 0) return failed(o.path, "cannot be read (" + errno_text() + ")");
   // A killed process never loses what it stored into a shared mapping (the
   // page cache keeps it); flushes are for a disk's durability across a crash
   // of the machine, which tmpfs does not survive anyway.
-  struct statfs fs {};
+  struct statfs fs{};
   f->durable_ = ::fstatfs(f->fd_, &fs) != 0 || fs.f_type != TMPFS_MAGIC;
   // A first attacher also remakes a file whose header was never written (a
   // creation cut off after reserving the space): nothing in it was ever served.
@@ -208,12 +210,12 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   if (Status s = check_header(*h, o.path, &o.identity, sizeof(Record)); !s.ok()) return s;
   if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || h->num_layers != f->num_layers_ ||
       h->slots_per_chunk != f->slots_per_chunk_ || mapped != total) {
-    return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " + std::to_string(h->slot_bytes) +
-                              " bytes (" + std::to_string(h->num_layers) + " layers, chunks of " +
-                              std::to_string(h->slots_per_chunk) + " slots); this configuration needs " +
-                              std::to_string(o.num_slots) + " of " + std::to_string(o.slot_bytes) + " (" +
-                              std::to_string(f->num_layers_) + " layers, chunks of " +
-                              std::to_string(f->slots_per_chunk_) +
+    return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " +
+                              std::to_string(h->slot_bytes) + " bytes (" + std::to_string(h->num_layers) +
+                              " layers, chunks of " + std::to_string(h->slots_per_chunk) +
+                              " slots); this configuration needs " + std::to_string(o.num_slots) + " of " +
+                              std::to_string(o.slot_bytes) + " (" + std::to_string(f->num_layers_) +
+                              " layers, chunks of " + std::to_string(f->slots_per_chunk_) +
                               " slots; capacity_bytes or the model changed): restore it, or remove the file");
   }
   // A live process holds the file: its slots are as it left them (sealed
@@ -253,13 +255,15 @@ std::uint8_t* StoreFile::layer_data(std::int64_t slot, std::int64_t layer) const
 std::uint64_t StoreFile::slot_checksum(std::int64_t slot) const {
   std::uint64_t h = 0;
   for (std::int64_t l = 0; l < num_layers_; ++l) {
-    h = (h ^ store_checksum(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_))) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ store_checksum(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_))) *
+        0x9E3779B97F4A7C15ULL;
   }
   return h ^ (h >> 31);
 }
 
 void StoreFile::flush_slot(std::int64_t slot) const {
-  for (std::int64_t l = 0; l < num_layers_; ++l) flush(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_));
+  for (std::int64_t l = 0; l < num_layers_; ++l)
+    flush(layer_data(slot, l), static_cast<std::size_t>(layer_bytes_));
 }
 
 void StoreFile::flush(const void* at, std::size_t bytes) const {
@@ -310,8 +314,8 @@ Status StoreFile::recover() {
   // on the H200's host): the checksums are computed on up to 16 threads, each
   // over its own range of slots, and the records settled in slot order after.
   std::vector<char> verified(static_cast<std::size_t>(num_slots_), 0);
-  const auto threads = static_cast<std::int64_t>(
-      std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
+  const auto threads =
+      static_cast<std::int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
   const std::int64_t per = (num_slots_ + threads - 1) / threads;
   {
     std::vector<std::jthread> workers;
@@ -341,10 +345,11 @@ Status StoreFile::recover() {
   return Status::Ok();
 }
 
-Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& path, const std::string& identity) {
+Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& path,
+                                                          const std::string& identity) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return failed(path, "cannot be read (" + errno_text() + ")");
-  struct stat st {};
+  struct stat st{};
   Header h{};
   const bool headed = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kHeaderBytes &&
                       ::pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h));
@@ -370,7 +375,8 @@ Result<std::vector<RecoveredSlot>> StoreFile::read_sealed(const std::string& pat
   if (!read) return failed(path, "is shorter than its header says");
   std::vector<RecoveredSlot> out;
   for (std::size_t s = 0; s < records.size(); ++s) {
-    if (records[s].state == kSealed) out.push_back({static_cast<std::int64_t>(s), records[s].tag, records[s].sequence});
+    if (records[s].state == kSealed)
+      out.push_back({static_cast<std::int64_t>(s), records[s].tag, records[s].sequence});
   }
   sort_by_commit(out);
   return out;

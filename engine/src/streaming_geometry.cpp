@@ -29,9 +29,8 @@ Result<StreamingGeometry> StreamingGeometry::plan(const StreamingConfig& config,
                " KV cache layers, so it accepts 0.." + std::to_string(n - 1));
   }
   if (r + k >= n) {
-    return bad(std::string(kStreamingKey) + ": resident_layers + ring_size = " +
-               std::to_string(r) + " + " + std::to_string(k) + " must be below the model's " +
-               std::to_string(n) +
+    return bad(std::string(kStreamingKey) + ": resident_layers + ring_size = " + std::to_string(r) + " + " +
+               std::to_string(k) + " must be below the model's " + std::to_string(n) +
                " KV cache layers, or streaming holds no more blocks than the device does without "
                "it; lower resident_layers or ring_size");
   }
@@ -121,19 +120,18 @@ std::string StartupReport::line() const {
   const std::int64_t tokens = device_blocks * block_size;
   const std::int64_t without = device_blocks_without * block_size;
   return "ActiveKV layer streaming: " + std::to_string(resident_layers) + " resident + " +
-         std::to_string(streamed_layers) + " streamed layers, ring of " +
-         std::to_string(ring_size) + "; the device holds " + std::to_string(device_blocks) +
-         " blocks (" + std::to_string(tokens) + " tokens), " +
-         std::to_string(without / block_size) + " blocks (" + std::to_string(without) +
+         std::to_string(streamed_layers) + " streamed layers, ring of " + std::to_string(ring_size) +
+         "; the device holds " + std::to_string(device_blocks) + " blocks (" + std::to_string(tokens) +
+         " tokens), " + std::to_string(without / block_size) + " blocks (" + std::to_string(without) +
          " tokens) without streaming; host memory reserved for the streamed layers " +
          std::to_string(host_bytes) + " bytes per worker; a full-context decode step moves " +
          std::to_string(decode_step_bytes) + " bytes host->device per worker" +
-         (homes == Mode::kCompressed ? "; the homes are compressed (int8 + scales, lossy within the codec's bound)"
-                                     : "");
+         (homes == Mode::kCompressed
+              ? "; the homes are compressed (int8 + scales, lossy within the codec's bound)"
+              : "");
 }
 
-Status StartupReport::check_host_memory(std::int64_t capacity_bytes,
-                                        std::int64_t host_memory_bytes) const {
+Status StartupReport::check_host_memory(std::int64_t capacity_bytes, std::int64_t host_memory_bytes) const {
   if (capacity_bytes + host_bytes <= host_memory_bytes) return Status::Ok();
   return bad("kv_connector_extra_config['capacity_bytes']=" + std::to_string(capacity_bytes) +
              " plus the streamed layers' homes (" + std::to_string(host_bytes) + " bytes for " +

@@ -40,8 +40,8 @@ FenceState fence_state(const c10::Event& fence) {
 
 }  // namespace
 
-WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots,
-                       std::int64_t tp_rank, std::optional<StreamingGeometry> streaming)
+WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank,
+                       std::optional<StreamingGeometry> streaming)
     : config_(config),
       layout_(std::move(layout)),
       num_slots_(num_slots),
@@ -68,16 +68,14 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   for (const auto& name : layout_.layer_names) {
     const auto it = kv_caches.find(name);
     if (it == kv_caches.end()) {
-      return {ErrorCode::kUnsupportedLayout,
-              "ActiveKV: KV cache of layer '" + name + "' was not registered"};
+      return {ErrorCode::kUnsupportedLayout, "ActiveKV: KV cache of layer '" + name + "' was not registered"};
     }
     const auto shape = it->second.sizes().slice(1).vec();
     if (block_shape.empty()) block_shape = shape;
     if (shape != block_shape || it->second[0].numel() != layout_.block_numel()) {
       return {ErrorCode::kUnsupportedLayout,
-              "ActiveKV: per-layer KV blocks of layer '" + name +
-                  "' do not match the KV cache spec (" + std::to_string(layout_.block_numel()) +
-                  " elements per block)"};
+              "ActiveKV: per-layer KV blocks of layer '" + name + "' do not match the KV cache spec (" +
+                  std::to_string(layout_.block_numel()) + " elements per block)"};
     }
     if (it->second.scalar_type() != layout_.dtype) {
       return {ErrorCode::kUnsupportedLayout, "ActiveKV: KV cache dtype does not match the spec"};
@@ -87,7 +85,8 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
   device_ = kv_.at(layout_.layer_names.front()).device();
   num_device_blocks_ = kv_.at(layout_.layer_names.front()).size(0);
   if (streaming_) {
-    auto streamer = LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size, workers_);
+    auto streamer =
+        LayerStreamer::create(*streaming_, kv_, config_.fence_timeout_ms, layout_.head_size, workers_);
     if (!streamer.ok()) return streamer.status();
     streamer_ = std::move(streamer.value());
   }
@@ -106,8 +105,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     if (const Status s = arena_->allocate_all(); !s.ok()) {
       return {s.error_code(), "ActiveKV: cannot pin the host store (capacity_bytes=" +
                                   std::to_string(num_slots_ * arena_->slot_bytes()) +
-                                  " bytes of pinned host memory): " + s.error() +
-                                  "; lower capacity_bytes"};
+                                  " bytes of pinned host memory): " + s.error() + "; lower capacity_bytes"};
     }
   }
   return Status::Ok();
@@ -135,7 +133,8 @@ Status WorkerSide::open_store_file(const std::vector<std::int64_t>& block_shape)
   if (!file.ok()) {
     return {file.status().error_code(), file.status().error() + " (kv_connector_extra_config['store_path'])"};
   }
-  arena_ = std::make_unique<HostArena>(num_layers, layer_bytes_, std::shared_ptr<StoreFile>(std::move(file.value())));
+  arena_ = std::make_unique<HostArena>(num_layers, layer_bytes_,
+                                       std::shared_ptr<StoreFile>(std::move(file.value())));
   return Status::Ok();
 }
 
@@ -144,11 +143,13 @@ const StoreFile* WorkerSide::store_file() const { return arena_ ? arena_->file()
 std::string WorkerSide::store_file_line() const {
   const StoreFile* f = arena_ ? arena_->file() : nullptr;
   if (f == nullptr) return "";
-  const std::string head = "ActiveKV host store file " + store_path_ + " (rank " + std::to_string(tp_rank_) + "): ";
+  const std::string head =
+      "ActiveKV host store file " + store_path_ + " (rank " + std::to_string(tp_rank_) + "): ";
   if (f->joined()) {  // a live vLLM recovered it; its slots are as that one keeps them
     std::int64_t sealed = 0;
     for (std::int64_t s = 0; s < f->num_slots(); ++s) sealed += f->sealed(s) ? 1 : 0;
-    return head + "joined the running vLLM instance(s) that hold it, " + std::to_string(sealed) + " blocks sealed";
+    return head + "joined the running vLLM instance(s) that hold it, " + std::to_string(sealed) +
+           " blocks sealed";
   }
   return head + std::to_string(f->recovered().size()) + " blocks came back; dropped " +
          std::to_string(f->dropped_writing()) + " unfinished and " + std::to_string(f->dropped_checksum()) +
@@ -173,8 +174,8 @@ std::string WorkerSide::copy_thread() const {
   std::string list;
   for (const int c : cpus) list += (list.empty() ? "" : ",") + std::to_string(c);
   const std::int64_t kib = streamer_->tuning().cpu_copy_thread_min_bytes >> 10;
-  return ", on a copy thread on CPUs " + list + ", beside the forward's, in steps staging " + std::to_string(kib) +
-         " KiB a layer or more";
+  return ", on a copy thread on CPUs " + list + ", beside the forward's, in steps staging " +
+         std::to_string(kib) + " KiB a layer or more";
 }
 
 std::string WorkerSide::copies_by() const {
@@ -192,8 +193,10 @@ std::string WorkerSide::copies_by() const {
   switch (streamer_->copy_method()) {
     case StreamCopy::kCopyEngineBatch:
       if (!decoded.empty()) {
-        return head + "the copy engines move the homes' rows through staging pieces, one batched copy a piece "
-                      "or write-back (" + decoded + ")";
+        return head +
+               "the copy engines move the homes' rows through staging pieces, one batched copy a piece "
+               "or write-back (" +
+               decoded + ")";
       }
       return head + "the copy engines move the homes' blocks, one batched copy a layer each way";
     case StreamCopy::kDeviceGather: {
@@ -220,8 +223,7 @@ void WorkerSide::bind_plan(StepPlan plan) {
   settle_saves(/*wait=*/false);  // frees the slots of saves that landed meanwhile
   auto check_block = [this](std::int64_t block_id) {
     if (block_id < 0 || block_id >= num_device_blocks_) {
-      throw std::out_of_range("block id " + std::to_string(block_id) +
-                              " out of range (the KV cache has " +
+      throw std::out_of_range("block id " + std::to_string(block_id) + " out of range (the KV cache has " +
                               std::to_string(num_device_blocks_) + " blocks)");
     }
   };
@@ -233,7 +235,10 @@ void WorkerSide::bind_plan(StepPlan plan) {
     }
   };
   for (const auto& op : plan.loads) {
-    if (op.slot == kNoSlot) check_block(op.block_id); else check(op.slot, op.block_id);
+    if (op.slot == kNoSlot)
+      check_block(op.block_id);
+    else
+      check(op.slot, op.block_id);
   }
   for (const auto& ids : {&plan.stage_blocks, &plan.writeback_blocks}) {
     for (const auto block_id : *ids) check_block(block_id);
@@ -268,8 +273,7 @@ void WorkerSide::bind_plan(StepPlan plan) {
   saved_layers_.clear();
   save_fences_.clear();
   if (streamer_) {
-    streamer_->begin_step(plan.stage_blocks, plan.stage_rows, plan.writeback_blocks,
-                          plan.writeback_rows);
+    streamer_->begin_step(plan.stage_blocks, plan.stage_rows, plan.writeback_blocks, plan.writeback_rows);
   }
   // Taken here, not in wait_for_save: vLLM 0.26.0 calls wait_for_save only on
   // steps with a forward, and a request's last saves often settle on an idle
@@ -441,8 +445,7 @@ void WorkerSide::wait_for_save() {
   pending.lease = std::move(save_lease_);
   pending.fences = std::move(save_fences_);
   pending.whole = saved_layers_.size() == layout_.layer_names.size();
-  pending.deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.fence_timeout_ms);
+  pending.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.fence_timeout_ms);
   for (const auto& op : ops) pending.tags.push_back(tag(op.key));
   if (has_streams()) {
     // What vLLM needs of this call: nothing after the forward may overwrite a

@@ -27,8 +27,9 @@ struct TempDir {
   // crashed the tests there (a call through a null pointer, on the H200
   // machine). Tests keep to POSIX for what touches the disk.
   ~TempDir() {
-    ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
-           FTW_DEPTH | FTW_PHYS);
+    ::nftw(
+        path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return std::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -33,7 +33,8 @@ TEST(BenchDevice, NamesEachGpuModelInBusOrder) {
 TEST(BenchDevice, SeveralOfAModelAreCounted) {
   const test::TempDir dir;
   const std::string driver = dir.path.string() + "/gpus";
-  for (const char* bus : {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"}) write_gpu(driver, bus, "Model: NVIDIA H200\n");
+  for (const char* bus : {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"})
+    write_gpu(driver, bus, "Model: NVIDIA H200\n");
   EXPECT_EQ(gpu_model_names(driver), "NVIDIA H200 x3");
 }
 
@@ -41,7 +42,7 @@ TEST(BenchDevice, NoDriverListsNoGpu) {
   const test::TempDir dir;
   const std::string driver = dir.path.string() + "/gpus";
   EXPECT_TRUE(detail::gpu_models(driver).empty());  // no driver directory
-  write_gpu(driver, "0000:01:00.0", "IRQ: 17\n");  // no Model line
+  write_gpu(driver, "0000:01:00.0", "IRQ: 17\n");   // no Model line
   EXPECT_TRUE(detail::gpu_models(driver).empty());
   EXPECT_EQ(gpu_model_names(driver), "");
 }

@@ -29,11 +29,17 @@ Parsed parse(std::vector<std::string> args) {
   testing::internal::CaptureStderr();
   p.stop = parse_flags(static_cast<int>(argv.size()), argv.data(), "usage: bench [--iters 3]\n",
                        [&](const std::string& k, const std::string& v) {
-                         if (k == "--iters") p.taken[k] = std::to_string(whole_number(k, v, 1));
-                         else if (k == "--kinds") for (const auto& part : parts(k, v)) p.taken[k] += one_of(k, part, {"decode", "prefill"});
-                         else if (k == "--timeline") p.taken[k] = switch_on(k, v) ? "on" : "off";
-                         else if (k == "--name") p.taken[k] = v;
-                         else return false;
+                         if (k == "--iters")
+                           p.taken[k] = std::to_string(whole_number(k, v, 1));
+                         else if (k == "--kinds")
+                           for (const auto& part : parts(k, v))
+                             p.taken[k] += one_of(k, part, {"decode", "prefill"});
+                         else if (k == "--timeline")
+                           p.taken[k] = switch_on(k, v) ? "on" : "off";
+                         else if (k == "--name")
+                           p.taken[k] = v;
+                         else
+                           return false;
                          return true;
                        });
   p.out = testing::internal::GetCapturedStdout();
@@ -44,14 +50,15 @@ Parsed parse(std::vector<std::string> args) {
 TEST(BenchFlags, EveryPairIsTakenAndTheRunGoesOn) {
   const Parsed p = parse({"--iters", "5", "--kinds", "decode,,prefill", "--timeline", "0", "--name", "-x"});
   EXPECT_FALSE(p.stop);
-  EXPECT_EQ(p.taken, (std::map<std::string, std::string>{
-                         {"--iters", "5"}, {"--kinds", "decodeprefill"}, {"--timeline", "off"}, {"--name", "-x"}}));
+  EXPECT_EQ(p.taken,
+            (std::map<std::string, std::string>{
+                {"--iters", "5"}, {"--kinds", "decodeprefill"}, {"--timeline", "off"}, {"--name", "-x"}}));
   EXPECT_EQ(p.err, "");
 }
 
 TEST(BenchFlags, HelpAnywherePrintsTheUsageAndStopsWithZero) {
-  for (const auto& args : std::vector<std::vector<std::string>>{{"--iters", "5", "--help", "--frob"},
-                                                                {"--name", "--help"}, {"-h"}}) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--iters", "5", "--help", "--frob"}, {"--name", "--help"}, {"-h"}}) {
     const Parsed p = parse(args);
     EXPECT_EQ(p.stop, 0) << args.back();
     EXPECT_EQ(p.out, "usage: bench [--iters 3]\n");

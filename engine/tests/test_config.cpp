@@ -5,9 +5,7 @@
 namespace activekv {
 namespace {
 
-ConfigValue integer(std::int64_t v) {
-  return {ConfigValue::Kind::kInt, v, "", "int", std::to_string(v), {}};
-}
+ConfigValue integer(std::int64_t v) { return {ConfigValue::Kind::kInt, v, "", "int", std::to_string(v), {}}; }
 ConfigValue text(const std::string& s) {
   return {ConfigValue::Kind::kString, 0, s, "str", "'" + s + "'", {}};
 }
@@ -60,7 +58,8 @@ TEST(Config, BadValuesNameTheKey) {
 
 TEST(Config, AStorePathIsKeptAsGiven) {
   EXPECT_EQ(Config::parse({}).value().store_path, "");
-  EXPECT_EQ(Config::parse({{"store_path", text("/dev/shm/activekv")}}).value().store_path, "/dev/shm/activekv");
+  EXPECT_EQ(Config::parse({{"store_path", text("/dev/shm/activekv")}}).value().store_path,
+            "/dev/shm/activekv");
 }
 
 TEST(Config, StreamingIsOffUnlessATableIsGiven) {
@@ -101,9 +100,10 @@ TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
   expect_exact_error({{"streaming", table({{"ring_size", integer(1)}}, "")}},
                      at + "['ring_size']: 1 is out of range; expected an integer >= 2 (staging "
                           "buffers on the device)");
-  expect_exact_error({{"streaming", table({{"resident_layers", integer(-1)}, {"ring_size", integer(1)}}, "")}},
-                     at + "['resident_layers']: -1 is out of range; expected an integer >= 0 "
-                          "(layers kept on the device)");
+  expect_exact_error(
+      {{"streaming", table({{"resident_layers", integer(-1)}, {"ring_size", integer(1)}}, "")}},
+      at + "['resident_layers']: -1 is out of range; expected an integer >= 0 "
+           "(layers kept on the device)");
   // Every other key is checked before the table, as in the reference.
   expect_exact_error({{"streaming", integer(2)}, {"store_threshold", integer(0)}},
                      "kv_connector_extra_config['store_threshold']: 0 is out of range; expected "

@@ -52,15 +52,18 @@ void expect_kernels_equal_codec(const Shape& s) {
   ring.index_copy_(0, ids, x);
   const at::Tensor ring_dev = ring.to(cuda), ids_dev = ids.to(cuda);
   at::Tensor rows = at::empty({n, codec->layer_bytes()}, at::TensorOptions().dtype(at::kByte).device(cuda));
-  kernels->encode_gather(ring_dev.data_ptr(), ids_dev.data_ptr<std::int64_t>(), n, rows.data_ptr(), on_stream);
+  kernels->encode_gather(ring_dev.data_ptr(), ids_dev.data_ptr<std::int64_t>(), n, rows.data_ptr(),
+                         on_stream);
   const at::Tensor want_rows = codec->encode(x);
   EXPECT_TRUE(at::equal(rows.cpu(), want_rows)) << "encode, head " << s.head;
   // Decode: rows -> ring blocks ids, against the CPU codec's decode; other
   // blocks untouched.
-  at::Tensor out = at::full({ring_blocks, 2, s.tokens, s.width}, 7, at::TensorOptions().dtype(at::kBFloat16).device(cuda));
+  at::Tensor out =
+      at::full({ring_blocks, 2, s.tokens, s.width}, 7, at::TensorOptions().dtype(at::kBFloat16).device(cuda));
   const at::Tensor src = want_rows.to(cuda);
   kernels->decode_scatter(src.data_ptr(), n, ids_dev.data_ptr<std::int64_t>(), out.data_ptr(), on_stream);
-  at::Tensor want = at::full({ring_blocks, 2, s.tokens, s.width}, 7, at::TensorOptions().dtype(at::kBFloat16));
+  at::Tensor want =
+      at::full({ring_blocks, 2, s.tokens, s.width}, 7, at::TensorOptions().dtype(at::kBFloat16));
   want.index_copy_(0, ids, codec->decode(want_rows));
   EXPECT_TRUE(at::equal(out.cpu().view(at::kShort), want.view(at::kShort))) << "decode, head " << s.head;
 }
@@ -71,13 +74,14 @@ void expect_kernels_equal_codec(const Shape& s) {
 TEST(CudaCodecKernelsOnAccelerator, EqualTheCodecBitwiseOrSayWhyMissing) {
   if (!at::hasCUDA()) {
     std::string why;
-    EXPECT_EQ(detail::CudaCodecKernels::load(0, {2 * 16 * 64, 32, 2 * 16 * 64 + 2 * 16 * 2 * 4}, why), nullptr);
+    EXPECT_EQ(detail::CudaCodecKernels::load(0, {2 * 16 * 64, 32, 2 * 16 * 64 + 2 * 16 * 2 * 4}, why),
+              nullptr);
     EXPECT_FALSE(why.empty());
     return;
   }
   expect_kernels_equal_codec({16, 256, 128});  // 16-byte loads (Llama-3-8B's head size)
   expect_kernels_equal_codec({16, 64, 32});
-  expect_kernels_equal_codec({16, 64, 8});     // a head of 8: one element a thread
+  expect_kernels_equal_codec({16, 64, 8});  // a head of 8: one element a thread
 }
 
 }  // namespace

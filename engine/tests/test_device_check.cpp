@@ -22,7 +22,8 @@ std::vector<CheckResult> run_on(c10::Device device) {
 
 TEST(DeviceCheck, EveryScenarioPassesOnCpuButTheFenceTimeoutsWhichCannotHappen) {
   for (const auto& r : run_on(c10::Device("cpu"))) {
-    const bool a_fence_timeout = r.name == "fence-timeout-quarantines" || r.name == "streaming-fence-timeout-poisons";
+    const bool a_fence_timeout =
+        r.name == "fence-timeout-quarantines" || r.name == "streaming-fence-timeout-poisons";
     EXPECT_EQ(r.outcome == Outcome::kSkipped, a_fence_timeout) << r.name;
   }
 }

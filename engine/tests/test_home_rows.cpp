@@ -168,7 +168,8 @@ TEST(HomeRows, BlocksHandedOutTailFirstCrossInOneCopyAChunk) {
   Ids first(300);
   std::iota(first.begin(), first.end(), 0);
   for (std::size_t chunk = 0; chunk < 300; chunk += 100) {
-    h.assign("first", Ids(first.begin() + static_cast<long>(chunk), first.begin() + static_cast<long>(chunk) + 100));
+    h.assign("first",
+             Ids(first.begin() + static_cast<long>(chunk), first.begin() + static_cast<long>(chunk) + 100));
   }
   h.end_request("first");
   Ids free(first.rbegin(), first.rend());  // vLLM's free queue after the request ended
@@ -239,7 +240,8 @@ TEST(HomeRows, ALongRunningServerStagesARunOfIdsInAboutOneCopy) {
   }
   check_invariants(h, mapped);
   ASSERT_GT(finished, 50);
-  EXPECT_GE(per_copy / finished, 0.7 * per_id_run / finished) << per_copy / finished << " " << per_id_run / finished;
+  EXPECT_GE(per_copy / finished, 0.7 * per_id_run / finished)
+      << per_copy / finished << " " << per_id_run / finished;
 }
 
 TEST(HomeRows, ABlockWithoutARowIsOutOfRange) {

@@ -104,7 +104,7 @@ TEST(HostArena, HoldsAndSealedSlotsFollowSealsAndLeases) {
   ASSERT_TRUE(arena.seal(arena.lease({7, 2}), {"x", "y"}).ok());
   EXPECT_TRUE(arena.holds(7, "x"));
   EXPECT_FALSE(arena.holds(7, "y"));
-  EXPECT_FALSE(arena.holds(3, ""));  // an unsealed slot holds nothing, not even ""
+  EXPECT_FALSE(arena.holds(3, ""));    // an unsealed slot holds nothing, not even ""
   EXPECT_FALSE(arena.holds(10, "x"));  // out of range
   EXPECT_EQ(arena.sealed_slots(), (std::vector<std::int64_t>{2, 7}));
   arena.lease({7});
@@ -149,8 +149,8 @@ TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot
     HostArena arena(kLayers, kBytes, store_file(path, 10, kLayers, kBytes, 4));
     EXPECT_EQ(arena.slots_per_chunk(), 4);
     EXPECT_TRUE(arena.sealed_slots().empty());
-    const SlotLease saved = arena.lease({5, 6});  // one run of chunk 1
-    const SlotLease unsealed = arena.lease({0});  // killed before its seal
+    const SlotLease saved = arena.lease({5, 6});     // one run of chunk 1
+    const SlotLease unsealed = arena.lease({0});     // killed before its seal
     const SlotLease quarantined = arena.lease({9});  // a copy of unknown outcome
     for (std::int64_t l = 0; l < kLayers; ++l) {
       arena.run_view(l, SlotRun{5, 2, 0}).value().copy_(saved_bytes(5, l, 2, kBytes));
@@ -172,7 +172,8 @@ TEST(HostArena, OnAStoreFileSealedSlotsComeBackAfterARestartAndUnsealedOnesDoNot
     }
   }
   // Another arena geometry on the same file is refused, not misread.
-  EXPECT_THROW(HostArena(kLayers, kBytes / 2, store_file(path, 10, kLayers, kBytes, 4)), std::invalid_argument);
+  EXPECT_THROW(HostArena(kLayers, kBytes / 2, store_file(path, 10, kLayers, kBytes, 4)),
+               std::invalid_argument);
 }
 
 TEST(HostArena, TwoArenasOnOneStoreFileSeeEachOthersSealsAndLeases) {
@@ -185,7 +186,8 @@ TEST(HostArena, TwoArenasOnOneStoreFileSeeEachOthersSealsAndLeases) {
   HostArena b(kLayers, kBytes, store_file(path, 6, kLayers, kBytes, 3));
   EXPECT_TRUE(b.file()->joined());
   const SlotLease lease = a.lease({4});
-  for (std::int64_t l = 0; l < kLayers; ++l) a.run_view(l, SlotRun{4, 1, 0}).value().copy_(saved_bytes(4, l, 1, kBytes));
+  for (std::int64_t l = 0; l < kLayers; ++l)
+    a.run_view(l, SlotRun{4, 1, 0}).value().copy_(saved_bytes(4, l, 1, kBytes));
   EXPECT_FALSE(b.holds(4, tag_for(4))) << "a slot being written must not be served by another instance";
   ASSERT_TRUE(a.seal(lease, {tag_for(4)}).ok());
   EXPECT_TRUE(b.holds(4, tag_for(4)));

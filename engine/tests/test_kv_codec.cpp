@@ -58,9 +58,11 @@ TEST(KVCodec, CompressedBytesAreTheReferenceOperations) {
   x[3].flatten()[0] = 127;
   const at::Tensor rows = x.reshape({6, -1, kHead}).to(at::kFloat);
   const at::Tensor amax = rows.abs().amax({-1}, true);
-  const at::Tensor scale = at::where(amax > 0, amax / at::scalar_tensor(127.0, amax.options()), at::ones_like(amax));
+  const at::Tensor scale =
+      at::where(amax > 0, amax / at::scalar_tensor(127.0, amax.options()), at::ones_like(amax));
   const at::Tensor q = at::round(rows / scale).clamp_(-127, 127).to(at::kChar);
-  const at::Tensor want = at::cat({q.reshape({6, -1}).view(at::kByte), scale.reshape({6, -1}).view(at::kByte)}, 1);
+  const at::Tensor want =
+      at::cat({q.reshape({6, -1}).view(at::kByte), scale.reshape({6, -1}).view(at::kByte)}, 1);
   const at::Tensor want_decoded = (q.to(at::kFloat) * scale).to(at::kBFloat16).reshape(x.sizes());
   std::vector<c10::Device> devices{c10::Device("cpu")};
   if (const auto type = at::accelerator::getAccelerator(false); type && at::accelerator::deviceCount() > 0) {
@@ -69,11 +71,14 @@ TEST(KVCodec, CompressedBytesAreTheReferenceOperations) {
   for (const auto& device : devices) {
     const at::Tensor data = codec->encode(x.to(device)).cpu();
     EXPECT_TRUE(at::equal(data, want)) << device;
-    EXPECT_TRUE(at::equal(codec->decode(want.to(device)).cpu().view(at::kShort), want_decoded.view(at::kShort)))
+    EXPECT_TRUE(
+        at::equal(codec->decode(want.to(device)).cpu().view(at::kShort), want_decoded.view(at::kShort)))
         << device;
     // Rows that do not start 4-aligned (the scales cannot be read in place).
-    const at::Tensor shifted = at::cat({at::zeros({6, 1}, want.options()), want}, 1).narrow(1, 1, want.size(1));
-    EXPECT_TRUE(at::equal(codec->decode(shifted.to(device)).cpu().view(at::kShort), want_decoded.view(at::kShort)))
+    const at::Tensor shifted =
+        at::cat({at::zeros({6, 1}, want.options()), want}, 1).narrow(1, 1, want.size(1));
+    EXPECT_TRUE(
+        at::equal(codec->decode(shifted.to(device)).cpu().view(at::kShort), want_decoded.view(at::kShort)))
         << device;
   }
 }

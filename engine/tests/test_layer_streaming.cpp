@@ -95,7 +95,8 @@ StepPlan streaming_plan(Ids stage, Ids writeback) {
 
 std::string bytes_of(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
-  return {reinterpret_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel() * c.element_size())};
+  return {reinterpret_cast<const char*>(c.data_ptr()),
+          static_cast<std::size_t>(c.numel() * c.element_size())};
 }
 
 // One step of every layer: stage `stage`, write `written` (each layer's
@@ -189,7 +190,8 @@ TEST(LayerStreamer, CompressedHomesHoldTheCodecsBytesAndStageTheirDecode) {
   const auto layer = static_cast<std::size_t>(codec->layer_bytes());
   std::string home = s.worker.streamer()->home_bytes("l3");
   ASSERT_EQ(home.size(), layer * static_cast<std::size_t>(kRows));
-  EXPECT_EQ(home.substr(static_cast<std::size_t>(row_of(5)) * layer, layer), bytes_of(encoded(content(3, 5, 1))));
+  EXPECT_EQ(home.substr(static_cast<std::size_t>(row_of(5)) * layer, layer),
+            bytes_of(encoded(content(3, 5, 1))));
   EXPECT_EQ(home.substr(5 * layer, layer), std::string(layer, '\0'));
   // Step 3 stages block 2 and sends it home unchanged: its home is now the
   // encode of its decode (the reference's write-back, re-encoding).
@@ -342,9 +344,9 @@ TEST(LayerStreamer, CopiesOnAThreadBesideABoundForwardLandAsTheForwardsOwnDo) {
 
   // Each step stages blocks earlier steps wrote back, and writes back blocks
   // (its own content), one of them staged too where a decode step's last block is.
-  const std::vector<std::pair<Ids, Ids>> plans = {{{}, {0, 1, 2, 3}},       {{0, 1, 2, 3}, {3, 4}},
-                                                  {{1, 3, 4}, {4, 7, 9}},   {{2, 9}, {2, 5}},
-                                                  {{0, 4, 7, 9}, {9}},     {{2, 5}, {}}};
+  const std::vector<std::pair<Ids, Ids>> plans = {{{}, {0, 1, 2, 3}},     {{0, 1, 2, 3}, {3, 4}},
+                                                  {{1, 3, 4}, {4, 7, 9}}, {{2, 9}, {2, 5}},
+                                                  {{0, 4, 7, 9}, {9}},    {{2, 5}, {}}};
   std::int64_t step = 0;
   for (int round = 0; round < 20; ++round) {
     for (const auto& [stage, writeback] : plans) {
@@ -422,9 +424,8 @@ TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
     s.worker.bind_plan(std::move(past));
     FAIL() << "bound a plan with a home row past the homes";
   } catch (const std::out_of_range& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "home row " + std::to_string(kRows) + " out of range (the homes have " +
-                  std::to_string(kRows) + " rows)");
+    EXPECT_EQ(std::string(e.what()), "home row " + std::to_string(kRows) + " out of range (the homes have " +
+                                         std::to_string(kRows) + " rows)");
   }
   EXPECT_FALSE(s.worker.has_stream_work());
   EXPECT_FALSE(s.worker.has_layer_work());

@@ -67,7 +67,7 @@ TEST(SchedulerSideStreaming, DecodeReadsEveryBlockAndWritesOnlyTheLast) {
 TEST(SchedulerSideStreaming, ARequestOutgrowingItsExtentContinuesWhereTheRowsAreFree) {
   auto s = streaming_scheduler();
   s.build_step({New{"a", {7, 3, 9, 1}, 0, 16}}, {});  // rows 0..3: the first extent, full
-  s.build_step({New{"b", {20}, 0, 1}}, {});            // rows 4..7 for b
+  s.build_step({New{"b", {20}, 0, 1}}, {});           // rows 4..7 for b
   // a's next extent cannot continue at row 4: it takes the next free run.
   const StepPlan plan = s.build_step({}, {Cached{"a", false, Ids{11}, 16, 1}});
   EXPECT_EQ(plan.writeback_blocks, (Ids{11}));
@@ -111,8 +111,7 @@ TEST(SchedulerSideStreaming, SharedBlocksAreStagedOnceFromTheirOneHome) {
   s.build_step({New{"p", {4}, 0, 4}}, {});  // block 4 gets its content, row 0
   EXPECT_FALSE(s.request_finished("p"));
   // Two requests share it through vLLM's own prefix cache.
-  const StepPlan plan =
-      s.build_step({New{"a", {4, 1}, 4, 3}, New{"b", {4, 2}, 4, 4}}, {});
+  const StepPlan plan = s.build_step({New{"a", {4, 1}, 4, 3}, New{"b", {4, 2}, 4, 4}}, {});
   EXPECT_EQ(plan.stage_blocks, (Ids{4}));
   EXPECT_EQ(plan.stage_rows, (Ids{0}));
   EXPECT_EQ(plan.writeback_blocks, (Ids{1, 2}));
@@ -211,8 +210,7 @@ SchedulerSide store(const Config& config = store_config(), std::int64_t num_slot
 // in one step over `blocks`, past what the store matched; returns the step's
 // plan. `matched` receives the tokens the store offered.
 StepPlan prefill(SchedulerSide& s, const std::string& id, const Ids& prompt, const Ids& blocks,
-                 const std::optional<std::string>& salt = std::nullopt,
-                 std::int64_t* matched = nullptr) {
+                 const std::optional<std::string>& salt = std::nullopt, std::int64_t* matched = nullptr) {
   s.observe_request(id, salt, static_cast<std::int64_t>(prompt.size()), prompt);
   const std::int64_t hit = s.get_num_new_matched_tokens(id, 0);
   if (matched != nullptr) *matched = hit;
@@ -522,8 +520,7 @@ TEST(SchedulerSide, AResumedRequestSavesFromItsNewBlockTable) {
 
 TEST(SchedulerSide, UnknownRequestsArePlannedNothing) {
   auto s = store();
-  const StepPlan plan =
-      s.build_step({New{"x", {1, 2}, 0, 8}}, {Cached{"y", false, Ids{3}, 8, 1}});
+  const StepPlan plan = s.build_step({New{"x", {1, 2}, 0, 8}}, {Cached{"y", false, Ids{3}, 8, 1}});
   EXPECT_TRUE(plan.empty());
   EXPECT_FALSE(s.wants_tokens("x", 8));
   EXPECT_EQ(s.known_tokens("x"), 0);

@@ -260,7 +260,8 @@ TEST(SharedBlockIndex, ManyRoundsThroughTheTableKeepEveryBlockFindable) {
     EXPECT_TRUE(a->lookup(k(key))) << round;
   }
   EXPECT_EQ(a->visible_blocks(), 8);
-  for (int back = 0; back < 8; ++back) EXPECT_TRUE(b->lookup(k(static_cast<std::uint8_t>(199 - back)))) << back;
+  for (int back = 0; back < 8; ++back)
+    EXPECT_TRUE(b->lookup(k(static_cast<std::uint8_t>(199 - back)))) << back;
 }
 
 TEST(SharedBlockIndex, AStoreOfAnotherSizeIsRefusedWhileInUse) {

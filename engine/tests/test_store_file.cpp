@@ -143,7 +143,8 @@ TEST(StoreFile, BytesChangedBehindASealAreDroppedByTheChecksum) {
   std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
   io.seekg(0, std::ios::end);
   const auto size = static_cast<std::size_t>(io.tellg());
-  const auto at = static_cast<std::streamoff>(size - static_cast<std::size_t>(kSlots * kSlotBytes) + slot_at + 100);
+  const auto at =
+      static_cast<std::streamoff>(size - static_cast<std::size_t>(kSlots * kSlotBytes) + slot_at + 100);
   io.seekg(at);
   const auto byte = static_cast<char>(io.get() ^ 0x01);
   io.seekp(at);
@@ -173,7 +174,8 @@ TEST(StoreFile, AnotherIdentityOrGeometryIsRefusedAndTheFileKept) {
   layered.num_layers = 3;
   const auto other_layout = StoreFile::open(layered);
   ASSERT_FALSE(other_layout.ok());
-  EXPECT_NE(other_layout.status().error().find("3 layers"), std::string::npos) << other_layout.status().error();
+  EXPECT_NE(other_layout.status().error().find("3 layers"), std::string::npos)
+      << other_layout.status().error();
   auto f = open_ok(options(file));  // untouched by the refusals
   ASSERT_EQ(f->recovered().size(), 1U);
   EXPECT_TRUE(holds(f->layer_data(0, 0), 42));
@@ -197,7 +199,8 @@ TEST(StoreFile, ASlotIsOnePiecePerLayerInTheArenasChunks) {
     EXPECT_EQ(f->chunk_rows(2), 2);
     for (const std::int64_t slot : {0, 5, 9}) {
       f->begin_write(slot);
-      for (std::int64_t l = 0; l < 3; ++l) std::memset(f->layer_data(slot, l), static_cast<int>(slot + l), piece);
+      for (std::int64_t l = 0; l < 3; ++l)
+        std::memset(f->layer_data(slot, l), static_cast<int>(slot + l), piece);
       f->commit(slot, tag_of(static_cast<std::uint32_t>(slot)));
     }
     f->layer_data(5, 2)[piece - 1] ^= 1;  // slot 5's last layer torn after sealing
@@ -220,7 +223,8 @@ TEST(StoreFile, BadPathsSayWhatIsWrong) {
   }
   const auto junk = StoreFile::open(options(dir.path / "junk"));
   ASSERT_FALSE(junk.ok());
-  EXPECT_NE(junk.status().error().find("is not an ActiveKV store"), std::string::npos) << junk.status().error();
+  EXPECT_NE(junk.status().error().find("is not an ActiveKV store"), std::string::npos)
+      << junk.status().error();
   if (::geteuid() != 0) {  // root writes anywhere
     ::mkdir((dir.path / "ro").c_str(), 0700);
     ::chmod((dir.path / "ro").c_str(), 0500);
@@ -286,7 +290,7 @@ TEST(StoreFile, AFullDiskIsRefusedAtOpenAndLeavesNoFile) {
   ASSERT_GE(child, 0);
   if (child == 0) {  // a file system with 64 KiB free, as the file size limit makes it
     ::signal(SIGXFSZ, SIG_IGN);
-    const struct rlimit limit {65536, 65536};
+    const struct rlimit limit{65536, 65536};
     ::setrlimit(RLIMIT_FSIZE, &limit);
     const auto f = StoreFile::open(options(file));
     const bool said = !f.ok() && f.status().error().find("cannot reserve") != std::string::npos &&
@@ -296,9 +300,8 @@ TEST(StoreFile, AFullDiskIsRefusedAtOpenAndLeavesNoFile) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the open did not fail saying what to do";
-  struct stat st {};
-  EXPECT_TRUE(::stat(file.c_str(), &st) != 0 || st.st_size == 0)
-      << "a refused open left data behind";
+  struct stat st{};
+  EXPECT_TRUE(::stat(file.c_str(), &st) != 0 || st.st_size == 0) << "a refused open left data behind";
 }
 
 TEST(StoreFile, ACreationCutOffBeforeItsHeaderIsMadeAgain) {
@@ -351,7 +354,8 @@ TEST(StoreFile, KilledAtRandomPointsOfASaveStormNothingTornIsRecovered) {
     auto f = open_ok(options(file));
     ASSERT_TRUE(f);
     for (const auto& r : f->recovered()) {
-      EXPECT_TRUE(holds(f->layer_data(r.slot, 0), tag_number(r.tag))) << "round " << round << " slot " << r.slot;
+      EXPECT_TRUE(holds(f->layer_data(r.slot, 0), tag_number(r.tag)))
+          << "round " << round << " slot " << r.slot;
     }
     recovered += f->recovered().size();
   }

@@ -87,8 +87,8 @@ TEST(CheckStreamable, RefusesEachSettingInTheReferenceOrder) {
 TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
   const auto r = StartupReport::of(geometry(), /*num_blocks=*/100, /*block_size=*/32,
                                    /*layer_bytes=*/8192, /*max_model_len=*/1000);
-  EXPECT_EQ(r.device_blocks_without, 60);  // 100 * (1 + 2) / 5
-  EXPECT_EQ(r.host_bytes, 112 * 4 * 8192);  // home_rows_for(100) rows of 4 layers
+  EXPECT_EQ(r.device_blocks_without, 60);         // 100 * (1 + 2) / 5
+  EXPECT_EQ(r.host_bytes, 112 * 4 * 8192);        // home_rows_for(100) rows of 4 layers
   EXPECT_EQ(r.decode_step_bytes, 32 * 4 * 8192);  // ceil(1000 / 32) blocks
   EXPECT_EQ(r.line(),
             "ActiveKV layer streaming: 1 resident + 4 streamed layers, ring of 2; the device "
@@ -98,7 +98,8 @@ TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
   // Compressed homes: the line says so.
   const auto c = StartupReport::of(geometry(1, 2, Mode::kCompressed), 100, 32, 4608, 1000);
   EXPECT_EQ(c.host_bytes, 112 * 4 * 4608);
-  EXPECT_TRUE(c.line().ends_with("; the homes are compressed (int8 + scales, lossy within the codec's bound)"))
+  EXPECT_TRUE(
+      c.line().ends_with("; the homes are compressed (int8 + scales, lossy within the codec's bound)"))
       << c.line();
   EXPECT_FALSE(r.line().find("compressed") != std::string::npos);
 }

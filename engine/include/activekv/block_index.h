@@ -38,7 +38,8 @@ class StoreIndex {
   // Must be called once per pin, when the load finished.
   virtual void unpin(std::int64_t slot) = 0;
   struct Reservation {
-    std::optional<std::int64_t> slot;  // nullopt: every slot pending or pinned, or (stored_elsewhere) not needed
+    std::optional<std::int64_t>
+        slot;  // nullopt: every slot pending or pinned, or (stored_elsewhere) not needed
     std::vector<BlockKey> evicted;
     bool stored_elsewhere = false;  // another process took the block since contains()
   };

@@ -35,8 +35,8 @@ struct ConfigValue {
   Kind kind = Kind::kOther;
   std::int64_t int_value = 0;
   std::string string_value;
-  std::string type_name;  // Python type name, for messages
-  std::string repr;       // Python repr(), for messages
+  std::string type_name;                     // Python type name, for messages
+  std::string repr;                          // Python repr(), for messages
   std::map<std::string, ConfigValue> table;  // kTable: a dict's entries, by key
 };
 

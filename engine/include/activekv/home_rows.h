@@ -52,9 +52,9 @@ class HomeRows {
 
  private:
   struct Extent {
-    std::int64_t next;   // the request's next row
-    std::int64_t end;    // rows next .. end - 1 are reserved for it
-    std::uint64_t order; // when the request first got an extent (reclaim's tie-break)
+    std::int64_t next;    // the request's next row
+    std::int64_t end;     // rows next .. end - 1 are reserved for it
+    std::uint64_t order;  // when the request first got an extent (reclaim's tie-break)
   };
   Extent& new_extent(const std::string& req_id, std::int64_t needed);
   // The start of the smallest free run of at least `want` rows, else of the
@@ -69,7 +69,7 @@ class HomeRows {
   std::unordered_map<std::int64_t, std::int64_t> row_of_;  // block id -> row
   std::map<std::int64_t, std::int64_t> free_;              // free run start -> end
   std::unordered_map<std::string, Extent> extents_;
-  std::unordered_map<std::string, std::int64_t> held_;     // rows given to the request so far
+  std::unordered_map<std::string, std::int64_t> held_;  // rows given to the request so far
   std::uint64_t next_order_ = 0;
 };
 

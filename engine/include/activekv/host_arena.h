@@ -104,9 +104,7 @@ class HostArena {
   void quarantine(const SlotLease& lease);
   bool quarantined(std::int64_t slot) const { return quarantined_[static_cast<std::size_t>(slot)] != 0; }
   std::int64_t quarantined_count() const { return quarantined_count_; }
-  std::uint32_t generation(std::int64_t slot) const {
-    return generations_[static_cast<std::size_t>(slot)];
-  }
+  std::uint32_t generation(std::int64_t slot) const { return generations_[static_cast<std::size_t>(slot)]; }
   // The sealed tag, or nullopt (unsealed or out of range).
   std::optional<std::string> tag(std::int64_t slot) const;
   // Whether the slot is sealed with `tag` (what a load checks; no copy).
@@ -124,7 +122,7 @@ class HostArena {
   bool pin_;
   std::int64_t slots_per_chunk_;
   std::shared_ptr<StoreFile> file_;  // null: chunks in process memory
-  std::vector<at::Tensor> chunks_;  // undefined until first use; each owns its memory or views the file's
+  std::vector<at::Tensor> chunks_;   // undefined until first use; each owns its memory or views the file's
   // Per slot, indexed by slot: dense (under 100 bytes a slot, against the
   // slot's own bytes), and no hashing or allocation on a step's path.
   std::vector<std::string> tags_;  // empty: unsealed (a tag is never empty); unused on a file

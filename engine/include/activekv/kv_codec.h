@@ -29,7 +29,7 @@ class KVCodec {
 
 // Throws std::invalid_argument when compressed mode cannot split the layout
 // into head vectors.
-std::unique_ptr<KVCodec> make_codec(Mode mode, std::vector<std::int64_t> block_shape,
-                                    at::ScalarType dtype, std::int64_t head_size);
+std::unique_ptr<KVCodec> make_codec(Mode mode, std::vector<std::int64_t> block_shape, at::ScalarType dtype,
+                                    std::int64_t head_size);
 
 }  // namespace activekv

@@ -39,7 +39,7 @@ namespace detail {
 struct CopyBatch;
 class CudaCodecKernels;
 class IssueThread;
-}
+}  // namespace detail
 
 // How staged and written-back blocks cross between the homes and the ring.
 enum class StreamCopy {
@@ -273,8 +273,7 @@ class LayerStreamer {
   // (settle_across_steps: those done by now, and the oldest while more than
   // two steps' are in flight).
   void begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
-                  std::vector<std::int64_t> writeback_blocks,
-                  std::vector<std::int64_t> writeback_rows);
+                  std::vector<std::int64_t> writeback_blocks, std::vector<std::int64_t> writeback_rows);
   bool has_work() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
   // Device: issues the staging of the first K streamed layers. CPU: posts
   // them to the copy thread where one runs this step, otherwise nothing.
@@ -322,7 +321,8 @@ class LayerStreamer {
   // Staging through pieces, decoded on the copy stream: kDeviceGather, and
   // kCopyEngineBatch with compressed homes (whose pieces the batch fills).
   bool stages_by_pieces() const {
-    return copy_method_ == StreamCopy::kDeviceGather || (codec_ && copy_method_ == StreamCopy::kCopyEngineBatch);
+    return copy_method_ == StreamCopy::kDeviceGather ||
+           (codec_ && copy_method_ == StreamCopy::kCopyEngineBatch);
   }
   bool batched_pieces() const { return codec_ && copy_method_ == StreamCopy::kCopyEngineBatch; }
   // Where home row `row` of streamed layer `streamed` starts (a pinned host
@@ -446,7 +446,7 @@ class LayerStreamer {
   // A step's write-back of one streamed layer, until its fence settles.
   struct PendingWriteback {
     std::vector<std::int64_t> rows;
-    std::size_t layer;  // among the streamed
+    std::size_t layer;                  // among the streamed
     std::shared_ptr<c10::Event> fence;  // shared with the waits on it
     std::chrono::steady_clock::time_point deadline;
   };
@@ -471,12 +471,12 @@ class LayerStreamer {
   StreamCopy copy_method_ = StreamCopy::kRuns;
   bool device_gather_possible_ = false;
   bool batch_copy_possible_ = false;
-  std::unique_ptr<detail::CopyBatch> batch_;  // kCopyEngineBatch: a layer's copies, reused
+  std::unique_ptr<detail::CopyBatch> batch_;     // kCopyEngineBatch: a layer's copies, reused
   std::optional<c10::Stream> writeback_stream_;  // kCopyEngineBatch with tuning_.writeback_stream
 
   // kDeviceGather.
   std::optional<c10::Stream> gather_stream_;
-  at::ScalarType word_type_ = at::kByte;   // the widest element a row divides into
+  at::ScalarType word_type_ = at::kByte;            // the widest element a row divides into
   std::vector<std::vector<at::Tensor>> home_rows_;  // [streamed][chunk]: the device's view, in words
   // Every home row of every chunk as rows of one strided device view: a row
   // starts every `homes_grain_` bytes from the lowest chunk (rows overlap, so
@@ -497,11 +497,11 @@ class LayerStreamer {
   std::vector<SlotRun> writeback_long_runs_;
   std::vector<std::int64_t> writeback_long_blocks_;
   std::vector<std::int64_t> writeback_short_blocks_, writeback_short_rows_;
-  std::vector<at::Tensor> pieces_;                  // device staging, [piece_rows, words] each
+  std::vector<at::Tensor> pieces_;                     // device staging, [piece_rows, words] each
   std::vector<std::optional<c10::Event>> piece_free_;  // recorded on the copy stream after its scatter
   std::size_t next_piece_ = 0;
-  std::optional<DeviceIndex> stage_index_;      // per step, made on first use
-  std::optional<DeviceIndex> writeback_index_;   // the short write-back blocks
+  std::optional<DeviceIndex> stage_index_;        // per step, made on first use
+  std::optional<DeviceIndex> writeback_index_;    // the short write-back blocks
   std::optional<at::Tensor> writeback_long_ids_;  // device int64: writeback_long_blocks_
 
   // Per step.
@@ -513,12 +513,12 @@ class LayerStreamer {
   // previous occupant in its unused slots.
   std::vector<std::int64_t> fresh_blocks_;
   std::optional<at::Tensor> fresh_ids_;  // on the ring's device, made on first use
-  std::vector<PairRun> stage_runs_;  // kRuns on a device
+  std::vector<PairRun> stage_runs_;      // kRuns on a device
   std::vector<PairRun> writeback_runs_;
   std::vector<HomeRun> stage_home_runs_, writeback_home_runs_;  // CPU
-  std::vector<char> stage_issued_;  // per streamed layer (device)
-  std::vector<char> staged_;        // per streamed layer: stage() done this step
-  std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer (device)
+  std::vector<char> stage_issued_;                              // per streamed layer (device)
+  std::vector<char> staged_;                                    // per streamed layer: stage() done this step
+  std::vector<std::optional<c10::Event>> stage_fences_;         // per streamed layer (device)
   std::vector<std::uint64_t> stage_tasks_;  // per streamed layer: the task issuing its staging
   // start_one_layer: streamed layers [1, start_rest_end_) are marked issued by
   // start but not yet issued (0: none).
@@ -531,7 +531,7 @@ class LayerStreamer {
   // write_back counts it, so a step's last copies count in the next step.
   std::atomic<std::int64_t> copy_thread_us_{0};
   bool copy_thread_this_step_ = false;  // set by begin_step (cpu_copy_thread_min_bytes)
-  std::int64_t written_back_ = -1;  // CPU copy thread: the write-back not yet posted
+  std::int64_t written_back_ = -1;      // CPU copy thread: the write-back not yet posted
   // CPU copy thread, per step: the streamed layer stage() is called for next,
   // and the first whose staging was posted without waking the thread (-1: none).
   std::int64_t next_stage_ = 0;

@@ -47,8 +47,7 @@ class SchedulerSide {
   bool wants_tokens(const std::string& req_id, std::int64_t computed) const;
 
   // Tokens loadable from the host store past `num_computed_tokens`.
-  std::int64_t get_num_new_matched_tokens(const std::string& req_id,
-                                          std::int64_t num_computed_tokens);
+  std::int64_t get_num_new_matched_tokens(const std::string& req_id, std::int64_t num_computed_tokens);
   void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
                                 std::int64_t num_external_tokens);
 
@@ -108,8 +107,7 @@ class SchedulerSide {
     std::int64_t unconfirmed_saves = 0;
   };
   const std::vector<BlockKey>& keys_upto(RequestState& st, std::int64_t num_blocks);
-  void plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,
-                  StepPlan& plan);
+  void plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed, StepPlan& plan);
   void save_settled(std::int64_t slot);
   // The step's stage and write-back blocks; after plan.loads is set.
   void plan_streaming(const std::vector<NewRequest>& new_requests,

@@ -98,12 +98,12 @@ class SharedBlockIndex final : public StoreIndex {
   void insert(const BlockKey& key, std::int64_t slot) const;
   void erase(const BlockKey& key) const;
   void free_slot(std::int64_t slot) const;
-  void rebuild_derived() const;       // free stack, hash table and LRU list from the slots
+  void rebuild_derived() const;               // free stack, hash table and LRU list from the slots
   void link_newest(std::int64_t slot) const;  // LRU list: a visible slot in as the most recent
   void unlink(std::int64_t slot) const;       // LRU list: a visible slot out
   void used(std::int64_t slot) const;         // LRU list: a visible slot to the most recent
-  void reclaim_dead() const;          // dead instances' pending slots and pins
-  void abandon(int instance) const;   // an instance's pins dropped, its pending slots retired
+  void reclaim_dead() const;                  // dead instances' pending slots and pins
+  void abandon(int instance) const;           // an instance's pins dropped, its pending slots retired
   bool alive(int instance) const;
   std::uint64_t tick() const;
 

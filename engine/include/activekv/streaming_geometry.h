@@ -81,9 +81,8 @@ struct StartupReport {
   Mode homes = Mode::kExact;
 
   // `layer_bytes`: one block of one layer as its home holds it.
-  static StartupReport of(const StreamingGeometry& geometry, std::int64_t num_blocks,
-                          std::int64_t block_size, std::int64_t layer_bytes,
-                          std::int64_t max_model_len);
+  static StartupReport of(const StreamingGeometry& geometry, std::int64_t num_blocks, std::int64_t block_size,
+                          std::int64_t layer_bytes, std::int64_t max_model_len);
   std::string line() const;
   // The homes come on top of the host store, in every worker: refuses
   // (naming what to lower) a store plus homes beyond the host's memory.

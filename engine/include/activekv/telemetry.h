@@ -41,11 +41,26 @@ enum class Counter : int {
 };
 
 inline constexpr std::array<std::string_view, static_cast<int>(Counter::kCount)> kCounterNames = {
-    "lookups",         "lookup_tokens",  "hit_blocks",         "hit_tokens",
-    "stored_blocks",   "evicted_blocks", "rejected_threshold", "rejected_request_cap",
-    "rejected_full",   "saved_blocks",   "loaded_blocks",      "failed_loads",
-    "bytes_to_host",   "bytes_to_device", "save_us",           "load_us",
-    "quarantined_fences", "streamed_bytes_to_device", "streamed_bytes_to_host", "stream_us"};
+    "lookups",
+    "lookup_tokens",
+    "hit_blocks",
+    "hit_tokens",
+    "stored_blocks",
+    "evicted_blocks",
+    "rejected_threshold",
+    "rejected_request_cap",
+    "rejected_full",
+    "saved_blocks",
+    "loaded_blocks",
+    "failed_loads",
+    "bytes_to_host",
+    "bytes_to_device",
+    "save_us",
+    "load_us",
+    "quarantined_fences",
+    "streamed_bytes_to_device",
+    "streamed_bytes_to_host",
+    "stream_us"};
 
 // Prometheus's HELP of each counter (the reference's COUNTERS, word for word).
 inline constexpr std::array<std::string_view, static_cast<int>(Counter::kCount)> kCounterHelp = {
@@ -129,10 +144,17 @@ constexpr bool gauge_is_ratio(Gauge g) { return g == Gauge::kStoreHitRatio; }
 inline constexpr std::string_view kConfigInfoName = "config_info";
 inline constexpr std::string_view kConfigInfoHelp =
     "ActiveKV's configuration (kv_connector_extra_config) in its labels; the value is 1";
-inline constexpr std::array<std::string_view, 11> kConfigInfoLabels = {
-    "mode",           "capacity_bytes", "store_threshold", "max_bytes_per_request",
-    "store_blocks",   "fence_timeout_ms", "store_path_set", "streaming",
-    "resident_layers", "ring_size",     "homes"};
+inline constexpr std::array<std::string_view, 11> kConfigInfoLabels = {"mode",
+                                                                       "capacity_bytes",
+                                                                       "store_threshold",
+                                                                       "max_bytes_per_request",
+                                                                       "store_blocks",
+                                                                       "fence_timeout_ms",
+                                                                       "store_path_set",
+                                                                       "streaming",
+                                                                       "resident_layers",
+                                                                       "ring_size",
+                                                                       "homes"};
 
 class Telemetry {
  public:

@@ -143,8 +143,10 @@ class WorkerSide {
   // streaming, the gauges of the step's streamed bytes each way.
   Telemetry take_telemetry() {
     if (streaming_) {
-      stats_.set(Gauge::kStreamedStepBytesToDevice, static_cast<double>(stats_.get(Counter::kStreamedBytesToDevice)));
-      stats_.set(Gauge::kStreamedStepBytesToHost, static_cast<double>(stats_.get(Counter::kStreamedBytesToHost)));
+      stats_.set(Gauge::kStreamedStepBytesToDevice,
+                 static_cast<double>(stats_.get(Counter::kStreamedBytesToDevice)));
+      stats_.set(Gauge::kStreamedStepBytesToHost,
+                 static_cast<double>(stats_.get(Counter::kStreamedBytesToHost)));
     }
     return stats_.take();
   }
