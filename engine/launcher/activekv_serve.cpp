@@ -38,11 +38,12 @@ int usage(const char* program, const std::string& problem) {
                "          [--activekv-config FILE.json] [--] VLLM_SERVER_ARGS...\n"
                "  --activekv-streaming  layer streaming: RESIDENT layers keep their KV on the\n"
                "                     device, the others pass through a ring of RING buffers\n"
-               "                     (default 2); needs vLLM with ActiveKV's patch series\n"
+               "                     (default %lld); needs vLLM with ActiveKV's patch series\n"
                "  --activekv-config  a JSON object of kv_connector_extra_config keys\n"
                "                     (mode, capacity_bytes, store_threshold, streaming, ...);\n"
                "                     flags win\n",
-               program, problem.c_str(), program);
+               program, problem.c_str(), program,
+               static_cast<long long>(activekv::StreamingConfig{}.ring_size));
   return 2;
 }
 
@@ -113,17 +114,19 @@ int main(int argc, char** argv) {
       const std::string s = v;
       const auto comma = s.find(',');
       const std::string resident = s.substr(0, comma);
-      const std::string ring = comma == std::string::npos ? "2" : s.substr(comma + 1);
+      const bool ring_given = comma != std::string::npos;
+      const std::string ring = ring_given ? s.substr(comma + 1) : "0";
       if (!all_digits(resident) || !all_digits(ring) || resident.size() > 6 || ring.size() > 6) {
         return usage(program,
                      "--activekv-streaming: '" + s +
                          "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)");
       }
       // The range checks (ring >= 2, fewer resident layers than the model has)
-      // are the engine's, with the key named, when vLLM starts. Reprinted: JSON
-      // numbers have no leading zeros.
+      // are the engine's, with the key named, when vLLM starts, as is the
+      // ring's default where none is given. Reprinted: JSON numbers have no
+      // leading zeros.
       streaming = "{\"resident_layers\": " + std::to_string(std::stoi(resident)) +
-                  ", \"ring_size\": " + std::to_string(std::stoi(ring)) + "}";
+                  (ring_given ? ", \"ring_size\": " + std::to_string(std::stoi(ring)) : "") + "}";
     } else if (arg == "--activekv-config") {
       const char* v = value("--activekv-config");
       if (v == nullptr) return 2;

@@ -15,6 +15,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "mapped_file.h"
 #include "ofd_lock.h"
 
 namespace activekv {
@@ -34,11 +35,9 @@ constexpr off_t kFirstInstance = kGateByte + 16;
 
 enum State : std::uint32_t { kFree = 0, kPending = 1, kVisible = 2, kRetired = 3 };
 
-Status failed(const std::string& path, const std::string& what) {
-  return {ErrorCode::kInvalidConfig, "ActiveKV shared store index " + path + ": " + what};
-}
+detail::MappedFile index_file(const std::string& path) { return {"ActiveKV shared store index", path}; }
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+Status failed(const std::string& path, const std::string& what) { return index_file(path).failed(what); }
 
 }  // namespace
 
@@ -120,19 +119,12 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
   while (ix->table_size_ < 2 * num_slots) ix->table_size_ *= 2;  // at most half full
   const std::size_t bytes = kHeaderBytes + static_cast<std::size_t>(num_slots) * sizeof(Slot) +
                             static_cast<std::size_t>(num_slots + ix->table_size_) * sizeof(std::int32_t);
-  ix->map_bytes_ = round_up(bytes, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+  ix->map_bytes_ = detail::round_up(bytes, detail::page_bytes());
 
-  ix->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (ix->fd_ < 0) {
-    if (errno == ENOENT)
-      return failed(path, "its directory does not exist; create it or choose another path");
-    return failed(path, std::string("cannot be opened for reading and writing (") + std::strerror(errno) +
-                            "); choose a writable path");
-  }
-  if (!detail::ofd_lock(ix->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte)) {
-    return failed(path, std::string("cannot be locked (") + std::strerror(errno) +
-                            "); choose a path on a local file system");
-  }
+  const detail::MappedFile file = index_file(path);
+  auto fd = file.open_at_gate(kGateByte);
+  if (!fd.ok()) return fd.status();
+  ix->fd_ = fd.value();
   struct flock held{};
   detail::ofd_lock(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
   ix->joined_ = held.l_type != F_UNLCK;
@@ -140,9 +132,9 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     if (::ftruncate(ix->fd_, 0) != 0 || ::ftruncate(ix->fd_, static_cast<off_t>(ix->map_bytes_)) != 0) {
       return failed(path, std::string("cannot be sized (") + std::strerror(errno) + ")");
     }
-    if (const int e = ::posix_fallocate(ix->fd_, 0, static_cast<off_t>(ix->map_bytes_)); e != 0) {
-      return failed(path, std::string("cannot reserve its ") + std::to_string(ix->map_bytes_) + " bytes (" +
-                              std::strerror(e) + "); free space there or choose another path");
+    if (Status s = file.reserve(ix->fd_, ix->map_bytes_, "free space there or choose another path");
+        !s.ok()) {
+      return s;
     }
   } else {
     struct stat st{};
@@ -152,9 +144,9 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
                               "): give every vLLM that shares a store the same capacity_bytes");
     }
   }
-  void* map = ::mmap(nullptr, ix->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ix->fd_, 0);
-  if (map == MAP_FAILED) return failed(path, std::string("cannot be mapped (") + std::strerror(errno) + ")");
-  ix->map_ = static_cast<std::uint8_t*>(map);
+  auto map = file.map(ix->fd_, ix->map_bytes_);
+  if (!map.ok()) return map.status();
+  ix->map_ = map.value();
   Header& h = ix->header();
   if (!ix->joined_) {
     std::memset(ix->map_, 0, ix->map_bytes_);  // every slot kFree

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "mapped_file.h"
 #include "ofd_lock.h"
 
 namespace activekv {
@@ -41,13 +42,12 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 
-std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+using detail::page_bytes;
+using detail::round_up;
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+detail::MappedFile store_file(const std::string& path) { return {"ActiveKV store file", path}; }
 
-Status failed(const std::string& path, const std::string& what) {
-  return {ErrorCode::kInvalidConfig, "ActiveKV store file " + path + ": " + what};
-}
+Status failed(const std::string& path, const std::string& what) { return store_file(path).failed(what); }
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -143,18 +143,12 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
 
   struct stat before{};
   const bool existed = ::stat(o.path.c_str(), &before) == 0;
-  f->fd_ = ::open(o.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (f->fd_ < 0) {
-    if (errno == ENOENT)
-      return failed(o.path, "its directory does not exist; create it or choose another path");
-    return failed(o.path,
-                  "cannot be opened for reading and writing (" + errno_text() + "); choose a writable path");
-  }
+  const detail::MappedFile file = store_file(o.path);
   // Attach under the gate: the first process (nobody holds the attach byte)
   // recovers the file, the others join it as it is.
-  if (!detail::ofd_lock(f->fd_, F_OFD_SETLKW, F_WRLCK, kGateByte)) {
-    return failed(o.path, "cannot be locked (" + errno_text() + "); choose a path on a local file system");
-  }
+  auto fd = file.open_at_gate(kGateByte);
+  if (!fd.ok()) return fd.status();
+  f->fd_ = fd.value();
   f->joined_ = !detail::ofd_lock(f->fd_, F_OFD_SETLK, F_WRLCK, kAttachByte);
   const auto attached = [&f] {  // shared from here on; converting is atomic
     detail::ofd_lock(f->fd_, F_OFD_SETLKW, F_RDLCK, kAttachByte);
@@ -171,25 +165,23 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   // creation cut off after reserving the space): nothing in it was ever served.
   const bool fresh = st.st_size == 0 || (!f->joined_ && never_headed(f->fd_));
   if (fresh) {
-    // All the space now: a full disk fails here, not in the middle of a save.
-    if (const int e = ::posix_fallocate(f->fd_, 0, static_cast<off_t>(total)); e != 0) {
+    if (Status s =
+            file.reserve(f->fd_, total, "free space there, lower capacity_bytes or choose another path");
+        !s.ok()) {
       // Emptied, not unlinked: a process waiting at the gate holds this file
       // (it then finds it empty and tries for itself), and a path some other
       // process made meanwhile is not ours to remove.
       if (!existed) (void)!::ftruncate(f->fd_, 0);
-      return failed(o.path, "cannot reserve " + std::to_string(total) + " bytes (" + std::strerror(e) +
-                                "); free space there, lower capacity_bytes or choose another path");
+      return s;
     }
   } else if (static_cast<std::size_t>(st.st_size) < kHeaderBytes) {
     return failed(o.path, "is not an ActiveKV store (" + std::to_string(st.st_size) +
                               " bytes); remove it or choose another path");
   }
   const auto mapped = fresh ? total : static_cast<std::size_t>(st.st_size);
-  // Every page mapped now (MAP_POPULATE): a save never pays a page fault (a
-  // 2 MiB slot is 512 of them; without it sealing ran at 0.2-0.4 GB/s).
-  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd_, 0);
-  if (map == MAP_FAILED) return failed(o.path, "cannot be mapped (" + errno_text() + ")");
-  f->map_ = static_cast<std::uint8_t*>(map);
+  auto map = file.map(f->fd_, mapped);
+  if (!map.ok()) return map.status();
+  f->map_ = map.value();
   f->map_bytes_ = mapped;
   auto* h = reinterpret_cast<Header*>(f->map_);
   if (fresh) {

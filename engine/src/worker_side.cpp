@@ -1,5 +1,6 @@
 #include "activekv/worker_side.h"
 
+#include "cuda_batch_copy.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -200,13 +201,15 @@ std::string WorkerSide::copies_by() const {
       }
       return head + "the copy engines move the homes' blocks, one batched copy a layer each way";
     case StreamCopy::kDeviceGather: {
+      // Where a batch could have moved them, they were under the size a gather moves faster.
+      const std::string under = " under " + std::to_string(detail::kMinBatchCopyBytes >> 10) + " KiB";
       std::string why;
       if (!decoded.empty()) {
         const bool batch_possible = streamer_->can_copy_by(StreamCopy::kCopyEngineBatch);
-        why = batch_possible ? " (rows under 32 KiB, which a gather moves faster; " : " (";
+        why = batch_possible ? " (rows" + under + ", which a gather moves faster; " : " (";
         why += decoded + ")";
       } else if (streamer_->can_copy_by(StreamCopy::kCopyEngineBatch)) {
-        why = " (blocks under 32 KiB, which a gather moves faster)";
+        why = " (blocks" + under + ", which a gather moves faster)";
       } else if (device_.is_cuda()) {
         why = " (this CUDA driver has no batched copy; 12.8 and later have it)";
       }

@@ -420,7 +420,7 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
                 args += [
                     release_tree["runtime"]["id"],
                     "--activekv-streaming",
-                    "0,2",
+                    "0",  # the ring's size: the engine's default
                     "--model",
                     "/model",
                     "--kv-cache-memory-bytes",
