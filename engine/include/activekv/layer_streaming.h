@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "activekv/config.h"
+#include "activekv/streaming_tuning.h"
 #include "activekv/host_arena.h"
 #include "activekv/kv_codec.h"
 #include "activekv/status.h"
@@ -76,111 +77,6 @@ enum class StreamCopy {
 
 // "runs", "gather", "batch": for reports and benchmarks.
 const char* copy_method_name(StreamCopy method);
-
-// kDeviceGather's knobs (defaults measured on an H200, docs/benchmarks/history.md "Layer
-// streaming on a GPU"); benchmarks sweep them, vLLM runs the defaults.
-struct StreamingTuning {
-  // Staging pieces: each is read over the bus, then scattered into the ring
-  // while the next ones cross. 32 MiB is ~0.6 ms of a PCIe Gen5 link: long
-  // enough that a piece's fixed costs (a kernel or a few copies, two events)
-  // vanish; the pool lets the bus run ahead of the ring's turn. 8 (256 MiB)
-  // lets the bus read on through a prefill chunk's attention, which holds the
-  // SMs the scatters need: 4 left 64k-128k prefill at 1.13-1.32x the bound,
-  // 8 at 1.05-1.07x (docs/benchmarks/history.md, 2026-12-03).
-  std::int64_t pieces = 8;
-  std::int64_t piece_bytes = std::int64_t{32} << 20;
-  // Runs of this many consecutive blocks (1 MiB at 64 KiB blocks) cross by the
-  // copy engine, at its peak and without taking SMs from attention.
-  std::int64_t copy_engine_run = 16;
-  // The gather stream's priority: high schedules the gather's thread blocks
-  // first as SMs free up.
-  bool gather_high_priority = true;
-  // The copy stream's priority: its scatters into the ring free the pieces the
-  // bus waits for, and a compute-bound attention (a prefill chunk's) otherwise
-  // holds the SMs until its last wave.
-  bool copy_high_priority = false;
-  // kCopyEngineBatch: write-backs (device to host) cross on a stream of their
-  // own, beside the staging (host to device), so the bus's two directions
-  // overlap instead of queueing on the copy stream.
-  bool writeback_stream = true;
-  // kCopyEngineBatch with the write-back stream: when a step stages none of
-  // the blocks it writes back (a prefill chunk starting on a block boundary),
-  // a ring buffer's next occupant is staged without waiting for the last
-  // occupant's write-back, and only its compute (which writes the blocks that
-  // write-back reads) waits for it. True: the staging waits too, as it must
-  // when the sets share a block (a decode step's last block).
-  bool staging_waits_for_writeback = false;
-  // CUDA: the copy streams' work (the copies and the waits that order them)
-  // is issued by a thread of its own (issue_thread.h), so the forward's thread
-  // neither pays for a layer's copies nor blocks once the driver's queue is
-  // full. Off: on the H200 at a ring of 2 it read no faster (prefill 16k
-  // 1.113x against 1.067x, the other points within 1%). The forward's kernel
-  // launches queue behind the thread's copy calls in the driver (a 16k
-  // prefill layer's compute span grew from 0.85 to 1.21 ms), and the forward
-  // waits for the thread at each layer. At a ring of 3, where the caller's
-  // thread blocks in the driver, it read faster (docs/benchmarks/history.md, 2026-12-04,
-  // night and late). XPU always issues on the caller's thread.
-  bool issue_thread = false;
-  // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,
-  // then twice as many each call, so the bus starts after the first few copies
-  // are issued rather than a whole layer's (cuda_batch_copy.h); 0: one call.
-  std::int64_t batch_first_call = 32;
-  // kCopyEngineBatch: a layer's staging issued ahead (stage_ahead, K layers
-  // before its compute) goes to the driver in one call. The copy stream is
-  // still busy with the layers before it, so nothing waits for its first
-  // copies, and each call boundary cost the copy engines a gap: at a 16k
-  // prefill chunk a layer crossed at 0.97 of the bus in calls, 0.99 in one
-  // (docs/benchmarks/history.md, 2026-12-04, late). The step's first stagings (start)
-  // keep the calls: the bus waits for them.
-  bool ahead_in_one_call = true;
-  // Device: the step's first staging (start) issues only the first streamed
-  // layer; the ring's other first occupants are issued by the first layer's
-  // write_back, once the forward has queued that layer's attention and ahead
-  // of the copy stream's wait for it, so the bus runs on. Off: start issues
-  // all K, and the first layer's attention is queued only after the host has
-  // issued them (at 0.5-1 us a copy, 1-17 ms at 16k-128k), which the H200's
-  // timelines showed as a first layer waiting up to 1.7 layers' bus time
-  // (docs/benchmarks/history.md, 2026-12-04, late). Not yet measured, so off.
-  bool start_one_layer = false;
-  // Device: write-backs settle across steps. begin_step no longer waits on
-  // the host for the last step's write-backs to land. Instead, on the device,
-  // a layer's staging waits for its homes' last write-back where that may
-  // still run, and each ring buffer's first staging of a step waits for the
-  // buffer's last occupant (its attention, write-back and store gather), not
-  // for the whole last step. So where the host runs a step ahead (vLLM's
-  // async scheduling) the next step's first layers cross the bus while the
-  // last step's last layers compute. A fence still settles in issue order at
-  // a later begin_step and poisons its rows once past its deadline; a staging
-  // of that layer, planned before or after, is ordered after the write-back on
-  // the device (one past its deadline holds it: a device that late is taken
-  // for hung). Assumes vLLM writes no ring buffer between forwards. On the
-  // H200, prefill chunks queued back to back read 1.005-1.024x their bound
-  // with it and 1.025-1.055x without; decode steps are alike (medians;
-  // docs/benchmarks/history.md, 2026-12-05). A new streamer turns it on only with
-  // streams (CPU copies have landed by the next begin_step), and not with
-  // ACTIVEKV_SETTLE_ACROSS_STEPS=0 in the environment.
-  bool settle_across_steps = true;
-  // Compressed homes on CUDA: decode and encode by two fused kernels (compiled
-  // at start by NVRTC) rather than the codec's ATen operations, which queue
-  // about fifteen kernels a layer between two layers' attention.
-  bool fused_codec = true;
-  // CPU with exact homes: the copies run on a thread of their own, pinned to
-  // CPUs the forward's thread may not use (vLLM binds its OpenMP threads and
-  // reserves a core for its engine core), so a layer's staging crosses while
-  // the layers before it compute instead of in wait_for_layer_load's call.
-  // Without such a CPU (the forward may run anywhere) the copies stay on the
-  // forward's thread. ACTIVEKV_CPU_COPY_THREAD=0 in the environment turns it
-  // off; =all sets cpu_copy_thread_min_bytes to 0.
-  bool cpu_copy_thread = true;
-  // cpu_copy_thread: a step whose staging is shorter than this per layer
-  // copies on the forward's thread. Waking the copy thread costs the forward
-  // about 8 us on this project's 2-core VM, about what memcpy takes for
-  // 350 KB there. With the CPU benchmark's forward bound to one core, the
-  // thread gained nothing clear at 523 KiB a layer (2048 tokens: 0.02 ms less
-  // to 0.04 ms more a step) and took 0.12-0.17 ms a step off the forward's
-  // path at 955 KiB (3776 tokens; docs/benchmarks/history.md, 2026-12-05).
-  std::int64_t cpu_copy_thread_min_bytes = std::int64_t{768} << 10;
-};
 
 // Worker side: the homes of the streamed layers and the copies in and out.
 //
