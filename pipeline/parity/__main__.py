@@ -169,6 +169,43 @@ def run_in_jobs(args, names: list[str]) -> None:
         list(pool.map(job, names))
 
 
+def units_plan(args) -> list[tuple[str, str, object]]:
+    """Every unit: (name, label, what runs it). Each session records on a
+    model of its own depth, made here once, before any job needs it."""
+    model = tiny_llama(args.cache)
+    plan: list[tuple[str, str, object]] = []
+    for mode in args.modes:
+        for session in sessions(mode):
+            tiny_llama(args.cache, session.num_layers)
+            run = functools.partial(session_unit, args, mode, session)
+            plan.append((f"{mode}-{session.name}", f"{mode} session {session.name}", run))
+        plan.append((f"{mode}-end-to-end", f"{mode} end to end", functools.partial(end_to_end_unit, model, mode)))
+    return plan
+
+
+def print_overhead(overhead: list[dict]) -> None:
+    print(
+        "\nper-step connector time on the same recordings (inside connector calls only; "
+        "per-layer calls as vLLM with the patch series makes them):"
+    )
+    print(
+        f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
+        f"  {'steps moving no block: reference / native':>44}"
+    )
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:4.1f}x" if b else "   -"
+
+    for o in overhead:
+        # A streaming step always moves blocks (it stages): none moves nothing.
+        print(
+            f"  {o['recording']:24}{o['steps']:6}  {o['reference']:9.1f} / {o['native']:6.1f} us"
+            f" ({ratio(o['reference'], o['native'])})"
+            f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
+            f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.parity")
     parser.add_argument("--out", type=Path, default=PARITY_DIR)
@@ -194,15 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
 
     h.reference_on_path()
-    model = tiny_llama(args.cache)
-    # Every unit: (name, label, what runs it); sessions record on a model of their own depth.
-    plan: list[tuple[str, str, object]] = []
-    for mode in args.modes:
-        for session in sessions(mode):
-            tiny_llama(args.cache, session.num_layers)  # made once, before any job needs it
-            run = functools.partial(session_unit, args, mode, session)
-            plan.append((f"{mode}-{session.name}", f"{mode} session {session.name}", run))
-        plan.append((f"{mode}-end-to-end", f"{mode} end to end", functools.partial(end_to_end_unit, model, mode)))
+    plan = units_plan(args)
     if args.units:
         unknown = set(args.units) - {name for name, _, _ in plan}
         if unknown:
@@ -232,26 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = name in kept_before if args.jobs > 1 else done["kept"]
         units[name] = "kept" if kept else "ran"
     print(table([Cell(**c) for c in cells]))
-    print(
-        "\nper-step connector time on the same recordings (inside connector calls only; "
-        "per-layer calls as vLLM with the patch series makes them):"
-    )
-    print(
-        f"  {'recording':24}{'steps':>6}  {'all steps: reference / native':>32}"
-        f"  {'steps moving no block: reference / native':>44}"
-    )
-
-    def ratio(a: float, b: float) -> str:
-        return f"{a / b:4.1f}x" if b else "   -"
-
-    for o in overhead:
-        # A streaming step always moves blocks (it stages): none moves nothing.
-        print(
-            f"  {o['recording']:24}{o['steps']:6}  {o['reference']:9.1f} / {o['native']:6.1f} us"
-            f" ({ratio(o['reference'], o['native'])})"
-            f"  {o['steps_moving_no_block']:6} steps {o['reference_no_block']:7.1f} / "
-            f"{o['native_no_block']:5.1f} us ({ratio(o['reference_no_block'], o['native_no_block'])})"
-        )
+    print_overhead(overhead)
     report = args.out / "parity.json"
     report.write_text(
         json.dumps({"fingerprint": mark, "units": units, "cells": cells, "overhead_us_per_step": overhead}, indent=2)
