@@ -166,7 +166,7 @@ def functions(text: str) -> dict[str, list[tuple[int, int]]]:
 
 def per_step_bodies(text: str) -> dict[str, tuple[int, int]]:
     out = {}
-    for m in re.finditer(r'ns\["(\w+)"\]\s*=\s*named\("\w+",\s*\[[^\]]*\]\([^)]*\)[^{]*\{', text):
+    for m in re.finditer(r'ns\["(\w+)"\]\s*=\s*named\(\s*"\w+",\s*\[[^\]]*\]\([^)]*\)[^{]*\{', text):
         if m.group(1) in PER_STEP:
             out[m.group(1)] = _body(text, m.end() - 1)
     return out
