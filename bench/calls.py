@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from pipeline.parity.replay import scheduler_output_from_plain
-from pipeline.harness.standalone import kv_cache_config, kv_caches, make_pair
+from pipeline.vllm_driver.standalone import kv_cache_config, kv_caches, make_pair
 
 NO_REQUESTS = {
     "cached_req_ids": [],

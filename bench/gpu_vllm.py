@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.harness.vllm_harness import shutdown
+from pipeline.vllm_driver.llm import shutdown
 
 GIB = 1 << 30
 LLAMA3_8B = {
@@ -285,7 +285,7 @@ def home_bytes(homes: str) -> int:
     """Host bytes of one layer's block in the homes, as the codec lays them out."""
     import torch
 
-    from pipeline.harness import vllm_harness as h
+    from pipeline.vllm_driver import llm as h
 
     h.reference_on_path()
     from activekv_reference.codec import layer_bytes

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import tiny_llama
 from . import runs
 
 PROMPT_TOKENS = 2048 + 9
@@ -41,7 +41,7 @@ MIB = 1 << 20
 # "filled", then waits to be measured and killed.
 INSTANCE = """
 import random, sys
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 extra = {"mode": "exact", "capacity_bytes": int(sys.argv[2])}
 if sys.argv[3] != "-":
     extra["store_path"] = sys.argv[3]

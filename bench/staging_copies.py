@@ -9,7 +9,7 @@ resident layer, a ring of 2) in the streaming tests' budget M (128 blocks of
 32 tokens) or a multiple of it (--budget-m: a larger cache, where longer
 prompts fragment the ids less), through the
 reference connector wrapped to count each step's staging
-(pipeline/harness/staging_counter.py). Each round sends a batch of requests
+(pipeline/vllm_driver/staging_counter.py). Each round sends a batch of requests
 with random prompts of random lengths and runs it to the end; vLLM hands the
 next round the blocks the last one freed, tail first. Per step with blocks to
 stage: the blocks, the copies (runs of consecutive home rows whose block ids
@@ -37,8 +37,8 @@ import statistics
 import sys
 from typing import Any
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 from . import runs
 
 BUDGET = h.streaming_budget_bytes(STREAMING_LAYERS)
@@ -49,7 +49,7 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from pipeline.harness import staging_counter  # imports the reference: after reference_on_path
+    from pipeline.vllm_driver import staging_counter  # imports the reference: after reference_on_path
 
     rng = random.Random(seed)
     per_round = []
@@ -68,7 +68,7 @@ def run_rounds(llm, rounds: int, batch: int, longest: int, seed: int) -> list[li
 def streaming_bench_requests(llm, contexts: list[int], repeats: int) -> list[dict[str, Any]]:
     """bench.streaming's decode requests, in its order; per repeat and
     context the median counts of the 64-token generation's decode steps."""
-    from pipeline.harness import staging_counter
+    from pipeline.vllm_driver import staging_counter
     from .streaming import _generate as generate, _prompt
 
     for p in contexts:
@@ -149,7 +149,7 @@ def main() -> None:
     record["budget_bytes"] = budget
     connector = {
         "kv_connector": "StagingCountingReferenceConnector",
-        "kv_connector_module_path": "pipeline.harness.staging_counter",
+        "kv_connector_module_path": "pipeline.vllm_driver.staging_counter",
     }
     llm = h.make_llm(
         model,

@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
 from . import runs
 from .hook_times import HookClock, connector_class, step_targets
 

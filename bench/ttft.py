@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import tiny_llama
 from . import runs
 
 PROMPT_TOKENS = 2048 + 9

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.harness.vllm_harness import reference_on_path  # noqa: E402
+from pipeline.vllm_driver.llm import reference_on_path  # noqa: E402
 from pipeline.host import under_ci  # noqa: E402
 from pipeline.paths import TEST_CACHE  # noqa: E402
 

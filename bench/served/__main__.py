@@ -43,7 +43,7 @@ GIB = 1 << 30
 def model_dir(which: str) -> tuple[Path, int]:
     """The model's directory (config, tokenizer, weights for tiny) and vocabulary."""
     if which == "tiny":
-        from pipeline.harness.tiny_model import CONFIG, tiny_llama
+        from pipeline.vllm_driver.tiny_model import CONFIG, tiny_llama
 
         path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny"))
         vocab = CONFIG["vocab_size"]

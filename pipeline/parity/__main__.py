@@ -31,8 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import tiny_llama
+from ..vllm_driver import llm as h
+from ..vllm_driver.tiny_model import tiny_llama
 from ..paths import PARITY_DIR, REFERENCE_DIR, ROOT, TEST_CACHE
 from . import e2e
 from .cells import Cell, expectation_problems, judge, table
@@ -41,7 +41,7 @@ from .trace import read_traces
 from .workloads import Session, full_graph_cell, record_session, sessions
 
 # What a unit's result depends on besides the engine's module and vLLM.
-SOURCES = [REFERENCE_DIR, ROOT / "pipeline" / "parity", ROOT / "pipeline" / "harness"]
+SOURCES = [REFERENCE_DIR, ROOT / "pipeline" / "parity", ROOT / "pipeline" / "vllm_driver"]
 
 
 def installed_bytes(module) -> bytes:

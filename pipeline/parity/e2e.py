@@ -1,7 +1,7 @@
 """End-to-end cells: the same workload in vLLM on each engine; generated tokens,
 their logprobs and the bytes of every block in the workers' host stores must
 be equal. The tiny model's greedy tokens hardly depend on the KV cache (it is
-shaped for clear margins: pipeline/harness/tiny_model.py), its logprobs do: they gate
+shaped for clear margins: pipeline/vllm_driver/tiny_model.py), its logprobs do: they gate
 bitwise where the reference's two runs agree on them, as the replays do."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import random
 from pathlib import Path
 
-from ..harness import vllm_harness as h
+from ..vllm_driver import llm as h
 from .cells import Cell
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..harness.standalone import make_pair
+from ..vllm_driver.standalone import make_pair
 from .trace import plain_metadata, plain_worker_meta
 
 Observation = tuple[str, Any]  # (what, value)

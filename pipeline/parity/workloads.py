@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..harness import vllm_harness as h
-from ..harness.tiny_model import STREAMING_LAYERS
+from ..vllm_driver import llm as h
+from ..vllm_driver.tiny_model import STREAMING_LAYERS
 from .trace import SEGMENT_FILE
 
 BS = h.BLOCK_SIZE

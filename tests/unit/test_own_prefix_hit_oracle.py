@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 
 def result(first_logprob: float) -> h.Result:

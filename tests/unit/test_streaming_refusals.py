@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.harness import standalone
+from pipeline.vllm_driver import standalone
 
 IMPLS = ["reference", "native"]
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]

@@ -15,7 +15,7 @@ import activekv
 from activekv_reference import stats as ref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipeline.harness import standalone
+from pipeline.vllm_driver import standalone
 from tests.unit.test_native_module import _step
 
 IMPLS = ["reference", "native"]

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 
 # The streaming tests' prompt: it fills the 8x context with the tokens generated.
 STREAMING_PROMPT = h.random_tokens(random.Random(40), h.STREAMING_CONTEXT - h.MAX_TOKENS)

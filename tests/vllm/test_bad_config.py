@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 pytestmark = pytest.mark.vllm
 

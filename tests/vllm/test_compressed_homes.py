@@ -21,8 +21,8 @@ import torch
 
 from activekv_reference.codec import layer_bytes
 from activekv_reference.homes import rows_for
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
 
 pytestmark = pytest.mark.vllm

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from pipeline.host import under_ci
 
 pytestmark = pytest.mark.vllm

@@ -19,14 +19,14 @@ import sys
 import pytest
 
 from bench import runs
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 pytestmark = pytest.mark.vllm
 
 CHILD = r"""
 import json, os, sys
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 from tests.vllm.conftest import STREAMING_PROMPT
 
 h.reference_on_path()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from activekv_reference.homes import rows_for
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 from tests.vllm.conftest import STREAMING_PROMPT
 from tests.vllm.wrong_block import catches_a_wrong_block
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
 pytestmark = pytest.mark.vllm

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 
 def result(*steps: tuple[tuple[int, float], ...]) -> h.Result:

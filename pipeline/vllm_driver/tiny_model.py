@@ -17,7 +17,7 @@ are therefore shaped so that every greedy step has a clear margin:
   successor.
 
 The margin is still checked along every oracle's greedy path
-(vllm_harness.require_clear_margins), so a near-tie is reported as one.
+(llm.require_clear_margins), so a near-tie is reported as one.
 """
 
 from __future__ import annotations

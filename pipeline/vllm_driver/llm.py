@@ -46,11 +46,11 @@ CONNECTORS = {
 PLANTED_BUGS = {
     "wrong-block": {
         "kv_connector": "WrongBlockReferenceConnector",
-        "kv_connector_module_path": "pipeline.harness.planted_bug",
+        "kv_connector_module_path": "pipeline.vllm_driver.planted_bug",
     },
     "swapped-blocks": {
         "kv_connector": "SwappedBlocksReferenceConnector",
-        "kv_connector_module_path": "pipeline.harness.planted_bug",
+        "kv_connector_module_path": "pipeline.vllm_driver.planted_bug",
     },
 }
 # The reference wrapped by the parity recorder (not an implementation under test).
@@ -123,7 +123,7 @@ def require_clear_margins(results: Sequence[Result], what: str) -> float:
             f"near tie in {what}: the top-1/top-2 logprob gap is {margin:.4f} at {where}, below "
             f"MIN_MARGIN={MIN_MARGIN}; which token wins there depends on the CPU's rounding, so "
             "a difference from this oracle is not evidence of a connector bug (the model's "
-            "margins are the problem: see pipeline/harness/tiny_model.py)"
+            "margins are the problem: see pipeline/vllm_driver/tiny_model.py)"
         )
     return margin
 
@@ -224,7 +224,7 @@ def make_llm(
     set while the engine starts. `enforce_eager=False`: vLLM's default
     compiled mode (CUDA graphs on a GPU), with `compilation_config` if given.
     `async_scheduling`: vLLM's own choice unless given. `llm_args`: more
-    of vLLM's engine arguments, over the harness's own (gpu_memory_utilization
+    of vLLM's engine arguments, over the driver's own (gpu_memory_utilization
     None: vLLM's default).
 
     `in_process`: the engine and its one worker in this process
