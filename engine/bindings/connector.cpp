@@ -229,28 +229,8 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   }
 }
 
-}  // namespace
-
-py::dict connector_namespace() {
-  py::dict ns;
-  ns["__module__"] = kModule;
-  ns["__doc__"] = "ActiveKV: vLLM's KV cache in host RAM (native engine).";
-  ns["__init__"] = method(&connector_init);
-  const py::module_ inspect = py::module_::import("inspect");
-  const py::object P = inspect.attr("Parameter");
-  const py::object kind = P.attr("POSITIONAL_OR_KEYWORD");
-  // What vLLM's factory inspects (a class's signature, so without self).
-  ns["__signature__"] = inspect.attr("Signature")(
-      py::make_tuple(P("vllm_config", kind), P("role", kind), P("kv_cache_config", kind)));
-  if (g_classes->features.cache_hit_source) {  // 0.32.0 labels host hits; 0.26.0 has no label
-    ns["_cache_hit_source"] =
-        py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
-  }
-  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(method([](py::object) {
-    return false;
-  }));  // a dropped save is only a future miss
-
-  // -- worker --
+// The worker's side: its KV caches, the step's loads, saves and streaming.
+void add_worker_methods(py::dict& ns) {
   ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
     std::unordered_map<std::string, at::Tensor> caches;
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
@@ -347,8 +327,10 @@ py::dict connector_namespace() {
     }
     return stats_or_none(scheduler_of(self).take_telemetry(), "scheduler");
   });
+}
 
-  // -- scheduler --
+// The scheduler's side: hits, allocation, the step's plan, finished requests.
+void add_scheduler_methods(py::dict& ns) {
   ns["get_num_new_matched_tokens"] =
       named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
         return scheduler_of(self).get_num_new_matched_tokens(request, n);
@@ -381,8 +363,11 @@ py::dict connector_namespace() {
     const auto* s = engine_in<SchedulerEngine>(self, connector_keys().scheduler);
     return s != nullptr && s->has_pending_work();
   });
+}
 
-  // -- telemetry --
+// What vLLM asks of the class before any instance exists: telemetry, the
+// layout, the regions, the modes it refuses.
+void add_class_methods(py::dict& ns) {
   const py::object classmethod = py::module_::import("builtins").attr("classmethod");
   // A copy of the payload, as the reference's dict(data): vLLM's log line
   // aggregates into the first stats it built, and the payload stays as sent.
@@ -439,6 +424,31 @@ py::dict connector_namespace() {
                                                  py::object labels, py::object per_engine) {
         return g_classes->prom(vllm_config, types, labels, per_engine);
       }));
+}
+
+}  // namespace
+
+py::dict connector_namespace() {
+  py::dict ns;
+  ns["__module__"] = kModule;
+  ns["__doc__"] = "ActiveKV: vLLM's KV cache in host RAM (native engine).";
+  ns["__init__"] = method(&connector_init);
+  const py::module_ inspect = py::module_::import("inspect");
+  const py::object P = inspect.attr("Parameter");
+  const py::object kind = P.attr("POSITIONAL_OR_KEYWORD");
+  // What vLLM's factory inspects (a class's signature, so without self).
+  ns["__signature__"] = inspect.attr("Signature")(
+      py::make_tuple(P("vllm_config", kind), P("role", kind), P("kv_cache_config", kind)));
+  if (g_classes->features.cache_hit_source) {  // 0.32.0 labels host hits; 0.26.0 has no label
+    ns["_cache_hit_source"] =
+        py::module_::import("vllm.v1.metrics.cache_hit_source").attr("CacheHitSource").attr("HOST");
+  }
+  ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(method([](py::object) {
+    return false;
+  }));  // a dropped save is only a future miss
+  add_worker_methods(ns);
+  add_scheduler_methods(ns);
+  add_class_methods(ns);
   return ns;
 }
 
