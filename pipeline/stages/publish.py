@@ -53,14 +53,7 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     """Publish the artifacts of a signed manifest, then the manifest."""
     manifest = _read_manifest(manifest_path)
     version = manifest["version"]
-    found = {}
-    for d in artifact_dirs:
-        if not d.is_dir():
-            raise PublishError(
-                f"{d}: {'no such folder' if not d.exists() else 'not a folder'}; it "
-                f"holds the release's artifacts: run the stages that make them first"
-            )
-        found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
+    found = _found_artifacts(artifact_dirs)
     beside = [manifest_path.with_name(manifest_path.name + ".sig"), manifest_path.with_name(PUBLIC_KEY_FILE)]
     for src in beside:
         _plain_file(src, "it is written by the manifest stage beside the manifest: run that stage again")
@@ -69,33 +62,10 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
     images = [a for a in manifest["artifacts"] if a["kind"] == "image"]
 
     # Pre-flight: nothing is written if any destination holds other bytes.
-    todo_wheels, todo_files, todo_images = [], [], []
-    for a in wheels:
-        have = dest.index.existing(a["file"])
-        if have is not None and have != a["sha256"]:
-            raise CollisionError(
-                f"{a['file']} is already in {dest.index} with other bytes "
-                f"(sha256 {have}); version {version} is published. Bump the version"
-            )
-        if have is None:
-            todo_wheels.append(a)
     files_dir = dest.manifests / version
-    for a in files:
-        path = files_dir / a["file"]
-        if path.is_file() and sha256_of(path) != a["sha256"]:
-            raise CollisionError(f"{path} exists with other bytes; version {version} is published")
-        if not path.is_file():
-            todo_files.append(a)
-    for a in images:
-        name = a["ref"].split("/", 1)[1].rsplit(":", 1)[0]
-        have = dest.registry.existing(name, version)
-        if have is not None and have != a["digest"]:
-            raise CollisionError(
-                f"{name}:{version} is already in {dest.registry} as {have}, "
-                f"not {a['digest']}; version {version} is published"
-            )
-        if have is None:
-            todo_images.append((a, name))
+    todo_wheels = _not_in_index(wheels, dest.index, version)
+    todo_files = _not_in_folder(files, files_dir, version)
+    todo_images = _not_in_registry(images, dest.registry, version)
     images_file = files_dir / images_name(version)
     refs = []
     if images and not todo_images and images_file.is_file():
@@ -148,6 +118,63 @@ def publish(manifest_path: Path, *, artifact_dirs: list[Path], dest: Destination
         "files_dir": str(files_dir) if files or images else None,
         "skipped": len(wheels) + len(files) + len(images) - len(todo_wheels) - len(todo_files) - len(todo_images),
     }
+
+
+def _found_artifacts(artifact_dirs: list[Path]) -> dict[str, Path]:
+    """Every file of the artifact folders, by name."""
+    found = {}
+    for d in artifact_dirs:
+        if not d.is_dir():
+            raise PublishError(
+                f"{d}: {'no such folder' if not d.exists() else 'not a folder'}; it "
+                f"holds the release's artifacts: run the stages that make them first"
+            )
+        found.update({p.name: p for p in d.rglob("*") if p.is_file() or p.is_symlink()})
+    return found
+
+
+def _not_in_index(wheels: list[dict], index: PackageIndex, version: str) -> list[dict]:
+    """The wheels the index lacks; a CollisionError where it holds one with other bytes."""
+    todo = []
+    for a in wheels:
+        have = index.existing(a["file"])
+        if have is not None and have != a["sha256"]:
+            raise CollisionError(
+                f"{a['file']} is already in {index} with other bytes "
+                f"(sha256 {have}); version {version} is published. Bump the version"
+            )
+        if have is None:
+            todo.append(a)
+    return todo
+
+
+def _not_in_folder(files: list[dict], folder: Path, version: str) -> list[dict]:
+    """The files the folder lacks; a CollisionError where it holds one with other bytes."""
+    todo = []
+    for a in files:
+        path = folder / a["file"]
+        if path.is_file() and sha256_of(path) != a["sha256"]:
+            raise CollisionError(f"{path} exists with other bytes; version {version} is published")
+        if not path.is_file():
+            todo.append(a)
+    return todo
+
+
+def _not_in_registry(images: list[dict], registry: Registry, version: str) -> list[tuple[dict, str]]:
+    """The images (and their names) the registry lacks; a CollisionError
+    where it holds one as another digest."""
+    todo = []
+    for a in images:
+        name = a["ref"].split("/", 1)[1].rsplit(":", 1)[0]
+        have = registry.existing(name, version)
+        if have is not None and have != a["digest"]:
+            raise CollisionError(
+                f"{name}:{version} is already in {registry} as {have}, "
+                f"not {a['digest']}; version {version} is published"
+            )
+        if have is None:
+            todo.append((a, name))
+    return todo
 
 
 def _listing(refs: list[tuple[dict, str]]) -> bytes:
