@@ -85,14 +85,7 @@ def assemble(
         build = _read(tdir / "build.json", f"build (--target {target})")
         audit = _read(tdir / "audit.json", f"audit (--target {target})")
         runtime = _read(tdir / "runtime.json", f"runtime-image (--target {target})")
-        if not audit["passed"]:
-            raise ManifestError(f"target {target}: the payload audit did not pass; no manifest")
-        if not audit["load_checked"]:
-            raise ManifestError(
-                f"target {target}: the payload audit skipped the load check "
-                f"(--static-only); a release needs the full audit: run the audit "
-                f"stage without --static-only"
-            )
+        _check_audit(target, audit)
         if commit not in (None, build["commit"]):
             raise ManifestError(f"target {target} was built from {build['commit']}, another from {commit}")
         commit, dirty = build["commit"], bool(dirty) or build["tree_dirty"]
@@ -105,13 +98,7 @@ def assemble(
             if not path.is_file() or sha256_of(path) != w["sha256"]:
                 raise ManifestError(f"{path}: not the wheel the audit passed (missing or changed since)")
             artifacts.append(_file_artifact("engine-wheel", target, path))
-        patch_records = [json.loads(p.read_text()) for p in sorted(vllm_dir.glob("*/patch.json"))]
-        patch = next((r for r in patch_records if r["patched"]["file"] in runtime["wheels"]), None)
-        if patch is None:
-            raise ManifestError(
-                f"target {target}: no patch.json for the vLLM wheel in its runtime "
-                f"image; run the patch-vllm stage first"
-            )
+        patch = _patch_record(target, vllm_dir, runtime)
         pdir = vllm_dir / f"{patch['distribution']}-{patch['version']}"
         artifacts.append(_file_artifact("vllm-wheel", target, pdir / patch["patched"]["file"]))
         artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
@@ -125,30 +112,11 @@ def assemble(
         # launcher: its inputs digest (also its label) is recomputed from them.
         shipped_files = [tdir / "wheels" / w["file"] for w in audit["wheels"]]
         shipped_files += [pdir / patch["patched"]["file"], launcher]
-        if inputs_digest(runtime.get("version", version), commit, shipped_files) != runtime["inputs_digest"]:
-            raise ManifestError(
-                f"target {target}: the runtime image {runtime['ref']} was built from other "
-                f"wheels or another launcher than those audited and to be published; run "
-                f"the runtime-image stage again"
-            )
-        artifacts.append(
-            {
-                "kind": "image",
-                "target": target,
-                "ref": runtime["ref"],
-                "digest": runtime["id"],
-                "inputs_digest": runtime["inputs_digest"],
-            }
-        )
+        artifacts.append(_image_artifact(target, runtime, version, commit, shipped_files))
         shipped = [a for a in artifacts if a["target"] == target and a["kind"] in WHEEL_KINDS]
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
-        parity_targets[target] = {
-            "source": parity.get("source", "unknown"),
-            "python": parity.get("python"),
-            "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]],
-            "units": parity.get("units", {}),
-        }
+        parity_targets[target] = _parity_summary(parity)
         parity_cells += [
             {"target": target, **{k: c[k] for k in ("mode", "scenario", "gating", "result")}} for c in parity["cells"]
         ]
@@ -176,6 +144,55 @@ def assemble(
     }
     check_schema(manifest)
     return manifest
+
+
+def _check_audit(target: str, audit: dict) -> None:
+    if not audit["passed"]:
+        raise ManifestError(f"target {target}: the payload audit did not pass; no manifest")
+    if not audit["load_checked"]:
+        raise ManifestError(
+            f"target {target}: the payload audit skipped the load check "
+            f"(--static-only); a release needs the full audit: run the audit "
+            f"stage without --static-only"
+        )
+
+
+def _patch_record(target: str, vllm_dir: Path, runtime: dict) -> dict:
+    """The patch-vllm stage's record of the vLLM wheel in the target's runtime image."""
+    patch_records = [json.loads(p.read_text()) for p in sorted(vllm_dir.glob("*/patch.json"))]
+    patch = next((r for r in patch_records if r["patched"]["file"] in runtime["wheels"]), None)
+    if patch is None:
+        raise ManifestError(
+            f"target {target}: no patch.json for the vLLM wheel in its runtime image; run the patch-vllm stage first"
+        )
+    return patch
+
+
+def _image_artifact(target: str, runtime: dict, version: str, commit: str, shipped_files: list[Path]) -> dict:
+    """The runtime image's entry, once its inputs digest (also its label) is
+    recomputed from exactly the files to be published."""
+    if inputs_digest(runtime.get("version", version), commit, shipped_files) != runtime["inputs_digest"]:
+        raise ManifestError(
+            f"target {target}: the runtime image {runtime['ref']} was built from other "
+            f"wheels or another launcher than those audited and to be published; run "
+            f"the runtime-image stage again"
+        )
+    return {
+        "kind": "image",
+        "target": target,
+        "ref": runtime["ref"],
+        "digest": runtime["id"],
+        "inputs_digest": runtime["inputs_digest"],
+    }
+
+
+def _parity_summary(parity: dict) -> dict:
+    return {
+        "source": parity.get("source", "unknown"),
+        "python": parity.get("python"),
+        "wheels": [{"file": w["file"], "sha256": w["sha256"]} for w in parity["wheels"]],
+        "units": parity.get("units", {}),
+    }
 
 
 def _check_parity(target: str, parity: dict, shipped: list[dict]) -> None:
