@@ -131,34 +131,9 @@ def replay(
     # by a collection inside a timed call, it was charged to this replay's
     # connector (one recording read 0.4x for the native engine that way).
     gc.collect()
-    sched, _ = make_pair(
-        impl,
-        sched_init["extra_config"],
-        sched_init["kv_cache_config"],
-        model=sched_init["model"],
-        tp_size=sched_init["tp_size"],
-        max_model_len=sched_init["max_model_len"],
-    )
-    _, worker = make_pair(
-        impl,
-        worker_init["extra_config"],
-        worker_init["kv_cache_config"],
-        model=worker_init["model"],
-        tp_size=worker_init["tp_size"],
-        max_model_len=worker_init["max_model_len"],
-    )
-
-    register = [e for e in worker_events if e["kind"] == "register_kv_caches"]
-    if len(register) != 1:
-        raise TraceMismatchError("worker trace must register its KV caches exactly once")
-    layers = register[0]["layers"]
-    kv = {}
-    # One tensor per region: the layers that shared bytes in vLLM share them here.
-    for region in register[0].get("regions", [[n] for n in layers]):
-        shape, dtype = layers[region[0]]
-        tensor = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-        kv.update((name, tensor) for name in region)
-    worker.register_kv_caches(kv)
+    sched, _ = _pair_as_recorded(impl, sched_init)
+    _, worker = _pair_as_recorded(impl, worker_init)
+    kv = _registered_kv_caches(worker, worker_events, device)
     steps = _worker_steps(worker_events[1:])
     obs: dict[str, list[Observation]] = defaultdict(list)
     live_differs: dict[str, int] = defaultdict(int)
@@ -227,6 +202,35 @@ def replay(
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
     return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds)
+
+
+def _pair_as_recorded(impl: str, init: dict):
+    """A fresh connector pair of `impl` made as the recording's init event says."""
+    return make_pair(
+        impl,
+        init["extra_config"],
+        init["kv_cache_config"],
+        model=init["model"],
+        tp_size=init["tp_size"],
+        max_model_len=init["max_model_len"],
+    )
+
+
+def _registered_kv_caches(worker, worker_events: list[dict], device: str) -> dict:
+    """Zeroed KV caches of the recorded shapes on `device`, registered with
+    the worker: one tensor per region, so layers that shared bytes in vLLM
+    share them here."""
+    register = [e for e in worker_events if e["kind"] == "register_kv_caches"]
+    if len(register) != 1:
+        raise TraceMismatchError("worker trace must register its KV caches exactly once")
+    layers = register[0]["layers"]
+    kv = {}
+    for region in register[0].get("regions", [[n] for n in layers]):
+        shape, dtype = layers[region[0]]
+        tensor = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+        kv.update((name, tensor) for name in region)
+    worker.register_kv_caches(kv)
+    return kv
 
 
 def _worker_steps(events: list[dict]) -> list[list[dict]]:
