@@ -920,7 +920,7 @@ void probe(Bench& b) {
 #ifdef ACTIVEKV_BENCH_PROFILE
 // One streaming step per shape under torch's profiler (kineto: CPU ops, the
 // device's kernels and copies with their streams), saved as Chrome traces
-// for pipeline/bench/gpu_profile.py.
+// to read in a trace viewer (Perfetto, chrome://tracing).
 void profile(Bench& b, const std::string& dir) {
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
@@ -1065,7 +1065,7 @@ int main(int argc, char** argv) {
   if (b.o.wants("compressed")) compressed(b);
   if (b.o.wants("curve")) resident_curve(b);
   // The bus's peak again, after the points: one read low at the start flatters
-  // every point, so pipeline.bench.gpu_report takes each against the best.
+  // every point, so bench.gpu_report takes each against the best.
   free_pinned_cache();
   const double h2d_end = pinned_peak(true, 5), d2h_end = pinned_peak(false, 5);
   std::printf("pinned peak again after the points: host->device %.1f GB/s, device->host %.1f GB/s\n",

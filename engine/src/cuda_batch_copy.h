@@ -4,7 +4,7 @@
 // point is found at run time (libcuda.so.1, cuMemcpyBatchAsync, CUDA 12.8 and
 // later) and its few types are declared here as cuda.h gives them.
 //
-// Measured on an H200 (docs/benchmarks/history.md, 2026-12-04; pipeline/bench/
+// Measured on an H200 (docs/benchmarks/history.md, 2026-12-04; bench/
 // batch_copy_probe.py): 64 KiB copies from pinned rows to scattered device
 // blocks cross at 0.999 of one large copy's peak, both ways, and beside a
 // compute-bound attention take no longer than alone (an SM scatter: 1.11x);
