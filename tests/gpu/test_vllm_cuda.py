@@ -472,8 +472,20 @@ def test_streaming_on_the_extensible_kv_cache_is_plain_vllm_bit_for_bit(llms, ea
     budget given: vLLM sizes the cache, and a short context)."""
     if not offers("extensible_kv_cache"):
         pytest.skip(f"vLLM {vllm_version()} has no extensible KV cache (0.34+)")
+    import torch
+
     llms.close()
-    args = {"num_gpu_blocks_override": None, "enable_extensible_kv_cache": True}
+    # vLLM sizes the cache from the card, bounded to about 1 GiB here: with
+    # streaming the device holds a ring of 2 layers, so the host homes (every
+    # streamed layer's row for each of vLLM's blocks) are STREAMING_LAYERS / 2
+    # = 8 times the cache. At the driver's 0.3 of an 80 GiB card that is some
+    # 190 GiB: more than the host has (refused at start), or minutes of pinning.
+    total = torch.cuda.mem_get_info()[1]
+    args = {
+        "num_gpu_blocks_override": None,
+        "enable_extensible_kv_cache": True,
+        "gpu_memory_utilization": (1 << 30) / total + 0.02,
+    }
     prompts = [h.random_tokens(random.Random(7), 6 * h.BLOCK_SIZE + 3)]
     plain = h.make_llm(eager_model, connector=None, llm_args=args)
     want = h.generate(plain, prompts)
