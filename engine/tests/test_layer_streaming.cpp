@@ -436,7 +436,7 @@ TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
 }
 
 // Many steps through the ring, on CPU and on the accelerator: the
-// streaming-ring scenario of device_check.cpp (test_device_check.cpp).
+// streaming-ring scenario of device_check/streaming_scenarios.cpp (test_device_check.cpp).
 
 }  // namespace
 }  // namespace activekv
