@@ -163,7 +163,6 @@ def run(args) -> int:
                 w=w,
                 engine=engine,
                 server_args=server_flags(args, w),
-                server_env={},
                 start_timeout_s=args.start_timeout,
                 force=args.force,
                 workers=args.tensor_parallel_size,

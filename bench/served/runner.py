@@ -252,7 +252,6 @@ def run_sweep(
     w: wl.Workload,
     engine: Engine,
     server_args: list[str],
-    server_env: dict[str, str],
     start_timeout_s: float,
     force: bool = False,
     workers: int = 1,
@@ -269,7 +268,7 @@ def run_sweep(
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
     server = Server.for_engine(
-        model_dir, server_args, engine, host_bytes, path.with_suffix(".server.log"), workers=workers, env=server_env
+        model_dir, server_args, engine, host_bytes, path.with_suffix(".server.log"), workers=workers
     )
     run_line = {
         "type": "run",
