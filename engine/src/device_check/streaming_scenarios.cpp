@@ -63,6 +63,19 @@ std::unique_ptr<WorkerSide> streaming_worker(const KVLayout& l, const StreamingC
   return s.ok() ? std::move(worker) : nullptr;
 }
 
+// Every copy method this device allows the worker's streamer, and their
+// names for the scenario's report ("runs, gather, batch").
+std::pair<std::vector<StreamCopy>, std::string> allowed_copy_methods(WorkerSide& worker) {
+  std::vector<StreamCopy> methods;
+  std::string names;
+  for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
+    if (!worker.streamer()->can_copy_by(m)) continue;
+    methods.push_back(m);
+    names += std::string(methods.size() > 1 ? ", " : "") + copy_method_name(m);
+  }
+  return {methods, names};
+}
+
 std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
   const KVLayout l = layout(names, 2, 32);
@@ -80,13 +93,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   };
   // Every copy method this device allows, in turn from step to step: a block
   // one method wrote home, the next one stages.
-  std::vector<StreamCopy> methods;
-  std::string method_names;
-  for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
-    if (!worker.streamer()->can_copy_by(m)) continue;
-    methods.push_back(m);
-    method_names += std::string(methods.size() > 1 ? ", " : "") + copy_method_name(m);
-  }
+  const auto [methods, method_names] = allowed_copy_methods(worker);
   std::mt19937 rng(7);
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   std::int64_t checked = 0;
@@ -274,13 +281,7 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
   const auto made = streaming_worker(l, StreamingConfig{0, 2, homes}, kv, f);
   if (!made) return "";
   WorkerSide& worker = *made;
-  std::vector<StreamCopy> methods;
-  std::string method_names;
-  for (const auto m : {StreamCopy::kRuns, StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
-    if (!worker.streamer()->can_copy_by(m)) continue;
-    methods.push_back(m);
-    method_names += std::string(methods.size() > 1 ? ", " : "") + copy_method_name(m);
-  }
+  const auto [methods, method_names] = allowed_copy_methods(worker);
   // Every step planned first, its ids on the device: an upload from pageable
   // memory between steps would wait for the device.
   const auto layers = static_cast<std::int64_t>(names.size());
