@@ -232,16 +232,15 @@ def main(argv: list[str] | None = None) -> int:
 
     h.reference_on_path()
     plan = units_plan(args)
+    mark = fingerprint(args.device)
     if args.units:
         unknown = set(args.units) - {name for name, _, _ in plan}
         if unknown:
             parser.error(f"--units: no such unit {sorted(unknown)} (units: {', '.join(n for n, _, _ in plan)})")
-        mark = fingerprint(args.device)
         for name, label, run in plan:
             if name in args.units:
                 unit(args.out, name, label, args.resume, mark, run)
         return 0
-    mark = fingerprint(args.device)
     kept_before: set[str] = set()
     if args.jobs > 1:
         if args.resume:
