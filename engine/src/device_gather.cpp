@@ -124,7 +124,7 @@ void LayerStreamer::set_tuning(const StreamingTuning& tuning) {
       gather_stream_ = impl.getStreamFromGlobalPool(device_, tuning_.gather_high_priority);
     make_pieces();
   }
-  apply_issue_thread();
+  apply_copy_thread();
 }
 
 const char* copy_method_name(StreamCopy method) {
@@ -159,7 +159,7 @@ void LayerStreamer::set_copy_method(StreamCopy method) {
             : "kCopyEngineBatch needs what kDeviceGather needs, on CUDA with a driver that has "
               "cuMemcpyBatchAsync (12.8 or later)");
   }
-  drain_issued();  // the issue thread's tasks read it
+  drain_issued();  // the copy thread's tasks read it
   copy_method_ = method;
 }
 

@@ -8,7 +8,7 @@
 #include "cpu_affinity.h"
 #include "cuda_batch_copy.h"
 #include "cuda_codec_kernels.h"
-#include "issue_thread.h"
+#include "copy_thread.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -140,7 +140,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
             codec_kernels_missing_);
       }
     }
-    apply_issue_thread();
+    apply_copy_thread();
   }
   // CPU copies have landed by the next begin_step (which waits for the copy
   // thread's): nothing is left in flight to settle across steps. With
@@ -154,7 +154,7 @@ LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor>
     // on the thread, however short (tests, on the tiny model's short prompts).
     if (workers > 1 || env_says("ACTIVEKV_CPU_COPY_THREAD", "0")) tuning_.cpu_copy_thread = false;
     if (env_says("ACTIVEKV_CPU_COPY_THREAD", "all")) tuning_.cpu_copy_thread_min_bytes = 0;
-    apply_issue_thread();
+    apply_copy_thread();
   }
 }
 
@@ -163,7 +163,7 @@ LayerStreamer::~LayerStreamer() {
     synchronize();  // copies still landing in the homes must finish before they are freed
   } catch (...) {   // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
-  issuer_.reset();  // joined before the state its tasks use goes
+  copy_thread_.reset();  // joined before the state its tasks use goes
 }
 
 void LayerStreamer::synchronize() {
@@ -304,7 +304,7 @@ std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(const std::vector<s
 void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
                                std::vector<std::int64_t> writeback_blocks,
                                std::vector<std::int64_t> writeback_rows) {
-  drain_issued();  // the issue thread's tasks read the step's state
+  drain_issued();  // the copy thread's tasks read the step's state
   ++step_;
   // settle_across_steps: where the last step reached every buffer's last
   // occupant; otherwise (the first step, one cut short) as without it.
@@ -316,7 +316,7 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vect
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
   copy_thread_this_step_ =
-      issuer_ != nullptr && !has_streams() &&
+      copy_thread_ != nullptr && !has_streams() &&
       list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
   writeback_blocks_ = std::move(writeback_blocks);
   writeback_rows_ = std::move(writeback_rows);
@@ -484,26 +484,26 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
 }
 
 std::uint64_t LayerStreamer::issue(std::function<void()> task, bool wake) {
-  if (issuer_) return issuer_->post(std::move(task), wake);
+  if (copy_thread_) return copy_thread_->post(std::move(task), wake);
   task();
   return 0;
 }
 
 void LayerStreamer::wait_issued(std::uint64_t task) {
-  if (issuer_ && task != 0) issuer_->wait_for(task);
+  if (copy_thread_ && task != 0) copy_thread_->wait_for(task);
 }
 
 void LayerStreamer::drain_issued() {
   post_written_back_cpu();
-  if (issuer_) issuer_->drain();
+  if (copy_thread_) copy_thread_->drain();
 }
 
-void LayerStreamer::apply_issue_thread() {
+void LayerStreamer::apply_copy_thread() {
   if (has_streams()) {
     const bool wanted = tuning_.issue_thread && device_.is_cuda();
-    if (wanted == (issuer_ != nullptr)) return;
+    if (wanted == (copy_thread_ != nullptr)) return;
     drain_issued();
-    issuer_ = wanted ? std::make_unique<detail::IssueThread>(device_) : nullptr;
+    copy_thread_ = wanted ? std::make_unique<detail::CopyThread>(device_) : nullptr;
     return;
   }
   // CPU: exact homes and contiguous ring buffers, whose copies are memcpys.
@@ -511,19 +511,19 @@ void LayerStreamer::apply_issue_thread() {
   const bool wanted = tuning_.cpu_copy_thread && !codec_ &&
                       std::all_of(streamed_kv_.begin(), streamed_kv_.end(),
                                   [](const at::Tensor& kv) { return kv.is_contiguous(); });
-  if (wanted == (issuer_ != nullptr)) return;
+  if (wanted == (copy_thread_ != nullptr)) return;
   drain_issued();
-  issuer_.reset();
+  copy_thread_.reset();
   copy_thread_this_step_ = false;
   copy_thread_cpus_.clear();
   const std::vector<int> beside = wanted ? detail::cpus_beside(detail::forward_cpus()) : std::vector<int>{};
   if (beside.empty()) return;  // the forward may run on every CPU: a thread would take turns with it
-  auto thread = std::make_unique<detail::IssueThread>(device_);
+  auto thread = std::make_unique<detail::CopyThread>(device_);
   std::vector<int> pinned;
   thread->wait_for(thread->post([&] { pinned = detail::pin_caller_to(beside); }));
   if (pinned.empty()) return;  // the process's cpuset allows none of them
   copy_thread_cpus_ = std::move(pinned);
-  issuer_ = std::move(thread);
+  copy_thread_ = std::move(thread);
 }
 
 void LayerStreamer::take_copy_thread_time(Telemetry& stats) {
@@ -549,7 +549,7 @@ void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, T
   if (stage) note_stage_issued(staged, *stats);
   // A sleeping thread is woken for copies due by the next layer's stage(): a
   // wake costs the poster more than a layer's copy at short contexts, so a
-  // ring of K wakes it every K layers (issue_thread.h).
+  // ring of K wakes it every K layers (copy_thread.h).
   const bool wake =
       due || (stage && staged <= next_stage_) || (not_woken_for_ >= 0 && not_woken_for_ <= next_stage_);
   const std::uint64_t task = issue(
@@ -703,7 +703,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
     if (copies_on_thread()) {
       // Posted with the staging stage_ahead posts next, as one task: waking
-      // the thread is the poster's main cost (issue_thread.h).
+      // the thread is the poster's main cost (copy_thread.h).
       post_written_back_cpu();
       written_back_ = j;
       take_copy_thread_time(stats);

@@ -39,7 +39,7 @@ namespace activekv {
 namespace detail {
 struct CopyBatch;
 class CudaCodecKernels;
-class IssueThread;
+class CopyThread;
 }  // namespace detail
 
 // How staged and written-back blocks cross between the homes and the ring.
@@ -240,14 +240,14 @@ class LayerStreamer {
   // wait for the compute stream: start's wait precedes them on the copy
   // stream); nothing when none are left.
   void issue_start_rest();
-  // Runs `task` now, or posts it to the issue thread where there is one;
+  // Runs `task` now, or posts it to the copy thread where there is one;
   // returns the number to wait_issued for (0: it ran).
   std::uint64_t issue(std::function<void()> task, bool wake = true);
-  // Waits until `task` ran on the issue thread; rethrows what it threw.
+  // Waits until `task` ran on the copy thread; rethrows what it threw.
   void wait_issued(std::uint64_t task);
   // Waits for every task posted (before the step's state changes).
   void drain_issued();
-  void apply_issue_thread();  // starts or stops it as tuning_ says
+  void apply_copy_thread();  // starts or stops it as tuning_ says
   // CPU with the copy thread (cpu_copy_thread): the copies are its tasks.
   bool copies_on_thread() const { return copy_thread_this_step_; }
   // CPU: a layer's staging and write-back, on the calling thread.
@@ -421,7 +421,7 @@ class LayerStreamer {
   std::int64_t start_rest_end_ = 0;
   // tuning_.issue_thread on CUDA; tuning_.cpu_copy_thread on CPU, where it
   // runs the copies themselves on copy_thread_cpus_.
-  std::unique_ptr<detail::IssueThread> issuer_;
+  std::unique_ptr<detail::CopyThread> copy_thread_;
   std::vector<int> copy_thread_cpus_;
   // The copy thread's time, not yet in a Telemetry: the next stage or
   // write_back counts it, so a step's last copies count in the next step.

@@ -25,7 +25,7 @@ struct StreamingTuning {
   // kCopyEngineBatch: a staging waits for its buffer's last write-back even when
   // their blocks are disjoint (off: only the compute waits; 2026-12-04).
   bool staging_waits_for_writeback = false;
-  // CUDA: a thread of its own issues the copy streams' work (issue_thread.h).
+  // CUDA: a thread of its own issues the copy streams' work (copy_thread.h).
   // Off: at a ring of 2 it read no faster on the H200; at 3 it did (2026-12-04).
   bool issue_thread = false;
   // kCopyEngineBatch: a batch goes to the driver in calls of this many copies,

@@ -118,7 +118,7 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
     // operations in turn, so each stages what the other wrote home; switched
     // every full turn of the methods, so each method runs with both.
     tuning.fused_codec = (step / static_cast<std::int64_t>(methods.size())) % 2 == 0;
-    // On CUDA: the copies issued from the issue thread, and from this one.
+    // On CUDA: the copies issued from the copy thread, and from this one.
     tuning.issue_thread = (step / 2) % 2 == 0;
     // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
     // the second goes from the first layer's write-back.
@@ -356,7 +356,7 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
   }
   const at::Tensor slow = device.is_cpu() ? at::Tensor() : random({4096, 4096}, 3).to(device);
   // Half the steps as the defaults set, half with the first streamed layer
-  // staged alone and (CUDA) the issue thread; set_tuning waits for the device.
+  // staged alone and (CUDA) the copy thread; set_tuning waits for the device.
   StreamingTuning tuning;
   tuning.settle_across_steps = true;
   worker.streamer()->set_tuning(tuning);

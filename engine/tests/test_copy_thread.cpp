@@ -1,4 +1,4 @@
-// The layer streamer's issue thread (src/issue_thread.h): tasks run in the
+// The layer streamer's copy thread (src/copy_thread.h): tasks run in the
 // order posted, off the caller's thread; wait_for returns once a task ran;
 // a task's exception reaches the caller once, with the tasks behind it dropped.
 #include <gtest/gtest.h>
@@ -9,16 +9,16 @@
 #include <thread>
 #include <vector>
 
-#include "issue_thread.h"
+#include "copy_thread.h"
 
 namespace activekv {
 namespace {
 
 const c10::Device kCpu{c10::DeviceType::CPU};
 
-TEST(IssueThread, RunsTasksInOrderOffTheCallersThread) {
-  detail::IssueThread issuer(kCpu);
-  std::vector<int> ran;  // written only by the issue thread, read after wait_for
+TEST(CopyThread, RunsTasksInOrderOffTheCallersThread) {
+  detail::CopyThread issuer(kCpu);
+  std::vector<int> ran;  // written only by the copy thread, read after wait_for
   std::thread::id where;
   std::uint64_t last = 0;
   for (int i = 0; i < 200; ++i) {
@@ -33,8 +33,8 @@ TEST(IssueThread, RunsTasksInOrderOffTheCallersThread) {
   EXPECT_NE(where, std::this_thread::get_id());
 }
 
-TEST(IssueThread, WaitForReturnsOnceThatTaskRanNotBefore) {
-  detail::IssueThread issuer(kCpu);
+TEST(CopyThread, WaitForReturnsOnceThatTaskRanNotBefore) {
+  detail::CopyThread issuer(kCpu);
   std::atomic<bool> release{false};
   std::atomic<int> done{0};
   const auto slow = issuer.post([&] {
@@ -53,8 +53,8 @@ TEST(IssueThread, WaitForReturnsOnceThatTaskRanNotBefore) {
   EXPECT_EQ(done.load(), 2);
 }
 
-TEST(IssueThread, RethrowsATasksErrorOnceAndDropsTheTasksBehindIt) {
-  detail::IssueThread issuer(kCpu);
+TEST(CopyThread, RethrowsATasksErrorOnceAndDropsTheTasksBehindIt) {
+  detail::CopyThread issuer(kCpu);
   std::atomic<bool> release{false};
   std::atomic<int> ran{0};
   issuer.post([&] {
@@ -79,8 +79,8 @@ TEST(IssueThread, RethrowsATasksErrorOnceAndDropsTheTasksBehindIt) {
 
 // A task posted without a wake (a CPU copy not yet due) waits for a later
 // post that wakes the thread, or for a caller's wait_for, which wakes it.
-TEST(IssueThread, ATaskPostedWithoutAWakeRunsOnceWaitedForOrWokenFor) {
-  detail::IssueThread issuer(kCpu);
+TEST(CopyThread, ATaskPostedWithoutAWakeRunsOnceWaitedForOrWokenFor) {
+  detail::CopyThread issuer(kCpu);
   std::atomic<int> ran{0};
   issuer.drain();  // the thread is up
   // Unwoken, the thread would still look at its queue once a second: each
@@ -103,10 +103,10 @@ TEST(IssueThread, ATaskPostedWithoutAWakeRunsOnceWaitedForOrWokenFor) {
   }
 }
 
-TEST(IssueThread, DestructionRunsWhatWasPosted) {
+TEST(CopyThread, DestructionRunsWhatWasPosted) {
   std::atomic<int> ran{0};
   {
-    detail::IssueThread issuer(kCpu);
+    detail::CopyThread issuer(kCpu);
     for (int i = 0; i < 50; ++i) issuer.post([&] { ++ran; });
   }
   EXPECT_EQ(ran.load(), 50);

@@ -1,4 +1,4 @@
-// A thread of its own for a layer streamer's copy issuing (internal).
+// A thread of its own for a layer streamer's copies: it issues them on CUDA, makes them on CPU (internal).
 //
 // Issuing a layer's batch costs the host about 0.5 us a copy, and once the
 // copy stream's queue of pending work is full the driver's call blocks until
@@ -39,18 +39,18 @@
 
 namespace activekv::detail {
 
-class IssueThread {
+class CopyThread {
  public:
   // The thread works on `device` (its context current for the driver's calls).
-  explicit IssueThread(c10::Device device);
+  explicit CopyThread(c10::Device device);
   // Runs what was posted, then joins.
-  ~IssueThread();
-  IssueThread(const IssueThread&) = delete;
-  IssueThread& operator=(const IssueThread&) = delete;
+  ~CopyThread();
+  CopyThread(const CopyThread&) = delete;
+  CopyThread& operator=(const CopyThread&) = delete;
 
   // Queues `task`; returns its number (1, 2, ...), for wait_for. `wake`
   // false leaves a sleeping thread asleep: the task runs once a later post
-  // or a wait_for wakes it (a CPU copy not yet due, issue_thread.h).
+  // or a wait_for wakes it (a CPU copy not yet due, copy_thread.h).
   std::uint64_t post(std::function<void()> task, bool wake = true);
   // Waits until task `n` and every task before it ran. Rethrows, once, the
   // first exception a task threw; the tasks queued behind it are dropped (the

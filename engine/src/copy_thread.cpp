@@ -1,5 +1,5 @@
-// A thread of its own for a layer streamer's copy issuing (issue_thread.h).
-#include "issue_thread.h"
+// A thread of its own for a layer streamer's copy issuing (copy_thread.h).
+#include "copy_thread.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -35,9 +35,9 @@ void spin_until(Ready ready, std::chrono::microseconds spin) {
 
 }  // namespace
 
-IssueThread::IssueThread(c10::Device device) : thread_([this, device] { run(device); }) {}
+CopyThread::CopyThread(c10::Device device) : thread_([this, device] { run(device); }) {}
 
-IssueThread::~IssueThread() {
+CopyThread::~CopyThread() {
   {
     const std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -46,7 +46,7 @@ IssueThread::~IssueThread() {
   thread_.join();
 }
 
-std::uint64_t IssueThread::post(std::function<void()> task, bool wake) {
+std::uint64_t CopyThread::post(std::function<void()> task, bool wake) {
   std::uint64_t n = 0;
   {
     const std::lock_guard<std::mutex> lock(mu_);
@@ -58,7 +58,7 @@ std::uint64_t IssueThread::post(std::function<void()> task, bool wake) {
   return n;
 }
 
-void IssueThread::wait_for(std::uint64_t n) {
+void CopyThread::wait_for(std::uint64_t n) {
   if (done_now_ < n && !failed_now_) {
     bool wake = false;
     {
@@ -85,7 +85,7 @@ void IssueThread::wait_for(std::uint64_t n) {
   }
 }
 
-void IssueThread::drain() {
+void CopyThread::drain() {
   std::uint64_t last = 0;
   {
     const std::lock_guard<std::mutex> lock(mu_);
@@ -94,7 +94,7 @@ void IssueThread::drain() {
   wait_for(last);
 }
 
-void IssueThread::run(c10::Device device) {
+void CopyThread::run(c10::Device device) {
   c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
   while (true) {
     std::function<void()> task;
