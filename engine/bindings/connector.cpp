@@ -259,7 +259,7 @@ void add_worker_methods(py::dict& ns) {
   });
   ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object forward_context, py::kwargs) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_loads() && !w.has_stream_work()) return;
+    if (!w.loads_this_step() && !w.streams_this_step()) return;
     const bool hooks = layer_hooks_run(forward_context);
     py::gil_scoped_release nogil;
     w.start_load(hooks);
@@ -279,7 +279,7 @@ void add_worker_methods(py::dict& ns) {
   });
   ns["wait_for_layer_load"] = named("wait_for_layer_load", [](py::object self, py::str layer) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_layer_loads()) return;
+    if (!w.layer_waits_this_step()) return;
     const auto name = py::cast<std::string>(layer);
     py::gil_scoped_release nogil;
     w.wait_for_layer_load(name);
@@ -287,7 +287,7 @@ void add_worker_methods(py::dict& ns) {
   ns["save_kv_layer"] =
       named("save_kv_layer", [](py::object self, py::str layer, py::handle kv, py::object, py::kwargs) {
         WorkerSide& w = worker_of(self);
-        if (!w.has_saves() && !w.has_stream_work()) return;
+        if (!w.saves_this_step() && !w.streams_this_step()) return;
         const auto name = py::cast<std::string>(layer);
         const auto tensor = py::cast<at::Tensor>(kv);
         py::gil_scoped_release nogil;
@@ -295,7 +295,7 @@ void add_worker_methods(py::dict& ns) {
       });
   ns["wait_for_save"] = named("wait_for_save", [](py::object self) {
     WorkerSide& w = worker_of(self);
-    if (!w.has_saves()) return w.wait_for_save();  // no copy to wait for
+    if (!w.saves_this_step()) return w.wait_for_save();  // no copy to wait for
     py::gil_scoped_release nogil;
     w.wait_for_save();
   });

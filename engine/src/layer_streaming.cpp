@@ -540,7 +540,7 @@ void LayerStreamer::write_back_cpu(std::int64_t streamed) {
 
 bool LayerStreamer::posts_stage_cpu(std::int64_t streamed) const {
   return streamed >= 0 && streamed < geometry_.num_streamed() &&
-         !stage_issued_[static_cast<std::size_t>(streamed)] && has_stage_work();
+         !stage_issued_[static_cast<std::size_t>(streamed)] && stages_this_step();
 }
 
 void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due) {
@@ -586,7 +586,7 @@ void LayerStreamer::start(Telemetry& stats) {
     for (std::int64_t j = 0; j < first; ++j) post_copies_cpu(-1, j, &stats, /*due=*/true);
     return;
   }
-  if (!has_streams() || !has_stage_work()) return;
+  if (!has_streams() || !stages_this_step()) return;
   const Stopwatch t;
   // The ring's previous occupants (the last layers of the previous step, and
   // whatever vLLM did to the cache before this step) are done with it.
@@ -621,13 +621,13 @@ void LayerStreamer::issue_start_rest() {
 
 void LayerStreamer::note_stage_issued(std::int64_t streamed, Telemetry& stats) {
   stage_issued_[static_cast<std::size_t>(streamed)] = 1;
-  if (has_stage_work()) {
+  if (stages_this_step()) {
     stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
   }
 }
 
 void LayerStreamer::issue_stage(std::int64_t streamed, bool one_call) {
-  if (!has_stage_work()) return;
+  if (!stages_this_step()) return;
   const auto j = static_cast<std::size_t>(streamed);
   at::Tensor& kv = streamed_kv_[j];
   wait_for_last_step(j);
@@ -663,7 +663,7 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
     return;
   }
   if (!has_streams()) {
-    if (!has_stage_work()) return;
+    if (!stages_this_step()) return;
     zero_fresh(j);
     const Stopwatch t;
     stage_cpu(j);
@@ -673,7 +673,7 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   }
   const Stopwatch t;
   if (j > 0 && j < start_rest_end_) issue_start_rest();  // in vLLM's order the first write_back did
-  if (has_stage_work() && !stage_issued_[ju]) {
+  if (stages_this_step() && !stage_issued_[ju]) {
     // Not issued ahead (start or the write-back K layers before did not run):
     // the compute stream has queued every earlier layer's attention by now.
     auto compute_done = std::make_shared<c10::Event>(device_.type());

@@ -427,12 +427,12 @@ TEST(LayerStreamer, OutOfRangeIdsAreRefusedAndNothingIsBound) {
     EXPECT_EQ(std::string(e.what()), "home row " + std::to_string(kRows) + " out of range (the homes have " +
                                          std::to_string(kRows) + " rows)");
   }
-  EXPECT_FALSE(s.worker.has_stream_work());
+  EXPECT_FALSE(s.worker.streams_this_step());
   EXPECT_FALSE(s.worker.has_layer_work());
   s.worker.bind_plan(streaming_plan({}, {1}));
-  EXPECT_TRUE(s.worker.has_stream_work());
+  EXPECT_TRUE(s.worker.streams_this_step());
   EXPECT_TRUE(s.worker.has_layer_work());
-  EXPECT_TRUE(s.worker.has_layer_loads());
+  EXPECT_TRUE(s.worker.layer_waits_this_step());
 }
 
 // Many steps through the ring, on CPU and on the accelerator: the

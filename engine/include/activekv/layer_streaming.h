@@ -170,7 +170,7 @@ class LayerStreamer {
   // two steps' are in flight).
   void begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
                   std::vector<std::int64_t> writeback_blocks, std::vector<std::int64_t> writeback_rows);
-  bool has_work() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
+  bool moves_blocks_this_step() const { return !stage_blocks_.empty() || !writeback_blocks_.empty(); }
   // Device: issues the staging of the first K streamed layers. CPU: posts
   // them to the copy thread where one runs this step, otherwise nothing.
   void start(Telemetry& stats);
@@ -264,7 +264,7 @@ class LayerStreamer {
   // Moves the copy thread's time so far into the caller's counters.
   void take_copy_thread_time(Telemetry& stats);
   // Staging work this step: blocks to stage, or fresh blocks to zero.
-  bool has_stage_work() const { return !stage_blocks_.empty() || !fresh_blocks_.empty(); }
+  bool stages_this_step() const { return !stage_blocks_.empty() || !fresh_blocks_.empty(); }
   // Compressed homes: the step's fresh blocks (written, not staged) as zeros in
   // the buffer (CPU: now; device: on the current stream).
   void zero_fresh(std::int64_t streamed);

@@ -114,14 +114,16 @@ class WorkerSide {
   }
   // Cheap questions, so the binding skips idle calls without crossing into
   // native work (vLLM calls these every step, for every layer).
-  bool has_loads() const { return plan_ && !plan_->loads.empty(); }
-  bool has_staged_loads() const { return !staged_loads_.empty(); }
-  bool has_saves() const { return plan_ && !plan_->saves.empty(); }
+  bool loads_this_step() const { return plan_ && !plan_->loads.empty(); }
+  // Loads that land layer by layer (wait_for_layer_load), not all in start_load.
+  bool staged_loads_this_step() const { return !staged_loads_.empty(); }
+  bool saves_this_step() const { return plan_ && !plan_->saves.empty(); }
   // Whether the bound step stages or writes back streamed layers' blocks.
-  bool has_stream_work() const { return plan_ && streamer_ && streamer_->has_work(); }
+  bool streams_this_step() const { return plan_ && streamer_ && streamer_->moves_blocks_this_step(); }
   // Whether wait_for_layer_load may have anything to do this step.
-  bool has_layer_loads() const { return has_staged_loads() || has_stream_work(); }
-  bool has_layer_work() const { return has_loads() || has_saves() || has_stream_work(); }
+  bool layer_waits_this_step() const { return staged_loads_this_step() || streams_this_step(); }
+  // vLLM's has_layer_work hook (the series' patch 0001), by its name.
+  bool has_layer_work() const { return loads_this_step() || saves_this_step() || streams_this_step(); }
   bool streaming() const { return streaming_.has_value(); }
   bool nothing_awaiting() const { return awaiting_free_.empty(); }
 
