@@ -1,6 +1,6 @@
 """Tables (and the resident-layers plot) for the benchmark record from streaming_bench's raw output.
 
-streaming_bench (engine/bench/streaming_bench.cpp) prints a ``RESULT {json}``
+streaming_bench (engine/bench/streaming/) prints a ``RESULT {json}``
 line per measured point. This reads them back and prints the markdown tables
 docs/benchmarks/history.md quotes, including the Arc Pro B60 table, which is *computed*
 from the H200's measured ratios and the card's published link and memory

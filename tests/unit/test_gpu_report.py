@@ -380,7 +380,7 @@ def test_the_recorded_runs_of_2026_12_04_miss_at_prefill_16k_and_the_shared_pref
 
 
 def test_the_grid_header_is_printed_as_the_report_reads_it():
-    source = (ROOT / "engine/bench/streaming_bench.cpp").read_text()
+    source = (ROOT / "engine/bench/streaming/grid.cpp").read_text()
     header = re.search(r'std::printf\(\s*"(grid: [^"]*)"\s*"([^"]*)"', source)
     assert header, "streaming_bench's grid header printf not found"
     printed = (header.group(1) + header.group(2)).replace("%lld", "1").replace("%.1f", "1.0").replace("%s", "batch")
