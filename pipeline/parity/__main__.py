@@ -154,7 +154,11 @@ def run_in_jobs(args, names: list[str]) -> None:
         slot = slots.get()
         start = time.monotonic()
         try:
-            env = dict(os.environ, VLLM_CACHE_ROOT=str(args.out / "jobs" / f"vllm-cache-{slot}"))
+            env = dict(
+                os.environ,
+                VLLM_CACHE_ROOT=str(args.out / "jobs" / f"vllm-cache-{slot}"),
+                **{h.START_LOCK_ENV: str(logs / "vllm-start.lock")},  # one vLLM starts or stops at a time
+            )
             command = [sys.executable, "-m", "pipeline.parity", *common, "--units", name]
             with (logs / f"{name}.log").open("w") as log:
                 code = subprocess.run(

@@ -31,6 +31,9 @@ class RecordingReferenceConnector(ActiveKVReferenceConnector):
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             max_model_len=vllm_config.model_config.max_model_len,
             kv_cache_config=kv_cache_config,
+            # Whether vLLM builds a step before the last one's output reached
+            # the scheduler (the replay hands outputs over as vLLM did).
+            async_scheduling=bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
         )
 
     # -- scheduler --------------------------------------------------------------

@@ -27,7 +27,7 @@ import dataclasses
 import gc
 import hashlib
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -138,7 +138,7 @@ def replay(
     obs: dict[str, list[Observation]] = defaultdict(list)
     live_differs: dict[str, int] = defaultdict(int)
     requests: dict[str, SimpleNamespace] = {}
-    pending_output = None
+    outputs = _Unreported(lag=1 if sched_init.get("async_scheduling") else 0)
     step = 0
     segment = ""
     clock = _Clock()
@@ -176,8 +176,8 @@ def replay(
             for rid, tokens in ev["tokens"].items():
                 if rid in requests:
                     requests[rid].all_token_ids = tokens
-            if pending_output is not None:  # the recording had no update for it
-                clock(sched.update_connector_output, pending_output)
+            for output in outputs.before_build():
+                clock(sched.update_connector_output, output)
             so = scheduler_output_from_plain(ev["scheduler_output"])
             step_start = clock.seconds
             meta = clock(sched.build_connector_meta, so)
@@ -185,15 +185,15 @@ def replay(
             live_differs[segment] += plain_metadata(meta) != ev["ret"]
             if step >= len(steps):
                 raise TraceMismatchError(f"worker trace ends before step {step}")
-            pending_output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock, layer_hooks)
+            output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock, layer_hooks)
+            outputs.add(output, _live_worker_meta(steps[step]))
             step += 1
             if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
                 control_steps += 1
                 control_seconds += clock.seconds - step_start
         elif kind == "update_connector_output":
-            if pending_output is not None:
-                clock(sched.update_connector_output, pending_output)
-                pending_output = None
+            for output in outputs.at_update(_said(ev["worker_meta"])):
+                clock(sched.update_connector_output, output)
         elif kind == "request_finished":
             ret = tuple(clock(sched.request_finished, SimpleNamespace(request_id=ev["request_id"]), []))
             obs[segment].append(("request_finished", (ev["request_id"], ret)))
@@ -202,6 +202,50 @@ def replay(
             raise TraceMismatchError("register event in the scheduler trace")
     end_segment(segment)
     return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds)
+
+
+class _Unreported:
+    """The replayed steps' worker outputs that vLLM had not yet handed to the
+    scheduler, oldest first, so each reaches it where the recording's did.
+
+    vLLM calls update_connector_output with a step's output, after the step,
+    only when the output holds something. In order: synchronous scheduling
+    builds step N+1 after it (`lag` 0); asynchronous scheduling (vLLM 0.34's
+    default on CUDA) builds step N+1 while step N runs and updates after
+    that (`lag` 1). A step whose output came with no update goes in before
+    the next build once `lag` younger steps wait, as vLLM moved on without
+    it; an update takes the oldest waiting step whose live worker metadata
+    is the one the recording updated with (that step, and those before it)."""
+
+    def __init__(self, lag: int):
+        self.lag = lag
+        self._waiting: deque[tuple[Any, dict | None]] = deque()  # (output or None, live worker meta)
+
+    def add(self, output, live_meta: dict | None) -> None:
+        self._waiting.append((output, live_meta))
+
+    def before_build(self) -> list:
+        taken = []
+        while len(self._waiting) > self.lag:
+            taken.append(self._waiting.popleft()[0])
+        return [o for o in taken if o is not None]
+
+    def at_update(self, said: dict | None) -> list:
+        if not self._waiting:
+            return []
+        upto = next((i for i, (_, live) in enumerate(self._waiting) if live == said), 0)
+        taken = [self._waiting.popleft()[0] for _ in range(upto + 1)]
+        return [o for o in taken if o is not None]
+
+
+def _said(plain: dict | None) -> dict | None:
+    """A plain worker metadata, None where it holds nothing."""
+    return plain if plain and any(plain.values()) else None
+
+
+def _live_worker_meta(events: list[dict]) -> dict | None:
+    """The worker metadata the recorded step handed vLLM."""
+    return next((_said(ev["ret"]) for ev in events if ev["kind"] == "build_connector_worker_meta"), None)
 
 
 def _pair_as_recorded(impl: str, init: dict):

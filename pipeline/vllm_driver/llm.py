@@ -5,7 +5,9 @@ Shared by the tests and the parity harness.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import gc
 import hashlib
 import logging
@@ -294,13 +296,37 @@ def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_pa
         "tensor_parallel_size": tensor_parallel_size,
         **kwargs,
     }
-    return LLM(**{k: v for k, v in args.items() if v is not None})
+    with gpu_memory_settling():
+        return LLM(**{k: v for k, v in args.items() if v is not None})
+
+
+# A file that processes sharing one GPU lock while a vLLM starts or stops
+# (the parity harness's jobs set it).
+START_LOCK_ENV = "ACTIVEKV_VLLM_START_LOCK"
+
+
+@contextlib.contextmanager
+def gpu_memory_settling():
+    """Holds START_LOCK_ENV's file, where set: vLLM 0.34 measures the GPU's
+    free memory as it starts and refuses to start ("Error in memory
+    profiling") when another process released memory meanwhile."""
+    path = os.environ.get(START_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def shutdown(llm) -> None:
     from vllm.distributed.kv_transfer import kv_transfer_state
 
-    llm.llm_engine.engine_core.shutdown()
+    with gpu_memory_settling():
+        llm.llm_engine.engine_core.shutdown()
     # An in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) leaves its
     # connector in vLLM's process-wide state, where the next LLM would find it.
     kv_transfer_state.ensure_kv_transfer_shutdown()
