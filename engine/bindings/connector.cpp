@@ -19,6 +19,7 @@
 #include "activekv/worker_side.h"
 #include "attributes.h"
 #include "convert.h"
+#include "errors.h"
 #include "metrics.h"
 #include "scheduler_adapter.h"
 #include "vllm_classes.h"
@@ -128,7 +129,7 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   if (g_classes->features.extensible_kv_cache &&
       py::getattr(cache, "enable_extensible_kv_cache", py::none()).is(py::bool_(true)) &&
       py::getattr(cache, "gpu_memory_utilization", py::none()).is_none()) {
-    throw py::value_error(
+    raise_config_error(
         "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by default "
         "on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset (it then takes "
         "1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM with "
@@ -140,7 +141,7 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   const bool eager =
       !model.is_none() && py::getattr(model, "enforce_eager", py::bool_(false)).is(py::bool_(true));
   if (!eager && py::getattr(compilation, "use_breakable_cudagraph", py::none()).is(py::bool_(true))) {
-    throw py::value_error(
+    raise_config_error(
         "ActiveKV layer streaming needs each layer's KV cache update to run outside CUDA graphs, which "
         "vLLM's breakable CUDA graphs capture: start vLLM with VLLM_USE_BREAKABLE_CUDAGRAPH=0 in its "
         "environment (or --enforce-eager)");
@@ -155,16 +156,15 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
   const std::int64_t host_bytes = physical_memory_bytes();
-  const auto slots = config.store_slots(slot_bytes, host_bytes);
-  if (!slots.ok()) throw py::value_error(slots.status().error());
-  const std::int64_t num_slots = slots.value();
+  auto slots = config.store_slots(slot_bytes, host_bytes);
+  const std::int64_t num_slots = value_or_raise(std::move(slots));
   const bool scheduler = role.is(g_classes->scheduler_role);
   std::optional<StreamingGeometry> geometry;
   std::optional<StartupReport> report;
   const auto num_blocks = py::cast<std::int64_t>(kv_cache_config.attr("num_blocks"));
   if (config.streaming) {
     if (!g_classes->features.streaming_hooks) {
-      throw py::value_error(
+      raise_config_error(
           "ActiveKV layer streaming needs vLLM with ActiveKV's patch series (patches/vllm/" +
           g_classes->features.version + "/0002: KVConnectorBase_V1.get_kv_cache_regions); this vLLM " +
           g_classes->features.version +
@@ -176,7 +176,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
         StartupReport::of(*geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
                           py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
     if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
-      throw py::value_error(s.error());
+      raise_status(s);
     }
     if (scheduler) {
       // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
@@ -199,7 +199,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     // vLLM makes the scheduler's connector after its workers registered their
     // KV caches, so every rank's store file is open and verified by now.
     const auto restored = side->restore_from_store_files();
-    if (!restored.ok()) throw py::value_error(restored.status().error());
+    raise_if_failed(restored.status());
     if (!restored.value().empty()) {
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", restored.value());
     }
@@ -236,7 +236,7 @@ void add_worker_methods(py::dict& ns) {
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
     WorkerSide& worker = worker_of(self);
     const Status s = worker.register_kv_caches(caches);
-    if (!s.ok()) throw py::value_error(s.error());
+    raise_if_failed(s);
     if (const std::string line = worker.streaming_copies_line(); !line.empty()) {
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
     }

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "errors.h"
 #include "vllm_classes.h"
 
 namespace activekv::bindings {
@@ -144,8 +145,7 @@ std::map<std::string, ConfigValue> to_config_values(const py::handle& extra) {
 
 Config parse_config(const py::handle& extra) {
   auto parsed = Config::parse(to_config_values(extra));
-  if (!parsed.ok()) throw py::value_error(parsed.status().error());
-  return parsed.value();
+  return value_or_raise(std::move(parsed));
 }
 
 c10::ScalarType dtype_from_python(const py::handle& dtype) {
@@ -153,7 +153,7 @@ c10::ScalarType dtype_from_python(const py::handle& dtype) {
   if (name == "torch.bfloat16") return c10::ScalarType::BFloat16;
   if (name == "torch.float16") return c10::ScalarType::Half;
   if (name == "torch.float32") return c10::ScalarType::Float;
-  throw py::value_error("ActiveKV does not support KV cache dtype " + name);
+  raise_status({ErrorCode::kUnsupportedLayout, "ActiveKV does not support KV cache dtype " + name});
 }
 
 std::string dtype_name(c10::ScalarType t) {

@@ -9,6 +9,7 @@
 //   vllm_features.h      what the running vLLM offers
 //   attributes.h         attribute names read every step
 //   check_device.h       activekv.check_device
+//   errors.h             activekv.ConfigError, UnsupportedLayoutError; a Status raised
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +20,7 @@
 
 #include "activekv/worker_side.h"
 #include "check_device.h"
+#include "errors.h"
 #include "metrics.h"
 #include "scheduler_adapter.h"
 #include "vllm_classes.h"
@@ -29,6 +31,7 @@ PYBIND11_MODULE(activekv, m) {
   using namespace activekv;
   using namespace activekv::bindings;
   m.doc() = "ActiveKV: vLLM's KV cache in host RAM. Load with kv_connector_module_path='activekv'.";
+  register_errors(m);
   py::class_<SchedulerEngine>(m, "_SchedulerEngine");
   // Read-only views of the host store, for the parity harness and tests.
   py::class_<WorkerSide>(m, "_WorkerEngine")

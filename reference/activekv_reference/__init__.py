@@ -2,6 +2,7 @@
 engine must do bit for bit. Used for parity and the tests only; never released."""
 
 from .connector import ActiveKVReferenceConnector
-from .config import ActiveKVConfig, ActiveKVConfigError
+from .config import ActiveKVConfig, ConfigError
+from .layout import UnsupportedLayoutError
 
-__all__ = ["ActiveKVConfig", "ActiveKVConfigError", "ActiveKVReferenceConnector"]
+__all__ = ["ActiveKVConfig", "ActiveKVReferenceConnector", "ConfigError", "UnsupportedLayoutError"]

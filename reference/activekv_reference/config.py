@@ -39,8 +39,10 @@ _STREAMING_RANGES = {
 }
 
 
-class ActiveKVConfigError(ValueError):
-    """Raised for a bad ``kv_connector_extra_config``; the message names the key."""
+class ConfigError(ValueError):
+    """A configuration ActiveKV refuses: a bad ``kv_connector_extra_config``
+    (the message names the key) or vLLM settings it cannot serve (it names
+    the setting to use). The native module raises activekv.ConfigError."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,12 +71,12 @@ class ActiveKVConfig:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ActiveKVConfig:
-        """Validate ``extra`` and build the config; raises ActiveKVConfigError."""
+        """Validate ``extra`` and build the config; raises ConfigError."""
         extra = dict(extra or {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(extra) - set(fields))
         if unknown:
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 f"kv_connector_extra_config: unknown key {unknown[0]!r}; accepted keys: {', '.join(sorted(fields))}"
             )
         for name in sorted(extra):  # sorted: the same first error in every engine
@@ -86,14 +88,14 @@ class ActiveKVConfig:
 
     def store_slots(self, slot_bytes: int, host_memory_bytes: int) -> int:
         """The host store's size in blocks of ``slot_bytes`` (one block over all
-        layers in this mode); ActiveKVConfigError naming capacity_bytes when that
+        layers in this mode); ConfigError naming capacity_bytes when that
         is no block, or when capacity_bytes is more than ``host_memory_bytes``."""
         where = f"kv_connector_extra_config['capacity_bytes']={self.capacity_bytes}"
         slots = self.capacity_bytes // slot_bytes
         if slots == 0:
-            raise ActiveKVConfigError(f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode")
+            raise ConfigError(f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode")
         if self.capacity_bytes > host_memory_bytes:
-            raise ActiveKVConfigError(f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less")
+            raise ConfigError(f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less")
         return slots
 
 
@@ -105,28 +107,28 @@ def physical_memory_bytes() -> int:
 def _streaming(table: Any) -> StreamingConfig:
     where = "kv_connector_extra_config['streaming']"
     if not isinstance(table, Mapping):
-        raise ActiveKVConfigError(
+        raise ConfigError(
             f"{where}: expected a table {{'resident_layers': R, 'ring_size': K}}, got {type(table).__name__} {table!r}"
         )
     accepted_keys = sorted([*_STREAMING_RANGES, "homes"])
     unknown = sorted(set(table) - set(accepted_keys))
     if unknown:
-        raise ActiveKVConfigError(f"{where}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted_keys)}")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; accepted keys: {', '.join(accepted_keys)}")
     for name in sorted(table):
         value = table[name]
         if name == "homes":
             accepted = get_args(Mode)
             if value not in accepted:
-                raise ActiveKVConfigError(
+                raise ConfigError(
                     f"{where}['homes']: {value!r} is not accepted; accepted values: "
                     f"{', '.join(repr(a) for a in accepted)}"
                 )
             continue
         check, accepts = _STREAMING_RANGES[name]
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ActiveKVConfigError(f"{where}[{name!r}]: expected an integer, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}[{name!r}]: expected an integer, got {type(value).__name__} {value!r}")
         if not check(value):
-            raise ActiveKVConfigError(f"{where}[{name!r}]: {value!r} is out of range; expected {accepts}")
+            raise ConfigError(f"{where}[{name!r}]: {value!r} is out of range; expected {accepts}")
     return StreamingConfig(**table)
 
 
@@ -146,20 +148,20 @@ def _check_value(name: str, annotation: str, value: Any) -> None:
         return  # a table: checked key by key in _streaming
     if annotation == "str | None":
         if not isinstance(value, str) or not value:
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 f"{where}: expected a file path (a non-empty string), got {type(value).__name__} {value!r}"
             )
         return
     if annotation in _LITERALS:
         accepted = get_args(_LITERALS[annotation])
         if value not in accepted:
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 f"{where}: {value!r} is not accepted; accepted values: {', '.join(repr(a) for a in accepted)}"
             )
         return
     # bool is an int subclass in Python; a flag is never a byte count.
     if annotation == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ActiveKVConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
     check, accepts = _RANGES.get(name, (None, ""))
     if check is not None and not check(value):
-        raise ActiveKVConfigError(f"{where}: {value!r} is out of range; expected {accepts}")
+        raise ConfigError(f"{where}: {value!r} is out of range; expected {accepts}")

@@ -14,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from .config import ActiveKVConfig, ActiveKVConfigError, physical_memory_bytes
+from .config import ActiveKVConfig, ConfigError, physical_memory_bytes
 from .identity import ModelIdentity
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata
@@ -70,7 +70,7 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
         getattr(cache, "enable_extensible_kv_cache", None) is True
         and getattr(cache, "gpu_memory_utilization", None) is None
     ):
-        raise ValueError(
+        raise ConfigError(
             "ActiveKV stages its loads through device buffers that vLLM's extensible KV cache (on by "
             "default on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset "
             "(it then takes 1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM "
@@ -81,7 +81,7 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
     compilation = getattr(vllm_config, "compilation_config", None)
     eager = getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False) is True
     if not eager and getattr(compilation, "use_breakable_cudagraph", None) is True:
-        raise ValueError(
+        raise ConfigError(
             "ActiveKV layer streaming needs each layer's KV cache update to run outside CUDA graphs, "
             "which vLLM's breakable CUDA graphs capture: start vLLM with VLLM_USE_BREAKABLE_CUDAGRAPH=0 "
             "in its environment (or --enforce-eager)"
@@ -94,7 +94,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
         self.config = ActiveKVConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         check_vllm_settings(vllm_config, self.config)
         if self.config.store_path is not None:
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 "kv_connector_extra_config['store_path']: the reference engine keeps its host store "
                 "in process memory; a store file is the native engine's (ActiveKVHostConnector)"
             )
@@ -115,7 +115,7 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             )
             # The homes come on top of the host store, in every worker.
             if self.config.capacity_bytes + report.host_bytes > host_bytes:
-                raise ValueError(
+                raise ConfigError(
                     f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
                     f"plus the streamed layers' homes ({report.host_bytes} bytes for "
                     f"{kv_cache_config.num_blocks} blocks) exceed this host's memory "

@@ -11,7 +11,8 @@ from .config import Mode
 
 
 class UnsupportedLayoutError(ValueError):
-    pass
+    """A KV cache ActiveKV cannot serve (the native module's
+    activekv.UnsupportedLayoutError)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

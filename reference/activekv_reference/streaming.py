@@ -46,7 +46,7 @@ import time
 import torch
 
 from .codec import make_codec
-from .config import ActiveKVConfigError, Mode, StreamingConfig
+from .config import ConfigError, Mode, StreamingConfig
 from .homes import rows_for
 
 STREAMING_KEY = "kv_connector_extra_config['streaming']"
@@ -65,16 +65,16 @@ class StreamingGeometry:
 
     @classmethod
     def plan(cls, config: StreamingConfig, layer_names) -> StreamingGeometry:
-        """The geometry for these layers; ActiveKVConfigError (naming the key)
+        """The geometry for these layers; ConfigError (naming the key)
         when streaming cannot save device memory with them."""
         names, r, k = tuple(layer_names), config.resident_layers, config.ring_size
         if r >= len(names):
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 f"{STREAMING_KEY}['resident_layers']: {r} leaves no layer to stream; "
                 f"this model has {len(names)} KV cache layers, so it accepts 0..{len(names) - 1}"
             )
         if r + k >= len(names):
-            raise ActiveKVConfigError(
+            raise ConfigError(
                 f"{STREAMING_KEY}: resident_layers + ring_size = {r} + {k} must be below the "
                 f"model's {len(names)} KV cache layers, or streaming holds no more blocks "
                 f"than the device does without it; lower resident_layers or ring_size"
@@ -104,7 +104,7 @@ def check_streamable(vllm_config, kv_cache_groups) -> None:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     def refuse(why: str) -> None:
-        raise ActiveKVConfigError(f"{STREAMING_KEY}: layer streaming cannot serve {why}")
+        raise ConfigError(f"{STREAMING_KEY}: layer streaming cannot serve {why}")
 
     model = vllm_config.model_config
     if getattr(model, "use_mla", False):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from activekv_reference.config import GIB, ActiveKVConfig, ActiveKVConfigError
+from activekv_reference.config import GIB, ActiveKVConfig, ConfigError
 
 
 def test_defaults_when_nothing_is_configured():
@@ -44,7 +44,7 @@ def test_every_key_is_read():
     ],
 )
 def test_bad_config_names_the_key_and_what_it_accepts(extra, fragments):
-    with pytest.raises(ActiveKVConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         ActiveKVConfig.from_extra_config(extra)
     for fragment in fragments:
         assert fragment in str(err.value)
@@ -113,6 +113,6 @@ def test_streaming_is_a_table_with_defaults():
     ],
 )
 def test_bad_streaming_table_names_the_key(extra, message):
-    with pytest.raises(ActiveKVConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         ActiveKVConfig.from_extra_config(extra)
     assert str(err.value) == message

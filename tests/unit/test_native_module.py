@@ -120,9 +120,10 @@ def test_bad_config_same_message_in_both_engines(extra):
     for impl in IMPLS:
         with pytest.raises(ValueError) as err:
             standalone.make_pair(impl, extra, standalone.kv_cache_config())
-        messages.append(str(err.value))
-    assert messages[0] == messages[1]
-    assert "kv_connector_extra_config" in messages[0]
+        messages.append((type(err.value).__name__, str(err.value)))
+    assert messages[0] == messages[1]  # the same class (by name) and message
+    assert messages[0][0] == "ConfigError"
+    assert "kv_connector_extra_config" in messages[0][1]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -288,9 +289,10 @@ def test_bad_streaming_config_same_message_in_both_engines(extra):
     for impl in IMPLS:
         with pytest.raises(ValueError) as err:
             standalone.make_pair(impl, extra, cfg)
-        messages.append(str(err.value))
-    assert messages[0] == messages[1]
-    assert "kv_connector_extra_config" in messages[0]
+        messages.append((type(err.value).__name__, str(err.value)))
+    assert messages[0] == messages[1]  # the same class (by name) and message
+    assert messages[0][0] == "ConfigError"
+    assert "kv_connector_extra_config" in messages[0][1]
 
 
 def test_streaming_none_is_off_in_both_engines():
@@ -336,9 +338,10 @@ def test_unservable_settings_same_refusal_in_both_engines(changes):
     for impl in IMPLS:
         with pytest.raises(ValueError) as err:
             standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING, **changes), groups)
-        messages.append(str(err.value))
+        messages.append((type(err.value).__name__, str(err.value)))
     assert messages[0] == messages[1]
-    assert "layer streaming cannot serve" in messages[0]
+    assert messages[0][0] == "ConfigError"
+    assert "layer streaming cannot serve" in messages[0][1]
 
 
 def test_startup_report_is_logged_once_by_the_scheduler_with_the_reference_line(caplog):
@@ -486,9 +489,9 @@ def test_no_kv_cache_group_is_the_same_refusal_in_both_engines():
     for impl in IMPLS:
         with pytest.raises(ValueError) as err:
             standalone.connector_class(impl).get_kv_cache_regions(_vllm_config(impl, STREAMING), [])
-        messages.append(str(err.value))
+        messages.append((type(err.value).__name__, str(err.value)))
     assert messages[0] == messages[1]
-    assert "KV cache groups []" in messages[0]
+    assert "KV cache groups []" in messages[0][1]
 
 
 def test_a_hybrid_model_is_the_same_refusal_in_both_engines():
@@ -548,3 +551,18 @@ def test_the_connector_asks_for_piecewise_graphs_and_for_hnd_only_when_streaming
         for name, extra in {"exact": {"mode": "exact"}, "streaming": {"streaming": {}}, "bad": {"capacity": 1}}.items()
     }
     assert layouts == {"exact": None, "streaming": "HND", "bad": None}
+
+
+def test_the_module_raises_its_own_value_errors_named_as_the_reference_names_them():
+    import activekv
+    import activekv_reference
+    from activekv_reference.layout import UnsupportedLayoutError
+
+    for name, reference in (
+        ("ConfigError", activekv_reference.ConfigError),
+        ("UnsupportedLayoutError", UnsupportedLayoutError),
+    ):
+        native = getattr(activekv, name)
+        assert issubclass(native, ValueError) and issubclass(reference, ValueError)
+        assert native.__name__ == reference.__name__ == name
+        assert native.__module__ == "activekv"
