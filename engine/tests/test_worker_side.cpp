@@ -126,7 +126,7 @@ TEST(WorkerSide, RejectsCachesThatDoNotMatchTheSpec) {
 }
 
 // The same worker on a device (streams, events, pinned memory, fences that
-// outlast their step or their deadline): device_check.cpp, run by
+// outlast their step or their deadline): src/device_check/, run by
 // test_device_check.cpp on CPU and on the accelerator.
 
 }  // namespace

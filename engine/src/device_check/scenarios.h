@@ -1,5 +1,5 @@
 // The device check's scenarios (internal), each returning what it covered
-// when it passed; device_check.cpp lists them and runs them.
+// when it passed; runner.cpp lists them and runs them.
 #pragma once
 
 #include <c10/core/Device.h>

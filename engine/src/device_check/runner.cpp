@@ -25,7 +25,7 @@
 #include "activekv/step_plan.h"
 #include "activekv/worker_side.h"
 
-#include "device_check/scenarios.h"
+#include "scenarios.h"
 
 namespace activekv {
 namespace {
