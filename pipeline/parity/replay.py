@@ -125,83 +125,105 @@ def replay(
         raise TraceMismatchError("scheduler trace does not start with its init event")
     if not worker_events or worker_events[0]["kind"] != "init":
         raise TraceMismatchError("worker trace does not start with its init event")
-    sched_init, worker_init = sched_events[0], worker_events[0]
-    _check_identity(sched_init, worker_init, model_identity)
+    _check_identity(sched_events[0], worker_events[0], model_identity)
     # Free what earlier replays left (their connectors and arenas) now: freed
     # by a collection inside a timed call, it was charged to this replay's
     # connector (one recording read 0.4x for the native engine that way).
     gc.collect()
-    sched, _ = _pair_as_recorded(impl, sched_init)
-    _, worker = _pair_as_recorded(impl, worker_init)
-    kv = _registered_kv_caches(worker, worker_events, device)
-    steps = _worker_steps(worker_events[1:])
-    obs: dict[str, list[Observation]] = defaultdict(list)
-    live_differs: dict[str, int] = defaultdict(int)
-    requests: dict[str, SimpleNamespace] = {}
-    outputs = _Unreported(lag=1 if sched_init.get("async_scheduling") else 0)
-    step = 0
-    segment = ""
-    clock = _Clock()
-    control_steps, control_seconds = 0, 0.0
-
-    def request_of(plain):
-        r = requests.setdefault(plain["request_id"], SimpleNamespace(**plain))
-        r.all_token_ids = plain["all_token_ids"]
-        return r
-
-    def end_segment(name):
-        if name:
-            obs[name].append(("host store", store_bytes(worker)))
-            homes = streamed_homes(worker)
-            if homes:
-                obs[name].append(("streamed homes", homes))
-
+    run = _Replay(impl, sched_events[0], worker_events, layer_hooks, device)
     for ev in sched_events[1:]:
-        if ev["segment"] != segment:
-            end_segment(segment)
-            segment = ev["segment"]
-        kind = ev["kind"]
+        run.scheduler_event(ev)
+    return run.result()
+
+
+class _Replay:
+    """One replay's connectors, KV caches and observations."""
+
+    def __init__(self, impl: str, sched_init: dict, worker_events: list[dict], layer_hooks: bool, device: str):
+        self.sched, _ = _pair_as_recorded(impl, sched_init)
+        _, self.worker = _pair_as_recorded(impl, worker_events[0])
+        self.kv = _registered_kv_caches(self.worker, worker_events, device)
+        self.steps = _worker_steps(worker_events[1:])
+        self.layer_hooks = layer_hooks
+        self.obs: dict[str, list[Observation]] = defaultdict(list)
+        self.live_differs: dict[str, int] = defaultdict(int)
+        self.requests: dict[str, SimpleNamespace] = {}
+        self.outputs = _Unreported(lag=1 if sched_init.get("async_scheduling") else 0)
+        self.step = 0
+        self.segment = ""
+        self.clock = _Clock()
+        self.control_steps, self.control_seconds = 0, 0.0
+
+    def scheduler_event(self, ev: dict) -> None:
+        if ev["segment"] != self.segment:
+            self._end_segment()
+            self.segment = ev["segment"]
+        kind, sched, clock = ev["kind"], self.sched, self.clock
         if kind == "get_num_new_matched_tokens":
-            ret = tuple(clock(sched.get_num_new_matched_tokens, request_of(ev["request"]), ev["num_computed_tokens"]))
-            obs[segment].append(("get_num_new_matched_tokens", ret))
-            live_differs[segment] += ret != tuple(ev["ret"])
-        elif kind == "update_state_after_alloc":
-            clock(
-                sched.update_state_after_alloc,
-                request_of(ev["request"]),
-                _Blocks(ev["block_ids"]),
-                ev["num_external_tokens"],
+            ret = tuple(
+                clock(sched.get_num_new_matched_tokens, self._request(ev["request"]), ev["num_computed_tokens"])
             )
+            self.obs[self.segment].append(("get_num_new_matched_tokens", ret))
+            self.live_differs[self.segment] += ret != tuple(ev["ret"])
+        elif kind == "update_state_after_alloc":
+            blocks = _Blocks(ev["block_ids"])
+            clock(sched.update_state_after_alloc, self._request(ev["request"]), blocks, ev["num_external_tokens"])
         elif kind == "build_connector_meta":
             for rid, tokens in ev["tokens"].items():
-                if rid in requests:
-                    requests[rid].all_token_ids = tokens
-            for output in outputs.before_build():
-                clock(sched.update_connector_output, output)
-            so = scheduler_output_from_plain(ev["scheduler_output"])
-            step_start = clock.seconds
-            meta = clock(sched.build_connector_meta, so)
-            obs[segment].append(("build_connector_meta", plain_metadata(meta)))
-            live_differs[segment] += plain_metadata(meta) != ev["ret"]
-            if step >= len(steps):
-                raise TraceMismatchError(f"worker trace ends before step {step}")
-            output = _worker_step(worker, kv, meta, steps[step], obs[segment], clock, layer_hooks)
-            outputs.add(output, _live_worker_meta(steps[step]))
-            step += 1
-            if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
-                control_steps += 1
-                control_seconds += clock.seconds - step_start
+                if rid in self.requests:
+                    self.requests[rid].all_token_ids = tokens
+            self._one_step(ev, self.obs[self.segment])
         elif kind == "update_connector_output":
-            for output in outputs.at_update(_said(ev["worker_meta"])):
+            for output in self.outputs.at_update(_said(ev["worker_meta"])):
                 clock(sched.update_connector_output, output)
         elif kind == "request_finished":
             ret = tuple(clock(sched.request_finished, SimpleNamespace(request_id=ev["request_id"]), []))
-            obs[segment].append(("request_finished", (ev["request_id"], ret)))
-            live_differs[segment] += ret != tuple(ev["ret"])
+            self.obs[self.segment].append(("request_finished", (ev["request_id"], ret)))
+            self.live_differs[self.segment] += ret != tuple(ev["ret"])
         elif kind == "register_kv_caches":
             raise TraceMismatchError("register event in the scheduler trace")
-    end_segment(segment)
-    return ReplayResult(dict(obs), dict(live_differs), step, clock.seconds, control_steps, control_seconds)
+
+    def result(self) -> ReplayResult:
+        self._end_segment()
+        return ReplayResult(
+            dict(self.obs),
+            dict(self.live_differs),
+            self.step,
+            self.clock.seconds,
+            self.control_steps,
+            self.control_seconds,
+        )
+
+    def _one_step(self, ev: dict, seen: list[Observation]) -> None:
+        """The scheduler builds the step's plan; the worker runs it."""
+        clock = self.clock
+        for output in self.outputs.before_build():
+            clock(self.sched.update_connector_output, output)
+        step_start = clock.seconds
+        meta = clock(self.sched.build_connector_meta, scheduler_output_from_plain(ev["scheduler_output"]))
+        seen.append(("build_connector_meta", plain_metadata(meta)))
+        self.live_differs[self.segment] += plain_metadata(meta) != ev["ret"]
+        if self.step >= len(self.steps):
+            raise TraceMismatchError(f"worker trace ends before step {self.step}")
+        recorded = self.steps[self.step]
+        output = _worker_step(self.worker, self.kv, meta, recorded, seen, clock, self.layer_hooks)
+        self.outputs.add(output, _live_worker_meta(recorded))
+        self.step += 1
+        if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
+            self.control_steps += 1
+            self.control_seconds += clock.seconds - step_start
+
+    def _request(self, plain: dict) -> SimpleNamespace:
+        r = self.requests.setdefault(plain["request_id"], SimpleNamespace(**plain))
+        r.all_token_ids = plain["all_token_ids"]
+        return r
+
+    def _end_segment(self) -> None:
+        if self.segment:
+            self.obs[self.segment].append(("host store", store_bytes(self.worker)))
+            homes = streamed_homes(self.worker)
+            if homes:
+                self.obs[self.segment].append(("streamed homes", homes))
 
 
 class _Unreported:
