@@ -93,27 +93,12 @@ def assemble(
         torch[target] = build["torch"]
         compilers[target] = build["compiler"]
         bases += [build["builder_image"], runtime["base"]]
-        for w in audit["wheels"]:
-            path = tdir / "wheels" / w["file"]
-            if not path.is_file() or sha256_of(path) != w["sha256"]:
-                raise ManifestError(f"{path}: not the wheel the audit passed (missing or changed since)")
-            artifacts.append(_file_artifact("engine-wheel", target, path))
         patch = _patch_record(target, vllm_dir, runtime)
-        pdir = vllm_dir / f"{patch['distribution']}-{patch['version']}"
-        artifacts.append(_file_artifact("vllm-wheel", target, pdir / patch["patched"]["file"]))
-        artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
         vllm[target] = f"{patch['distribution']}=={patch['local_version']}"
         series_sha = patch["series"]["sha256"]
-        launcher = tdir / "launcher" / runtime["launcher"]["file"]
-        if not launcher.is_file() or sha256_of(launcher) != runtime["launcher"]["sha256"]:
-            raise ManifestError(f"{launcher}: not the launcher in the runtime image (missing or changed)")
-        artifacts.append(_file_artifact("launcher", target, launcher))
-        # The image holds exactly the audited wheels, the patched vLLM and this
-        # launcher: its inputs digest (also its label) is recomputed from them.
-        shipped_files = [tdir / "wheels" / w["file"] for w in audit["wheels"]]
-        shipped_files += [pdir / patch["patched"]["file"], launcher]
-        artifacts.append(_image_artifact(target, runtime, version, commit, shipped_files))
-        shipped = [a for a in artifacts if a["target"] == target and a["kind"] in WHEEL_KINDS]
+        target_artifacts = _target_artifacts(target, tdir, vllm_dir, audit, runtime, patch, version, commit)
+        artifacts += target_artifacts
+        shipped = [a for a in target_artifacts if a["kind"] in WHEEL_KINDS]
         parity = _read(parity_records.get(target, tdir / "parity.json"), f"parity (--target {target})")
         _check_parity(target, parity, shipped)
         parity_targets[target] = _parity_summary(parity)
@@ -144,6 +129,33 @@ def assemble(
     }
     check_schema(manifest)
     return manifest
+
+
+def _target_artifacts(
+    target: str, tdir: Path, vllm_dir: Path, audit: dict, runtime: dict, patch: dict, version: str, commit: str
+) -> list[dict]:
+    """One target's artifacts, each file checked against the stage record
+    that vouched for it: the engine wheels, the patched vLLM and its patch,
+    the launcher, the runtime image."""
+    artifacts = []
+    for w in audit["wheels"]:
+        path = tdir / "wheels" / w["file"]
+        if not path.is_file() or sha256_of(path) != w["sha256"]:
+            raise ManifestError(f"{path}: not the wheel the audit passed (missing or changed since)")
+        artifacts.append(_file_artifact("engine-wheel", target, path))
+    pdir = vllm_dir / f"{patch['distribution']}-{patch['version']}"
+    artifacts.append(_file_artifact("vllm-wheel", target, pdir / patch["patched"]["file"]))
+    artifacts.append(_file_artifact("vllm-patch", target, pdir / patch["combined_patch"]["file"]))
+    launcher = tdir / "launcher" / runtime["launcher"]["file"]
+    if not launcher.is_file() or sha256_of(launcher) != runtime["launcher"]["sha256"]:
+        raise ManifestError(f"{launcher}: not the launcher in the runtime image (missing or changed)")
+    artifacts.append(_file_artifact("launcher", target, launcher))
+    # The image holds exactly the audited wheels, the patched vLLM and this
+    # launcher: its inputs digest (also its label) is recomputed from them.
+    shipped_files = [tdir / "wheels" / w["file"] for w in audit["wheels"]]
+    shipped_files += [pdir / patch["patched"]["file"], launcher]
+    artifacts.append(_image_artifact(target, runtime, version, commit, shipped_files))
+    return artifacts
 
 
 def _check_audit(target: str, audit: dict) -> None:
