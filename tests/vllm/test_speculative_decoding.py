@@ -8,17 +8,14 @@ speculative decoding at start-up, naming both."""
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
-pytestmark = [
-    pytest.mark.vllm,
-    # vLLM's n-gram proposer compiles with numba, which warns of its own reflected lists
-    pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPendingDeprecationWarning"),
-]
+pytestmark = pytest.mark.vllm
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # On the tiny model's random weights this prompt's greedy answer falls into a
@@ -32,10 +29,12 @@ ANSWER_TOKENS = 6 * h.BLOCK_SIZE - 5 + 1
 def speculative_llm(tiny_model, connector):
     extra = {"mode": "exact", "store_blocks": "prompt_and_decode"}
     # In processes of its own: vLLM's n-gram proposer imports numba, whose
-    # objects break vLLM's kernel scan at the next in-process start.
+    # objects break vLLM's kernel scan at the next in-process start (and
+    # whose warnings the tests' filter would raise). Nothing here may import it.
     llm = h.make_llm(tiny_model, extra, connector=connector, llm_args={"speculative_config": NGRAM}, in_process=False)
     yield llm
     h.shutdown(llm)
+    assert "numba" not in sys.modules, "numba was imported into the tests' process: later in-process vLLMs fail"
 
 
 def accepted_drafts(llm) -> int:
