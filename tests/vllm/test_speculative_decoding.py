@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # On the tiny model's random weights this prompt's greedy answer falls into a
-# loop after some 40 tokens, where the n-gram drafts are accepted.
+# loop, where the n-gram drafts are accepted.
 PROMPT = h.random_tokens(random.Random(0), 5 * h.BLOCK_SIZE + 5)
 # The answer's KV fills six decode blocks (its last token has none yet).
 ANSWER_TOKENS = 6 * h.BLOCK_SIZE - 5 + 1
