@@ -188,6 +188,7 @@ def run(args) -> int:
     server = Server.for_engine(path, flags, engine, host_bytes, out_path.with_suffix(".server.log"))
     requests: list[dict] = []
     samples: list[dict] = []
+    missed: list[dict] = []
     print(
         f"soak: {args.engine}, {args.duration_s:g} s, {args.concurrency} clients, "
         f"{args.cancel_share:.0%} cancelled; starting vllm serve",
@@ -201,7 +202,14 @@ def run(args) -> int:
         async def with_sampling() -> None:
             load = asyncio.create_task(drive(server.url, args, vocab, deadline, requests))
             while not load.done():
-                samples.append({**await asyncio.to_thread(sample, server, t0), "requests": len(requests)})
+                try:
+                    taken = await asyncio.to_thread(sample, server, t0)
+                except OSError as e:  # /metrics did not answer in time: named and counted, the load goes on
+                    missed.append({"type": "missed-sample", "t_s": round(time.monotonic() - t0, 2), "error": str(e)})
+                    print(f"  {missed[-1]['t_s']:7.0f} s  no sample: the server's /metrics: {e}", flush=True)
+                    await asyncio.wait([load], timeout=args.sample_s)
+                    continue
+                samples.append({**taken, "requests": len(requests)})
                 s = samples[-1]
                 print(
                     f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
@@ -234,10 +242,11 @@ def run(args) -> int:
         "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
         "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
         "failed_loads": samples[-1].get("failed_loads") if samples else None,
+        "missed_samples": len(missed),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     with out_path.open("w") as f:
-        f.writelines(json.dumps(line) + "\n" for line in [*requests, *samples, summary])
+        f.writelines(json.dumps(line) + "\n" for line in [*requests, *samples, *missed, summary])
     print(report(summary))
     for r in lost[:5]:
         print(f"  lost: client {r['client']} prefix {r['prefix']}: {r['error']}")
@@ -252,7 +261,12 @@ def report(summary: dict) -> str:
     lines = [
         f"soak {summary['engine']}: {summary['requests']} requests in {summary['duration_s']:g} s: "
         f"{summary['answered']} answered, {summary['cancelled']} cancelled, {summary['errors']} lost; "
-        f"KV usage once idle {summary['idle_kv_usage']:g}",
+        f"KV usage once idle {summary['idle_kv_usage']:g}"
+        + (
+            f"; {summary['missed_samples']} samples missed (/metrics did not answer)"
+            if summary.get("missed_samples")
+            else ""
+        ),
         f"  {'figure':18}{'first':>16}{'last':>16}{'slope / hour':>16}{'/ 1k requests':>16}",
     ]
 

@@ -42,3 +42,20 @@ def test_growth_per_thousand_requests_is_read_against_the_requests_served():
     # 2 bytes a request, at 10 requests a second.
     samples = [{"t_s": t, "requests": 10 * t, "rss_bytes": 20.0 * t} for t in range(0, 100, 5)]
     assert soak.slope_per_1k_requests(samples, "rss_bytes") == 2000
+
+
+def test_the_report_names_samples_the_server_did_not_answer():
+    summary = {
+        "engine": "activekv-exact",
+        "requests": 10,
+        "duration_s": 60,
+        "answered": 10,
+        "cancelled": 0,
+        "errors": 0,
+        "idle_kv_usage": 0,
+        "slopes_per_hour": {},
+        "first": {},
+        "last": {},
+    }
+    assert "missed" not in soak.report({**summary, "missed_samples": 0})
+    assert "; 3 samples missed (/metrics did not answer)" in soak.report({**summary, "missed_samples": 3})
