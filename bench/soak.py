@@ -207,16 +207,15 @@ def run(args) -> int:
                 except OSError as e:  # /metrics did not answer in time: named and counted, the load goes on
                     missed.append({"type": "missed-sample", "t_s": round(time.monotonic() - t0, 2), "error": str(e)})
                     print(f"  {missed[-1]['t_s']:7.0f} s  no sample: the server's /metrics: {e}", flush=True)
-                    await asyncio.wait([load], timeout=args.sample_s)
-                    continue
-                samples.append({**taken, "requests": len(requests)})
-                s = samples[-1]
-                print(
-                    f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
-                    f"files {s['open_files']:5.0f}  threads {s['threads']:5.0f}  "
-                    f"store {s.get('store_blocks', 0):6.0f} blocks",
-                    flush=True,
-                )
+                else:
+                    s = {**taken, "requests": len(requests)}
+                    samples.append(s)
+                    print(
+                        f"  {s['t_s']:7.0f} s  {len(requests):6} requests  rss {s['rss_bytes'] / GIB:6.2f} GiB  "
+                        f"files {s['open_files']:5.0f}  threads {s['threads']:5.0f}  "
+                        f"store {s.get('store_blocks', 0):6.0f} blocks",
+                        flush=True,
+                    )
                 await asyncio.wait([load], timeout=args.sample_s)
             await load
 

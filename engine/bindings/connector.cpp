@@ -156,8 +156,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
   const std::int64_t host_bytes = physical_memory_bytes();
-  auto slots = config.store_slots(slot_bytes, host_bytes);
-  const std::int64_t num_slots = value_or_raise(std::move(slots));
+  const std::int64_t num_slots = value_or_raise(config.store_slots(slot_bytes, host_bytes));
   const bool scheduler = role.is(g_classes->scheduler_role);
   std::optional<StreamingGeometry> geometry;
   std::optional<StartupReport> report;
@@ -175,9 +174,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     report =
         StartupReport::of(*geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
                           py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
-    if (const Status s = report->check_host_memory(config.capacity_bytes, host_bytes); !s.ok()) {
-      raise_status(s);
-    }
+    raise_if_failed(report->check_host_memory(config.capacity_bytes, host_bytes));
     if (scheduler) {
       // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());
@@ -235,8 +232,7 @@ void add_worker_methods(py::dict& ns) {
     std::unordered_map<std::string, at::Tensor> caches;
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
     WorkerSide& worker = worker_of(self);
-    const Status s = worker.register_kv_caches(caches);
-    raise_if_failed(s);
+    raise_if_failed(worker.register_kv_caches(caches));
     if (const std::string line = worker.streaming_copies_line(); !line.empty()) {
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
     }

@@ -144,8 +144,7 @@ std::map<std::string, ConfigValue> to_config_values(const py::handle& extra) {
 }
 
 Config parse_config(const py::handle& extra) {
-  auto parsed = Config::parse(to_config_values(extra));
-  return value_or_raise(std::move(parsed));
+  return value_or_raise(Config::parse(to_config_values(extra)));
 }
 
 c10::ScalarType dtype_from_python(const py::handle& dtype) {
@@ -153,7 +152,7 @@ c10::ScalarType dtype_from_python(const py::handle& dtype) {
   if (name == "torch.bfloat16") return c10::ScalarType::BFloat16;
   if (name == "torch.float16") return c10::ScalarType::Half;
   if (name == "torch.float32") return c10::ScalarType::Float;
-  raise_status({ErrorCode::kUnsupportedLayout, "ActiveKV does not support KV cache dtype " + name});
+  raise_layout_error("ActiveKV does not support KV cache dtype " + name);
 }
 
 std::string dtype_name(c10::ScalarType t) {

@@ -30,12 +30,14 @@ void register_errors(py::module_& m) {
 
 void raise_config_error(const std::string& message) { raise(g_config_error, message); }
 
+void raise_layout_error(const std::string& message) { raise(g_unsupported_layout_error, message); }
+
 void raise_status(const Status& s) {
   switch (s.error_code()) {
     case ErrorCode::kInvalidConfig:
-      raise(g_config_error, s.error());
+      raise_config_error(s.error());
     case ErrorCode::kUnsupportedLayout:
-      raise(g_unsupported_layout_error, s.error());
+      raise_layout_error(s.error());
     case ErrorCode::kOutOfRange:
       raise(PyExc_IndexError, s.error());
     case ErrorCode::kNotFound:

@@ -20,6 +20,7 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 
 [[noreturn]] void raise_config_error(const std::string& message);
+[[noreturn]] void raise_layout_error(const std::string& message);
 
 // `s`, not ok, as its Python exception: ConfigError, UnsupportedLayoutError,
 // IndexError (out of range), KeyError (not found), MemoryError, or

@@ -54,23 +54,20 @@ StreamableFacts streamable_facts(const py::handle& vllm_config, const py::handle
 
 StreamingGeometry streaming_geometry(const StreamingConfig& streaming, const py::handle& vllm_config,
                                      const py::handle& kv_cache_groups) {
-  if (const Status s = check_streamable(streamable_facts(vllm_config, kv_cache_groups)); !s.ok()) {
-    raise_status(s);
-  }
+  raise_if_failed(check_streamable(streamable_facts(vllm_config, kv_cache_groups)));
   const auto layer_names = py::cast<std::vector<std::string>>(
       py::list(py::reinterpret_borrow<py::object>(kv_cache_groups))[0].attr("layer_names"));
-  auto geometry = StreamingGeometry::plan(streaming, layer_names);
-  return value_or_raise(std::move(geometry));
+  return value_or_raise(StreamingGeometry::plan(streaming, layer_names));
 }
 
 KVLayout layout_of(const py::handle& kv_cache_config) {
   const py::list groups = kv_cache_config.attr("kv_cache_groups");
   if (const auto why = unservable_kv_cache_groups(kv_cache_groups_of(groups))) {
-    raise_status({ErrorCode::kUnsupportedLayout, "ActiveKV cannot serve " + *why});
+    raise_layout_error("ActiveKV cannot serve " + *why);
   }
   const py::object spec = groups[0].attr("kv_cache_spec");
   if (!spec.attr("head_size_v").equal(spec.attr("head_size"))) {
-    raise_status({ErrorCode::kUnsupportedLayout, "ActiveKV needs K and V heads of the same size"});
+    raise_layout_error("ActiveKV needs K and V heads of the same size");
   }
   KVLayout layout;
   layout.layer_names = py::cast<std::vector<std::string>>(groups[0].attr("layer_names"));
