@@ -343,6 +343,23 @@ def full_graph_forward_context():
     return SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.FULL)
 
 
+def settle_device(kv: dict) -> None:
+    """Waits, outside the clock, until the accelerator has run everything
+    queued. When a copy to the host lands is the device's timing, not a choice
+    of the implementation: the reference waits for its saves in
+    wait_for_save, the native engine reports each save once its fence has
+    signalled, and vLLM hands the scheduler whatever was reported. Idle here,
+    both report every save of the step in that step, as the live run's
+    reference did, so the replay stays on the recording (a hit the live run
+    took is there to pin) and the two report alike. Without this wait, an
+    H100 replay of a compressed recording on vLLM 0.34 with no per-layer
+    hooks (every save issued at wait_for_save, the codec's kernels before
+    the copies) pinned a block its scheduler had not yet seen land."""
+    device = next(iter(kv.values())).device
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
 def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock, layer_hooks: bool = True):
     from vllm.v1.outputs import KVConnectorOutput
 
@@ -403,6 +420,7 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
         elif kind == "get_block_ids_with_load_errors":
             out.append(("load errors", sorted(clock(worker.get_block_ids_with_load_errors))))
         elif kind == "build_connector_worker_meta":
+            settle_device(kv)
             wm = clock(worker.build_connector_worker_meta)
             out.append(("worker meta", plain_worker_meta(wm)))
             output = KVConnectorOutput(finished_sending=finished_sending, kv_connector_worker_meta=wm)
