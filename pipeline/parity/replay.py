@@ -43,6 +43,10 @@ class TraceMismatchError(ValueError):
     """The recording cannot be replayed (another model identity, a broken file)."""
 
 
+class ReplayError(RuntimeError):
+    """An implementation failed while replaying: which one, how, and where."""
+
+
 @dataclasses.dataclass
 class ReplayResult:
     observations: dict[str, list[Observation]]  # per segment
@@ -132,7 +136,16 @@ def replay(
     gc.collect()
     run = _Replay(impl, sched_events[0], worker_events, layer_hooks, device)
     for ev in sched_events[1:]:
-        run.scheduler_event(ev)
+        try:
+            run.scheduler_event(ev)
+        except TraceMismatchError:
+            raise
+        except Exception as e:
+            hooks = "with per-layer hooks" if layer_hooks else "without per-layer hooks (full CUDA graph)"
+            raise ReplayError(
+                f"replay of the {impl} engine {hooks}, segment {ev['segment']!r}, step {run.step}, "
+                f"at {ev['kind']}: {e.__class__.__name__}: {e}"
+            ) from e
     return run.result()
 
 

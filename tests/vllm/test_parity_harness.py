@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from pipeline.parity.cells import judge
-from pipeline.parity.replay import TraceMismatchError, replay
+from pipeline.parity.replay import ReplayError, TraceMismatchError, replay
 from pipeline.parity.trace import read_traces
 from pipeline.parity.workloads import Session, full_hit, miss, record_session
 
@@ -61,3 +61,22 @@ def test_truncated_worker_trace_is_refused(recording):
     binds = [i for i, e in enumerate(worker) if e["kind"] == "bind_connector_metadata"]
     with pytest.raises(TraceMismatchError, match="worker trace ends"):
         replay(sched, worker[: binds[1]], "native")
+
+
+def test_an_engine_that_fails_in_its_replay_is_named_with_where(recording):
+    # A hit the store never held: the alloc asks to load one block more than
+    # the recording's hit, which neither engine has saved.
+    sched, worker = recording
+    tampered = copy.deepcopy(sched)
+    alloc = next(
+        e
+        for e in tampered
+        if e["kind"] == "update_state_after_alloc" and e["segment"] == "full hit" and e["num_external_tokens"]
+    )
+    alloc["num_external_tokens"] += 32
+    with pytest.raises(
+        ReplayError,
+        match=r"^replay of the native engine without per-layer hooks \(full CUDA graph\), segment 'full hit', "
+        r"step \d+, at update_state_after_alloc: \w+",
+    ):
+        replay(tampered, worker, "native", layer_hooks=False)
