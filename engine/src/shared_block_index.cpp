@@ -17,6 +17,7 @@
 
 #include "mapped_file.h"
 #include "ofd_lock.h"
+#include "shared_block_index_layout.h"
 
 namespace activekv {
 namespace {
@@ -24,16 +25,11 @@ namespace {
 constexpr char kMagic[8] = {'A', 'K', 'V', 'I', 'N', 'D', 'E', 'X'};
 constexpr std::uint32_t kFormat =
     4;  // 2: the LRU list in the slots; 3: dead holders counted; 4: visible counted
-constexpr std::size_t kHeaderBytes = 4096;
-constexpr std::int32_t kEmpty = -1;      // hash table: never used
-constexpr std::int32_t kTombstone = -2;  // hash table: erased
 
 // Open file description locks (ofd_lock.h): the gate serializes attaching,
 // and instance i holds byte kFirstInstance + i.
 constexpr off_t kGateByte = detail::kFirstLockByte;
 constexpr off_t kFirstInstance = kGateByte + 16;
-
-enum State : std::uint32_t { kFree = 0, kPending = 1, kVisible = 2, kRetired = 3 };
 
 detail::MappedFile index_file(const std::string& path) { return {"ActiveKV shared store index", path}; }
 
@@ -41,31 +37,7 @@ Status failed(const std::string& path, const std::string& what) { return index_f
 
 }  // namespace
 
-struct SharedBlockIndex::Header {
-  char magic[8];
-  std::uint32_t format;
-  std::uint32_t max_instances;
-  std::int64_t num_slots;
-  std::int64_t table_size;
-  std::uint64_t clock;  // the last use's tick: LRU order across instances
-  std::int64_t free_top;
-  std::int64_t tombstones;
-  std::uint64_t dead_holders;  // times a holder died inside the lock and the tables were rebuilt
-  std::int32_t lru_head;       // the least recently used visible slot, or -1
-  std::int32_t lru_tail;       // the most recently used, or -1
-  pthread_mutex_t mutex;
-  std::int64_t visible;  // slots on the LRU list (kVisible)
-};
-
-struct SharedBlockIndex::Slot {
-  std::uint32_t state;      // State
-  std::int32_t owner;       // pending: the instance saving it
-  std::uint64_t last_use;   // the LRU list's order as ticks: it is rebuilt from them
-  std::uint64_t pinned_by;  // bit i: instance i has a load from it in flight
-  std::int32_t lru_prev;    // visible slots only: the LRU list, oldest first
-  std::int32_t lru_next;
-  BlockKey key;
-};
+using namespace shared_index;  // NOLINT: the file's own layout
 
 // The index's mutex, held for the scope. A holder that died inside it left
 // the derived tables possibly half-updated: they are rebuilt from the slots,
@@ -91,19 +63,6 @@ class SharedBlockIndex::Locked {
  private:
   pthread_mutex_t* mutex_;
 };
-
-SharedBlockIndex::Header& SharedBlockIndex::header() const { return *reinterpret_cast<Header*>(map_); }
-
-SharedBlockIndex::Slot& SharedBlockIndex::slot_at(std::int64_t slot) const {
-  return reinterpret_cast<Slot*>(map_ + kHeaderBytes)[slot];
-}
-
-std::int32_t* SharedBlockIndex::free_stack() const {
-  return reinterpret_cast<std::int32_t*>(map_ + kHeaderBytes +
-                                         static_cast<std::size_t>(num_slots_) * sizeof(Slot));
-}
-
-std::int32_t* SharedBlockIndex::table() const { return free_stack() + num_slots_; }
 
 Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
     const std::string& path, std::int64_t num_slots,
@@ -218,133 +177,6 @@ int SharedBlockIndex::live_instances() const {
   int n = 0;
   for (int i = 0; i < kMaxInstances; ++i) n += alive(i) ? 1 : 0;
   return n;
-}
-
-std::int64_t SharedBlockIndex::find(const BlockKey& key) const {
-  const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  for (std::size_t i = BlockKeyHash{}(key)&mask, n = 0; n < static_cast<std::size_t>(table_size_);
-       i = (i + 1) & mask, ++n) {
-    const std::int32_t s = table()[i];
-    if (s == kEmpty) return -1;
-    if (s >= 0 && slot_at(s).key == key) return s;
-  }
-  return -1;
-}
-
-void SharedBlockIndex::insert(const BlockKey& key, std::int64_t slot) const {
-  const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  std::size_t i = BlockKeyHash{}(key)&mask;
-  while (table()[i] >= 0) i = (i + 1) & mask;  // at most half full: always ends
-  if (table()[i] == kTombstone) --header().tombstones;
-  table()[i] = static_cast<std::int32_t>(slot);
-}
-
-void SharedBlockIndex::erase(const BlockKey& key) const {
-  const auto mask = static_cast<std::size_t>(table_size_ - 1);
-  for (std::size_t i = BlockKeyHash{}(key)&mask, n = 0; n < static_cast<std::size_t>(table_size_);
-       i = (i + 1) & mask, ++n) {
-    const std::int32_t s = table()[i];
-    if (s == kEmpty) return;
-    if (s >= 0 && slot_at(s).key == key) {
-      table()[i] = kTombstone;
-      ++header().tombstones;
-      return;
-    }
-  }
-}
-
-void SharedBlockIndex::free_slot(std::int64_t slot) const {
-  Slot& e = slot_at(slot);
-  if (e.state == kVisible) unlink(slot);
-  e.state = kFree;
-  e.owner = -1;
-  e.pinned_by = 0;
-  free_stack()[header().free_top++] = static_cast<std::int32_t>(slot);
-}
-
-void SharedBlockIndex::rebuild_derived() const {
-  Header& h = header();
-  std::fill(table(), table() + table_size_, kEmpty);
-  h.tombstones = 0;
-  h.free_top = 0;
-  h.lru_head = h.lru_tail = -1;
-  h.visible = 0;
-  for (std::int64_t s = num_slots_ - 1; s >= 0; --s) {  // slot 0 handed out first, as BlockIndex
-    Slot& e = slot_at(s);
-    if (e.state == kFree) {
-      free_stack()[h.free_top++] = static_cast<std::int32_t>(s);
-    } else if (e.state == kPending || e.state == kVisible) {
-      if (find(e.key) >= 0) {  // a half-made entry of a holder that died: one slot per key
-        e.state = kFree;
-        free_stack()[h.free_top++] = static_cast<std::int32_t>(s);
-      } else {
-        insert(e.key, s);
-      }
-    }
-  }
-  // The LRU list in the order of the slots' last uses.
-  std::vector<std::int32_t> visible;
-  for (std::int64_t s = 0; s < num_slots_; ++s) {
-    if (slot_at(s).state == kVisible) visible.push_back(static_cast<std::int32_t>(s));
-  }
-  std::sort(visible.begin(), visible.end(),
-            [this](std::int32_t a, std::int32_t b) { return slot_at(a).last_use < slot_at(b).last_use; });
-  for (const auto s : visible) link_newest(s);
-}
-
-void SharedBlockIndex::link_newest(std::int64_t slot) const {
-  Header& h = header();
-  Slot& e = slot_at(slot);
-  e.lru_prev = h.lru_tail;
-  e.lru_next = -1;
-  (h.lru_tail >= 0 ? slot_at(h.lru_tail).lru_next : h.lru_head) = static_cast<std::int32_t>(slot);
-  h.lru_tail = static_cast<std::int32_t>(slot);
-  ++h.visible;
-}
-
-void SharedBlockIndex::unlink(std::int64_t slot) const {
-  Header& h = header();
-  const Slot& e = slot_at(slot);
-  (e.lru_prev >= 0 ? slot_at(e.lru_prev).lru_next : h.lru_head) = e.lru_next;
-  (e.lru_next >= 0 ? slot_at(e.lru_next).lru_prev : h.lru_tail) = e.lru_prev;
-  --h.visible;
-}
-
-void SharedBlockIndex::used(std::int64_t slot) const {
-  slot_at(slot).last_use = tick();
-  unlink(slot);
-  link_newest(slot);
-}
-
-void SharedBlockIndex::reclaim_dead() const {
-  for (int i = 0; i < kMaxInstances; ++i) {
-    if (!alive(i)) abandon(i);
-  }
-  for (std::int64_t s = 0; s < num_slots_; ++s) {  // a holder that died between reserve's writes
-    Slot& e = slot_at(s);
-    if (e.state == kPending && e.owner < 0) {
-      erase(e.key);
-      e.state = kRetired;
-    }
-  }
-}
-
-void SharedBlockIndex::abandon(int instance) const {
-  const std::uint64_t bit = std::uint64_t{1} << instance;
-  for (std::int64_t s = 0; s < num_slots_; ++s) {
-    Slot& e = slot_at(s);
-    e.pinned_by &= ~bit;  // a load's late read harms only the instance that is gone
-    if (e.state == kPending && e.owner == instance) {
-      // Its bytes never became visible, but a copy into the slot may still
-      // land (a worker outliving its scheduler, or a closing instance's save
-      // in flight): the slot is retired, never handed out again while the
-      // index lives. The files' recovery frees it at the next full restart
-      // (the record says "writing").
-      erase(e.key);
-      e.state = kRetired;
-      e.owner = -1;
-    }
-  }
 }
 
 std::optional<std::int64_t> SharedBlockIndex::lookup(const BlockKey& key) const {
