@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_report
+from bench.gpu_report import goals as report_goals
+from bench.gpu_report import results as report_results
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "bench" / "raw"
@@ -58,7 +59,7 @@ def speedup(
     value: float,
     kind: str = "decode",
     context: int = 131072,
-    method: str = gpu_report.COMPRESSED_DEFAULT,
+    method: str = report_goals.COMPRESSED_DEFAULT,
     back_to_back: int = 8,
 ) -> str:
     return "RESULT " + json.dumps(
@@ -100,7 +101,7 @@ def vllm_json(tmp_path: Path, name: str, *runs: dict) -> Path:
 
 
 def goals_of(*paths: Path) -> tuple[bool | None, str]:
-    return gpu_report.goals([r for p in paths for r in gpu_report.read_results(p)])
+    return report_goals.goals([r for p in paths for r in report_results.read_results(p)])
 
 
 def line_of(verdict: str, starts: str) -> str:
@@ -181,7 +182,7 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
         result("grid", step_ms=42.0, attention_ms=8.0, bus_ms=41.0, bound_ms=41.0, ratio=42 / 41, h2d_peak_gbs=52.0),
         peak(55.0, when="end"),
     )
-    row = next(r for r in gpu_report.read_results(low_first) if r["part"] == "grid")
+    row = next(r for r in report_results.read_results(low_first) if r["part"] == "grid")
     assert row["bus_ms"] == pytest.approx(41.0 * 52 / 55)
     assert row["ratio"] == pytest.approx(42.0 / (41.0 * 52 / 55))
     met, verdict = goals_of(low_first)  # 1.024x as printed, 1.083x against the bus's best
@@ -190,7 +191,7 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
     high_first = run_file(
         tmp_path, "high.txt", peak(55.0), GRID_HEADER, result("grid", ratio=1.02), peak(54.0, when="end")
     )
-    assert next(r for r in gpu_report.read_results(high_first) if r["part"] == "grid")["ratio"] == 1.02
+    assert next(r for r in report_results.read_results(high_first) if r["part"] == "grid")["ratio"] == 1.02
     # Two outputs appended into one file: each run's rows against their own run's peaks.
     appended = run_file(
         tmp_path,
@@ -204,7 +205,7 @@ def test_each_point_is_read_against_the_best_peak_its_run_measured(tmp_path):
         result("grid", ratio=1.03),
         peak(55.0, when="end"),
     )
-    first, second = (r for r in gpu_report.read_results(appended) if r["part"] == "grid")
+    first, second = (r for r in report_results.read_results(appended) if r["part"] == "grid")
     assert first["h2d_peak_gbs"] == 52.5 and second["ratio"] == 1.03
 
 
@@ -286,7 +287,7 @@ def test_compressed_homes_by_the_engines_default_against_their_bound_and_exact(t
         "compressed.txt",
         result("compressed", method="exact-homes", ratio=1.2),  # exact homes' row of the same run
         result("compressed", method="compressed-aten-gather", ratio=1.57),
-        result("compressed", method=gpu_report.COMPRESSED_DEFAULT, ratio=1.097),
+        result("compressed", method=report_goals.COMPRESSED_DEFAULT, ratio=1.097),
         speedup(1.2, method="compressed-aten-gather"),
         speedup(1.93),
         speedup(1.1, context=16384),  # not the 128k goal's
@@ -302,7 +303,7 @@ def test_compressed_homes_by_the_engines_default_against_their_bound_and_exact(t
     slow = run_file(
         tmp_path,
         "slow.txt",
-        result("compressed", method=gpu_report.COMPRESSED_DEFAULT, ratio=1.12),
+        result("compressed", method=report_goals.COMPRESSED_DEFAULT, ratio=1.12),
         speedup(1.55),
         speedup(1.9, back_to_back=0),
     )
@@ -384,7 +385,7 @@ def test_the_grid_header_is_printed_as_the_report_reads_it():
     header = re.search(r'std::printf\(\s*"(grid: [^"]*)"\s*"([^"]*)"', source)
     assert header, "streaming_bench's grid header printf not found"
     printed = (header.group(1) + header.group(2)).replace("%lld", "1").replace("%.1f", "1.0").replace("%s", "batch")
-    assert gpu_report._GRID_HEADER.match(printed.removesuffix("\\n")), printed
+    assert report_results.GRID_HEADER.match(printed.removesuffix("\\n")), printed
 
 
 def cli(*args: Path | str) -> subprocess.CompletedProcess:
@@ -396,7 +397,10 @@ def cli(*args: Path | str) -> subprocess.CompletedProcess:
 def test_the_exit_status_says_met_missed_or_not_all_measured(tmp_path):
     grid = run_file(tmp_path, "grid.txt", GRID_HEADER, result("grid", ratio=1.01), result("verify", ok=True))
     compressed = run_file(
-        tmp_path, "compressed.txt", result("compressed", method=gpu_report.COMPRESSED_DEFAULT, ratio=1.05), speedup(1.9)
+        tmp_path,
+        "compressed.txt",
+        result("compressed", method=report_goals.COMPRESSED_DEFAULT, ratio=1.05),
+        speedup(1.9),
     )
     vllm = vllm_json(tmp_path, "vllm.json", {"context": 32768, "x_bound": 1.02})
     assert cli("--goals", grid, compressed, vllm).returncode == 0
