@@ -15,13 +15,18 @@
 #include <Python.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "activekv/config.h"
@@ -69,103 +74,130 @@ std::string own_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const char* program = "activekv-serve";
+// What the command line asked for: ActiveKV's settings and vLLM's own arguments.
+struct Request {
   std::string mode, capacity, streaming, config_json = "{}";
   std::vector<std::string> vllm_args;
+};
+
+// A flag's value checked and reprinted as JSON, or the problem to print.
+struct Parsed {
+  std::string json;
+  std::string problem;
+};
+
+Parsed parse_mode(const std::string& v) {
+  if (activekv::mode_named(v)) return {v, ""};
+  std::string accepted;
+  for (const auto& [name, m] : activekv::kModes) {
+    if (!accepted.empty()) accepted += ", ";
+    accepted += name;
+  }
+  return {"", "--activekv-mode: '" + v + "' is not accepted; accepted values: " + accepted};
+}
+
+Parsed parse_capacity(const std::string& v) {
+  // A whole number in range; reprinted: JSON numbers have no leading zeros.
+  std::int64_t bytes = 0;
+  const auto parsed = std::from_chars(v.data(), v.data() + v.size(), bytes);
+  if (parsed.ec != std::errc{} || parsed.ptr != v.data() + v.size() || !activekv::capacity_in_range(bytes)) {
+    return {"", "--activekv-capacity: '" + v + "' is not " + activekv::kCapacityAccepts};
+  }
+  return {std::to_string(bytes), ""};
+}
+
+Parsed parse_streaming(const std::string& s) {
+  const auto comma = s.find(',');
+  const std::string resident = s.substr(0, comma);
+  const bool ring_given = comma != std::string::npos;
+  const std::string ring = ring_given ? s.substr(comma + 1) : "0";
+  if (!all_digits(resident) || !all_digits(ring) || resident.size() > 6 || ring.size() > 6) {
+    return {"", "--activekv-streaming: '" + s +
+                    "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)"};
+  }
+  // The range checks (ring >= 2, fewer resident layers than the model has)
+  // are the engine's, with the key named, when vLLM starts, as is the ring's
+  // default where none is given. Reprinted: JSON numbers have no leading zeros.
+  return {"{\"resident_layers\": " + std::to_string(std::stoi(resident)) +
+              (ring_given ? ", \"ring_size\": " + std::to_string(std::stoi(ring)) : "") + "}",
+          ""};
+}
+
+Parsed read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {"", "--activekv-config: cannot read " + path};
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  const auto first = json.find_first_not_of(" \t\r\n");
+  const auto last = json.find_last_not_of(" \t\r\n");
+  if (first == std::string::npos || json[first] != '{' || json[last] != '}') {
+    return {"", "--activekv-config: " + path + " is not a JSON object"};
+  }
+  return {json.substr(first, last - first + 1), ""};
+}
+
+// The command line read into `out`; an exit status where the launcher stops
+// here (0: help printed, 2: a usage error printed), nothing where vLLM starts.
+std::optional<int> read_command_line(const char* program, int argc, char** argv, Request& out) {
+  using Parser = Parsed (*)(const std::string&);
+  const std::pair<const char*, std::pair<Parser, std::string Request::*>> flags[] = {
+      {"--activekv-mode", {parse_mode, &Request::mode}},
+      {"--activekv-capacity", {parse_capacity, &Request::capacity}},
+      {"--activekv-streaming", {parse_streaming, &Request::streaming}},
+      {"--activekv-config", {read_config_file, &Request::config_json}},
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      return i + 1 < argc ? argv[++i] : (usage(program, std::string(flag) + " needs a value"), nullptr);
-    };
     if (arg == "--") {
-      for (++i; i < argc; ++i) vllm_args.emplace_back(argv[i]);
-    } else if (arg == "--help-activekv") {
+      for (++i; i < argc; ++i) out.vllm_args.emplace_back(argv[i]);
+      break;
+    }
+    if (arg == "--help-activekv") {
       usage(program, "help");
       return 0;
-    } else if (arg == "--activekv-mode") {
-      const char* v = value("--activekv-mode");
-      if (v == nullptr) return 2;
-      mode = v;
-      if (!activekv::mode_named(mode)) {
-        std::string accepted;
-        for (const auto& [name, m] : activekv::kModes)
-          accepted += (accepted.empty() ? "" : ", ") + std::string(name);
-        return usage(program,
-                     "--activekv-mode: '" + mode + "' is not accepted; accepted values: " + accepted);
-      }
-    } else if (arg == "--activekv-capacity") {
-      const char* v = value("--activekv-capacity");
-      if (v == nullptr) return 2;
-      // A whole number in range; reprinted: JSON numbers have no leading zeros.
-      std::int64_t bytes = 0;
-      const char* end = v + std::strlen(v);
-      const auto parsed = std::from_chars(v, end, bytes);
-      if (parsed.ec != std::errc{} || parsed.ptr != end || !activekv::capacity_in_range(bytes)) {
-        return usage(program,
-                     std::string("--activekv-capacity: '") + v + "' is not " + activekv::kCapacityAccepts);
-      }
-      capacity = std::to_string(bytes);
-    } else if (arg == "--activekv-streaming") {
-      const char* v = value("--activekv-streaming");
-      if (v == nullptr) return 2;
-      const std::string s = v;
-      const auto comma = s.find(',');
-      const std::string resident = s.substr(0, comma);
-      const bool ring_given = comma != std::string::npos;
-      const std::string ring = ring_given ? s.substr(comma + 1) : "0";
-      if (!all_digits(resident) || !all_digits(ring) || resident.size() > 6 || ring.size() > 6) {
-        return usage(program,
-                     "--activekv-streaming: '" + s +
-                         "' is not RESIDENT[,RING] (two whole numbers: resident layers, ring buffers)");
-      }
-      // The range checks (ring >= 2, fewer resident layers than the model has)
-      // are the engine's, with the key named, when vLLM starts, as is the
-      // ring's default where none is given. Reprinted: JSON numbers have no
-      // leading zeros.
-      streaming = "{\"resident_layers\": " + std::to_string(std::stoi(resident)) +
-                  (ring_given ? ", \"ring_size\": " + std::to_string(std::stoi(ring)) : "") + "}";
-    } else if (arg == "--activekv-config") {
-      const char* v = value("--activekv-config");
-      if (v == nullptr) return 2;
-      std::ifstream in(v);
-      if (!in) return usage(program, std::string("--activekv-config: cannot read ") + v);
-      std::stringstream text;
-      text << in.rdbuf();
-      config_json = text.str();
-      const auto first = config_json.find_first_not_of(" \t\r\n");
-      const auto last = config_json.find_last_not_of(" \t\r\n");
-      if (first == std::string::npos || config_json[first] != '{' || config_json[last] != '}') {
-        return usage(program, std::string("--activekv-config: ") + v + " is not a JSON object");
-      }
-      config_json = config_json.substr(first, last - first + 1);
-    } else if (arg.rfind("--activekv", 0) == 0) {
-      return usage(program, "unknown flag " + arg);
-    } else if (arg == "--kv-transfer-config") {
-      return usage(program, "--kv-transfer-config is set by activekv-serve; use its --activekv-* flags");
-    } else {
-      vllm_args.push_back(arg);
     }
+    if (arg == "--kv-transfer-config") {
+      return usage(program, "--kv-transfer-config is set by activekv-serve; use its --activekv-* flags");
+    }
+    if (arg.rfind("--activekv", 0) != 0) {
+      out.vllm_args.push_back(arg);
+      continue;
+    }
+    const auto* flag =
+        std::find_if(std::begin(flags), std::end(flags), [&](const auto& f) { return arg == f.first; });
+    if (flag == std::end(flags)) return usage(program, "unknown flag " + arg);
+    if (i + 1 >= argc) return usage(program, arg + " needs a value");
+    const auto [parse, field] = flag->second;
+    Parsed parsed = parse(argv[++i]);
+    if (!parsed.problem.empty()) return usage(program, parsed.problem);
+    out.*field = std::move(parsed.json);
   }
-  // Flags win over the file: keys appended later override earlier ones in the
-  // JSON object (Python's json keeps the last of duplicate keys).
-  std::string extra = config_json.substr(0, config_json.size() - 1);  // open: no closing brace
+  return std::nullopt;
+}
+
+// vLLM's --kv-transfer-config: the config file's keys, then the flags'. Flags
+// win: keys appended later override earlier ones in the JSON object (Python's
+// json keeps the last of duplicate keys).
+std::string transfer_config(const Request& r) {
+  std::string extra = r.config_json.substr(0, r.config_json.size() - 1);  // open: no closing brace
   bool has_keys = extra.find_first_not_of(" \t\r\n", 1) != std::string::npos;
   auto add = [&](const std::string& key, const std::string& v) {
     extra += (has_keys ? ", " : "") + json_string(key) + ": " + v;
     has_keys = true;
   };
-  if (!mode.empty()) add("mode", json_string(mode));
-  if (!capacity.empty()) add("capacity_bytes", capacity);
-  if (!streaming.empty()) add("streaming", streaming);
+  if (!r.mode.empty()) add("mode", json_string(r.mode));
+  if (!r.capacity.empty()) add("capacity_bytes", r.capacity);
+  if (!r.streaming.empty()) add("streaming", r.streaming);
   extra += "}";
-  const std::string transfer =
-      "{\"kv_connector\": \"ActiveKVHostConnector\", \"kv_role\": \"kv_both\", "
-      "\"kv_connector_extra_config\": " +
-      extra + "}";
+  return "{\"kv_connector\": \"ActiveKVHostConnector\", \"kv_role\": \"kv_both\", "
+         "\"kv_connector_extra_config\": " +
+         extra + "}";
+}
 
+// Runs vLLM's server module in the embedded interpreter with `args` as its
+// sys.argv[1:]; returns its exit status.
+int run_vllm_server(const std::vector<std::string>& server_args) {
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
   config.parse_argv = 0;  // the arguments are vLLM's (sys.argv), not the interpreter's options
@@ -180,9 +212,7 @@ int main(int argc, char** argv) {
     status = PyConfig_SetBytesString(&config, &config.run_module, kServerModule);
   }
   std::vector<std::string> args = {kServerModule};
-  args.insert(args.end(), vllm_args.begin(), vllm_args.end());
-  args.push_back("--kv-transfer-config");
-  args.push_back(transfer);
+  args.insert(args.end(), server_args.begin(), server_args.end());
   std::vector<char*> raw;
   for (auto& a : args) raw.push_back(a.data());
   if (!PyStatus_Exception(status)) {
@@ -192,4 +222,15 @@ int main(int argc, char** argv) {
   PyConfig_Clear(&config);
   if (PyStatus_Exception(status)) Py_ExitStatusException(status);
   return Py_RunMain();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Request request;
+  if (const auto stop = read_command_line("activekv-serve", argc, argv, request)) return *stop;
+  std::vector<std::string> server_args = request.vllm_args;
+  server_args.push_back("--kv-transfer-config");
+  server_args.push_back(transfer_config(request));
+  return run_vllm_server(server_args);
 }
