@@ -84,6 +84,53 @@ bool never_headed(int fd) {
   return std::all_of(std::begin(magic), std::end(magic), [](char c) { return c == 0; });
 }
 
+// What a store file can be made of: slots that split into layers, an
+// identity the header holds.
+Status check_options(const StoreFileOptions& o) {
+  if (o.num_slots < 1 || o.slot_bytes < 1)
+    return failed(o.path, "needs at least one slot of at least one byte");
+  if (o.num_layers < 1 || o.slot_bytes % o.num_layers != 0 || o.slots_per_chunk < 0) {
+    return failed(o.path, "slots of " + std::to_string(o.slot_bytes) + " bytes do not split into " +
+                              std::to_string(o.num_layers) + " layers");
+  }
+  if (o.identity.size() >= kIdentityBytes) {
+    return failed(o.path, "identity of " + std::to_string(o.identity.size()) +
+                              " bytes is over the header's " + std::to_string(kIdentityBytes - 1));
+  }
+  return Status::Ok();
+}
+
+// A new file's header: what it holds and how it is laid out.
+void write_header(Header& h, const StoreFileOptions& o, std::int64_t slots_per_chunk, std::size_t data_offset,
+                  std::size_t record_bytes) {
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.format = kFormat;
+  h.record_bytes = static_cast<std::uint32_t>(record_bytes);
+  h.num_slots = o.num_slots;
+  h.slot_bytes = o.slot_bytes;
+  h.num_layers = o.num_layers;
+  h.slots_per_chunk = slots_per_chunk;
+  h.data_offset = data_offset;
+  h.last_sequence = 0;
+  std::memcpy(h.identity, o.identity.c_str(), o.identity.size() + 1);
+}
+
+// An existing file's slots, layers and chunks against this configuration's
+// (`whole`: the file is as long as that layout needs).
+Status check_geometry(const Header& h, const StoreFileOptions& o, std::int64_t slots_per_chunk, bool whole) {
+  if (h.num_slots == o.num_slots && h.slot_bytes == o.slot_bytes && h.num_layers == o.num_layers &&
+      h.slots_per_chunk == slots_per_chunk && whole) {
+    return Status::Ok();
+  }
+  return failed(o.path, "holds " + std::to_string(h.num_slots) + " slots of " + std::to_string(h.slot_bytes) +
+                            " bytes (" + std::to_string(h.num_layers) + " layers, chunks of " +
+                            std::to_string(h.slots_per_chunk) + " slots); this configuration needs " +
+                            std::to_string(o.num_slots) + " of " + std::to_string(o.slot_bytes) + " (" +
+                            std::to_string(o.num_layers) + " layers, chunks of " +
+                            std::to_string(slots_per_chunk) +
+                            " slots; capacity_bytes or the model changed): restore it, or remove the file");
+}
+
 // Oldest commit first: the LRU order across restarts.
 void sort_by_commit(std::vector<RecoveredSlot>& slots) {
   std::sort(slots.begin(), slots.end(),
@@ -120,16 +167,7 @@ std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
 }
 
 Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
-  if (o.num_slots < 1 || o.slot_bytes < 1)
-    return failed(o.path, "needs at least one slot of at least one byte");
-  if (o.num_layers < 1 || o.slot_bytes % o.num_layers != 0 || o.slots_per_chunk < 0) {
-    return failed(o.path, "slots of " + std::to_string(o.slot_bytes) + " bytes do not split into " +
-                              std::to_string(o.num_layers) + " layers");
-  }
-  if (o.identity.size() >= kIdentityBytes) {
-    return failed(o.path, "identity of " + std::to_string(o.identity.size()) +
-                              " bytes is over the header's " + std::to_string(kIdentityBytes - 1));
-  }
+  if (Status s = check_options(o); !s.ok()) return s;
   std::unique_ptr<StoreFile> f(new StoreFile());
   f->path_ = o.path;
   f->num_slots_ = o.num_slots;
@@ -185,31 +223,13 @@ Result<std::unique_ptr<StoreFile>> StoreFile::open(const StoreFileOptions& o) {
   f->map_bytes_ = mapped;
   auto* h = reinterpret_cast<Header*>(f->map_);
   if (fresh) {
-    std::memcpy(h->magic, kMagic, sizeof(kMagic));
-    h->format = kFormat;
-    h->record_bytes = sizeof(Record);
-    h->num_slots = o.num_slots;
-    h->slot_bytes = o.slot_bytes;
-    h->num_layers = f->num_layers_;
-    h->slots_per_chunk = f->slots_per_chunk_;
-    h->data_offset = f->data_offset_;
-    h->last_sequence = 0;
-    std::memcpy(h->identity, o.identity.c_str(), o.identity.size() + 1);
+    write_header(*h, o, f->slots_per_chunk_, f->data_offset_, sizeof(Record));
     f->flush(h, kHeaderBytes);
     attached();
     return f;
   }
   if (Status s = check_header(*h, o.path, &o.identity, sizeof(Record)); !s.ok()) return s;
-  if (h->num_slots != o.num_slots || h->slot_bytes != o.slot_bytes || h->num_layers != f->num_layers_ ||
-      h->slots_per_chunk != f->slots_per_chunk_ || mapped != total) {
-    return failed(o.path, "holds " + std::to_string(h->num_slots) + " slots of " +
-                              std::to_string(h->slot_bytes) + " bytes (" + std::to_string(h->num_layers) +
-                              " layers, chunks of " + std::to_string(h->slots_per_chunk) +
-                              " slots); this configuration needs " + std::to_string(o.num_slots) + " of " +
-                              std::to_string(o.slot_bytes) + " (" + std::to_string(f->num_layers_) +
-                              " layers, chunks of " + std::to_string(f->slots_per_chunk_) +
-                              " slots; capacity_bytes or the model changed): restore it, or remove the file");
-  }
+  if (Status s = check_geometry(*h, o, f->slots_per_chunk_, mapped == total); !s.ok()) return s;
   // A live process holds the file: its slots are as it left them (sealed
   // ones verified when the first process recovered them).
   if (!f->joined_) {
