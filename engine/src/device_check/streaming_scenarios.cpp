@@ -268,36 +268,40 @@ std::string streaming_fence_timeout_poisons(c10::Device device, Findings& f) {
 // device the last occupants' attention is slowed by matrix products, so a
 // staging that did not wait for it lands first.
 
+namespace {
+
 constexpr std::int64_t kChainBlocks = 64;
 constexpr std::int64_t kChainSteps = 15;
 constexpr std::int64_t kChainSamples = 6;  // staged blocks copied aside per layer and step
+const std::vector<std::string> kChainLayers = {"l0", "l1", "l2", "l3", "l4"};
+constexpr auto kChainLayerCount = std::int64_t{5};
 
-std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) {
-  const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
-  const KVLayout l = layout(names, 8, 128);
-  const at::Tensor ring0 = blocks(l, kChainBlocks, device), ring1 = blocks(l, kChainBlocks, device);
-  Caches kv;
-  for (std::size_t i = 0; i < names.size(); ++i) kv[names[i]] = i % 2 == 0 ? ring0 : ring1;
-  const auto made = streaming_worker(l, StreamingConfig{0, 2, homes}, kv, f);
-  if (!made) return "";
-  WorkerSide& worker = *made;
-  const auto [methods, method_names] = allowed_copy_methods(worker);
-  // Every step planned first, its ids on the device: an upload from pageable
-  // memory between steps would wait for the device.
-  const auto layers = static_cast<std::int64_t>(names.size());
-  const auto value = [&](std::int64_t layer, std::int64_t step) {  // small integers: exact in bf16
-    return static_cast<double>(1 + step * layers + layer);
-  };
-  struct Planned {
-    StepPlan plan;
-    Ids written;
-    at::Tensor written_ids;                       // on the device
-    std::vector<Ids> samples;                     // per layer: staged blocks copied aside
-    std::vector<at::Tensor> sample_ids;           // on the device
-    std::vector<std::vector<std::int64_t>> want;  // per layer and sample: the step that wrote it (0: none)
-  };
-  std::vector<Planned> steps;
+// The value a layer's written blocks hold after `step` (0: never written):
+// small integers, exact in bf16.
+double chain_value(std::int64_t layer, std::int64_t step) {
+  return step == 0 ? 0.0 : static_cast<double>(1 + step * kChainLayerCount + layer);
+}
+
+// One step of the chain, planned before any runs (its ids already on the
+// device: an upload from pageable memory between steps would wait for it).
+struct ChainStep {
+  StepPlan plan;
+  Ids written;
+  at::Tensor written_ids;                       // on the device
+  std::vector<Ids> samples;                     // per layer: staged blocks copied aside
+  std::vector<at::Tensor> sample_ids;           // on the device
+  std::vector<std::vector<std::int64_t>> want;  // per layer and sample: the step that wrote it (0: none)
+};
+
+struct ChainPlan {
+  std::vector<ChainStep> steps;
   std::map<std::int64_t, std::int64_t> saved_at;  // store slot -> the step that saved it
+};
+
+// kChainSteps steps over kChainBlocks blocks: which each writes, stages and
+// saves, and which staged blocks each layer copies aside to check.
+ChainPlan plan_chain(c10::Device device) {
+  ChainPlan chain;
   std::mt19937 rng(11);
   std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> last;  // (layer, block) -> step
   Ids written_before;
@@ -307,7 +311,7 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     // chunk), so only its compute's wait orders its writes after the last
     // step's write-backs.
     const bool fresh_step = step % 3 == 0, first_chunk = step % 5 == 0;
-    Planned p;
+    ChainStep p;
     Ids staged;
     for (std::int64_t b = 0; b < kChainBlocks; ++b) {
       const bool writes = rng() % 4 == 0;
@@ -325,9 +329,9 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     if (step % 4 == 2 && !p.written.empty()) {  // steps 2, 6, 10, 14: a written block to the store
       const std::int64_t slot = step / 4;
       p.plan.saves.push_back(SaveOp{slot, p.written.back(), key(static_cast<std::uint8_t>(slot + 1)), "r"});
-      saved_at[slot] = step;
+      chain.saved_at[slot] = step;
     }
-    for (std::int64_t li = 0; li < layers; ++li) {
+    for (std::int64_t li = 0; li < kChainLayerCount; ++li) {
       // Blocks the last step wrote first (their homes were still being
       // written), in any order; then others.
       Ids at_risk, others;
@@ -352,35 +356,43 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
     }
     p.written_ids = at::tensor(p.written, at::kLong).to(device);
     written_before = p.written;
-    steps.push_back(std::move(p));
+    chain.steps.push_back(std::move(p));
   }
+  return chain;
+}
+
+// Queues every step back to back, the copy methods in turn; returns, per step
+// and layer, the staged blocks its "attention" copied aside.
+std::vector<std::vector<at::Tensor>> run_chain(WorkerSide& worker, Caches& kv, const ChainPlan& chain,
+                                               const std::vector<StreamCopy>& methods, c10::Device device) {
   const at::Tensor slow = device.is_cpu() ? at::Tensor() : random({4096, 4096}, 3).to(device);
   // Half the steps as the defaults set, half with the first streamed layer
   // staged alone and (CUDA) the copy thread; set_tuning waits for the device.
   StreamingTuning tuning;
   tuning.settle_across_steps = true;
   worker.streamer()->set_tuning(tuning);
-  std::vector<std::vector<at::Tensor>> copied(steps.size());
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    if (i == steps.size() / 2) {
+  std::vector<std::vector<at::Tensor>> copied(chain.steps.size());
+  for (std::size_t i = 0; i < chain.steps.size(); ++i) {
+    if (i == chain.steps.size() / 2) {
       tuning.start_one_layer = true;
       tuning.issue_thread = true;
       worker.streamer()->set_tuning(tuning);
     }
     worker.streamer()->set_copy_method(methods[i % methods.size()]);
-    Planned& p = steps[i];
+    const ChainStep& p = chain.steps[i];
     worker.bind_plan(p.plan);
     worker.start_load();
-    for (std::int64_t li = 0; li < layers; ++li) {
-      const auto& name = names[static_cast<std::size_t>(li)];
+    for (std::int64_t li = 0; li < kChainLayerCount; ++li) {
+      const auto& name = kChainLayers[static_cast<std::size_t>(li)];
       worker.wait_for_layer_load(name);
       at::Tensor& layer = kv[name];
-      if (slow.defined() && li + 2 >= layers) {  // a last occupant: its reads of the buffer come late
+      if (slow.defined() &&
+          li + 2 >= kChainLayerCount) {  // a last occupant: its reads of the buffer come late
         for (int k = 0; k < 4; ++k) at::mm(slow, slow);
       }
       copied[i].push_back(layer.index_select(0, p.sample_ids[static_cast<std::size_t>(li)]));
       if (!p.written.empty())
-        layer.index_fill_(0, p.written_ids, value(li, static_cast<std::int64_t>(i) + 1));
+        layer.index_fill_(0, p.written_ids, chain_value(li, static_cast<std::int64_t>(i) + 1));
       worker.save_layer(name, layer);
     }
     worker.wait_for_save();
@@ -388,49 +400,78 @@ std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) 
   }
   worker.streamer()->synchronize();
   worker.drain_saves();
-  const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
-  const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
+  return copied;
+}
+
+// Every staged block copied aside held its layer's bytes of the last step
+// that wrote it, as the homes' codec gives them back; returns how many.
+std::int64_t check_staged(const ChainPlan& chain, const std::vector<std::vector<at::Tensor>>& copied,
+                          const at::Tensor& zeros, const KVCodec& codec, Findings& f) {
   std::map<std::int64_t, at::Tensor> staged_form;  // by the value written: what staging gives back
   std::int64_t checked = 0;
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    for (std::int64_t li = 0; li < layers; ++li) {
-      const auto& samples = steps[i].samples[static_cast<std::size_t>(li)];
+  for (std::size_t i = 0; i < chain.steps.size(); ++i) {
+    for (std::int64_t li = 0; li < kChainLayerCount; ++li) {
+      const auto& samples = chain.steps[i].samples[static_cast<std::size_t>(li)];
       const at::Tensor got = copied[i][static_cast<std::size_t>(li)].cpu();
       for (std::size_t k = 0; k < samples.size(); ++k) {
-        const std::int64_t by = steps[i].want[static_cast<std::size_t>(li)][k];
-        const double v = by == 0 ? 0.0 : value(li, by);
+        const std::int64_t by = chain.steps[i].want[static_cast<std::size_t>(li)][k];
+        const double v = chain_value(li, by);
         auto& want = staged_form[static_cast<std::int64_t>(v)];
-        if (!want.defined()) want = codec->decode(codec->encode(at::full_like(zeros, v).unsqueeze(0)))[0];
+        if (!want.defined()) want = codec.decode(codec.encode(at::full_like(zeros, v).unsqueeze(0)))[0];
         f.expect(bitwise(got[static_cast<std::int64_t>(k)], want),
-                 block_of(names[static_cast<std::size_t>(li)], samples[k]) + " at step " +
+                 block_of(kChainLayers[static_cast<std::size_t>(li)], samples[k]) + " at step " +
                      std::to_string(i + 1) + " does not hold its layer's bytes of step " +
                      std::to_string(by));
         ++checked;
       }
     }
   }
-  // The store holds each saved block as its step wrote it, every layer.
+  return checked;
+}
+
+// The store holds each saved block as its step wrote it, every layer.
+void check_saved(WorkerSide& worker, const ChainPlan& chain, const at::Tensor& zeros, Findings& f) {
   const auto report = worker.take_report();
-  for (const auto& [slot, step] : saved_at) {
+  for (const auto& [slot, step] : chain.saved_at) {
     const bool reported = std::count(report.saved.begin(), report.saved.end(), slot) != 0;
     f.expect(reported, "the save of step " + std::to_string(step) + " was not reported saved");
     const auto bytes = worker.arena()->slot_data(slot);
     f.expect(bytes.ok(), "slot " + std::to_string(slot) + ": " + (bytes.ok() ? "" : bytes.status().error()));
     if (!reported || !bytes.ok()) continue;
-    const auto per_layer = bytes.value().size() / names.size();
-    for (std::int64_t li = 0; li < layers; ++li) {
-      const at::Tensor want = at::full_like(zeros, value(li, step)).contiguous();
+    const auto per_layer = bytes.value().size() / kChainLayers.size();
+    for (std::int64_t li = 0; li < kChainLayerCount; ++li) {
+      const at::Tensor want = at::full_like(zeros, chain_value(li, step)).contiguous();
       const bool same = std::memcmp(bytes.value().data() + static_cast<std::size_t>(li) * per_layer,
                                     want.data_ptr(), per_layer) == 0;
       f.expect(same && per_layer == static_cast<std::size_t>(want.nbytes()),
-               "the store's layer " + names[static_cast<std::size_t>(li)] + " of the block saved at step " +
-                   std::to_string(step) + " does not hold that step's bytes");
+               "the store's layer " + kChainLayers[static_cast<std::size_t>(li)] +
+                   " of the block saved at step " + std::to_string(step) +
+                   " does not hold that step's bytes");
     }
   }
+}
+
+}  // namespace
+
+std::string streaming_back_to_back(c10::Device device, Findings& f, Mode homes) {
+  const KVLayout l = layout(kChainLayers, 8, 128);
+  const at::Tensor ring0 = blocks(l, kChainBlocks, device), ring1 = blocks(l, kChainBlocks, device);
+  Caches kv;
+  for (std::size_t i = 0; i < kChainLayers.size(); ++i) kv[kChainLayers[i]] = i % 2 == 0 ? ring0 : ring1;
+  const auto made = streaming_worker(l, StreamingConfig{0, 2, homes}, kv, f);
+  if (!made) return "";
+  WorkerSide& worker = *made;
+  const auto [methods, method_names] = allowed_copy_methods(worker);
+  const ChainPlan chain = plan_chain(device);
+  const auto copied = run_chain(worker, kv, chain, methods, device);
+  const at::Tensor zeros = blocks(l, 1, c10::Device("cpu"))[0];
+  const auto codec = make_codec(homes, zeros.sizes().vec(), zeros.scalar_type(), l.head_size);
+  const std::int64_t checked = check_staged(chain, copied, zeros, *codec, f);
+  check_saved(worker, chain, zeros, f);
   f.expect(worker.take_load_errors().empty(), "the steps reported load errors");
   return std::to_string(kChainSteps) + " steps queued back to back, 5 streamed layers through a ring of 2, " +
          mode_name(homes) + " homes, copies by " + method_names + " in turn: " + std::to_string(checked) +
-         " staged blocks held their layer's last bytes, " + std::to_string(saved_at.size()) +
+         " staged blocks held their layer's last bytes, " + std::to_string(chain.saved_at.size()) +
          " saved blocks their step's";
 }
 
