@@ -235,27 +235,9 @@ def run(args) -> int:
         samples.append({**sample(server, t0), "requests": len(requests)})
     finally:
         server.stop()
-    lost = [r for r in requests if "cancelled_after_s" not in r and "error" in r]
-    cancelled = sum("cancelled_after_s" in r for r in requests)
     usage = idle.get("vllm:kv_cache_usage_perc", 0)
-    summary = {
-        "type": "summary",
-        "engine": args.engine,
-        "duration_s": args.duration_s,
-        "requests": len(requests),
-        "answered": len(requests) - cancelled - len(lost),
-        "cancelled": cancelled,
-        "errors": len(lost),
-        "idle_kv_usage": usage,
-        "slopes_per_hour": {k: slope_per_hour(samples, k) for k in CREEP},
-        "slopes_per_1k_requests": {k: slope_per_1k_requests(samples, k) for k in CREEP},
-        "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
-        "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
-        "failed_loads": samples[-1].get("failed_loads") if samples else None,
-        "totals": {k: samples[-1][k] for k in TOTALS if samples and k in samples[-1]},
-        "missed_samples": len(missed),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
+    summary = summarize(args, requests, samples, missed, usage)
+    lost = [r for r in requests if is_lost(r)]
     with out_path.open("w") as f:
         f.writelines(json.dumps(line) + "\n" for line in [*requests, *samples, *missed, summary])
     print(report(summary))
@@ -266,6 +248,36 @@ def run(args) -> int:
         print(f"wrote {args.plot}")
     print(f"records: {out_path}")
     return 1 if lost or usage != 0 else 0
+
+
+def is_lost(request: dict) -> bool:
+    """A request its client did not cancel that got no full answer."""
+    return "cancelled_after_s" not in request and "error" in request
+
+
+def summarize(args, requests: list[dict], samples: list[dict], missed: list[dict], idle_kv_usage: float) -> dict:
+    """The run's summary line: what was asked and answered, and each figure's
+    first and last value and slope after warm-up."""
+    lost = sum(is_lost(r) for r in requests)
+    cancelled = sum("cancelled_after_s" in r for r in requests)
+    return {
+        "type": "summary",
+        "engine": args.engine,
+        "duration_s": args.duration_s,
+        "requests": len(requests),
+        "answered": len(requests) - cancelled - lost,
+        "cancelled": cancelled,
+        "errors": lost,
+        "idle_kv_usage": idle_kv_usage,
+        "slopes_per_hour": {k: slope_per_hour(samples, k) for k in CREEP},
+        "slopes_per_1k_requests": {k: slope_per_1k_requests(samples, k) for k in CREEP},
+        "first": {k: samples[0].get(k) for k in CREEP} if samples else {},
+        "last": {k: samples[-1].get(k) for k in CREEP} if samples else {},
+        "failed_loads": samples[-1].get("failed_loads") if samples else None,
+        "totals": {k: samples[-1][k] for k in TOTALS if samples and k in samples[-1]},
+        "missed_samples": len(missed),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
 
 
 def report(summary: dict) -> str:
