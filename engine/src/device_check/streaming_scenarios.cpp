@@ -274,7 +274,7 @@ constexpr std::int64_t kChainBlocks = 64;
 constexpr std::int64_t kChainSteps = 15;
 constexpr std::int64_t kChainSamples = 6;  // staged blocks copied aside per layer and step
 const std::vector<std::string> kChainLayers = {"l0", "l1", "l2", "l3", "l4"};
-constexpr auto kChainLayerCount = std::int64_t{5};
+const auto kChainLayerCount = static_cast<std::int64_t>(kChainLayers.size());
 
 // The value a layer's written blocks hold after `step` (0: never written):
 // small integers, exact in bf16.
