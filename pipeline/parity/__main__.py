@@ -19,6 +19,7 @@ is the one a run of one job writes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -30,6 +31,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from ..vllm_driver import llm as h
 from ..vllm_driver.tiny_model import tiny_llama
@@ -98,24 +100,37 @@ def unit(out: Path, name: str, label: str, resume: bool, mark: str, run) -> dict
     return {**result, "kept": False}
 
 
+@contextlib.contextmanager
+def phase(what: str):
+    """Prints how long `what` took: on a GPU host a unit's time is the
+    figure that decides how many fit in one command."""
+    start = time.monotonic()
+    yield
+    print(f"parity: {what} in {time.monotonic() - start:.1f} s", flush=True)
+
+
 def end_to_end_unit(model: Path, mode: str) -> dict:
     return {"cells": [e2e.run(model, mode).as_dict()]}
 
 
 def session_unit(args, mode: str, session: Session) -> dict:
-    directory = args.out / "recordings" / f"{mode}-{session.name}"
+    name = f"{mode}-{session.name}"
+    directory = args.out / "recordings" / name
     shutil.rmtree(directory, ignore_errors=True)
-    record_session(tiny_llama(args.cache, session.num_layers), session, directory)
+    with phase(f"{name}: recorded in vLLM"):
+        record_session(tiny_llama(args.cache, session.num_layers), session, directory)
     sched, worker = read_traces(directory)
-    runs = [replay(sched, worker, impl, device=args.device) for impl in ("reference", "reference", "native")]
+
+    def timed_replay(impl: str, layer_hooks: bool = True):
+        hooks = "" if layer_hooks else " without per-layer hooks"
+        with phase(f"{name}: replayed on the {impl} engine{hooks}"):
+            return replay(sched, worker, impl, layer_hooks=layer_hooks, device=args.device)
+
+    runs = [timed_replay(impl) for impl in ("reference", "reference", "native")]
     # Steps under a full CUDA graph (no per-layer hook): each engine must
     # observe what the reference did with the hooks. Streaming has vLLM
     # capture piecewise graphs only.
-    graph_runs = (
-        []
-        if session.streams
-        else [replay(sched, worker, impl, layer_hooks=False, device=args.device) for impl in ("reference", "native")]
-    )
+    graph_runs = [] if session.streams else [timed_replay(impl, False) for impl in ("reference", "native")]
     cells = []
     for scenario, _ in session.scenarios:
         ref1, ref2, native = (r.observations.get(scenario, []) for r in runs)
@@ -149,6 +164,9 @@ def run_in_jobs(args, names: list[str]) -> None:
     for slot in range(args.jobs):
         slots.put(slot)
     common = ["--out", str(args.out), "--cache", str(args.cache), "--device", args.device, "--modes", *args.modes]
+    # The jobs share the host's cores: each sized for all of them, their
+    # threads would take turns (their vLLM starts, under one lock, the most).
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // args.jobs))
 
     def job(name: str) -> None:
         slot = slots.get()
@@ -157,6 +175,7 @@ def run_in_jobs(args, names: list[str]) -> None:
             env = dict(
                 os.environ,
                 VLLM_CACHE_ROOT=str(args.out / "jobs" / f"vllm-cache-{slot}"),
+                OMP_NUM_THREADS=threads,
                 **{h.START_LOCK_ENV: str(logs / "vllm-start.lock")},  # one vLLM starts or stops at a time
             )
             command = [sys.executable, "-m", "pipeline.parity", *common, "--units", name]
@@ -173,18 +192,34 @@ def run_in_jobs(args, names: list[str]) -> None:
         list(pool.map(job, names))
 
 
-def units_plan(args) -> list[tuple[str, str, object]]:
-    """Every unit: (name, label, what runs it). Each session records on a
-    model of its own depth, made here once, before any job needs it."""
+class Unit(NamedTuple):
+    name: str
+    label: str
+    run: Callable[[], dict]
+    vllm_starts: int  # what a unit's time is mostly made of on a GPU host
+    streams: bool  # a streaming session: many layers, the longest replays
+
+
+def units_plan(args) -> list[Unit]:
+    """Every unit. Each session records on a model of its own depth, made
+    here once, before any job needs it."""
     model = tiny_llama(args.cache)
-    plan: list[tuple[str, str, object]] = []
+    plan: list[Unit] = []
     for mode in args.modes:
         for session in sessions(mode):
             tiny_llama(args.cache, session.num_layers)
             run = functools.partial(session_unit, args, mode, session)
-            plan.append((f"{mode}-{session.name}", f"{mode} session {session.name}", run))
-        plan.append((f"{mode}-end-to-end", f"{mode} end to end", functools.partial(end_to_end_unit, model, mode)))
+            plan.append(Unit(f"{mode}-{session.name}", f"{mode} session {session.name}", run, 1, session.streams))
+        run = functools.partial(end_to_end_unit, model, mode)
+        plan.append(Unit(f"{mode}-end-to-end", f"{mode} end to end", run, e2e.VLLM_STARTS, False))
     return plan
+
+
+def longest_first(units: list[Unit]) -> list[str]:
+    """The jobs' order: the longest units first (streaming sessions, then
+    those that start vLLM most often), so that the last job to end is a
+    short one and a command of bounded length ends whole units."""
+    return [u.name for u in sorted(units, key=lambda u: (not u.streams, -u.vllm_starts))]
 
 
 def print_overhead(overhead: list[dict]) -> None:
@@ -238,24 +273,24 @@ def main(argv: list[str] | None = None) -> int:
     plan = units_plan(args)
     mark = fingerprint(args.device)
     if args.units:
-        unknown = set(args.units) - {name for name, _, _ in plan}
+        unknown = set(args.units) - {u.name for u in plan}
         if unknown:
-            parser.error(f"--units: no such unit {sorted(unknown)} (units: {', '.join(n for n, _, _ in plan)})")
-        for name, label, run in plan:
-            if name in args.units:
-                unit(args.out, name, label, args.resume, mark, run)
+            parser.error(f"--units: no such unit {sorted(unknown)} (units: {', '.join(u.name for u in plan)})")
+        for u in plan:
+            if u.name in args.units:
+                unit(args.out, u.name, u.label, args.resume, mark, u.run)
         return 0
     kept_before: set[str] = set()
     if args.jobs > 1:
         if args.resume:
-            kept_before = {name for name, _, _ in plan if kept_unit(args.out, name, mark) is not None}
+            kept_before = {u.name for u in plan if kept_unit(args.out, u.name, mark) is not None}
         else:  # the jobs' units are this run's: none from before may be kept
             shutil.rmtree(args.out / "units", ignore_errors=True)
-        run_in_jobs(args, [name for name, _, _ in plan if name not in kept_before])
+        run_in_jobs(args, longest_first([u for u in plan if u.name not in kept_before]))
     cells: list[dict] = []
     overhead: list[dict] = []
     units: dict[str, str] = {}
-    for name, label, run in plan:
+    for name, label, run, _, _ in plan:
         # After the jobs, each unit is kept from its job (one that failed there runs here).
         done = unit(args.out, name, label, args.resume or args.jobs > 1, mark, run)
         cells += done["cells"]

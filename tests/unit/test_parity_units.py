@@ -58,9 +58,9 @@ def fake_job_python(tmp_path):
     script.write_text(
         "#!/usr/bin/env bash\n"
         'name="${@: -1}"\n'
-        f'echo "start $name $VLLM_CACHE_ROOT $(date +%s.%N)" >> {tmp_path}/calls\n'
+        f'echo "start $name $VLLM_CACHE_ROOT $(date +%s.%N) $OMP_NUM_THREADS" >> {tmp_path}/calls\n'
         "sleep 0.5\n"
-        f'echo "end $name $VLLM_CACHE_ROOT $(date +%s.%N)" >> {tmp_path}/calls\n'
+        f'echo "end $name $VLLM_CACHE_ROOT $(date +%s.%N) $OMP_NUM_THREADS" >> {tmp_path}/calls\n'
         '[[ $name != broken ]] || { echo "it broke"; exit 3; }\n'
     )
     script.chmod(0o755)
@@ -71,6 +71,8 @@ def test_jobs_run_each_unit_once_at_most_n_at_a_time_each_with_a_compile_cache_o
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setattr(sys, "executable", str(fake_job_python(tmp_path)))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(parity.os, "cpu_count", lambda: 16)
     args = argparse.Namespace(
         out=tmp_path / "out", cache=tmp_path, device="cuda", modes=["exact"], jobs=2, resume=False
     )
@@ -82,7 +84,8 @@ def test_jobs_run_each_unit_once_at_most_n_at_a_time_each_with_a_compile_cache_o
     assert sorted(name for kind, name, *_ in events if kind == "start") == sorted(names)
     running: dict[str, str] = {}  # name: its compile cache
     most = 0
-    for kind, name, cache, _ in sorted(events, key=lambda e: float(e[3])):
+    assert {threads for *_, threads in events} == {"8"}  # the host's 16 cores shared by 2 jobs
+    for kind, name, cache, _, _ in sorted(events, key=lambda e: float(e[3])):
         if kind == "start":
             assert cache not in running.values()  # no two at once share a cache
             running[name] = cache
@@ -94,3 +97,11 @@ def test_jobs_run_each_unit_once_at_most_n_at_a_time_each_with_a_compile_cache_o
     assert "job broken: FAILED (exit 3; jobs/broken.log)" in said
     assert "it broke" in (tmp_path / "out" / "jobs" / "broken.log").read_text()
     assert said.count(": done in") == 4
+
+
+def test_jobs_start_with_the_streaming_sessions_then_the_units_that_start_vllm_most():
+    def of(name, starts, streams):
+        return parity.Unit(name, name, lambda: {}, starts, streams)
+
+    units = [of("default", 1, False), of("end-to-end", 3, False), of("streaming", 1, True), of("policy", 1, False)]
+    assert parity.longest_first(units) == ["streaming", "end-to-end", "default", "policy"]
