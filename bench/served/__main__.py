@@ -55,8 +55,8 @@ def model_dir(which: str) -> tuple[Path, int]:
         path = Path(tiny_llama(Path(tempfile.gettempdir()) / "activekv-served-tiny", layers))
         vocab = CONFIG["vocab_size"]
     else:
-        from bench.gpu_vllm import LLAMA3_8B
-        from bench.gpu_vllm import model_dir as llama_dir
+        from bench.gpu_vllm.common import LLAMA3_8B
+        from bench.gpu_vllm.common import model_dir as llama_dir
 
         path, vocab = llama_dir(), LLAMA3_8B["vocab_size"]
     write_tokenizer(path, vocab)
