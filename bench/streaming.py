@@ -233,7 +233,9 @@ def longest(model, connector, extra, budget: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def read_arguments() -> tuple[argparse.Namespace, dict[str, str]]:
+    """The command line, checked, and the forward's CPU binding (set in the
+    environment here, before torch loads its OpenMP runtime)."""
     parser = argparse.ArgumentParser(prog="python -m bench.streaming")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64, help="N of the decode figures")
@@ -267,16 +269,68 @@ def main() -> None:
     if bound and "torch" in sys.modules:
         raise RuntimeError("--forward-cpus: torch is loaded already, with its OpenMP threads unbound")
     os.environ.update(bound)  # before torch loads its OpenMP runtime
-    contexts = [int(c) for c in args.contexts.split(",")]
-    engines = [e for e in args.engines.split(",") if e]
-    budgets = [float(b) for b in args.budgets.split(",") if b]
-    if max(contexts) + args.new_tokens > args.max_model_len:
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.engines = [e for e in args.engines.split(",") if e]
+    args.budgets = [float(b) for b in args.budgets.split(",") if b]
+    if max(args.contexts) + args.new_tokens > args.max_model_len:
         parser.error(
-            f"--contexts: {max(contexts)} + {args.new_tokens} new tokens exceed --max-model-len {args.max_model_len}"
+            f"--contexts: {max(args.contexts)} + {args.new_tokens} new tokens "
+            f"exceed --max-model-len {args.max_model_len}"
         )
-    if unknown := set(engines) - set(ENGINES):
+    if unknown := set(args.engines) - set(ENGINES):
         parser.error(f"--engines: unknown {sorted(unknown)}; known: {', '.join(ENGINES)}")
+    return args, bound
 
+
+def decode_figures(model, args) -> dict[str, Any]:
+    """Each engine's decode steps at each context, with the machine's state around them."""
+    figures: dict[str, Any] = {}
+    for name in args.engines:
+        connector, extra, times_m = ENGINES[name]
+        print(f"decode steps: {name} in {times_m} M", flush=True)
+        llm = h.make_llm(
+            model, extra, connector=connector, kv_cache_bytes=times_m * BUDGET, max_model_len=args.max_model_len
+        )
+        hooks = HookClock(step_targets(connector_class(connector))) if args.hook_times else contextlib.nullcontext(None)
+        try:
+            before = runs.machine_state()
+            with hooks as hook_clock:
+                steps = decode_steps(
+                    llm, connector is not None, args.contexts, args.new_tokens, args.repeats, hook_clock
+                )
+        finally:
+            h.shutdown(llm)
+        figures[name] = {
+            "budget_bytes": times_m * BUDGET,
+            "contexts": steps,
+            "machine_before": before,
+            "machine_after": runs.machine_state(),
+        }
+        if hook_clock is not None:
+            # A method vLLM never called here times nothing: said, not left out.
+            figures[name]["hook_calls"] = dict(hook_clock.calls)
+    return figures
+
+
+def longest_figures(model, budgets: list[float]) -> list[dict[str, Any]]:
+    """The longest context plain vLLM and streaming serve in each budget."""
+    entries = []
+    for b in budgets:
+        budget = h.whole_blocks_budget(b * BUDGET, STREAMING_LAYERS)
+        print(f"longest context in {budget} bytes", flush=True)
+        entry = {
+            "budget_bytes": budget,
+            "budget_M": b,
+            "plain": longest(model, None, None, budget),
+            "native-streaming": longest(model, "native", {"streaming": h.STREAMING}, budget),
+        }
+        entry["ratio"] = entry["native-streaming"]["probe"]["estimate"] / entry["plain"]["probe"]["estimate"]
+        entries.append(entry)
+    return entries
+
+
+def main() -> None:
+    args, bound = read_arguments()
     h.reference_on_path()
     model = tiny_llama(args.cache, STREAMING_LAYERS)
     record: dict[str, Any] = {
@@ -297,44 +351,8 @@ def main() -> None:
     }
     record["machine_start"] = runs.machine_state()
     print(f"start: {record['machine_start']['uptime']}", flush=True)
-
-    record["decode"] = {}
-    for name in engines:
-        connector, extra, times_m = ENGINES[name]
-        print(f"decode steps: {name} in {times_m} M", flush=True)
-        llm = h.make_llm(
-            model, extra, connector=connector, kv_cache_bytes=times_m * BUDGET, max_model_len=args.max_model_len
-        )
-        hooks = HookClock(step_targets(connector_class(connector))) if args.hook_times else contextlib.nullcontext(None)
-        try:
-            before = runs.machine_state()
-            with hooks as hook_clock:
-                steps = decode_steps(llm, connector is not None, contexts, args.new_tokens, args.repeats, hook_clock)
-        finally:
-            h.shutdown(llm)
-        record["decode"][name] = {
-            "budget_bytes": times_m * BUDGET,
-            "contexts": steps,
-            "machine_before": before,
-            "machine_after": runs.machine_state(),
-        }
-        if hook_clock is not None:
-            # A method vLLM never called here times nothing: said, not left out.
-            record["decode"][name]["hook_calls"] = dict(hook_clock.calls)
-
-    record["longest"] = []
-    for b in budgets:
-        budget = h.whole_blocks_budget(b * BUDGET, STREAMING_LAYERS)
-        print(f"longest context in {budget} bytes", flush=True)
-        entry = {
-            "budget_bytes": budget,
-            "budget_M": b,
-            "plain": longest(model, None, None, budget),
-            "native-streaming": longest(model, "native", {"streaming": h.STREAMING}, budget),
-        }
-        entry["ratio"] = entry["native-streaming"]["probe"]["estimate"] / entry["plain"]["probe"]["estimate"]
-        record["longest"].append(entry)
-
+    record["decode"] = decode_figures(model, args)
+    record["longest"] = longest_figures(model, args.budgets)
     record["machine_end"] = runs.machine_state()
     print(f"end: {record['machine_end']['uptime']}")
     text = report(record)
