@@ -11,6 +11,7 @@ import os
 import random
 from pathlib import Path
 
+from ..vllm_driver import comparison
 from ..vllm_driver import llm as h
 from .cells import Cell
 
@@ -24,7 +25,7 @@ def store_digests(worker) -> list[str]:
     return sorted(store_bytes(get_kv_transfer_group()).values())
 
 
-def _workload(llm) -> list[h.Result]:
+def _workload(llm) -> list[comparison.Result]:
     rng = random.Random(200)
     shared = h.random_tokens(rng, 4 * h.BLOCK_SIZE)
     prompts = [shared + h.random_tokens(rng, n) for n in (5, 70, 300)]
@@ -34,7 +35,7 @@ def _workload(llm) -> list[h.Result]:
     return results + h.generate(llm, prompts)  # served from the host store
 
 
-def _first_logprob_difference(a: list[h.Result], b: list[h.Result]) -> str:
+def _first_logprob_difference(a: list[comparison.Result], b: list[comparison.Result]) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         for step, (sx, sy) in enumerate(zip(x.top, y.top, strict=False)):
             if sx != sy:

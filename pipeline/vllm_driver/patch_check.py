@@ -23,6 +23,7 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import tiny_llama
 from pipeline.paths import TEST_CACHE
@@ -30,7 +31,7 @@ from pipeline.paths import TEST_CACHE
 PROMPT_TOKENS = 8 * h.BLOCK_SIZE + 5
 
 
-def reload_check(model: Path, connector: str = "native") -> tuple[h.Result, h.Result, list[str]]:
+def reload_check(model: Path, connector: str = "native") -> tuple[comparison.Result, comparison.Result, list[str]]:
     """One prompt, then again from the host store: both results and what failed."""
     # collective_rpc sends a function to the workers: vLLM pickles it only when allowed.
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"

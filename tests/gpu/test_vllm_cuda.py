@@ -18,6 +18,7 @@ from collections import Counter
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 from pipeline.parity.e2e import store_digests
@@ -106,7 +107,7 @@ def fresh_salt(what: str) -> str:
 
 
 def bitwise(got, want, what):
-    diff = h.difference(got, want)
+    diff = comparison.difference(got, want)
     assert not diff, f"{what}: {diff}"
 
 
@@ -287,7 +288,7 @@ def test_streaming_serves_8x_the_budget_bit_for_bit_plain_vllm_with_8x(
     # Every request's outcome, so one run tells which requests of which round differ.
     report = [
         f"round {n + 1} prompt {i}: cached {g.num_cached_tokens} (plain {w.num_cached_tokens}), "
-        f"{h.difference([g], [w]) or 'same'}"
+        f"{comparison.difference([g], [w]) or 'same'}"
         for n, (got, want) in enumerate(zip(rounds, answers_with_8x_memory["batch"], strict=False))
         for i, (g, w) in enumerate(zip(got, want, strict=False))
     ]
@@ -364,7 +365,7 @@ def test_streaming_under_async_scheduling_is_bit_for_bit_plain_vllm(llms, settin
 # vector, so the last block's re-encode adds no error (tests/reference/test_codec.py).
 COMPRESSED_HOMES = {**h.STREAMING, "homes": "compressed"}
 COMPRESSED_HOMES_MAX_GAP = 0.5
-assert COMPRESSED_HOMES_MAX_GAP < h.MIN_MARGIN
+assert COMPRESSED_HOMES_MAX_GAP < comparison.MIN_MARGIN
 
 
 def compressed_homes_long(llms, setting, connector):
@@ -390,15 +391,15 @@ def compressed_homes_long(llms, setting, connector):
 def test_compressed_homes_serve_8x_the_budget_within_the_bound(llms, setting, answers_with_8x_memory, figures):
     want = answers_with_8x_memory["long"]
     margin = min(m for w in want for m in w.margins)
-    if margin < h.MIN_MARGIN:
+    if margin < comparison.MIN_MARGIN:
         # Seen on the head-128 model (0.81 at its first step, on CPU too):
         # plain's own choices are near ties, so a lossy codec may flip them.
         pytest.skip(
-            f"plain vLLM's top-2 margin is {margin:.2f} (< MIN_MARGIN {h.MIN_MARGIN}): "
+            f"plain vLLM's top-2 margin is {margin:.2f} (< MIN_MARGIN {comparison.MIN_MARGIN}): "
             "no oracle for a lossy codec on this model"
         )
     got = compressed_homes_long(llms, setting, "native")
-    gap = h.largest_logprob_gap(got, want)
+    gap = comparison.largest_logprob_gap(got, want)
     same = sum(a == b for g, w in zip(got, want, strict=False) for a, b in zip(g.tokens, w.tokens, strict=False))
     total = sum(len(w.tokens) for w in want)
     figures.append(

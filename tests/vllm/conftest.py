@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 
@@ -39,7 +40,7 @@ def oracle_margins(figures):
     if margins:
         figures.append(
             f"oracles: smallest top-1/top-2 logprob gap {min(margins):.3f} over "
-            f"{len(margins)} runs (MIN_MARGIN {h.MIN_MARGIN})"
+            f"{len(margins)} runs (MIN_MARGIN {comparison.MIN_MARGIN})"
         )
 
 
@@ -50,7 +51,7 @@ def plain(baseline_llm, oracle_margins):
     so each prefill is vLLM's own prefix-cache hit of every reusable token (the
     shapes of a full reload from the host store). Margins checked."""
 
-    def run(prompts, *, prefix_hit: bool = False) -> list[h.Result]:
+    def run(prompts, *, prefix_hit: bool = False) -> list[comparison.Result]:
         prompts = [list(p) for p in prompts]
         h.flush_device_cache(baseline_llm)
         if prefix_hit:
@@ -62,7 +63,7 @@ def plain(baseline_llm, oracle_margins):
         got = [r.num_cached_tokens for r in results]
         if prefix_hit and got != want:
             raise RuntimeError(f"plain vLLM cached {got} tokens, the oracle needs {want}")
-        oracle_margins.append(h.require_clear_margins(results, "plain vLLM's answer"))
+        oracle_margins.append(comparison.require_clear_margins(results, "plain vLLM's answer"))
         return results
 
     return run
@@ -110,5 +111,5 @@ def answer_with_8x_memory(deep_model, oracle_margins):
         answer = h.generate(llm, [STREAMING_PROMPT])
     finally:
         h.shutdown(llm)
-    oracle_margins.append(h.require_clear_margins(answer, "plain vLLM with 8x M"))
+    oracle_margins.append(comparison.require_clear_margins(answer, "plain vLLM with 8x M"))
     return answer

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
@@ -50,7 +51,7 @@ def test_block_is_stored_on_its_threshold_sighting(policy_llm, expected):
     third, served = run(policy_llm, prompt)
     assert served["hit_blocks"] == 4
     assert first.tokens == second.tokens == expected([prompt])[0]
-    assert not h.check_reloads([third], own_hits)
+    assert not comparison.check_reloads([third], own_hits)
 
 
 @catches_a_wrong_block
@@ -70,7 +71,7 @@ def test_request_writes_at_most_its_byte_cap(policy_llm, expected):
     assert result.tokens == expected([prompt])[0]
     again, served = run(policy_llm, leading)
     assert served["hit_blocks"] == CAP_BLOCKS
-    assert not h.check_reloads([again], own_hits)
+    assert not comparison.check_reloads([again], own_hits)
 
 
 @catches_a_wrong_block
@@ -87,4 +88,4 @@ def test_decode_blocks_are_stored_and_serve_the_next_turn(policy_llm, expected):
     result, served = run(policy_llm, next_turn)
     assert served["hit_blocks"] == 3  # the third block only ever existed as decode output
     assert result.tokens == expected([next_turn])[0]
-    assert not h.check_reloads([result], own_hits)
+    assert not comparison.check_reloads([result], own_hits)

@@ -21,6 +21,7 @@ import torch
 
 from activekv_reference.codec import layer_bytes
 from activekv_reference.homes import rows_for
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
@@ -28,7 +29,7 @@ from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
 pytestmark = pytest.mark.vllm
 
 MAX_LOGPROB_GAP = 0.5
-assert MAX_LOGPROB_GAP < h.MIN_MARGIN
+assert MAX_LOGPROB_GAP < comparison.MIN_MARGIN
 HOMES = {**h.STREAMING, "homes": "compressed"}
 
 
@@ -64,10 +65,10 @@ def test_compressed_homes_serve_8x_the_context_within_the_bound(
         # Every streamed block crossed as its compressed bytes.
         assert moved["streamed_bytes_to_host"] % compressed_layer_bytes() == 0
         assert moved["streamed_bytes_to_host"] >= (len(PROMPT) // h.BLOCK_SIZE) * streamed * compressed_layer_bytes()
-    ours_differs = h.difference(*runs)
+    ours_differs = comparison.difference(*runs)
     assert ours_differs == "", f"compressed homes gave different answers on two runs: {ours_differs}"
     want = answer_with_8x_memory
-    gap = h.largest_logprob_gap(runs[0], want)
+    gap = comparison.largest_logprob_gap(runs[0], want)
     same = sum(
         a == b for got, ref in zip(runs[0], want, strict=False) for a, b in zip(got.tokens, ref.tokens, strict=False)
     )

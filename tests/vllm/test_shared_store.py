@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.test_store_file import store_llm
 
@@ -129,7 +130,7 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
             got = h.generate(llm, [PROMPTS[0]])[0]
         assert delta["hit_tokens"] == reusable[0], "a block the other instance saved was not found"
         assert got.num_cached_tokens == reusable[0]
-        assert not h.check_reloads([got], own_hits)
+        assert not comparison.check_reloads([got], own_hits)
         assert list(got.tokens) == saved_by_other["tokens"] and got.tokens == cold.tokens
 
         # cache_salt holds across instances.
@@ -159,7 +160,7 @@ def test_two_vllm_instances_share_one_store(tiny_model, tmp_path, capfd, figures
                 assert got.tokens == cold.tokens, f"{what}: other tokens than its cold run"
                 if delta["hit_tokens"] == h.reusable_tokens(len(STORM_PROMPTS[i])):
                     whole += 1
-                    assert not h.check_reloads([got], own_hits), what
+                    assert not comparison.check_reloads([got], own_hits), what
                 served += delta["loaded_blocks"]
             # Where the other saved every storm prompt before it died, they are all hits
             # here: a prompt nobody ran must still be saved.

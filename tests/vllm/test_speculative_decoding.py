@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
@@ -63,7 +64,7 @@ def test_decode_blocks_written_under_accepted_drafts_serve_the_next_turn(specula
         again = h.generate(speculative_llm, [next_turn])[0]
     assert served["hit_blocks"] == kept  # decode blocks that only ever existed as drafted output
     assert again.tokens == expected([next_turn])[0]
-    assert not h.check_reloads([again], own_hits)
+    assert not comparison.check_reloads([again], own_hits)
 
 
 def test_layer_streaming_refuses_speculative_decoding_naming_both(tiny_model, capfd):

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 
 pytestmark = pytest.mark.vllm
@@ -49,7 +50,7 @@ def test_a_restarted_vllm_serves_the_prefix_from_the_store_file(tiny_model, tmp_
     assert delta["hit_tokens"] == reusable, "the restarted vLLM did not find the prefix in the file"
     assert again.num_cached_tokens == reusable
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
-    figures.extend(f"store file restart: {note}" for note in h.check_reloads([again], own_hits))
+    figures.extend(f"store file restart: {note}" for note in comparison.check_reloads([again], own_hits))
     assert again.tokens == first.tokens
     assert unsalted["hit_tokens"] == 0
     # cache_salt holds across the restart: each tenant finds its own blocks only.
@@ -177,7 +178,7 @@ def test_kill_9_during_a_save_storm_then_a_restart_serves_only_verified_blocks(t
             assert got.tokens == cold.tokens, f"{what}: other tokens after the restart"
             if delta["hit_tokens"] == h.reusable_tokens(len(prompt)):
                 full += 1
-                notes = h.check_reloads([got], own_hits)  # raises where the bits differ
+                notes = comparison.check_reloads([got], own_hits)  # raises where the bits differ
                 assert not notes, f"{what}: no bit-for-bit oracle: {notes}"
             served += delta["loaded_blocks"]
             hits += delta["hit_tokens"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from pipeline.vllm_driver.tiny_model import STREAMING_LAYERS, tiny_llama
 from tests.vllm.conftest import STREAMING_PROMPT as PROMPT
@@ -39,7 +40,7 @@ def answer_with_8x_memory(cache_dir, tmp_path_factory, oracle_margins):
         answer = h.generate(llm, [PROMPT])
     finally:
         h.shutdown(llm)
-    oracle_margins.append(h.require_clear_margins(answer, "vLLM TP=2 with 8x the budget"))
+    oracle_margins.append(comparison.require_clear_margins(answer, "vLLM TP=2 with 8x the budget"))
     return answer
 
 
@@ -51,7 +52,7 @@ def test_each_rank_streams_its_own_heads(cache_dir, connector, answer_with_8x_me
     finally:
         h.shutdown(llm)
     streamed = STREAMING_LAYERS - h.STREAMING["resident_layers"]
-    diff = h.difference(got, answer_with_8x_memory)
+    diff = comparison.difference(got, answer_with_8x_memory)
     assert not diff, f"TP=2 streaming differs from vLLM TP=2 given 8x the budget: {diff}"
     # Both ranks staged and wrote back their own shard: half a layer's block each.
     shard = h.layer_block_bytes(tp_size=2)

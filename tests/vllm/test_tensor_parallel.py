@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from pipeline.vllm_driver import comparison
 from pipeline.vllm_driver import llm as h
 from tests.vllm.wrong_block import catches_a_wrong_block
 
@@ -48,9 +49,9 @@ def test_each_rank_stores_its_shard_and_the_prefix_comes_back(tp2_llm, figures):
     )
     # Against the same TP=2 engine (TP=1 may round differently): the cold run's
     # tokens, and vLLM's own prefix hit of the same cached-token count bit for bit.
-    h.require_clear_margins([cold], "the TP=2 engine's cold run")
+    comparison.require_clear_margins([cold], "the TP=2 engine's cold run")
     assert warm.num_cached_tokens == h.reusable_tokens(len(prompt))
     assert cold.tokens == warm.tokens
-    note = h.check_against_own_prefix_hits(warm, own_hits)
+    note = comparison.check_against_own_prefix_hits(warm, own_hits)
     if note:
         figures.append(f"TP=2 reload: {note}")
