@@ -15,6 +15,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..paths import REFERENCE_DIR, ROOT
@@ -201,26 +202,59 @@ START_LOCK_ENV = "ACTIVEKV_VLLM_START_LOCK"
 
 
 @contextlib.contextmanager
-def gpu_memory_settling():
+def gpu_memory_settling(stopping: bool = False):
     """Holds START_LOCK_ENV's file, where set: vLLM 0.34 measures the GPU's
     free memory as it starts and refuses to start ("Error in memory
-    profiling") when another process released memory meanwhile."""
+    profiling") when another process released memory meanwhile.
+
+    A stop goes before every start waiting: flock wakes any waiter, and on
+    an H100 with twelve parity jobs the starts (40-50 s each) took the lock
+    for three minutes while a job that had recorded its session waited to
+    stop its vLLM. A stop says it waits with a file of its own beside the
+    lock; a start that gets the lock while one is there gives it back."""
     path = os.environ.get(START_LOCK_ENV)
     if not path:
         yield
         return
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    stops = Path(f"{path}.stops")
+    stops.mkdir(exist_ok=True)
+    waiting = stops / str(os.getpid())
+    if stopping:
+        waiting.touch()
+    try:
+        with open(path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            while not stopping and _stop_waiting(stops):
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                time.sleep(0.05)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            waiting.unlink(missing_ok=True)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        waiting.unlink(missing_ok=True)
+
+
+def _stop_waiting(stops: Path) -> bool:
+    """Whether a live process waits to stop its vLLM (a file left by one that
+    died is removed)."""
+    for entry in stops.iterdir():
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.kill(int(entry.name), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            entry.unlink(missing_ok=True)
+        except PermissionError:  # alive, another user's
+            return True
+    return False
 
 
 def shutdown(llm) -> None:
     from vllm.distributed.kv_transfer import kv_transfer_state
 
-    with gpu_memory_settling():
+    with gpu_memory_settling(stopping=True):
         llm.llm_engine.engine_core.shutdown()
     # An in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) leaves its
     # connector in vLLM's process-wide state, where the next LLM would find it.

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The cuda release's parity evidence on the GPU test machine, from what
+# `RELEASE=1 ci/gpu-carry.sh pack` carried there (the release's own two wheels
+# and vLLM's dependencies, taken into STAGE). A command there runs at most 10
+# minutes; the harness keeps each unit it ends (--resume), so `run` is
+# repeated until the record is written, and what each call ended comes back.
+#
+#   ci/gpu-parity-evidence.sh install          vLLM's dependencies into WORK (about 65 s)
+#   ci/gpu-parity-evidence.sh run [JOBS [LIMIT_S]]
+#                                              the gate on the two wheels for at most LIMIT_S
+#                                              (default 540), JOBS units at once (default 4);
+#                                              then into OUT: the record (once written),
+#                                              the jobs' logs and every unit ended so far
+#                                              (parity-jobs.tgz), and each unit's times.
+#
+# Units a machine ended travel to the next one: carry OUT's parity-jobs.tgz as
+# build/parity-cuda-units.tgz and `run` starts from its units (they are kept
+# only where the wheels and the harness are the same bytes).
+# The jobs share one lock around each vLLM start and stop (vLLM 0.34 refuses
+# to start when another process frees GPU memory while it profiles): on an
+# H100 a start holds it 30-50 s (the first on a machine 90-140 s: FlashInfer
+# compiles its kernels), so more than 4-6 jobs only wait
+# (bench/raw/2026-12-06-h100-vllm-0.34-parity-cuda-jobs-12-starts.txt).
+# STAGE (default /tmp/stage), WORK (default /tmp/work-vllm-0.34.0), OUT: the
+# call's output folder. VLLM_VERSION: 0.34.0 unless given.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+version=${VLLM_VERSION:-0.34.0}
+stage=${STAGE:-/tmp/stage}
+work=${WORK:-/tmp/work-vllm-$version}
+harness=/tmp/parity/parity-cuda/harness  # beside --out's record: the stage's own layout
+engine=$(ls "$stage"/release/activekv-*+cu*.whl 2>/dev/null | head -1)
+vllm=$(ls "$stage"/release/vllm-"$version"+activekv.*.whl 2>/dev/null | head -1)
+[[ -n $engine && -n $vllm ]] || { echo "no engine or vLLM wheel in $stage/release: carry a RELEASE=1 pack first" >&2; exit 2; }
+case ${1:-} in
+install)
+  WORK=$work ACTIVEKV_GPU_MODES=eager ci/gpu-vllm-check.sh --vllm-version "$version" --engine "$engine" \
+    --vllm "$vllm" --deps "$stage/deps" -- -k nothing
+  code=$?
+  [[ $code == 5 ]] && code=0  # no test selected: the installs are what was asked for
+  exit $code ;;
+run)
+  jobs=${2:-4} limit=${3:-540}
+  [[ -n ${OUT:-} ]] || { echo "OUT: the call's output folder" >&2; exit 2; }
+  # shellcheck disable=SC1091
+  source "$work/env.sh"
+  mkdir -p "$OUT"
+  if [[ -f build/parity-cuda-units.tgz && ! -d $harness/units ]]; then
+    mkdir -p "$harness" && tar xzf build/parity-cuda-units.tgz -C "$harness" units
+    echo "units carried in: $(ls "$harness/units" | tr '\n' ' ')"
+  fi
+  start=$(date +%s)
+  PYTHONUNBUFFERED=1 timeout "$limit" python3 -m pipeline parity --target cuda --engine-wheel "$engine" \
+    --vllm-wheel "$vllm" --out /tmp/parity/parity-cuda.json --jobs "$jobs"
+  code=$?
+  echo "parity: exit $code after $(($(date +%s) - start)) s"
+  cp /tmp/parity/parity-cuda.json "$OUT/" 2>/dev/null
+  (cd "$harness" && tar czf "$OUT/parity-jobs.tgz" jobs/*.log units 2>/dev/null)
+  grep -h "^parity: .* in [0-9.]* s" "$harness"/jobs/*.log
+  exit $code ;;
+*)
+  sed -n '2,26p' "$0" >&2
+  exit 2 ;;
+esac
