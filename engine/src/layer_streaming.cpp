@@ -1,14 +1,11 @@
-// LayerStreamer (layer_streaming.h): the homes, the ring's staging and
-// write-back per layer and step, and their fences. The kDeviceGather copies
-// are device_gather.cpp.
+// LayerStreamer (layer_streaming.h): the ring's staging and write-back per
+// layer and step, and their fences. Making one is layer_streaming_setup.cpp;
+// the home rows' views and runs layer_streaming_rows.cpp;
+// the CPU target's copies (and the thread they may run on)
+// layer_streaming_cpu.cpp; the kDeviceGather copies device_gather.cpp.
 #include "activekv/layer_streaming.h"
 
-#include "activekv/home_rows.h"
-
-#include "cpu_affinity.h"
 #include "cuda_batch_copy.h"
-#include "cuda_codec_kernels.h"
-#include "copy_thread.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -16,10 +13,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
-#include <string_view>
 #include <utility>
 
 namespace activekv {
@@ -34,137 +28,7 @@ std::int64_t list_bytes(const std::vector<std::int64_t>& blocks, std::int64_t la
 
 SlotRun rows_of(const auto& run) { return SlotRun{run.row, run.count, run.offset}; }
 
-// Whether the environment sets `name` to `value` (an operator's switches).
-bool env_says(const char* name, std::string_view value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::string_view(set) == value;
-}
-
 }  // namespace
-
-Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
-    StreamingGeometry geometry, const std::unordered_map<std::string, at::Tensor>& kv_caches,
-    std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers) {
-  // Every layer of a ring buffer must be a view of the same bytes, or staging
-  // into the buffer would not reach the layer vLLM's attention reads.
-  std::unordered_map<std::int64_t, const void*> ring_ptr;
-  std::vector<at::Tensor> streamed_kv;
-  for (const auto& name : geometry.streamed()) {
-    const at::Tensor& kv = kv_caches.at(name);
-    const std::int64_t ring = geometry.ring_of(name);
-    const auto [it, first] = ring_ptr.emplace(ring, kv.data_ptr());
-    if (!first && it->second != kv.data_ptr()) {
-      return Status(ErrorCode::kUnsupportedLayout,
-                    "ActiveKV layer streaming: the KV cache of layer '" + name +
-                        "' is not a view of ring buffer " + std::to_string(ring) +
-                        "; vLLM must carry ActiveKV's patch series (0002, get_kv_cache_regions) "
-                        "for streaming");
-    }
-    streamed_kv.push_back(kv);
-  }
-  const at::Tensor& first = streamed_kv.front();
-  const std::int64_t num_rows = home_rows_for(first.size(0));
-  std::unique_ptr<KVCodec> codec;
-  if (geometry.homes == Mode::kCompressed) {
-    try {
-      codec = make_codec(Mode::kCompressed, first.sizes().slice(1).vec(), first.scalar_type(), head_size);
-    } catch (const std::invalid_argument& e) {
-      return Status(ErrorCode::kUnsupportedLayout,
-                    std::string("kv_connector_extra_config['streaming']['homes']='compressed': ") + e.what());
-    }
-  }
-  const std::int64_t layer_bytes =
-      codec ? codec->layer_bytes() : first[0].numel() * static_cast<std::int64_t>(first.element_size());
-  const std::int64_t num_streamed = geometry.num_streamed();
-  auto homes = std::make_unique<HostArena>(num_rows, num_streamed, layer_bytes,
-                                           /*pin=*/first.device().type() != c10::DeviceType::CPU,
-                                           chunk_bytes_for(num_streamed));
-  // Every home starts as zeros (the reference's homes), allocated now: a step
-  // never allocates host memory.
-  std::vector<std::int64_t> all(static_cast<std::size_t>(num_rows));
-  for (std::int64_t r = 0; r < num_rows; ++r) all[static_cast<std::size_t>(r)] = r;
-  for (const auto& run : homes->runs(all)) {
-    for (std::int64_t l = 0; l < num_streamed; ++l) {
-      auto view = homes->run_view(l, run);
-      if (!view.ok()) return view.status();
-      view.value().zero_();
-    }
-  }
-  return std::unique_ptr<LayerStreamer>(new LayerStreamer(std::move(geometry), std::move(streamed_kv),
-                                                          std::move(homes), std::move(codec),
-                                                          fence_timeout_ms, head_size, workers));
-}
-
-LayerStreamer::LayerStreamer(StreamingGeometry geometry, std::vector<at::Tensor> streamed_kv,
-                             std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
-                             std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers)
-    : geometry_(std::move(geometry)),
-      streamed_kv_(std::move(streamed_kv)),
-      homes_(std::move(homes)),
-      codec_(std::move(codec)),
-      fence_timeout_ms_(fence_timeout_ms),
-      device_(streamed_kv_.front().device()) {
-  const auto names = geometry_.streamed();
-  for (std::size_t j = 0; j < names.size(); ++j) streamed_index_[names[j]] = static_cast<std::int64_t>(j);
-  const auto n = names.size();
-  stage_issued_.assign(n, 0);
-  staged_.assign(n, 0);
-  stage_fences_.resize(n);
-  occupant_writeback_.resize(n);
-  home_writeback_.resize(n);
-  buffer_last_use_.resize(
-      static_cast<std::size_t>(std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed())));
-  stage_tasks_.assign(n, 0);
-  occupant_writeback_tasks_.assign(n, 0);
-  poisoned_.assign(n * static_cast<std::size_t>(homes_->num_slots()), 0);
-  if (has_streams()) {
-    copy_stream_ = c10::impl::VirtualGuardImpl(device_.type())
-                       .getStreamFromGlobalPool(device_, tuning_.copy_high_priority);
-    device_gather_possible_ = init_device_gather();
-    if (device_gather_possible_) copy_method_ = StreamCopy::kDeviceGather;
-    batch_copy_possible_ = device_gather_possible_ && init_batch_copy();
-    if (batch_copy_possible_ && homes_->layer_bytes() >= detail::kMinBatchCopyBytes) {
-      copy_method_ = StreamCopy::kCopyEngineBatch;
-    }
-    if (codec_ && device_gather_possible_ && device_.is_cuda()) {
-      const at::Tensor& kv = streamed_kv_.front();
-      if (env_says("ACTIVEKV_FUSED_CODEC", "0")) {  // an operator's way around them
-        codec_kernels_missing_ = "turned off by ACTIVEKV_FUSED_CODEC=0";
-      } else if (kv.scalar_type() != at::kBFloat16) {
-        codec_kernels_missing_ =
-            std::string("the KV cache is ") + c10::toString(kv.scalar_type()) + ", not bf16";
-      } else {
-        const c10::DeviceGuard on_device(device_);
-        codec_kernels_ = detail::CudaCodecKernels::load(
-            device_.index(), detail::CompressedRows{kv[0].numel(), head_size, homes_->layer_bytes()},
-            codec_kernels_missing_);
-      }
-    }
-    apply_copy_thread();
-  }
-  // CPU copies have landed by the next begin_step (which waits for the copy
-  // thread's): nothing is left in flight to settle across steps. With
-  // streams, =0 is an operator's (and the vLLM benchmarks' A/B) way back to
-  // the host settling each step.
-  if (!has_streams() || env_says("ACTIVEKV_SETTLE_ACROSS_STEPS", "0")) {
-    tuning_.settle_across_steps = false;
-  }
-  if (!has_streams()) {
-    // "0": an operator's (and an A/B's) way back; "all": every step's copies
-    // on the thread, however short (tests, on the tiny model's short prompts).
-    if (workers > 1 || env_says("ACTIVEKV_CPU_COPY_THREAD", "0")) tuning_.cpu_copy_thread = false;
-    if (env_says("ACTIVEKV_CPU_COPY_THREAD", "all")) tuning_.cpu_copy_thread_min_bytes = 0;
-    apply_copy_thread();
-  }
-}
-
-LayerStreamer::~LayerStreamer() {
-  try {
-    synchronize();  // copies still landing in the homes must finish before they are freed
-  } catch (...) {   // NOLINT(bugprone-empty-catch): a destructor must not throw
-  }
-  copy_thread_.reset();  // joined before the state its tasks use goes
-}
 
 void LayerStreamer::synchronize() {
   drain_issued();
@@ -172,133 +36,6 @@ void LayerStreamer::synchronize() {
   if (writeback_stream_) writeback_stream_->synchronize();
   if (copy_stream_) copy_stream_->synchronize();
   settle_writebacks(/*wait=*/true);  // all done: their rows' poison is known
-}
-
-at::Tensor LayerStreamer::home_bytes_of(std::int64_t streamed, const SlotRun& run) {
-  auto bytes = homes_->run_view(streamed, run);
-  if (!bytes.ok()) throw std::runtime_error(bytes.status().error());
-  return bytes.value();
-}
-
-at::Tensor LayerStreamer::decode(const at::Tensor& rows) const {
-  const at::Tensor bytes = rows.view(at::kByte);  // [n, layer_bytes], from bytes or words
-  if (codec_) return codec_->decode(bytes);
-  const at::Tensor& kv = streamed_kv_.front();  // every streamed layer has its shape
-  std::vector<std::int64_t> shape = kv.sizes().vec();
-  shape[0] = rows.size(0);
-  return bytes.view(kv.scalar_type()).view(shape);
-}
-
-at::Tensor LayerStreamer::encode_words(const at::Tensor& blocks) const {
-  if (codec_) return codec_->encode(blocks).view(word_type_);
-  return blocks.reshape({blocks.size(0), -1}).view(at::kByte).view(word_type_);
-}
-
-void LayerStreamer::copy_to_home(std::int64_t streamed, const SlotRun& rows, const at::Tensor& blocks) {
-  const at::Tensor home = home_bytes_of(streamed, rows);
-  if (codec_) {
-    home.copy_(codec_->encode(blocks), /*non_blocking=*/has_streams());
-  } else {
-    decode(home).copy_(blocks, /*non_blocking=*/has_streams());  // a view of the home
-  }
-}
-
-void LayerStreamer::copy_from_home(std::int64_t streamed, const SlotRun& rows, at::Tensor blocks) {
-  at::Tensor home = home_bytes_of(streamed, rows);
-  // Compressed rows cross as they are and are decoded where the blocks live.
-  if (codec_ && home.device() != blocks.device()) home = home.to(blocks.device(), /*non_blocking=*/true);
-  blocks.copy_(decode(home), /*non_blocking=*/has_streams());
-}
-
-void LayerStreamer::copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home) {
-  at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(streamed)];
-  if (!codec_ &&
-      kv.is_contiguous()) {  // exact homes and a contiguous ring: bytes straight between rows and blocks
-    // One memcpy per stretch of ids consecutive with the rows. Not ATen's
-    // copy_: microseconds a call, and a small CPU cache's home rows come in
-    // many short runs as requests come and go (9-19 a layer at 3776 tokens
-    // in the CPU benchmark where ids alone give 2-3).
-    const auto bytes = static_cast<std::size_t>(homes_->layer_bytes());  // one block of the ring
-    auto* ring = static_cast<char*>(kv.data_ptr());
-    auto* rows = static_cast<char*>(home_bytes_of(streamed, run.rows).data_ptr());
-    for (std::size_t i = 0, n = 1; i < run.blocks.size(); i += n) {
-      n = 1;
-      while (i + n < run.blocks.size() && run.blocks[i + n] == run.blocks[i] + static_cast<std::int64_t>(n))
-        ++n;
-      char* block = ring + static_cast<std::size_t>(run.blocks[i]) * bytes;
-      char* row = rows + i * bytes;
-      std::memcpy(to_home ? row : block, to_home ? block : row, n * bytes);
-    }
-    return;
-  }
-  if (run.consecutive) {
-    const at::Tensor blocks = kv.narrow(0, run.blocks.front(), run.rows.count);
-    if (to_home) {
-      copy_to_home(streamed, run.rows, blocks);
-    } else {
-      copy_from_home(streamed, run.rows, blocks);
-    }
-    return;
-  }
-  // Compressed homes, or a ring whose blocks are not rows: by index (home_runs
-  // made the ids).
-  const at::Tensor home = home_bytes_of(streamed, run.rows);
-  if (!to_home) {
-    kv.index_copy_(0, *run.ids, decode(home));
-  } else if (codec_) {
-    home.copy_(codec_->encode(kv.index_select(0, *run.ids)));
-  } else {
-    at::Tensor view = decode(home);  // a view of the home
-    at::index_select_out(view, kv, 0, *run.ids);
-  }
-}
-
-void LayerStreamer::check_rows(const std::vector<std::int64_t>& blocks,
-                               const std::vector<std::int64_t>& rows) const {
-  if (rows.size() != blocks.size()) {
-    throw std::out_of_range(std::to_string(rows.size()) + " home rows for " + std::to_string(blocks.size()) +
-                            " streamed blocks");
-  }
-  for (const auto row : rows) {
-    if (row < 0 || row >= homes_->num_slots()) {
-      throw std::out_of_range("home row " + std::to_string(row) + " out of range (the homes have " +
-                              std::to_string(homes_->num_slots()) + " rows)");
-    }
-  }
-}
-
-std::vector<LayerStreamer::HomeRun> LayerStreamer::home_runs(const std::vector<std::int64_t>& blocks,
-                                                             const std::vector<std::int64_t>& rows) const {
-  // Made once a step, used by every streamed layer.
-  const bool by_index = codec_ || !streamed_kv_.front().is_contiguous();
-  std::vector<HomeRun> out;
-  for (const auto& run : homes_->runs(rows)) {
-    const auto first = blocks.begin() + run.offset;
-    std::vector<std::int64_t> ids(first, first + run.count);
-    bool consecutive = true;
-    for (std::size_t i = 1; i < ids.size(); ++i) consecutive = consecutive && ids[i] == ids[i - 1] + 1;
-    HomeRun r{run, consecutive, std::move(ids), std::nullopt};
-    if (!consecutive && by_index) r.ids = at::tensor(r.blocks, at::kLong);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
-std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(const std::vector<std::int64_t>& blocks,
-                                                             const std::vector<std::int64_t>& rows) const {
-  // The arena's runs of rows, split where the block ids stop being consecutive.
-  std::vector<PairRun> out;
-  for (const auto& run : homes_->runs(rows)) {
-    for (auto i = static_cast<std::size_t>(run.offset); i < static_cast<std::size_t>(run.offset + run.count);
-         ++i) {
-      if (i > static_cast<std::size_t>(run.offset) && blocks[i] == out.back().block + out.back().count) {
-        ++out.back().count;
-        continue;
-      }
-      out.push_back(PairRun{blocks[i], rows[i], 1, static_cast<std::int64_t>(i)});
-    }
-  }
-  return out;
 }
 
 void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vector<std::int64_t> stage_rows,
@@ -481,101 +218,6 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
   } else {
     kv.index_fill_(0, *fresh_ids_, 0);
   }
-}
-
-std::uint64_t LayerStreamer::issue(std::function<void()> task, bool wake) {
-  if (copy_thread_) return copy_thread_->post(std::move(task), wake);
-  task();
-  return 0;
-}
-
-void LayerStreamer::wait_issued(std::uint64_t task) {
-  if (copy_thread_ && task != 0) copy_thread_->wait_for(task);
-}
-
-void LayerStreamer::drain_issued() {
-  post_written_back_cpu();
-  if (copy_thread_) copy_thread_->drain();
-}
-
-void LayerStreamer::apply_copy_thread() {
-  if (has_streams()) {
-    const bool wanted = tuning_.issue_thread && device_.is_cuda();
-    if (wanted == (copy_thread_ != nullptr)) return;
-    drain_issued();
-    copy_thread_ = wanted ? std::make_unique<detail::CopyThread>(device_) : nullptr;
-    return;
-  }
-  // CPU: exact homes and contiguous ring buffers, whose copies are memcpys.
-  // Compressed homes' codec is ATen work, whose threads are the forward's.
-  const bool wanted = tuning_.cpu_copy_thread && !codec_ &&
-                      std::all_of(streamed_kv_.begin(), streamed_kv_.end(),
-                                  [](const at::Tensor& kv) { return kv.is_contiguous(); });
-  if (wanted == (copy_thread_ != nullptr)) return;
-  drain_issued();
-  copy_thread_.reset();
-  copy_thread_this_step_ = false;
-  copy_thread_cpus_.clear();
-  const std::vector<int> beside = wanted ? detail::cpus_beside(detail::forward_cpus()) : std::vector<int>{};
-  if (beside.empty()) return;  // the forward may run on every CPU: a thread would take turns with it
-  auto thread = std::make_unique<detail::CopyThread>(device_);
-  std::vector<int> pinned;
-  thread->wait_for(thread->post([&] { pinned = detail::pin_caller_to(beside); }));
-  if (pinned.empty()) return;  // the process's cpuset allows none of them
-  copy_thread_cpus_ = std::move(pinned);
-  copy_thread_ = std::move(thread);
-}
-
-void LayerStreamer::take_copy_thread_time(Telemetry& stats) {
-  if (const std::int64_t us = copy_thread_us_.exchange(0); us != 0) stats.add(Counter::kStreamUs, us);
-}
-
-void LayerStreamer::stage_cpu(std::int64_t streamed) {
-  for (const auto& run : stage_home_runs_) copy_run_cpu(streamed, run, /*to_home=*/false);
-}
-
-void LayerStreamer::write_back_cpu(std::int64_t streamed) {
-  for (const auto& run : writeback_home_runs_) copy_run_cpu(streamed, run, /*to_home=*/true);
-}
-
-bool LayerStreamer::posts_stage_cpu(std::int64_t streamed) const {
-  return streamed >= 0 && streamed < geometry_.num_streamed() &&
-         !stage_issued_[static_cast<std::size_t>(streamed)] && stages_this_step();
-}
-
-void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, Telemetry* stats, bool due) {
-  const bool stage = posts_stage_cpu(staged);
-  if (written < 0 && !stage) return;
-  if (stage) note_stage_issued(staged, *stats);
-  // A sleeping thread is woken for copies due by the next layer's stage(): a
-  // wake costs the poster more than a layer's copy at short contexts, so a
-  // ring of K wakes it every K layers (copy_thread.h).
-  const bool wake =
-      due || (stage && staged <= next_stage_) || (not_woken_for_ >= 0 && not_woken_for_ <= next_stage_);
-  const std::uint64_t task = issue(
-      [this, written, staged, stage] {
-        const Stopwatch t;
-        if (written >= 0) write_back_cpu(written);
-        if (stage) stage_cpu(staged);
-        copy_thread_us_ += t.us();
-      },
-      wake);
-  if (wake) {
-    not_woken_for_ = -1;
-  } else if (stage && not_woken_for_ < 0) {
-    not_woken_for_ = staged;
-  }
-  if (stage) stage_tasks_[static_cast<std::size_t>(staged)] = task;
-  // The buffer's next occupant's compute writes the blocks a write-back reads.
-  if (const std::int64_t next = written + geometry_.ring_size;
-      written >= 0 && next < geometry_.num_streamed()) {
-    occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
-  }
-}
-
-void LayerStreamer::post_written_back_cpu() {
-  if (copies_on_thread() && written_back_ >= 0)
-    post_copies_cpu(std::exchange(written_back_, -1), -1, nullptr, true);
 }
 
 void LayerStreamer::start(Telemetry& stats) {
