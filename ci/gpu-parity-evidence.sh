@@ -28,7 +28,8 @@ cd "$(dirname "$0")/.."
 version=${VLLM_VERSION:-0.34.0}
 stage=${STAGE:-/tmp/stage}
 work=${WORK:-/tmp/work-vllm-$version}
-harness=/tmp/parity/parity-cuda/harness  # beside --out's record: the stage's own layout
+record=/tmp/parity/parity-cuda.json
+harness=${record%.json}/harness  # the harness's folder beside the record (the stage's layout)
 engine=$(ls "$stage"/release/activekv-*+cu*.whl 2>/dev/null | head -1)
 vllm=$(ls "$stage"/release/vllm-"$version"+activekv.*.whl 2>/dev/null | head -1)
 [[ -n $engine && -n $vllm ]] || { echo "no engine or vLLM wheel in $stage/release: carry a RELEASE=1 pack first" >&2; exit 2; }
@@ -51,10 +52,10 @@ run)
   fi
   start=$(date +%s)
   PYTHONUNBUFFERED=1 timeout "$limit" python3 -m pipeline parity --target cuda --engine-wheel "$engine" \
-    --vllm-wheel "$vllm" --out /tmp/parity/parity-cuda.json --jobs "$jobs"
+    --vllm-wheel "$vllm" --out "$record" --jobs "$jobs"
   code=$?
   echo "parity: exit $code after $(($(date +%s) - start)) s"
-  cp /tmp/parity/parity-cuda.json "$OUT/" 2>/dev/null
+  cp "$record" "$OUT/" 2>/dev/null
   (cd "$harness" && tar czf "$OUT/parity-jobs.tgz" jobs/*.log units 2>/dev/null)
   grep -h "^parity: .* in [0-9.]* s" "$harness"/jobs/*.log
   exit $code ;;
