@@ -35,9 +35,9 @@ CONSTRAINTS = {
     "cpu": ROOT / "packaging" / "cpu" / "constraints.txt",
     "cuda": ROOT / "packaging" / "cuda" / "constraints.txt",
 }
-# Free space the build needs where the runtime keeps its layers: the install
-# layer is ~2.7 GB, held twice while it is committed, beside pip's downloads.
-BUILD_SPACE = 8 * 2**30
+# Room for pip's scratch files and the image's metadata, beside what
+# build_space counts.
+BUILD_HEADROOM = 2**30
 
 
 def image_name(target: Target) -> str:
@@ -89,7 +89,7 @@ def build_runtime_image(
             tag=ref,
             context=ctx,
             dockerfile=DOCKERFILES[target.name],
-            needs_free=BUILD_SPACE,
+            needs_free=build_space(wheels, launcher),
             build_args={
                 "RUNTIME_DEPENDENCIES": dependencies_ref,
                 "BROKEN_BESIDE_TORCH": " ".join(target.broken_beside_torch),
@@ -117,6 +117,20 @@ def build_runtime_image(
     out.mkdir(parents=True, exist_ok=True)
     (out / "runtime.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def build_space(wheels: list[Path], launcher: Path) -> int:
+    """Free space the runtime image's own layers need while they are built
+    (its dependencies are an image of their own, built before): the wheels
+    and the launcher twice (the build context the runtime takes in, and the
+    COPY layer) and the wheels' unpacked files twice (the RUN step's
+    container and the layer committed from it), plus BUILD_HEADROOM."""
+    packed = sum(w.stat().st_size for w in wheels) + launcher.stat().st_size
+    unpacked = 0
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            unpacked += sum(i.file_size for i in z.infolist())
+    return 2 * packed + 2 * unpacked + BUILD_HEADROOM
 
 
 def pip_check_allowed(target: Target) -> dict[str, str]:

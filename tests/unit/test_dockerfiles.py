@@ -149,3 +149,25 @@ def test_the_cuda_runtime_installs_its_pins_by_hash_and_allows_only_the_override
     ):
         assert not re.search(allowed, other)
     assert runtime_image.pip_check_allowed(CFG.target("cpu")) == {}
+
+
+def test_the_runtime_build_asks_for_the_space_its_wheels_take_unpacked(tmp_path):
+    """A wheel of 4 MiB of zeros is a few KiB on disk: the space asked for
+    follows what pip writes into the layer, not the wheel's size."""
+    import zipfile
+
+    from pipeline.stages import runtime_image
+
+    launcher = tmp_path / "activekv-serve"
+    launcher.write_bytes(b"\0" * 1000)
+    small = tmp_path / "small-0-py3-none-any.whl"
+    large = tmp_path / "large-0-py3-none-any.whl"
+    for wheel, size in ((small, 2**10), (large, 4 * 2**20)):
+        with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("pkg/data.bin", b"\0" * size)
+    assert large.stat().st_size < 64 * 2**10
+    with_small = runtime_image.build_space([small], launcher)
+    with_large = runtime_image.build_space([large], launcher)
+    # Held twice (container and committed layer): the unpacked difference twice over.
+    assert with_large - with_small >= 2 * (4 * 2**20 - 2**10)
+    assert with_small >= runtime_image.BUILD_HEADROOM
