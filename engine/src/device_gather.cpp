@@ -217,19 +217,19 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
     const c10::StreamGuard on_gather_stream(*gather_stream_);
     if (batched_pieces()) {  // nothing is gathered: the ring's ids are all the device needs
       stage_index_.emplace();
-      stage_index_->blocks = upload_ids(piece_blocks_);
+      stage_index_->blocks = upload_ids(pieces_plan_.blocks);
     } else {
-      stage_index_ = device_index(piece_blocks_, piece_rows_);
+      stage_index_ = device_index(pieces_plan_.blocks, pieces_plan_.rows);
     }
     // The copy stream scatters by these ids too (after waiting for a piece
     // read on the gather stream, so after the upload).
     guard_impl.recordDataPtrOnStream(stage_index_->blocks.storage().data_ptr(), *copy_stream_);
   }
   const DeviceIndex& index = *stage_index_;
-  const auto n = static_cast<std::int64_t>(piece_blocks_.size());
+  const auto n = static_cast<std::int64_t>(pieces_plan_.blocks.size());
   const std::int64_t piece_rows = pieces_.front().size(0);
   at::Tensor rows_of_layer;
-  if (run_blocks_ < n) {
+  if (pieces_plan_.run_blocks < n) {
     const c10::StreamGuard on_gather_stream(*gather_stream_);
     rows_of_layer = at::add(index.base, index.step, streamed);
   }
@@ -247,8 +247,8 @@ void LayerStreamer::gather_stage(std::int64_t streamed) {
       const bool batched = batched_pieces();
       if (batched) batch_->clear();
       std::int64_t row = first;
-      while (row < std::min(first + rows, run_blocks_)) {  // copy-engine rows of this piece
-        const SlotRun& r = copy_engine_runs_[run];
+      while (row < std::min(first + rows, pieces_plan_.run_blocks)) {  // copy-engine rows of this piece
+        const SlotRun& r = pieces_plan_.copy_engine_runs[run];
         const std::int64_t count = std::min(r.count - run_offset, first + rows - row);
         const SlotRun part{r.first + run_offset, count, 0};
         at::Tensor to = piece_bytes.narrow(0, row - first, count);
@@ -309,12 +309,13 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
   // H200: docs/benchmarks/history.md, 2026-12-04.)
   const auto j = static_cast<std::size_t>(streamed);
   const at::Tensor& kv = streamed_kv_[j];
-  if (!writeback_long_blocks_.empty()) {
-    if (!writeback_long_ids_) writeback_long_ids_ = upload_ids(writeback_long_blocks_);  // once per step
+  if (!writeback_split_.long_blocks.empty()) {
+    if (!writeback_long_ids_)
+      writeback_long_ids_ = upload_ids(writeback_split_.long_blocks);  // once per step
     const at::Tensor gathered = encode_ring_words(kv, *writeback_long_ids_).view(at::kByte);
     if (batched_pieces()) {
       batch_->clear();
-      for (const auto& run : writeback_long_runs_) {
+      for (const auto& run : writeback_split_.long_runs) {
         const at::Tensor from = gathered.narrow(0, run.offset, run.count);
         batch_->add(home_address(j, run.first), reinterpret_cast<std::uintptr_t>(from.data_ptr()),
                     static_cast<std::size_t>(from.numel()));
@@ -322,14 +323,15 @@ void LayerStreamer::gather_write_back(std::int64_t streamed) {
       detail::cuda_batch_copy(*batch_, detail::current_stream(device_).native_handle(), /*to_device=*/false,
                               batch_first_call());
     } else {
-      for (const auto& run : writeback_long_runs_) {
+      for (const auto& run : writeback_split_.long_runs) {
         home_bytes_of(streamed, SlotRun{run.first, run.count, 0})
             .copy_(gathered.narrow(0, run.offset, run.count), /*non_blocking=*/true);
       }
     }
   }
-  if (!writeback_short_blocks_.empty()) {
-    if (!writeback_index_) writeback_index_ = device_index(writeback_short_blocks_, writeback_short_rows_);
+  if (!writeback_split_.short_blocks.empty()) {
+    if (!writeback_index_)
+      writeback_index_ = device_index(writeback_split_.short_blocks, writeback_split_.short_rows);
     const DeviceIndex& index = *writeback_index_;
     const at::Tensor rows = encode_ring_words(kv, index.blocks);
     for (const auto& span : index.spans) {

@@ -6,6 +6,7 @@
 #include "activekv/layer_streaming.h"
 
 #include "cuda_batch_copy.h"
+#include "activekv/step_runs.h"
 #include "step_timing.h"
 
 #include <ATen/ATen.h>
@@ -57,78 +58,14 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vect
       list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
   writeback_blocks_ = std::move(writeback_blocks);
   writeback_rows_ = std::move(writeback_rows);
-  stage_runs_.clear();
-  writeback_runs_.clear();
-  stage_home_runs_.clear();
-  writeback_home_runs_.clear();
-  copy_engine_runs_.clear();
-  piece_blocks_.clear();
-  piece_rows_.clear();
-  writeback_long_runs_.clear();
-  writeback_long_blocks_.clear();
-  writeback_short_blocks_.clear();
-  writeback_short_rows_.clear();
-  if (stages_by_pieces()) {
-    // The pieces' rows: the long runs of home rows first, then the others.
-    // Batched pieces take every run by the copy engines, a row alone too.
-    const std::int64_t copy_engine_run = batched_pieces() ? 1 : tuning_.copy_engine_run;
-    std::vector<std::int64_t> gathered_blocks, gathered_rows;
-    for (const auto& run : homes_->runs(stage_rows_)) {
-      const bool long_run = run.count >= copy_engine_run;
-      if (long_run) copy_engine_runs_.push_back(run);
-      auto& to_blocks = long_run ? piece_blocks_ : gathered_blocks;
-      auto& to_rows = long_run ? piece_rows_ : gathered_rows;
-      for (std::int64_t i = run.offset; i < run.offset + run.count; ++i) {
-        to_blocks.push_back(stage_blocks_[static_cast<std::size_t>(i)]);
-        to_rows.push_back(stage_rows_[static_cast<std::size_t>(i)]);
-      }
-    }
-    run_blocks_ = static_cast<std::int64_t>(piece_blocks_.size());
-    piece_blocks_.insert(piece_blocks_.end(), gathered_blocks.begin(), gathered_blocks.end());
-    piece_rows_.insert(piece_rows_.end(), gathered_rows.begin(), gathered_rows.end());
-    for (const auto& run : homes_->runs(writeback_rows_)) {
-      const bool long_run = run.count >= copy_engine_run;
-      if (long_run) {
-        writeback_long_runs_.push_back(
-            SlotRun{run.first, run.count, static_cast<std::int64_t>(writeback_long_blocks_.size())});
-      }
-      for (std::int64_t i = run.offset; i < run.offset + run.count; ++i) {
-        const auto k = static_cast<std::size_t>(i);
-        if (long_run) {
-          writeback_long_blocks_.push_back(writeback_blocks_[k]);
-        } else {
-          writeback_short_blocks_.push_back(writeback_blocks_[k]);
-          writeback_short_rows_.push_back(writeback_rows_[k]);
-        }
-      }
-    }
-  } else if (!has_streams()) {
-    stage_home_runs_ = home_runs(stage_blocks_, stage_rows_);
-    writeback_home_runs_ = home_runs(writeback_blocks_, writeback_rows_);
-  } else {
-    stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
-    writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
-  }
-  // The written-back blocks the step stages too (a decode step's last block).
-  // None: a ring buffer's next occupant may be staged while its last
-  // occupant's write-back still reads the buffer (StreamingTuning). Compressed
-  // homes: the others are fresh.
-  std::vector<std::int64_t> written = writeback_blocks_;
-  std::sort(written.begin(), written.end());
-  std::vector<char> staged_too(written.size(), 0);
-  for (const auto b : stage_blocks_) {
-    const auto it = std::lower_bound(written.begin(), written.end(), b);
-    if (it != written.end() && *it == b) staged_too[static_cast<std::size_t>(it - written.begin())] = 1;
-  }
-  stage_writeback_disjoint_ =
-      std::none_of(staged_too.begin(), staged_too.end(), [](char c) { return c != 0; });
-  fresh_blocks_.clear();
+  plan_copies();
+  // None staged and written back: a ring buffer's next occupant may be staged
+  // while its last occupant's write-back still reads the buffer
+  // (StreamingTuning). Compressed homes: the others are fresh.
+  detail::WrittenOnly written_only = detail::written_not_staged(stage_blocks_, writeback_blocks_);
+  stage_writeback_disjoint_ = written_only.all;
+  fresh_blocks_ = codec_ ? std::move(written_only.blocks) : std::vector<std::int64_t>{};
   fresh_ids_.reset();
-  if (codec_) {
-    for (std::size_t i = 0; i < written.size(); ++i) {
-      if (!staged_too[i]) fresh_blocks_.push_back(written[i]);  // in block order, as written is
-    }
-  }
   for (auto& done : occupant_writeback_) done.reset();
   for (std::size_t b = 0; b < buffer_last_use_.size(); ++b) {
     if (from_last_step_) {  // a first occupant's compute writes what the last one's write-back reads
@@ -146,6 +83,35 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vect
   std::fill(occupant_writeback_tasks_.begin(), occupant_writeback_tasks_.end(), 0);
   std::fill(staged_.begin(), staged_.end(), 0);
   for (auto& fence : stage_fences_) fence.reset();
+  note_poisoned_stages();
+}
+
+void LayerStreamer::plan_copies() {
+  stage_runs_.clear();
+  writeback_runs_.clear();
+  stage_home_runs_.clear();
+  writeback_home_runs_.clear();
+  if (stages_by_pieces()) {
+    // Batched pieces take every run by the copy engines, a row alone too.
+    const std::int64_t copy_engine_run = batched_pieces() ? 1 : tuning_.copy_engine_run;
+    pieces_plan_ =
+        detail::piece_order(homes_->runs(stage_rows_), stage_blocks_, stage_rows_, copy_engine_run);
+    writeback_split_ = detail::split_writeback(homes_->runs(writeback_rows_), writeback_blocks_,
+                                               writeback_rows_, copy_engine_run);
+  } else {
+    pieces_plan_ = {};
+    writeback_split_ = {};
+    if (!has_streams()) {
+      stage_home_runs_ = home_runs(stage_blocks_, stage_rows_);
+      writeback_home_runs_ = home_runs(writeback_blocks_, writeback_rows_);
+    } else {
+      stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
+      writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
+    }
+  }
+}
+
+void LayerStreamer::note_poisoned_stages() {
   const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
   for (std::size_t i = 0; i < stage_rows_.size(); ++i) {
     for (std::size_t l = 0; l < streamed_kv_.size(); ++l) {
@@ -364,61 +330,65 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
   const bool last_use = carries_last_use(j);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fence_timeout_ms_);
-  const std::uint64_t task = issue([this, attended, j, next, last_use, deadline] {
-    BufferLastUse* use =
-        last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
-    if (use != nullptr)
-      *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
-    // Exact homes only: a compressed write-back's encode would sit on the
-    // write-back stream too, and crossing apart read no faster (docs/benchmarks/history.md,
-    // 2026-12-04).
-    const bool own_stream =
-        copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
-    // The staging of layer j + K into this buffer follows on the copy stream
-    // and must come after this layer's attention; so must a write-back there.
-    if (use == nullptr || (!writeback_blocks_.empty() && !own_stream)) attended->block(*copy_stream_);
-    if (writeback_blocks_.empty()) return;
-    PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j),
-                       std::make_shared<c10::Event>(device_.type()), deadline};
-    const c10::Stream stream = own_stream ? *writeback_stream_ : *copy_stream_;
-    {
-      const c10::StreamGuard on_stream(stream);
-      // The last step's write-back of these homes, where no staging waited for
-      // it and it may have crossed on the other stream (the copy method changed).
-      if (auto& earlier = home_writeback_[static_cast<std::size_t>(j)]) earlier->block(stream);
-      if (own_stream) {
-        attended->block(stream);
-        batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
-      } else if (stages_by_pieces()) {
-        gather_write_back(j);
-      } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
-        batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
-      } else {
-        at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(j)];
-        for (const auto& run : writeback_runs_) {
-          copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
-        }
-      }
-      p.fence->record(stream);
-    }
-    // The next occupant's compute writes the blocks this write-back reads.
-    if (next < geometry_.num_streamed()) occupant_writeback_[static_cast<std::size_t>(next)] = p.fence;
-    if (tuning_.settle_across_steps) home_writeback_[static_cast<std::size_t>(j)] = p.fence;
-    if (use != nullptr) {
-      use->written_back = p.fence;  // the next step's first staging and compute here wait for it
-    } else if (own_stream && (!stage_writeback_disjoint_ || tuning_.staging_waits_for_writeback)) {
-      // Its staging lands in the buffer: on the copy stream it follows this
-      // write-back anyway; beside it, it need not wait when no block is both
-      // staged and written back.
-      p.fence->block(*copy_stream_);
-    }
-    pending_writebacks_.push_back(std::move(p));
-  });
+  const std::uint64_t task =
+      issue([this, attended, j, last_use, deadline] { issue_write_back(j, attended, last_use, deadline); });
   if (next < geometry_.num_streamed()) occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
   if (!writeback_blocks_.empty()) {
     stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
   }
   stats.add(Counter::kStreamUs, t.us());
+}
+
+void LayerStreamer::issue_write_back(std::int64_t j, const std::shared_ptr<c10::Event>& attended,
+                                     bool last_use, std::chrono::steady_clock::time_point deadline) {
+  const std::int64_t next = j + geometry_.ring_size;  // the buffer's next occupant
+  BufferLastUse* use =
+      last_use ? &buffer_last_use_[static_cast<std::size_t>(j % geometry_.ring_size)] : nullptr;
+  if (use != nullptr)
+    *use = BufferLastUse{attended, nullptr, nullptr, step_};  // stage_ahead adds the store gather
+  // Exact homes only: a compressed write-back's encode would sit on the
+  // write-back stream too, and crossing apart read no faster (docs/benchmarks/history.md,
+  // 2026-12-04).
+  const bool own_stream = copy_method_ == StreamCopy::kCopyEngineBatch && !codec_ && tuning_.writeback_stream;
+  // The staging of layer j + K into this buffer follows on the copy stream
+  // and must come after this layer's attention; so must a write-back there.
+  if (use == nullptr || (!writeback_blocks_.empty() && !own_stream)) attended->block(*copy_stream_);
+  if (writeback_blocks_.empty()) return;
+  PendingWriteback p{writeback_rows_, static_cast<std::size_t>(j),
+                     std::make_shared<c10::Event>(device_.type()), deadline};
+  const c10::Stream stream = own_stream ? *writeback_stream_ : *copy_stream_;
+  {
+    const c10::StreamGuard on_stream(stream);
+    // The last step's write-back of these homes, where no staging waited for
+    // it and it may have crossed on the other stream (the copy method changed).
+    if (auto& earlier = home_writeback_[static_cast<std::size_t>(j)]) earlier->block(stream);
+    if (own_stream) {
+      attended->block(stream);
+      batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
+    } else if (stages_by_pieces()) {
+      gather_write_back(j);
+    } else if (copy_method_ == StreamCopy::kCopyEngineBatch) {
+      batch_copy(j, writeback_runs_, /*to_home=*/true, stream);
+    } else {
+      at::Tensor& kv = streamed_kv_[static_cast<std::size_t>(j)];
+      for (const auto& run : writeback_runs_) {
+        copy_to_home(j, rows_of(run), kv.narrow(0, run.block, run.count));
+      }
+    }
+    p.fence->record(stream);
+  }
+  // The next occupant's compute writes the blocks this write-back reads.
+  if (next < geometry_.num_streamed()) occupant_writeback_[static_cast<std::size_t>(next)] = p.fence;
+  if (tuning_.settle_across_steps) home_writeback_[static_cast<std::size_t>(j)] = p.fence;
+  if (use != nullptr) {
+    use->written_back = p.fence;  // the next step's first staging and compute here wait for it
+  } else if (own_stream && !stage_writeback_disjoint_) {
+    // Its staging lands in the buffer: on the copy stream it follows this
+    // write-back anyway; beside it, it need not wait when no block is both
+    // staged and written back.
+    p.fence->block(*copy_stream_);
+  }
+  pending_writebacks_.push_back(std::move(p));
 }
 
 void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered,

@@ -15,7 +15,6 @@ const std::vector<TuningRow>& tuning_rows() {
       {"batch-one-call", batch, [](T& t) { t.batch_first_call = 0; }},
       {"batch-wb-on-copy", batch, [](T& t) { t.writeback_stream = false; }},
       {"batch-copy-hi", batch, [](T& t) { t.copy_high_priority = true; }},
-      {"batch-staging-waits-wb", batch, [](T& t) { t.staging_waits_for_writeback = true; }},
       {"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
       {"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
       {"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }},
@@ -25,8 +24,7 @@ const std::vector<TuningRow>& tuning_rows() {
 
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
-// write-back stream, its calls to the driver, whether a buffer's staging waits
-// for its last occupant's write-back, the issue thread, whether start issues
+// write-back stream, its calls to the driver, the issue thread, whether start issues
 // the first streamed layer alone, and whether write-backs settle on the host
 // each step (the default settles them across steps; the two differ only with
 // --back-to-back) (the gather stream's priority stays

@@ -32,6 +32,7 @@
 #include "activekv/host_arena.h"
 #include "activekv/kv_codec.h"
 #include "activekv/status.h"
+#include "activekv/step_runs.h"
 #include "activekv/streaming_geometry.h"
 #include "activekv/telemetry.h"
 
@@ -201,6 +202,10 @@ class LayerStreamer {
                 std::unique_ptr<HostArena> homes, std::unique_ptr<KVCodec> codec,
                 std::int64_t fence_timeout_ms, std::int64_t head_size, std::int64_t workers);
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
+  // begin_step's parts: the step's runs as its copy method takes them, and
+  // the stage blocks whose home rows are poisoned.
+  void plan_copies();
+  void note_poisoned_stages();
   // The home rows of a run: their bytes, [count, layer_bytes].
   at::Tensor home_bytes_of(std::int64_t streamed, const SlotRun& run);
   // Rows of homes' bytes (or of gather words) as blocks of the KV cache's dtype
@@ -234,6 +239,11 @@ class LayerStreamer {
   // thread, where there is one).
   // one_call: the batch goes to the driver in one call (ahead_in_one_call).
   void issue_stage(std::int64_t streamed, bool one_call = false);
+  // write_back's task: waits for the layer's attention (`attended`) and
+  // issues its write-back, recording the fences the buffer's next occupant,
+  // the next step and settle_writebacks wait on.
+  void issue_write_back(std::int64_t streamed, const std::shared_ptr<c10::Event>& attended, bool last_use,
+                        std::chrono::steady_clock::time_point deadline);
   // The caller's share of staging a layer: marks it issued and counts its bytes.
   void note_stage_issued(std::int64_t streamed, Telemetry& stats);
   // start_one_layer: issues the ring's first occupants that start left (no
@@ -382,17 +392,10 @@ class LayerStreamer {
   std::uintptr_t homes_base_ = 0;
   std::vector<std::uintptr_t> chunk_starts_;  // layer 0's first row of each chunk
   StreamingTuning tuning_;
-  // Per step: the stage runs of home rows the copy engine moves, and every
-  // stage block and its row in the pieces' order (those runs first, then the
-  // gathered ones); the write-back's long runs of home rows (copied from the
-  // ring by the copy engine, `offset` into writeback_long_blocks_) and its
-  // other blocks (written into the mapped homes by the device).
-  std::vector<SlotRun> copy_engine_runs_;
-  std::vector<std::int64_t> piece_blocks_, piece_rows_;
-  std::int64_t run_blocks_ = 0;
-  std::vector<SlotRun> writeback_long_runs_;
-  std::vector<std::int64_t> writeback_long_blocks_;
-  std::vector<std::int64_t> writeback_short_blocks_, writeback_short_rows_;
+  // Per step (stages_by_pieces): the stage blocks in the pieces' order, and
+  // the write-back split between the copy engine and the device's writes.
+  detail::PieceOrder pieces_plan_;
+  detail::WritebackSplit writeback_split_;
   std::vector<at::Tensor> pieces_;                     // device staging, [piece_rows, words] each
   std::vector<std::optional<c10::Event>> piece_free_;  // recorded on the copy stream after its scatter
   std::size_t next_piece_ = 0;

@@ -22,9 +22,6 @@ struct StreamingTuning {
   bool copy_high_priority = false;
   // kCopyEngineBatch: write-backs on a stream of their own, so the bus's two directions overlap.
   bool writeback_stream = true;
-  // kCopyEngineBatch: a staging waits for its buffer's last write-back even when
-  // their blocks are disjoint (off: only the compute waits; 2026-12-04).
-  bool staging_waits_for_writeback = false;
   // CUDA: a thread of its own issues the copy streams' work (copy_thread.h).
   // Off: at a ring of 2 it read no faster on the H200; at 3 it did (2026-12-04).
   bool issue_thread = false;
