@@ -136,23 +136,36 @@ def main() -> None:
         duplex(result)
         print("RESULT " + json.dumps(result))
         return
-    fn = batch_copy_fn()
     total = args.mib << 20
     host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     host.random_(0, 255)
     ring = torch.empty(total, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
     result = {"gpu": torch.cuda.get_device_name(), "mib": args.mib}
-
-    peak_ms = timed(stream, lambda: ring.copy_(host, non_blocking=True), args.iters)
-    peak = total / peak_ms / 1e6
-    result["peak_gbps"] = peak
-    print(f"one {args.mib} MiB copy, host to device: {peak:.1f} GB/s")
-    down_ms = timed(stream, lambda: host.copy_(ring, non_blocking=True), args.iters)
-    result["peak_d2h_gbps"] = total / down_ms / 1e6
-    print(f"one {args.mib} MiB copy, device to host: {result['peak_d2h_gbps']:.1f} GB/s")
-
     gen = torch.Generator().manual_seed(0)
+    peaks(host, ring, stream, args.iters, result)
+    fn = batch_copy_fn()
+    batches(fn, host, ring, stream, args.iters, gen, result)
+    beside_attention(fn, host, ring, stream, gen, result)
+    duplex(result)
+    print("RESULT " + json.dumps(result))
+
+
+def peaks(host, ring, stream, iters: int, result: dict) -> None:
+    """One copy of the whole buffer each way: the bus's peak."""
+    total, mib = host.numel(), host.numel() >> 20
+    peak_ms = timed(stream, lambda: ring.copy_(host, non_blocking=True), iters)
+    result["peak_gbps"] = total / peak_ms / 1e6
+    print(f"one {mib} MiB copy, host to device: {result['peak_gbps']:.1f} GB/s")
+    down_ms = timed(stream, lambda: host.copy_(ring, non_blocking=True), iters)
+    result["peak_d2h_gbps"] = total / down_ms / 1e6
+    print(f"one {mib} MiB copy, device to host: {result['peak_d2h_gbps']:.1f} GB/s")
+
+
+def batches(fn, host, ring, stream, iters: int, gen, result: dict) -> None:
+    """The buffer as one batch of scattered copies, per copy size, direction
+    and ordering flag: the bus's rate against its peak, and the call's time."""
+    total = host.numel()
     result["batches"] = []
     for size in (16 << 10, 33 << 10, 64 << 10, 256 << 10, 1 << 20):
         n = total // size
@@ -172,11 +185,11 @@ def main() -> None:
                     if to_device
                     else Batch(fn, rows, blocks, size, order, flags, False)
                 )
-                ms = timed(stream, lambda b=b: b.issue(stream), args.iters)
+                ms = timed(stream, lambda b=b: b.issue(stream), iters)
                 t = time.perf_counter()
-                for _ in range(args.iters):
+                for _ in range(iters):
                     b.issue(stream)
-                call_us = (time.perf_counter() - t) / args.iters * 1e6
+                call_us = (time.perf_counter() - t) / iters * 1e6
                 stream.synchronize()
                 gbps = total / ms / 1e6
                 row = {
@@ -185,7 +198,7 @@ def main() -> None:
                     "to_device": to_device,
                     "order": name,
                     "gbps": gbps,
-                    "x_peak": gbps / (peak if to_device else result["peak_d2h_gbps"]),
+                    "x_peak": gbps / result["peak_gbps" if to_device else "peak_d2h_gbps"],
                     "call_us": call_us,
                 }
                 result["batches"].append(row)
@@ -194,7 +207,12 @@ def main() -> None:
                     f" {gbps:6.1f} GB/s ({row['x_peak']:.3f} of peak), the call {call_us:8.0f} us"
                 )
 
-    # Copies beside a compute-bound attention: 2048 queries x 32 heads over 16k keys (a prefill chunk).
+
+def beside_attention(fn, host, ring, stream, gen, result: dict) -> None:
+    """Copies beside a compute-bound attention: 2048 queries x 32 heads over
+    16k keys (a prefill chunk), by the batched copy and by the engine's gather
+    method (the copy engine reads the rows into a piece, an SM kernel scatters
+    the piece into the ring)."""
     q = torch.randn(1, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 32, 16384, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -206,19 +224,12 @@ def main() -> None:
             torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
     size = 64 << 10
-    n = total // size
+    n = host.numel() // size
     perm = torch.randperm(n, generator=gen).tolist()
-    batch = Batch(
-        fn,
-        [ring.data_ptr() + p * size for p in perm],
-        [host.data_ptr() + i * size for i in range(n)],
-        size,
-        ORDER_STREAM,
-        0,
-        True,
-    )
-    # The engine's gather method, for comparison: the copy engine reads the
-    # rows into a piece, an SM kernel scatters the piece into the ring.
+    dsts = [ring.data_ptr() + p * size for p in perm]
+    srcs = [host.data_ptr() + i * size for i in range(n)]
+    batch = Batch(fn, dsts, srcs, size, ORDER_STREAM, 0, True)
+    overlap = Batch(fn, dsts, srcs, size, ORDER_STREAM, FLAG_PREFER_OVERLAP, True)
     piece = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
     ring_blocks = ring.view(n, size)
     ids = torch.tensor(perm, device="cuda")
@@ -230,7 +241,6 @@ def main() -> None:
             ring_blocks.index_copy_(0, ids[first : first + rows_per_piece], piece.view(rows_per_piece, size))
 
     attn_ms = timed(compute, attention, 2)
-    overlap = Batch(fn, batch.dsts, batch.srcs, size, ORDER_STREAM, FLAG_PREFER_OVERLAP, True)
     variants = (
         ("batched copy", lambda: batch.issue(stream)),
         ("batched copy, prefer overlap", lambda: overlap.issue(stream)),
@@ -238,22 +248,7 @@ def main() -> None:
     )
     for name, work in variants:
         copy_ms = timed(stream, work, 2)
-        torch.cuda.synchronize()
-        # Both streams wait behind a sleeping kernel while the host issues their
-        # work (a batch call takes milliseconds), so both start at its end.
-        with torch.cuda.stream(compute):
-            torch.cuda._sleep(100_000_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(compute)
-        stream.wait_event(start)
-        with torch.cuda.stream(compute):
-            attention()
-        with torch.cuda.stream(stream):
-            work()
-        compute.wait_stream(stream)
-        end.record(compute)
-        end.synchronize()
-        both_ms = start.elapsed_time(end)
+        both_ms = both_at_once(compute, stream, attention, work)
         row = {
             "copies": name,
             "attention_ms": attn_ms,
@@ -266,8 +261,26 @@ def main() -> None:
             f"beside attention, {name}: attention {attn_ms:.1f} ms, copies {copy_ms:.1f} ms, "
             f"both {both_ms:.1f} ms ({row['x_longer']:.3f}x the longer)"
         )
-    duplex(result)
-    print("RESULT " + json.dumps(result))
+
+
+def both_at_once(compute, stream, attention, work) -> float:
+    """Milliseconds from the two streams' common start to both ends."""
+    torch.cuda.synchronize()
+    # Both streams wait behind a sleeping kernel while the host issues their
+    # work (a batch call takes milliseconds), so both start at its end.
+    with torch.cuda.stream(compute):
+        torch.cuda._sleep(100_000_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(compute)
+    stream.wait_event(start)
+    with torch.cuda.stream(compute):
+        attention()
+    with torch.cuda.stream(stream):
+        work()
+    compute.wait_stream(stream)
+    end.record(compute)
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def duplex(result: dict) -> None:

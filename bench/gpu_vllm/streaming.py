@@ -86,56 +86,69 @@ def streaming(
             )
             start_s = round(time.perf_counter() - t0, 1)
             blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
-            plain_blocks = budget_bytes // (layers * page)
+            run = {
+                "budget_gib": budget,
+                **config,
+                "start_s": start_s,
+                "device_blocks": blocks,
+                "serves_tokens": (blocks - 1) * common.BLOCK,
+                "plain_serves_tokens": (budget_bytes // (layers * page) - 1) * common.BLOCK,
+                "cudagraph_mode": cudagraph_mode(llm),
+                "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+                "settle_across_steps": settled,
+                # The A/B against ATen's operations turns compressed homes' fused
+                # kernels off; kernels that failed to compile show only in the
+                # worker's start-up line.
+                "fused_codec_turned_off": os.environ.get("ACTIVEKV_FUSED_CODEC") == "0",
+            }
             for n in contexts:
                 if n == 0:  # the longest context the budget serves
                     n = (blocks - 2) * common.BLOCK - decode_tokens
-                prompt = prompt_of(n - decode_tokens, 7 + n)
-                first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
-                first_hit = timed_generate(llm, prompt, f"s{n}", 1)  # settles the prefill's leftovers
-                ones, steps = decode_steps(llm, prompt, f"s{n}", decode_tokens, repeats)  # prefix hits
-                one, step = statistics.median(ones), statistics.median(steps)
                 streamed = (layers - geometry["resident_layers"]) * -(-n // common.BLOCK) * block_bytes
-                measured = {
-                    "budget_gib": budget,
-                    **config,
-                    "context": n,
-                    "start_s": start_s,
-                    "device_blocks": blocks,
-                    "serves_tokens": (blocks - 1) * common.BLOCK,
-                    "plain_serves_tokens": (plain_blocks - 1) * common.BLOCK,
-                    "cudagraph_mode": cudagraph_mode(llm),
-                    "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
-                    "settle_across_steps": settled,
-                    # The A/B against ATen's operations turns compressed homes' fused
-                    # kernels off; kernels that failed to compile show only in the
-                    # worker's start-up line.
-                    "fused_codec_turned_off": os.environ.get("ACTIVEKV_FUSED_CODEC") == "0",
-                    "prefill_s": round(first, 2),
-                    "first_hit_ms": round(1000 * first_hit, 2),
-                    "hit_ms": round(1000 * one, 2),
-                    "decode_step_ms": round(1000 * step, 2),
-                    "decode_step_samples_ms": [round(1000 * x, 2) for x in steps],
-                    "tokens_per_s": round(1 / step, 2),
-                    "bus_bound_ms": round(1000 * streamed / peak, 2),
-                }
-                measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
+                measured = {**run, **decode_at(llm, n, decode_tokens, repeats, bus_bound_s=streamed / peak)}
                 out["runs"].append(measured)
                 print(json.dumps(measured), flush=True)
             shutdown(llm)
     # Plain vLLM's decode step with all KV on the device, at the same contexts.
     plain_contexts = [n for n in contexts if n] if with_plain else []
-    if not plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
-        return out
-    llm = make_llm(
-        None, None, max_model_len=max(plain_contexts) + decode_tokens + 64, async_scheduling=async_scheduling
-    )
-    for n in plain_contexts:
+    if plain_contexts:  # the longest contexts only: plain vLLM cannot hold them
+        out.update(plain_decode(plain_contexts, decode_tokens, repeats, async_scheduling))
+    return out
+
+
+def decode_at(llm, n: int, decode_tokens: int, repeats: int, *, bus_bound_s: float) -> dict[str, Any]:
+    """A context of `n` tokens: its prefill, its first prefix hit, and the
+    median decode step over `repeats` (each from a prefix hit), against the
+    bus's bound for the bytes a step streams."""
+    prompt = prompt_of(n - decode_tokens, 7 + n)
+    first = timed_generate(llm, prompt, f"s{n}", 1)  # prefill (+ 1 token)
+    first_hit = timed_generate(llm, prompt, f"s{n}", 1)  # settles the prefill's leftovers
+    ones, steps = decode_steps(llm, prompt, f"s{n}", decode_tokens, repeats)  # prefix hits
+    one, step = statistics.median(ones), statistics.median(steps)
+    measured = {
+        "context": n,
+        "prefill_s": round(first, 2),
+        "first_hit_ms": round(1000 * first_hit, 2),
+        "hit_ms": round(1000 * one, 2),
+        "decode_step_ms": round(1000 * step, 2),
+        "decode_step_samples_ms": [round(1000 * x, 2) for x in steps],
+        "tokens_per_s": round(1 / step, 2),
+        "bus_bound_ms": round(1000 * bus_bound_s, 2),
+    }
+    measured["x_bound"] = round(measured["decode_step_ms"] / measured["bus_bound_ms"], 3)
+    return measured
+
+
+def plain_decode(contexts: list[int], decode_tokens: int, repeats: int, async_scheduling: bool | None) -> dict:
+    """Plain vLLM's median decode step with all KV on the device, per context."""
+    llm = make_llm(None, None, max_model_len=max(contexts) + decode_tokens + 64, async_scheduling=async_scheduling)
+    steps_ms = {}
+    for n in contexts:
         prompt = prompt_of(n - decode_tokens, 7 + n)
         timed_generate(llm, prompt, "p", 1)
         _, steps = decode_steps(llm, prompt, "p", decode_tokens, repeats)  # as ActiveKV's: a median
-        out.setdefault("plain_decode_step_ms", {})[str(n)] = round(1000 * statistics.median(steps), 2)
-    out["plain_cudagraph_mode"] = cudagraph_mode(llm)
+        steps_ms[str(n)] = round(1000 * statistics.median(steps), 2)
+    out = {"plain_decode_step_ms": steps_ms, "plain_cudagraph_mode": cudagraph_mode(llm)}
     shutdown(llm)
-    print(json.dumps({"plain_decode_step_ms": out["plain_decode_step_ms"]}), flush=True)
+    print(json.dumps({"plain_decode_step_ms": steps_ms}), flush=True)
     return out
