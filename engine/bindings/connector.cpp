@@ -226,8 +226,9 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   }
 }
 
-// The worker's side: its KV caches, the step's loads, saves and streaming.
-void add_worker_methods(py::dict& ns) {
+// The worker's set-up and tear-down: its KV caches registered, the store
+// file's pinning undone.
+void add_worker_lifetime_methods(py::dict& ns) {
   ns["register_kv_caches"] = named("register_kv_caches", [](py::object self, py::dict kv_caches) {
     std::unordered_map<std::string, at::Tensor> caches;
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
@@ -245,6 +246,11 @@ void add_worker_methods(py::dict& ns) {
     }
   });
   ns["shutdown"] = named("shutdown", [](py::object self) { unpin_store_file(self); });
+}
+
+// The worker's side of a forward: the step's plan bound, its loads and saves
+// around every layer.
+void add_worker_step_methods(py::dict& ns) {
   ns["bind_connector_metadata"] = named("bind_connector_metadata", [](py::object self, py::object meta) {
     set_metadata(self, meta);
     if (WorkerSide* w = find_worker(self)) w->bind_plan(plan_from_python(meta));
@@ -295,6 +301,11 @@ void add_worker_methods(py::dict& ns) {
     py::gil_scoped_release nogil;
     w.wait_for_save();
   });
+}
+
+// What the worker tells the scheduler after a step: finished saves, failed
+// loads, its report and its telemetry.
+void add_worker_report_methods(py::dict& ns) {
   ns["get_finished"] = named("get_finished", [](py::object self, py::object finished) -> py::tuple {
     WorkerSide& w = worker_of(self);
     if (w.nothing_awaiting() && py::len(finished) == 0) return py::make_tuple(py::none(), py::none());
@@ -442,7 +453,9 @@ py::dict connector_namespace() {
   ns["requires_kv_delivery"] = py::module_::import("builtins").attr("property")(method([](py::object) {
     return false;
   }));  // a dropped save is only a future miss
-  add_worker_methods(ns);
+  add_worker_lifetime_methods(ns);
+  add_worker_step_methods(ns);
+  add_worker_report_methods(ns);
   add_scheduler_methods(ns);
   add_class_methods(ns);
   return ns;

@@ -9,6 +9,19 @@
 #include <stdexcept>
 
 namespace activekv {
+namespace {
+
+std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Sorted vectors, not sets: streaming's plan runs every step over every
+// scheduled block, and sets allocated a node per block (build_connector_meta
+// took twice as long with them in the CPU benchmark).
+void sort_unique(std::vector<std::int64_t>& v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+}  // namespace
 
 SchedulerSide::SchedulerSide(const Config& config, const Digest& identity_digest, std::int64_t block_size,
                              std::int64_t slot_bytes, std::int64_t num_slots, std::int64_t tp_size,
@@ -187,14 +200,6 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   // hit, or without a row yet: a request never seen from its start) get home
   // rows first; they and the loaded ones are not staged, since their homes
   // hold nothing of theirs.
-  const auto cdiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
-  // Sorted vectors, not sets: this runs every step over every scheduled
-  // block, and sets allocated a node per block (build_connector_meta took
-  // twice as long with them in the CPU benchmark).
-  const auto sort_unique = [](std::vector<std::int64_t>& v) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-  };
   std::vector<std::int64_t> loaded;
   for (const auto& op : plan.loads) loaded.push_back(op.block_id);
   sort_unique(loaded);
@@ -241,28 +246,28 @@ void SchedulerSide::plan_streaming(const std::vector<NewRequest>& new_requests,
   }
   sort_unique(touched);
   sort_unique(not_staged);
-  // In home-row order, each block with its row.
-  const auto by_row = [&](const std::vector<std::int64_t>& blocks, std::vector<std::int64_t>& ids,
-                          std::vector<std::int64_t>& rows) {
-    std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
-    pairs.reserve(blocks.size());
-    for (const auto b : blocks) pairs.emplace_back(homes_->row(b), b);
-    std::sort(pairs.begin(), pairs.end());
-    ids.reserve(pairs.size());
-    rows.reserve(pairs.size());
-    for (const auto& [row, block] : pairs) {
-      ids.push_back(block);
-      rows.push_back(row);
-    }
-  };
   std::vector<std::int64_t> stage;
   std::set_difference(touched.begin(), touched.end(), not_staged.begin(), not_staged.end(),
                       std::back_inserter(stage));
   std::vector<std::int64_t>& writeback = written;
   writeback.insert(writeback.end(), loaded.begin(), loaded.end());
   sort_unique(writeback);
-  by_row(stage, plan.stage_blocks, plan.stage_rows);
-  by_row(writeback, plan.writeback_blocks, plan.writeback_rows);
+  in_row_order(stage, plan.stage_blocks, plan.stage_rows);
+  in_row_order(writeback, plan.writeback_blocks, plan.writeback_rows);
+}
+
+void SchedulerSide::in_row_order(const std::vector<std::int64_t>& blocks, std::vector<std::int64_t>& ids,
+                                 std::vector<std::int64_t>& rows) const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
+  pairs.reserve(blocks.size());
+  for (const auto b : blocks) pairs.emplace_back(homes_->row(b), b);
+  std::sort(pairs.begin(), pairs.end());
+  ids.reserve(pairs.size());
+  rows.reserve(pairs.size());
+  for (const auto& [row, block] : pairs) {
+    ids.push_back(block);
+    rows.push_back(row);
+  }
 }
 
 void SchedulerSide::plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed,

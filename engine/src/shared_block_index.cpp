@@ -87,46 +87,14 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
   struct flock held{};
   detail::ofd_lock(ix->fd_, F_OFD_GETLK, F_WRLCK, kFirstInstance, kMaxInstances, &held);
   ix->joined_ = held.l_type != F_UNLCK;
-  if (!ix->joined_) {  // nobody uses it: (re)made from the store files
-    if (::ftruncate(ix->fd_, 0) != 0 || ::ftruncate(ix->fd_, static_cast<off_t>(ix->map_bytes_)) != 0) {
-      return failed(path, std::string("cannot be sized (") + std::strerror(errno) + ")");
-    }
-    if (Status s = file.reserve(ix->fd_, ix->map_bytes_, "free space there or choose another path");
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    struct stat st{};
-    if (::fstat(ix->fd_, &st) != 0 || static_cast<std::size_t>(st.st_size) != ix->map_bytes_) {
-      return failed(path, "is in use for a store of another size (" + std::to_string(st.st_size) +
-                              " bytes, this store's index takes " + std::to_string(ix->map_bytes_) +
-                              "): give every vLLM that shares a store the same capacity_bytes");
-    }
-  }
+  if (Status s = ix->size_file(file); !s.ok()) return s;
   auto map = file.map(ix->fd_, ix->map_bytes_);
   if (!map.ok()) return map.status();
   ix->map_ = map.value();
-  Header& h = ix->header();
   if (!ix->joined_) {
-    std::memset(ix->map_, 0, ix->map_bytes_);  // every slot kFree
-    std::memcpy(h.magic, kMagic, sizeof(kMagic));
-    h.format = kFormat;
-    h.max_instances = kMaxInstances;
-    h.num_slots = num_slots;
-    h.table_size = ix->table_size_;
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&h.mutex, &attr);
-    pthread_mutexattr_destroy(&attr);
-    for (std::int64_t s = 0; s < num_slots; ++s) ix->slot_at(s).owner = -1;
-    ix->rebuild_derived();
-  } else if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.format != kFormat ||
-             h.num_slots != num_slots || h.table_size != ix->table_size_) {
-    return failed(path, "is in use by vLLM instances with another store (" + std::to_string(h.num_slots) +
-                            " slots, this one has " + std::to_string(num_slots) +
-                            "): give every vLLM that shares a store the same capacity_bytes");
+    ix->init_header();
+  } else if (Status s = ix->check_header(); !s.ok()) {
+    return s;
   }
   for (int i = 0; i < kMaxInstances && ix->instance_ < 0; ++i) {
     if (detail::ofd_lock(ix->fd_, F_OFD_SETLK, F_WRLCK, kFirstInstance + i)) ix->instance_ = i;
@@ -148,6 +116,51 @@ Result<std::unique_ptr<SharedBlockIndex>> SharedBlockIndex::open(
   }
   detail::ofd_lock(ix->fd_, F_OFD_SETLK, F_UNLCK, kGateByte);
   return ix;
+}
+
+Status SharedBlockIndex::size_file(const detail::MappedFile& file) const {
+  if (!joined_) {  // nobody uses it: (re)made from the store files
+    if (::ftruncate(fd_, 0) != 0 || ::ftruncate(fd_, static_cast<off_t>(map_bytes_)) != 0) {
+      return file.failed(std::string("cannot be sized (") + std::strerror(errno) + ")");
+    }
+    return file.reserve(fd_, map_bytes_, "free space there or choose another path");
+  }
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0 || static_cast<std::size_t>(st.st_size) != map_bytes_) {
+    return file.failed("is in use for a store of another size (" + std::to_string(st.st_size) +
+                       " bytes, this store's index takes " + std::to_string(map_bytes_) +
+                       "): give every vLLM that shares a store the same capacity_bytes");
+  }
+  return Status::Ok();
+}
+
+void SharedBlockIndex::init_header() const {
+  Header& h = header();
+  std::memset(map_, 0, map_bytes_);  // every slot kFree
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.format = kFormat;
+  h.max_instances = kMaxInstances;
+  h.num_slots = num_slots_;
+  h.table_size = table_size_;
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&h.mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  for (std::int64_t s = 0; s < num_slots_; ++s) slot_at(s).owner = -1;
+  rebuild_derived();
+}
+
+Status SharedBlockIndex::check_header() const {
+  const Header& h = header();
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.format != kFormat || h.num_slots != num_slots_ ||
+      h.table_size != table_size_) {
+    return failed(path_, "is in use by vLLM instances with another store (" + std::to_string(h.num_slots) +
+                             " slots, this one has " + std::to_string(num_slots_) +
+                             "): give every vLLM that shares a store the same capacity_bytes");
+  }
+  return Status::Ok();
 }
 
 SharedBlockIndex::~SharedBlockIndex() {

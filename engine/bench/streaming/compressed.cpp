@@ -14,6 +14,46 @@ const std::vector<CompressedVariant>& compressed_variants() {
   return variants;
 }
 
+namespace {
+
+// Bitwise: the device's decode against the CPU's (the reference codec's
+// bytes, checked by the parity gate), and the device's encode against the
+// CPU's bytes, on random blocks.
+void check_codec_on_device(const KVCodec& codec, std::int64_t block) {
+  const at::Tensor blocks = at::randn({64, 2, block, kKvHeads, kHeadSize}).to(at::kBFloat16) * 3;
+  const at::Tensor data = codec.encode(blocks);
+  const at::Tensor on_cpu = codec.decode(data);
+  const at::Tensor on_device = codec.decode(data.to(g_device)).cpu();
+  const bool same = at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort));
+  const at::Tensor enc_device = codec.encode(blocks.to(g_device)).cpu();
+  const at::Tensor q_diff = (enc_device.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt) -
+                             data.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt))
+                                .abs();
+  std::printf(
+      "compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
+      "%s the CPU's bytes (%lld of %lld int8 values differ, by at most %lld)\n",
+      same ? "equals" : "DIFFERS FROM",
+      (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
+      at::equal(enc_device, data) ? "equals" : "DIFFERS FROM",
+      static_cast<long long>(q_diff.ne(0).sum().item<std::int64_t>()), static_cast<long long>(q_diff.numel()),
+      static_cast<long long>(q_diff.max().item<std::int64_t>()));
+  std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
+              same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
+}
+
+// Compressed homes' tokens/s over exact homes' at one point.
+void report_speedup(const char* label, const StepShape& shape, double speedup) {
+  std::printf("%s: %s ctx %lld x%lld  %.3fx exact homes' tokens/s\n", label, shape.kind.c_str(),
+              static_cast<long long>(shape.context), static_cast<long long>(shape.batch), speedup);
+  std::printf(
+      "RESULT {\"part\": \"compressed-speedup\", \"method\": \"%s\", \"kind\": \"%s\", \"context\": %lld, "
+      "\"batch\": %lld, \"back_to_back\": %lld, \"speedup\": %.4f}\n",
+      label, shape.kind.c_str(), static_cast<long long>(shape.context), static_cast<long long>(shape.batch),
+      static_cast<long long>(g_back_to_back), speedup);
+}
+
+}  // namespace
+
 // Compressed homes (StreamingConfig::homes): the homes hold the compressed
 // codec (int8 + one fp32 scale per head row); the streamer's pieces carry the
 // compressed rows over the bus and the copy stream decodes each into the ring.
@@ -23,29 +63,7 @@ void compressed(Bench& b) {
   const std::int64_t block = b.o.block;
   const std::vector<std::int64_t> shape{2, block, kKvHeads, kHeadSize};
   const auto codec = make_codec(Mode::kCompressed, shape, at::kBFloat16, kHeadSize);
-  // Bitwise: the device's decode against the CPU's (the reference codec's
-  // bytes, checked by the parity gate), on random blocks.
-  {
-    const at::Tensor blocks = at::randn({64, 2, block, kKvHeads, kHeadSize}).to(at::kBFloat16) * 3;
-    const at::Tensor data = codec->encode(blocks);
-    const at::Tensor on_cpu = codec->decode(data);
-    const at::Tensor on_device = codec->decode(data.to(g_device)).cpu();
-    const bool same = at::equal(on_cpu.view(at::kShort), on_device.view(at::kShort));
-    const at::Tensor enc_device = codec->encode(blocks.to(g_device)).cpu();
-    const at::Tensor q_diff = (enc_device.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt) -
-                               data.narrow(1, 0, blocks[0].numel()).view(at::kChar).to(at::kInt))
-                                  .abs();
-    std::printf(
-        "compressed codec: device decode %s the CPU's bitwise (max |diff| %g); device encode "
-        "%s the CPU's bytes (%lld of %lld int8 values differ, by at most %lld)\n",
-        same ? "equals" : "DIFFERS FROM",
-        (on_cpu.to(at::kFloat) - on_device.to(at::kFloat)).abs().max().item<double>(),
-        at::equal(enc_device, data) ? "equals" : "DIFFERS FROM",
-        static_cast<long long>(q_diff.ne(0).sum().item<std::int64_t>()),
-        static_cast<long long>(q_diff.numel()), static_cast<long long>(q_diff.max().item<std::int64_t>()));
-    std::printf("RESULT {\"part\": \"codec\", \"decode_bitwise\": %s, \"encode_bitwise\": %s}\n",
-                same ? "true" : "false", at::equal(enc_device, data) ? "true" : "false");
-  }
+  check_codec_on_device(*codec, block);
   std::vector<StepShape> shapes;
   for (const StepShape& point : std::vector<StepShape>{{"decode", 16384, 1, 1, 0},
                                                        {"decode", 65536, 1, 1, 0},
@@ -102,16 +120,7 @@ void compressed(Bench& b) {
       if (homes == Mode::kExact) {
         exact_step[i] = step;
       } else {
-        std::printf("%s: %s ctx %lld x%lld  %.3fx exact homes' tokens/s\n", v.label,
-                    steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
-                    static_cast<long long>(steps[i].shape.batch), exact_step[i] / step);
-        std::printf(
-            "RESULT {\"part\": \"compressed-speedup\", \"method\": \"%s\", \"kind\": \"%s\", \"context\": "
-            "%lld, "
-            "\"batch\": %lld, \"back_to_back\": %lld, \"speedup\": %.4f}\n",
-            v.label, steps[i].shape.kind.c_str(), static_cast<long long>(steps[i].shape.context),
-            static_cast<long long>(steps[i].shape.batch), static_cast<long long>(g_back_to_back),
-            exact_step[i] / step);
+        report_speedup(v.label, steps[i].shape, exact_step[i] / step);
       }
       if (!verify_step(m, steps[i])) b.failed = true;
       std::fflush(stdout);

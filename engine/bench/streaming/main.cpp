@@ -22,8 +22,10 @@
 //
 // Prints one line per point and a machine-readable "RESULT {json}" line.
 // The flags: kUsage below (`streaming_bench --help`).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "../bench_device.h"
@@ -65,11 +67,10 @@ KNOB/no-attention.
 
 const std::vector<std::string> kParts = {"probe", "tuning", "grid", "compressed", "curve"};  // --only
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Bench b;
-  const auto stop = bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
+// The flags into b.o (and the globals they set); a value to exit with
+// where they say to stop (--help, a bad flag).
+std::optional<int> read_flags(Bench& b, int argc, char** argv) {
+  return bench::parse_flags(argc, argv, kUsage, [&](const std::string& k, const std::string& v) {
     const auto whole = [&](std::int64_t least) { return bench::whole_number(k, v, least); };
     if (k == "--device")
       b.o.device = v;
@@ -122,20 +123,11 @@ int main(int argc, char** argv) {
     }
     return true;
   });
-  if (stop) return *stop;
-  // The other parts' points are the goals'; the profile runs its own steps.
-  if (!g_attention && (b.o.only != std::set<std::string>{"tuning"} || !b.o.profile_dir.empty())) {
-    std::fprintf(stderr, "--attention 0: only with --only tuning, unprofiled\n");
-    return 2;
-  }
-  if (b.o.profile_dir.empty() && b.o.profile_homes != "exact") {  // would run every part, unprofiled
-    std::fprintf(stderr, "--profile-homes %s: profiles only with --profile-dir\n", b.o.profile_homes.c_str());
-    return 2;
-  }
-  if (const std::string problem = bench::accelerator_problem(b.o.device); !problem.empty()) {
-    std::fprintf(stderr, "%s\n", problem.c_str());
-    return 2;
-  }
+}
+
+// The host, the device and the bus's pinned peak both ways, as every run's
+// first lines (bench.gpu_report reads the GPU's name and the peak from them).
+void print_machine(Bench& b) {
   if (b.o.pin_to_gpu_node) std::printf("%s\n", bench::pin_to_gpu_node().c_str());
   std::printf("%s\n", bench::host_placement().c_str());
   // The driver's launch queues (read when the context is made) move the host's
@@ -160,6 +152,27 @@ int main(int argc, char** argv) {
   std::printf("gpu: %s\n", gpu.empty() ? "not named (the NVIDIA driver lists none)" : gpu.c_str());
   std::printf("RESULT {\"part\": \"peak\", \"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f%s}\n", b.h2d_peak / 1e9,
               b.d2h_peak / 1e9, gpu.empty() ? "" : (", \"gpu\": \"" + gpu + "\"").c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Bench b;
+  if (const auto stop = read_flags(b, argc, argv)) return *stop;
+  // The other parts' points are the goals'; the profile runs its own steps.
+  if (!g_attention && (b.o.only != std::set<std::string>{"tuning"} || !b.o.profile_dir.empty())) {
+    std::fprintf(stderr, "--attention 0: only with --only tuning, unprofiled\n");
+    return 2;
+  }
+  if (b.o.profile_dir.empty() && b.o.profile_homes != "exact") {  // would run every part, unprofiled
+    std::fprintf(stderr, "--profile-homes %s: profiles only with --profile-dir\n", b.o.profile_homes.c_str());
+    return 2;
+  }
+  if (const std::string problem = bench::accelerator_problem(b.o.device); !problem.empty()) {
+    std::fprintf(stderr, "%s\n", problem.c_str());
+    return 2;
+  }
+  print_machine(b);
 #ifdef ACTIVEKV_BENCH_PROFILE
   if (!b.o.profile_dir.empty()) {
     profile(b, b.o.profile_dir);

@@ -45,6 +45,35 @@ void scatter(std::vector<std::int64_t>& ids, std::uint32_t seed) {
   }
 }
 
+// Home rows as the scheduler gives them (home_rows.h): the shared prefix
+// first, then each sequence's blocks in prefill chunks of 2048 tokens, the
+// sequences taking turns as a server's chunked prefills do.
+std::unordered_map<std::int64_t, std::int64_t> extent_rows(
+    const std::vector<std::vector<std::int64_t>>& tables, const std::vector<std::int64_t>& prefix,
+    std::int64_t num_blocks) {
+  HomeRows rows(num_blocks);
+  rows.assign("prefix", prefix);
+  constexpr std::size_t kChunk = 128;  // 2048 tokens of 16
+  std::vector<std::size_t> given(tables.size(), prefix.size());
+  for (bool more = true; more;) {
+    more = false;
+    for (std::size_t q = 0; q < tables.size(); ++q) {
+      const auto& t = tables[q];
+      const std::size_t end = std::min(t.size(), given[q] + kChunk);
+      if (given[q] == end) continue;
+      rows.assign("seq " + std::to_string(q),
+                  std::vector<std::int64_t>(t.begin() + static_cast<long>(given[q]),
+                                            t.begin() + static_cast<long>(end)));
+      given[q] = end;
+      more = true;
+    }
+  }
+  std::unordered_map<std::int64_t, std::int64_t> row_of;
+  for (const auto& t : tables)
+    for (const auto b : t) row_of[b] = rows.row(b);
+  return row_of;
+}
+
 }  // namespace
 
 Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_blocks, std::uint32_t seed,
@@ -69,25 +98,7 @@ Step make_step(const StepShape& shape, std::int64_t block, std::int64_t num_bloc
   // Blocks past the last one holding an earlier token are the step's new content.
   const auto first_fresh = static_cast<std::size_t>(cdiv(first_new, block));
   if (homes == Homes::kExtents) {
-    HomeRows rows(num_blocks);
-    rows.assign("prefix", prefix);
-    constexpr std::size_t kChunk = 128;  // 2048 tokens of 16
-    std::vector<std::size_t> given(s.tables.size(), prefix.size());
-    for (bool more = true; more;) {
-      more = false;
-      for (std::size_t q = 0; q < s.tables.size(); ++q) {
-        const auto& t = s.tables[q];
-        const std::size_t end = std::min(t.size(), given[q] + kChunk);
-        if (given[q] == end) continue;
-        rows.assign("seq " + std::to_string(q),
-                    std::vector<std::int64_t>(t.begin() + static_cast<long>(given[q]),
-                                              t.begin() + static_cast<long>(end)));
-        given[q] = end;
-        more = true;
-      }
-    }
-    for (const auto& t : s.tables)
-      for (const auto b : t) s.row_of[b] = rows.row(b);
+    s.row_of = extent_rows(s.tables, prefix, num_blocks);
   } else {
     for (const auto& t : s.tables)
       for (const auto b : t) s.row_of[b] = b;

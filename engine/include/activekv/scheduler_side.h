@@ -112,6 +112,9 @@ class SchedulerSide {
   // The step's stage and write-back blocks; after plan.loads is set.
   void plan_streaming(const std::vector<NewRequest>& new_requests,
                       const std::vector<CachedRequest>& cached_requests, StepPlan& plan);
+  // `blocks` in home-row order into `ids`, each with its row in `rows`.
+  void in_row_order(const std::vector<std::int64_t>& blocks, std::vector<std::int64_t>& ids,
+                    std::vector<std::int64_t>& rows) const;
 
   Config config_;
   Digest identity_digest_;

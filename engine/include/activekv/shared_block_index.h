@@ -36,6 +36,9 @@
 #include "activekv/status.h"
 
 namespace activekv {
+namespace detail {
+struct MappedFile;
+}  // namespace detail
 
 class SharedBlockIndex final : public StoreIndex {
  public:
@@ -88,6 +91,11 @@ class SharedBlockIndex final : public StoreIndex {
   struct Slot;
   class Locked;
   SharedBlockIndex() = default;
+  // open's parts: the file made to this store's size (or, joined, checked to
+  // have it), the header written (first instance) or checked (joined).
+  Status size_file(const detail::MappedFile& file) const;
+  void init_header() const;
+  Status check_header() const;
 
   Header& header() const;
   Slot& slot_at(std::int64_t slot) const;

@@ -76,6 +76,54 @@ std::pair<std::vector<StreamCopy>, std::string> allowed_copy_methods(WorkerSide&
   return {methods, names};
 }
 
+// streaming_ring's knobs at `step`, cycling so that every copy method meets
+// each setting (`num_methods`: how many the device allows, in turn).
+StreamingTuning ring_step_tuning(std::int64_t step, std::size_t num_methods, std::int64_t layer_bytes) {
+  // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
+  // the copy engine, so on a device one step cycles the pieces and mixes
+  // copied with gathered rows in a piece; a batch goes to the driver in
+  // several calls, the stagings issued ahead too (CPU copies ignore the
+  // tuning).
+  StreamingTuning tuning;
+  // Compressed homes on CUDA: the fused codec kernels and the codec's ATen
+  // operations in turn, so each stages what the other wrote home; switched
+  // every full turn of the methods, so each method runs with both.
+  tuning.fused_codec = (step / static_cast<std::int64_t>(num_methods)) % 2 == 0;
+  // On CUDA: the copies issued from the copy thread, and from this one.
+  tuning.issue_thread = (step / 2) % 2 == 0;
+  // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
+  // the second goes from the first layer's write-back.
+  tuning.start_one_layer = (step / 4) % 2 == 1;
+  // Steps 3-5, 9-11, ...: write-backs settle across steps (a buffer's first
+  // staging waits for its last use alone; set_tuning has waited for the
+  // device, streaming-back-to-back does not).
+  tuning.settle_across_steps = (step / 3) % 2 == 1;
+  if (step % 2 == 1) {
+    tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
+    tuning.ahead_in_one_call = false;
+    tuning.pieces = 2;
+    tuning.piece_bytes = 3 * layer_bytes;
+    tuning.copy_engine_run = 2;
+  }
+  return tuning;
+}
+
+// streaming_ring's plan for a step's staged and written blocks, with home
+// rows as the scheduler gives them (home_rows.h), in row order: the first
+// half of the blocks in consecutive rows of swapped pairs (a copy engine's
+// run, scattered in the ring), the rest 4 rows on (runs consecutive in both).
+StepPlan ring_step_plan(const Ids& staged, const Ids& written) {
+  const auto row_of = [](std::int64_t b) { return b < kRingBlocks / 2 ? (b ^ 1) : b + 4; };
+  const auto with_rows = [&](Ids list, Ids& ids, Ids& rows) {
+    std::sort(list.begin(), list.end(), [&](auto a, auto c) { return row_of(a) < row_of(c); });
+    for (const auto b : list) ids.push_back(b), rows.push_back(row_of(b));
+  };
+  StepPlan plan;
+  with_rows(staged, plan.stage_blocks, plan.stage_rows);
+  with_rows(written, plan.writeback_blocks, plan.writeback_rows);
+  return plan;
+}
+
 std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
   const std::vector<std::string> names = {"l0", "l1", "l2", "l3", "l4"};
   const KVLayout l = layout(names, 2, 32);
@@ -108,47 +156,9 @@ std::string streaming_ring(c10::Device device, Findings& f, Mode homes) {
       if (writes) written.push_back(b);
       if (fresh_step ? !writes && rng() % 2 == 0 : writes || rng() % 2 == 0) staged.push_back(b);
     }
-    // Odd steps: staging pieces of 3 blocks, 2 of them, and runs of 2 blocks by
-    // the copy engine, so on a device one step cycles the pieces and mixes
-    // copied with gathered rows in a piece; a batch goes to the driver in
-    // several calls, the stagings issued ahead too (CPU copies ignore the
-    // tuning).
-    StreamingTuning tuning;
-    // Compressed homes on CUDA: the fused codec kernels and the codec's ATen
-    // operations in turn, so each stages what the other wrote home; switched
-    // every full turn of the methods, so each method runs with both.
-    tuning.fused_codec = (step / static_cast<std::int64_t>(methods.size())) % 2 == 0;
-    // On CUDA: the copies issued from the copy thread, and from this one.
-    tuning.issue_thread = (step / 2) % 2 == 0;
-    // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
-    // the second goes from the first layer's write-back.
-    tuning.start_one_layer = (step / 4) % 2 == 1;
-    // Steps 3-5, 9-11, ...: write-backs settle across steps (a buffer's first
-    // staging waits for its last use alone; set_tuning has waited for the
-    // device, streaming-back-to-back does not).
-    tuning.settle_across_steps = (step / 3) % 2 == 1;
-    if (step % 2 == 1) {
-      tuning.batch_first_call = 1;  // a batch in calls of 1, 2, 4, ... copies
-      tuning.ahead_in_one_call = false;
-      tuning.pieces = 2;
-      tuning.piece_bytes = 3 * l.layer_bytes(homes);
-      tuning.copy_engine_run = 2;
-    }
-    worker.streamer()->set_tuning(tuning);
+    worker.streamer()->set_tuning(ring_step_tuning(step, methods.size(), l.layer_bytes(homes)));
     worker.streamer()->set_copy_method(methods[static_cast<std::size_t>(step) % methods.size()]);
-    // Home rows as the scheduler gives them (home_rows.h), in row order: the
-    // first half of the blocks in consecutive rows of swapped pairs (a copy
-    // engine's run, scattered in the ring), the rest 4 rows on (runs
-    // consecutive in both).
-    const auto row_of = [](std::int64_t b) { return b < kRingBlocks / 2 ? (b ^ 1) : b + 4; };
-    const auto with_rows = [&](Ids list, Ids& ids, Ids& rows) {
-      std::sort(list.begin(), list.end(), [&](auto a, auto c) { return row_of(a) < row_of(c); });
-      for (const auto b : list) ids.push_back(b), rows.push_back(row_of(b));
-    };
-    StepPlan plan;
-    with_rows(staged, plan.stage_blocks, plan.stage_rows);
-    with_rows(written, plan.writeback_blocks, plan.writeback_rows);
-    worker.bind_plan(std::move(plan));
+    worker.bind_plan(ring_step_plan(staged, written));
     worker.start_load();
     for (std::int64_t li = 0; li < static_cast<std::int64_t>(names.size()); ++li) {
       const auto& name = names[static_cast<std::size_t>(li)];
