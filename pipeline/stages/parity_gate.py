@@ -157,12 +157,7 @@ def run_on_accelerator_host(
         resume=True,
         jobs=jobs,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    problem = gate_problem(record)
-    if problem:
-        raise ParityError(f"target {target.name}: the parity gate failed ({problem}); record: {out}")
-    return record
+    return write_record(target, record, out)
 
 
 def run_parity(
@@ -194,6 +189,13 @@ def run_parity(
         # units they made (their fingerprint: both wheels' installed RECORDs and
         # the harness's sources); the record names each unit kept.
         record = run_here(target, target_dir / "parity", wheels, python, resume=True)
+    return write_record(target, record, out)
+
+
+def write_record(target: Target, record: dict, out: Path) -> dict:
+    """The gate's record written to `out`, failed or not (it says which cell
+    failed); ParityError where the gate failed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     problem = gate_problem(record)
     if problem:
