@@ -212,15 +212,8 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
         py::cast<std::int64_t>(py::getattr(parallel, "world_size", py::int_(id.tp_size))) *
         py::cast<std::int64_t>(py::getattr(parallel, "data_parallel_size_local", py::int_(1))));
     if (!config.store_path.empty()) {
-      // What must match for the file's bytes to be read back (the blocks'
-      // shape and strides are added at register_kv_caches).
-      std::string digest;
-      for (const auto b : id.digest())
-        digest += "0123456789abcdef"[b >> 4], digest += "0123456789abcdef"[b & 15];
       worker->use_store_file(store_file_of_rank(config.store_path, rank, id.tp_size),
-                             "activekv-store model=" + digest + " mode=" + mode_name(config.mode) +
-                                 " dtype=" + dtype_name(layout.dtype) + " rank=" + std::to_string(rank) +
-                                 "/" + std::to_string(id.tp_size));
+                             store_file_identity(id, config.mode, rank));
     }
     self.attr("_activekv_worker") = py::cast(std::move(worker));
   }

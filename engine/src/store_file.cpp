@@ -151,6 +151,13 @@ std::string store_file_of_rank(const std::string& store_path, std::int64_t tp_ra
   return tp_size == 1 ? store_path : store_path + ".rank" + std::to_string(tp_rank);
 }
 
+std::string store_file_identity(const ModelIdentity& id, Mode mode, std::int64_t tp_rank) {
+  std::string digest;
+  for (const auto b : id.digest()) digest += "0123456789abcdef"[b >> 4], digest += "0123456789abcdef"[b & 15];
+  return "activekv-store model=" + digest + " mode=" + mode_name(mode) + " dtype=" + id.dtype +
+         " rank=" + std::to_string(tp_rank) + "/" + std::to_string(id.tp_size);
+}
+
 std::uint64_t store_checksum(const std::uint8_t* data, std::size_t bytes) {
   std::uint64_t h = 0x243F6A8885A308D3ULL ^ bytes;
   std::size_t i = 0;

@@ -184,6 +184,25 @@ TEST(StoreFile, AnotherIdentityOrGeometryIsRefusedAndTheFileKept) {
 // The host arena's layout: chunks of slots, layer-major inside each, the last
 // chunk partly filled; a slot is one piece per layer, and the checksum covers
 // every piece.
+TEST(StoreFile, ItsIdentityChangesWithTheModelModeDtypeAndRank) {
+  const ModelIdentity id{"m", "bfloat16", 32, 8, 128, 16, 2};
+  const std::string same = store_file_identity(id, Mode::kExact, 1);
+  EXPECT_EQ(store_file_identity(ModelIdentity(id), Mode::kExact, 1), same);
+  // The format files written before carry: read back only if it is unchanged.
+  EXPECT_EQ(same.rfind("activekv-store model=", 0), 0u) << same;
+  EXPECT_NE(same.find(" mode=exact dtype=bfloat16 rank=1/2"), std::string::npos) << same;
+  ModelIdentity other_model = id, other_dtype = id, other_layers = id;
+  other_model.model = "n";
+  other_dtype.dtype = "float16";
+  other_layers.num_layers = 31;
+  for (const std::string& other :
+       {store_file_identity(id, Mode::kCompressed, 1), store_file_identity(id, Mode::kExact, 0),
+        store_file_identity(other_model, Mode::kExact, 1), store_file_identity(other_dtype, Mode::kExact, 1),
+        store_file_identity(other_layers, Mode::kExact, 1)}) {
+    EXPECT_NE(other, same);
+  }
+}
+
 TEST(StoreFile, ASlotIsOnePiecePerLayerInTheArenasChunks) {
   TempDir dir;
   StoreFileOptions o = options(dir.path / "store", kIdentity, 10);

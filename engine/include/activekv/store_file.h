@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "activekv/block_key.h"
+#include "activekv/config.h"
 #include "activekv/status.h"
 
 namespace activekv {
@@ -155,6 +156,12 @@ class StoreFile {
 // The file of one tensor-parallel rank: store_path itself with one rank,
 // "<store_path>.rank<r>" with several (each rank's shard once).
 std::string store_file_of_rank(const std::string& store_path, std::int64_t tp_rank, std::int64_t tp_size);
+
+// What must match for a store file's bytes to be read back by rank `tp_rank`
+// (StoreFileOptions::identity; the blocks' shape and strides are added when
+// the KV caches are registered): the model's identity digest, the mode, the
+// dtype and the rank of id.tp_size.
+std::string store_file_identity(const ModelIdentity& id, Mode mode, std::int64_t tp_rank);
 
 // The checksum of a slot's bytes (64-bit, fast: recovery reads every sealed
 // byte of the file).
