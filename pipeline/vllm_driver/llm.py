@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import gc
 import hashlib
+import json
 import logging
 import os
 import random
@@ -174,6 +175,7 @@ def make_llm(
 
 def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_parallel_size):
     from vllm import LLM
+    from vllm.platforms import current_platform
 
     args = {
         "model": str(model_path),
@@ -192,8 +194,40 @@ def _llm(model_path, kwargs, kv_cache_bytes, max_model_len, connector, tensor_pa
         "tensor_parallel_size": tensor_parallel_size,
         **kwargs,
     }
-    with gpu_memory_settling():
-        return LLM(**{k: v for k, v in args.items() if v is not None})
+    args = {k: v for k, v in args.items() if v is not None}
+    if current_platform.is_cuda_alike():
+        args = with_block_bytes(args, num_layers=_num_layers(model_path))
+    with gpu_memory_settling() if profiles_memory(args) else contextlib.nullcontext():
+        return LLM(**args)
+
+
+def with_block_bytes(args: dict[str, Any], *, num_layers: int) -> dict[str, Any]:
+    """On a GPU, a start whose KV cache is a number of blocks
+    (num_gpu_blocks_override) is given those blocks' bytes too: vLLM then
+    skips its memory profiling (vLLM 0.26 and 0.34
+    gpu_worker.determine_available_memory) and the override still sets the
+    count, so the start neither waits for nor is refused by another process's
+    memory settling. Either setting already turns vLLM 0.34's extensible KV
+    cache off; a start without the override (vLLM sizing the cache) keeps it."""
+    blocks = args.get("num_gpu_blocks_override")
+    if blocks is None or "kv_cache_memory_bytes" in args:
+        return args
+    per_block = num_layers * layer_block_bytes(args.get("tensor_parallel_size", 1))
+    return {**args, "kv_cache_memory_bytes": blocks * per_block}
+
+
+def profiles_memory(args: dict[str, Any]) -> bool:
+    """Whether vLLM measures the device's free memory as these arguments
+    start it: only then must no other process free memory meanwhile."""
+    return args.get("kv_cache_memory_bytes") is None
+
+
+def _num_layers(model_path) -> int:
+    """The model's depth (the tiny model's sessions differ in it)."""
+    config = Path(model_path) / "config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text()).get("num_hidden_layers", CONFIG["num_hidden_layers"]))
+    return CONFIG["num_hidden_layers"]
 
 
 # A file that processes sharing one GPU lock while a vLLM starts or stops
@@ -205,7 +239,9 @@ START_LOCK_ENV = "ACTIVEKV_VLLM_START_LOCK"
 def gpu_memory_settling(stopping: bool = False):
     """Holds START_LOCK_ENV's file, where set: vLLM 0.34 measures the GPU's
     free memory as it starts and refuses to start ("Error in memory
-    profiling") when another process released memory meanwhile.
+    profiling") when another process released memory meanwhile. Starts that
+    give the KV cache's bytes skip that measurement (profiles_memory) and do
+    not take the lock; stops always do.
 
     A stop goes before every start waiting: flock wakes any waiter, and on
     an H100 with twelve parity jobs the starts (40-50 s each) took the lock

@@ -89,3 +89,46 @@ def test_a_stop_that_died_waiting_holds_no_start_back(tmp_path, monkeypatch):
     with h.gpu_memory_settling():
         assert held_elsewhere(lock)
     assert list(stops.iterdir()) == []
+
+
+def test_on_a_gpu_a_count_of_blocks_is_given_its_bytes_so_vllm_skips_its_memory_profiling():
+    layers = 6
+    counted = {"num_gpu_blocks_override": 40, "tensor_parallel_size": 2}
+    given = h.with_block_bytes(counted, num_layers=layers)
+    assert given["num_gpu_blocks_override"] == 40
+    assert given["kv_cache_memory_bytes"] == 40 * layers * h.layer_block_bytes(2)
+    assert h.profiles_memory(counted) and not h.profiles_memory(given)
+    # Bytes already given, or vLLM sizing the cache itself (the extensible KV cache's tests): unchanged.
+    assert h.with_block_bytes({"kv_cache_memory_bytes": 123}, num_layers=layers) == {"kv_cache_memory_bytes": 123}
+    sized_by_vllm = {"gpu_memory_utilization": 0.1}
+    assert h.with_block_bytes(sized_by_vllm, num_layers=layers) == sized_by_vllm
+    assert h.profiles_memory(sized_by_vllm)
+
+
+def test_a_start_that_does_not_profile_does_not_wait_for_the_lock(tmp_path, monkeypatch):
+    """A fake vLLM module records what _llm starts it with and whether the
+    lock was held elsewhere meanwhile; the real one is not imported."""
+    import sys
+    import types
+
+    lock = tmp_path / "vllm-start.lock"
+    monkeypatch.setenv(h.START_LOCK_ENV, str(lock))
+    started = []
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = lambda **args: started.append(args) or "llm"
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cuda_alike=lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    import threading
+
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another job's vLLM profiling
+        start = threading.Thread(target=h._llm, args=(tmp_path, {}, None, 64, None, 1))
+        start.start()
+        start.join(timeout=10)
+        waited = start.is_alive()
+    start.join()
+    assert not waited, "the start waited for the lock"
+    assert started[0]["num_gpu_blocks_override"] == h.NUM_DEVICE_BLOCKS
+    assert started[0]["kv_cache_memory_bytes"] > 0
