@@ -35,14 +35,6 @@ def _workload(llm) -> list[comparison.Result]:
     return results + h.generate(llm, prompts)  # served from the host store
 
 
-def _first_logprob_difference(a: list[comparison.Result], b: list[comparison.Result]) -> str:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        for step, (sx, sy) in enumerate(zip(x.top, y.top, strict=False)):
-            if sx != sy:
-                return f"request {i} step {step}: {sx[:2]} != {sy[:2]}"
-    return ""
-
-
 IMPLEMENTATIONS = ("reference", "reference", "native")  # the reference twice: what of it is stable
 VLLM_STARTS = len(IMPLEMENTATIONS)
 
@@ -61,13 +53,13 @@ def run(model: Path, mode: str) -> Cell:
         results.append((generated, sorted(digests)))
     (ref, ref_store), (again, _), (nat, nat_store) = results
     tokens = [r.tokens for r in ref]
-    self_diff = _first_logprob_difference(ref, again)
+    self_diff = comparison.difference(ref, again)
     detail = ""
     if tokens != [r.tokens for r in nat]:
         detail = "generated tokens differ"
     elif ref_store != nat_store:
         detail = f"host stores differ ({len(ref_store)} vs {len(nat_store)} blocks)"
-    elif not self_diff and (diff := _first_logprob_difference(ref, nat)):
+    elif not self_diff and (diff := comparison.difference(ref, nat)):
         detail = f"logprobs differ: {diff}"
     digest = hashlib.sha256("".join(ref_store).encode()).hexdigest()[:12]
     note = f"{len(ref_store)} blocks, store {digest}; logprobs " + (
