@@ -132,27 +132,22 @@ void LayerStreamer::settle_writebacks(bool wait) {
   // so their outcome is known before it is planned. Not waiting
   // (settle_across_steps), the device orders the staging after them instead.
   const auto num_rows = static_cast<std::size_t>(homes_->num_slots());
-  // Beyond two steps' write-backs in flight the host waits for the oldest: a
-  // caller that never waits for the device must not grow this list.
-  const std::size_t most_unsettled = 2 * static_cast<std::size_t>(geometry_.num_streamed());
-  std::size_t settled = 0;
-  for (; settled < pending_writebacks_.size(); ++settled) {
-    const PendingWriteback& p = pending_writebacks_[settled];
-    std::optional<bool> done = detail::fence_outcome_now(*p.fence, p.deadline);
-    if (!done && (wait || pending_writebacks_.size() - settled > most_unsettled)) {
-      done = detail::fence_done_by(*p.fence, p.deadline);
-    }
-    if (!done) break;
-    for (const auto row : p.rows) {
-      // A write-back that completed rewrote the whole home row, which clears
-      // an earlier write-back's poison; one with an unknown outcome poisons it.
-      poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = *done ? 0 : 1;
-    }
-    if (*done && home_writeback_[p.layer] == p.fence)
-      home_writeback_[p.layer].reset();  // nothing to wait for
-  }
-  pending_writebacks_.erase(pending_writebacks_.begin(),
-                            pending_writebacks_.begin() + static_cast<std::ptrdiff_t>(settled));
+  // Beyond two steps' write-backs in flight the host waits for the oldest.
+  pending_writebacks_.settle(
+      wait, 2 * static_cast<std::size_t>(geometry_.num_streamed()),
+      [](const PendingWriteback& p, bool waiting) -> std::optional<bool> {
+        if (waiting) return detail::fence_done_by(*p.fence, p.deadline);
+        return detail::fence_outcome_now(*p.fence, p.deadline);
+      },
+      [&](const PendingWriteback& p, bool done) {
+        for (const auto row : p.rows) {
+          // A write-back that completed rewrote the whole home row, which clears
+          // an earlier write-back's poison; one with an unknown outcome poisons it.
+          poisoned_[p.layer * num_rows + static_cast<std::size_t>(row)] = done ? 0 : 1;
+        }
+        if (done && home_writeback_[p.layer] == p.fence)
+          home_writeback_[p.layer].reset();  // nothing to wait for
+      });
 }
 
 void LayerStreamer::wait_for_last_step(std::size_t streamed) {
@@ -388,7 +383,7 @@ void LayerStreamer::issue_write_back(std::int64_t j, const std::shared_ptr<c10::
     // staged and written back.
     p.fence->block(*copy_stream_);
   }
-  pending_writebacks_.push_back(std::move(p));
+  pending_writebacks_.push(std::move(p));
 }
 
 void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Event> gathered,

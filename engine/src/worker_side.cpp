@@ -378,27 +378,25 @@ void WorkerSide::wait_for_save() {
     gathered.block(current_stream(device_));
   }
   for (const auto slot : pending.lease.slots) in_flight_[static_cast<std::size_t>(slot)] = 1;
-  pending_saves_.push_back(std::move(pending));
+  pending_saves_.push(std::move(pending));
   save_lease_ = SlotLease{};
   save_fences_.clear();
   saved_layers_.clear();
   settle_saves(/*wait=*/false);
-  // Each pending save holds its step's gathered blocks on the device: when the
-  // copies fall behind, wait here rather than let that memory grow.
-  while (pending_saves_.size() > kMaxPendingSaves) {
-    settle_oldest(outcome(pending_saves_.front(), /*wait=*/true));
-  }
   stats_.add(Counter::kSaveUs, t.us());
 }
 
 void WorkerSide::settle_saves(bool wait) {
-  // Saves settle in order (one save stream): a later one cannot be done
-  // before an earlier one, so stop at the first still running.
-  while (!pending_saves_.empty()) {
-    const FenceState state = outcome(pending_saves_.front(), wait);
-    if (state == FenceState::kRunning) return;
-    settle_oldest(state);
-  }
+  // Each pending save holds its step's gathered blocks on the device: when the
+  // copies fall behind, wait for the oldest rather than let that memory grow.
+  pending_saves_.settle(
+      wait, kMaxPendingSaves,
+      [](const PendingSave& p, bool waiting) -> std::optional<bool> {
+        const FenceState state = outcome(p, waiting);
+        if (state == FenceState::kRunning) return std::nullopt;
+        return state == FenceState::kDone;
+      },
+      [this](PendingSave& p, bool done) { settle(p, done); });
 }
 
 WorkerSide::FenceState WorkerSide::outcome(const PendingSave& p, bool wait) {
@@ -416,11 +414,9 @@ WorkerSide::FenceState WorkerSide::outcome(const PendingSave& p, bool wait) {
   return FenceState::kDone;
 }
 
-void WorkerSide::settle_oldest(FenceState state) {
-  PendingSave p = std::move(pending_saves_.front());
-  pending_saves_.pop_front();
+void WorkerSide::settle(PendingSave& p, bool done) {
   for (const auto slot : p.lease.slots) in_flight_[static_cast<std::size_t>(slot)] = 0;
-  if (state != FenceState::kDone) {  // a copy may still land in these slots: never use them again
+  if (!done) {  // a copy may still land in these slots: never use them again
     arena_->quarantine(p.lease);
     report_.quarantined.insert(report_.quarantined.end(), p.lease.slots.begin(), p.lease.slots.end());
     stats_.add(Counter::kQuarantinedFences, 1);

@@ -31,6 +31,7 @@
 #include "activekv/streaming_tuning.h"
 #include "activekv/host_arena.h"
 #include "activekv/kv_codec.h"
+#include "activekv/settle_queue.h"
 #include "activekv/status.h"
 #include "activekv/step_runs.h"
 #include "activekv/streaming_geometry.h"
@@ -452,7 +453,7 @@ class LayerStreamer {
   // last occupant, so this one's stagings wait for those alone.
   bool from_last_step_ = false;
 
-  std::vector<PendingWriteback> pending_writebacks_;
+  SettleQueue<PendingWriteback> pending_writebacks_;
   // Per streamed layer and home row ([layer * num_rows + row]): the row's
   // bytes are unknown (a write-back fence with an unknown outcome).
   std::vector<char> poisoned_;

@@ -57,6 +57,7 @@
 #include "activekv/kv_codec.h"
 #include "activekv/kv_layout.h"
 #include "activekv/layer_streaming.h"
+#include "activekv/settle_queue.h"
 #include "activekv/step_plan.h"
 #include "activekv/telemetry.h"
 
@@ -181,7 +182,7 @@ class WorkerSide {
                         std::optional<c10::Event>& gathered);
   // kRunning only when not `wait` and before the save's deadline.
   static FenceState outcome(const PendingSave& p, bool wait);
-  void settle_oldest(FenceState state);  // seals, fails or quarantines it
+  void settle(PendingSave& p, bool done);  // seals, fails or quarantines it
 
   struct LayerLoad {
     at::Tensor rows;  // on the device
@@ -220,8 +221,8 @@ class WorkerSide {
   at::Tensor save_block_ids_;  // on the device, made once per step
   std::set<std::string> saved_layers_;
   std::vector<c10::Event> save_fences_;
-  std::deque<PendingSave> pending_saves_;  // in the order of their steps
-  std::vector<char> in_flight_;            // per slot: in a pending save
+  SettleQueue<PendingSave> pending_saves_;
+  std::vector<char> in_flight_;  // per slot: in a pending save
   WorkerReport report_;
   std::vector<std::int64_t> load_error_blocks_;
   std::set<std::string> awaiting_free_;
