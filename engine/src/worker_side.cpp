@@ -26,18 +26,6 @@ at::Tensor ok_or_throw(Result<at::Tensor> r) {
   return r.value();
 }
 
-using FenceState = WorkerSide::FenceState;
-
-// kUnknown: the fence reported an error, so the copies behind it may or may
-// not have landed.
-FenceState fence_state(const c10::Event& fence) {
-  try {
-    return fence.query() ? FenceState::kDone : FenceState::kRunning;
-  } catch (const c10::Error&) {
-    return FenceState::kUnknown;
-  }
-}
-
 }  // namespace
 
 WorkerSide::WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank,
@@ -389,29 +377,17 @@ void WorkerSide::wait_for_save() {
 void WorkerSide::settle_saves(bool wait) {
   // Each pending save holds its step's gathered blocks on the device: when the
   // copies fall behind, wait for the oldest rather than let that memory grow.
-  pending_saves_.settle(
-      wait, kMaxPendingSaves,
-      [](const PendingSave& p, bool waiting) -> std::optional<bool> {
-        const FenceState state = outcome(p, waiting);
-        if (state == FenceState::kRunning) return std::nullopt;
-        return state == FenceState::kDone;
-      },
-      [this](PendingSave& p, bool done) { settle(p, done); });
+  pending_saves_.settle(wait, kMaxPendingSaves, outcome,
+                        [this](PendingSave& p, bool done) { settle(p, done); });
 }
 
-WorkerSide::FenceState WorkerSide::outcome(const PendingSave& p, bool wait) {
+std::optional<bool> WorkerSide::outcome(const PendingSave& p, bool wait) {
   for (const auto& fence : p.fences) {
-    if (wait) {
-      if (!detail::fence_done_by(fence, p.deadline)) return FenceState::kUnknown;
-      continue;
-    }
-    const FenceState state = fence_state(fence);
-    if (state == FenceState::kRunning && std::chrono::steady_clock::now() >= p.deadline) {
-      return FenceState::kUnknown;
-    }
-    if (state != FenceState::kDone) return state;
+    const std::optional<bool> done =
+        wait ? detail::fence_done_by(fence, p.deadline) : detail::fence_outcome_now(fence, p.deadline);
+    if (done != true) return done;  // the first not done decides: running, or unknown
   }
-  return FenceState::kDone;
+  return true;
 }
 
 void WorkerSide::settle(PendingSave& p, bool done) {

@@ -65,9 +65,6 @@ namespace activekv {
 
 class WorkerSide {
  public:
-  // What a save's fences say (kUnknown: an error, or not done by the deadline).
-  enum class FenceState { kDone, kRunning, kUnknown };
-
   WorkerSide(const Config& config, KVLayout layout, std::int64_t num_slots, std::int64_t tp_rank,
              std::optional<StreamingGeometry> streaming = std::nullopt);
   ~WorkerSide();
@@ -180,8 +177,10 @@ class WorkerSide {
   // The store's part of save_layer; `gathered` is set when a device gather ran.
   void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
                         std::optional<c10::Event>& gathered);
-  // kRunning only when not `wait` and before the save's deadline.
-  static FenceState outcome(const PendingSave& p, bool wait);
+  // Its fences' outcome: done (true), unknown (false: a fence failed, or one
+  // still runs past the deadline), or still running (nullopt; only when not
+  // `wait`: waiting, each fence is waited for until the deadline).
+  static std::optional<bool> outcome(const PendingSave& p, bool wait);
   void settle(PendingSave& p, bool done);  // seals, fails or quarantines it
 
   struct LayerLoad {
