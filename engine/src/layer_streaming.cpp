@@ -1,8 +1,9 @@
-// LayerStreamer (layer_streaming.h): the ring's staging and write-back per
-// layer and step, and their fences. Making one is layer_streaming_setup.cpp;
-// the home rows' views and runs layer_streaming_rows.cpp;
-// the CPU target's copies (and the thread they may run on)
-// layer_streaming_cpu.cpp; the kDeviceGather copies device_gather.cpp.
+// LayerStreamer (layer_streaming.h): a step's plan, each per-layer call sent
+// to the part for where the step's copies run (StepCopies), the device's
+// staging and write-backs on its copy streams, and their fences. Making one
+// is layer_streaming_setup.cpp; the home rows' views and runs
+// layer_streaming_rows.cpp; the CPU target's parts (inline, or on the copy
+// thread) layer_streaming_cpu.cpp; the kDeviceGather copies device_gather.cpp.
 #include "activekv/layer_streaming.h"
 
 #include "cuda_batch_copy.h"
@@ -22,10 +23,6 @@ namespace {
 
 using detail::current_stream;
 using detail::Stopwatch;
-
-std::int64_t list_bytes(const std::vector<std::int64_t>& blocks, std::int64_t layer_bytes) {
-  return static_cast<std::int64_t>(blocks.size()) * layer_bytes;
-}
 
 SlotRun rows_of(const auto& run) { return SlotRun{run.row, run.count, run.offset}; }
 
@@ -53,9 +50,13 @@ void LayerStreamer::begin_step(std::vector<std::int64_t> stage_blocks, std::vect
   settle_writebacks(/*wait=*/!from_last_step_);
   stage_blocks_ = std::move(stage_blocks);
   stage_rows_ = std::move(stage_rows);
-  copy_thread_this_step_ =
-      copy_thread_ != nullptr && !has_streams() &&
-      list_bytes(stage_blocks_, homes_->layer_bytes()) >= tuning_.cpu_copy_thread_min_bytes;
+  if (has_streams()) {
+    step_copies_ = StepCopies::kDevice;
+  } else {
+    const bool on_thread =
+        copy_thread_ != nullptr && layer_bytes_of(stage_blocks_) >= tuning_.cpu_copy_thread_min_bytes;
+    step_copies_ = on_thread ? StepCopies::kThread : StepCopies::kInline;
+  }
   writeback_blocks_ = std::move(writeback_blocks);
   writeback_rows_ = std::move(writeback_rows);
   plan_copies();
@@ -182,14 +183,18 @@ void LayerStreamer::zero_fresh(std::int64_t streamed) {
 }
 
 void LayerStreamer::start(Telemetry& stats) {
-  if (copies_on_thread()) {  // the ring's first occupants; the last step's copies are done (begin_step)
-    const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
-    next_stage_ = 0;
-    not_woken_for_ = -1;
-    for (std::int64_t j = 0; j < first; ++j) post_copies_cpu(-1, j, &stats, /*due=*/true);
-    return;
+  switch (step_copies_) {
+    case StepCopies::kThread:
+      return start_on_thread(stats);
+    case StepCopies::kInline:
+      return;  // stage() copies each layer
+    case StepCopies::kDevice:
+      return start_on_device(stats);
   }
-  if (!has_streams() || !stages_this_step()) return;
+}
+
+void LayerStreamer::start_on_device(Telemetry& stats) {
+  if (!stages_this_step()) return;
   const Stopwatch t;
   // The ring's previous occupants (the last layers of the previous step, and
   // whatever vLLM did to the cache before this step) are done with it.
@@ -225,7 +230,7 @@ void LayerStreamer::issue_start_rest() {
 void LayerStreamer::note_stage_issued(std::int64_t streamed, Telemetry& stats) {
   stage_issued_[static_cast<std::size_t>(streamed)] = 1;
   if (stages_this_step()) {
-    stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
+    stats.add(Counter::kStreamedBytesToDevice, layer_bytes_of(stage_blocks_));
   }
 }
 
@@ -255,25 +260,18 @@ void LayerStreamer::stage(const std::string& name, Telemetry& stats) {
   const auto ju = static_cast<std::size_t>(j);
   if (staged_[ju]) return;
   staged_[ju] = 1;
-  if (copies_on_thread()) {
-    post_written_back_cpu();  // stage_ahead did not follow the last write_back
-    post_copies_cpu(-1, j, &stats,
-                    /*due=*/true);  // not posted ahead (start or the layer K places before did not run)
-    // The buffer's last occupant's write-back reads the blocks this layer's
-    // compute writes; its staging, posted after it, lands there too.
-    wait_issued(std::max(stage_tasks_[ju], occupant_writeback_tasks_[ju]));
-    take_copy_thread_time(stats);
-    return;
+  switch (step_copies_) {
+    case StepCopies::kThread:
+      return stage_on_thread(j, stats);
+    case StepCopies::kInline:
+      return stage_inline(j, stats);
+    case StepCopies::kDevice:
+      return stage_on_device(j, stats);
   }
-  if (!has_streams()) {
-    if (!stages_this_step()) return;
-    zero_fresh(j);
-    const Stopwatch t;
-    stage_cpu(j);
-    stats.add(Counter::kStreamedBytesToDevice, list_bytes(stage_blocks_, homes_->layer_bytes()));
-    stats.add(Counter::kStreamUs, t.us());
-    return;
-  }
+}
+
+void LayerStreamer::stage_on_device(std::int64_t j, Telemetry& stats) {
+  const auto ju = static_cast<std::size_t>(j);
   const Stopwatch t;
   if (j > 0 && j < start_rest_end_) issue_start_rest();  // in vLLM's order the first write_back did
   if (stages_this_step() && !stage_issued_[ju]) {
@@ -301,22 +299,23 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
   const std::int64_t j = it->second;
-  if (!has_streams()) {
-    if (writeback_blocks_.empty()) return;
-    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
-    if (copies_on_thread()) {
-      // Posted with the staging stage_ahead posts next, as one task: waking
-      // the thread is the poster's main cost (copy_thread.h).
-      post_written_back_cpu();
-      written_back_ = j;
-      take_copy_thread_time(stats);
-      return;
-    }
-    const Stopwatch t;
-    write_back_cpu(j);
-    stats.add(Counter::kStreamUs, t.us());
+  if (step_copies_ == StepCopies::kDevice) return write_back_on_device(j, stats);
+  if (writeback_blocks_.empty()) return;
+  stats.add(Counter::kStreamedBytesToHost, layer_bytes_of(writeback_blocks_));
+  if (step_copies_ == StepCopies::kThread) {
+    // Posted with the staging stage_ahead posts next, as one task: waking
+    // the thread is the poster's main cost (copy_thread.h).
+    post_written_back_cpu();
+    written_back_ = j;
+    take_copy_thread_time(stats);
     return;
   }
+  const Stopwatch t;
+  write_back_cpu(j);
+  stats.add(Counter::kStreamUs, t.us());
+}
+
+void LayerStreamer::write_back_on_device(std::int64_t j, Telemetry& stats) {
   const Stopwatch t;
   // Ahead of this task's wait for the attention: the bus runs on.
   issue_start_rest();
@@ -329,7 +328,7 @@ void LayerStreamer::write_back(const std::string& name, Telemetry& stats) {
       issue([this, attended, j, last_use, deadline] { issue_write_back(j, attended, last_use, deadline); });
   if (next < geometry_.num_streamed()) occupant_writeback_tasks_[static_cast<std::size_t>(next)] = task;
   if (!writeback_blocks_.empty()) {
-    stats.add(Counter::kStreamedBytesToHost, list_bytes(writeback_blocks_, homes_->layer_bytes()));
+    stats.add(Counter::kStreamedBytesToHost, layer_bytes_of(writeback_blocks_));
   }
   stats.add(Counter::kStreamUs, t.us());
 }
@@ -390,25 +389,27 @@ void LayerStreamer::stage_ahead(const std::string& name, std::optional<c10::Even
                                 Telemetry& stats) {
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) return;
-  if (copies_on_thread()) {  // the store save read the buffer on this thread, done by now
-    const std::int64_t written = it->second == written_back_ ? std::exchange(written_back_, -1) : -1;
-    post_written_back_cpu();
-    next_stage_ = it->second + 1;
-    // The last layer's write-back overlaps what follows the forward.
-    post_copies_cpu(written, it->second + geometry_.ring_size, &stats,
-                    it->second + 1 == geometry_.num_streamed());
-    return;
+  switch (step_copies_) {
+    case StepCopies::kThread:
+      return stage_ahead_on_thread(it->second, stats);
+    case StepCopies::kInline:
+      return;  // stage() copies each layer when it comes
+    case StepCopies::kDevice:
+      return stage_ahead_on_device(it->second, std::move(gathered), stats);
   }
-  if (!has_streams()) return;
-  const std::int64_t next = it->second + geometry_.ring_size;
+}
+
+void LayerStreamer::stage_ahead_on_device(std::int64_t j, std::optional<c10::Event> gathered,
+                                          Telemetry& stats) {
+  const std::int64_t next = j + geometry_.ring_size;
   const bool stage_next = next < geometry_.num_streamed() && !stage_issued_[static_cast<std::size_t>(next)];
   if (!gathered && !stage_next) return;
   const Stopwatch t;
   if (stage_next) note_stage_issued(next, stats);
   std::shared_ptr<c10::Event> store_gathered;
   if (gathered) store_gathered = std::make_shared<c10::Event>(std::move(*gathered));
-  const bool last_use = carries_last_use(it->second);
-  const auto buffer = static_cast<std::size_t>(it->second % geometry_.ring_size);
+  const bool last_use = carries_last_use(j);
+  const auto buffer = static_cast<std::size_t>(j % geometry_.ring_size);
   const std::uint64_t task = issue([this, store_gathered, next, stage_next, last_use, buffer] {
     // The store save's gather reads this buffer too: the next occupant waits for it.
     if (store_gathered && last_use) {

@@ -92,7 +92,7 @@ void LayerStreamer::apply_copy_thread() {
   if (wanted == (copy_thread_ != nullptr)) return;
   drain_issued();
   copy_thread_.reset();
-  copy_thread_this_step_ = false;
+  if (step_copies_ == StepCopies::kThread) step_copies_ = StepCopies::kInline;
   copy_thread_cpus_.clear();
   const std::vector<int> beside = wanted ? detail::cpus_beside(detail::forward_cpus()) : std::vector<int>{};
   if (beside.empty()) return;  // the forward may run on every CPU: a thread would take turns with it
@@ -154,6 +154,43 @@ void LayerStreamer::post_copies_cpu(std::int64_t written, std::int64_t staged, T
 void LayerStreamer::post_written_back_cpu() {
   if (copies_on_thread() && written_back_ >= 0)
     post_copies_cpu(std::exchange(written_back_, -1), -1, nullptr, true);
+}
+
+// The ring's first occupants; the last step's copies are done (begin_step).
+void LayerStreamer::start_on_thread(Telemetry& stats) {
+  const auto first = std::min<std::int64_t>(geometry_.ring_size, geometry_.num_streamed());
+  next_stage_ = 0;
+  not_woken_for_ = -1;
+  for (std::int64_t j = 0; j < first; ++j) post_copies_cpu(-1, j, &stats, /*due=*/true);
+}
+
+void LayerStreamer::stage_on_thread(std::int64_t j, Telemetry& stats) {
+  const auto ju = static_cast<std::size_t>(j);
+  post_written_back_cpu();  // stage_ahead did not follow the last write_back
+  post_copies_cpu(-1, j, &stats,
+                  /*due=*/true);  // not posted ahead (start or the layer K places before did not run)
+  // The buffer's last occupant's write-back reads the blocks this layer's
+  // compute writes; its staging, posted after it, lands there too.
+  wait_issued(std::max(stage_tasks_[ju], occupant_writeback_tasks_[ju]));
+  take_copy_thread_time(stats);
+}
+
+void LayerStreamer::stage_inline(std::int64_t j, Telemetry& stats) {
+  if (!stages_this_step()) return;
+  zero_fresh(j);
+  const Stopwatch t;
+  stage_cpu(j);
+  stats.add(Counter::kStreamedBytesToDevice, layer_bytes_of(stage_blocks_));
+  stats.add(Counter::kStreamUs, t.us());
+}
+
+// The store save read the buffer on this thread, done by now.
+void LayerStreamer::stage_ahead_on_thread(std::int64_t j, Telemetry& stats) {
+  const std::int64_t written = j == written_back_ ? std::exchange(written_back_, -1) : -1;
+  post_written_back_cpu();
+  next_stage_ = j + 1;
+  // The last layer's write-back overlaps what follows the forward.
+  post_copies_cpu(written, j + geometry_.ring_size, &stats, j + 1 == geometry_.num_streamed());
 }
 
 }  // namespace activekv

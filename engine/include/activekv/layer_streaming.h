@@ -259,8 +259,24 @@ class LayerStreamer {
   // Waits for every task posted (before the step's state changes).
   void drain_issued();
   void apply_copy_thread();  // starts or stops it as tuning_ says
-  // CPU with the copy thread (cpu_copy_thread): the copies are its tasks.
-  bool copies_on_thread() const { return copy_thread_this_step_; }
+  // Where a step's copies run, chosen by begin_step: on the CPU copy thread
+  // (cpu_copy_thread, a step staging enough), on the forward's thread, or
+  // issued on a device's copy streams. start, stage, write_back and
+  // stage_ahead each go to the part for it.
+  enum class StepCopies { kInline, kThread, kDevice };
+  bool copies_on_thread() const { return step_copies_ == StepCopies::kThread; }
+  void start_on_thread(Telemetry& stats);
+  void start_on_device(Telemetry& stats);
+  void stage_on_thread(std::int64_t streamed, Telemetry& stats);
+  void stage_inline(std::int64_t streamed, Telemetry& stats);
+  void stage_on_device(std::int64_t streamed, Telemetry& stats);
+  void write_back_on_device(std::int64_t streamed, Telemetry& stats);
+  void stage_ahead_on_thread(std::int64_t streamed, Telemetry& stats);
+  void stage_ahead_on_device(std::int64_t streamed, std::optional<c10::Event> gathered, Telemetry& stats);
+  // Bytes of `blocks` in one streamed layer's homes.
+  std::int64_t layer_bytes_of(const std::vector<std::int64_t>& blocks) const {
+    return static_cast<std::int64_t>(blocks.size()) * homes_->layer_bytes();
+  }
   // CPU: a layer's staging and write-back, on the calling thread.
   void stage_cpu(std::int64_t streamed);
   void write_back_cpu(std::int64_t streamed);
@@ -430,8 +446,8 @@ class LayerStreamer {
   // The copy thread's time, not yet in a Telemetry: the next stage or
   // write_back counts it, so a step's last copies count in the next step.
   std::atomic<std::int64_t> copy_thread_us_{0};
-  bool copy_thread_this_step_ = false;  // set by begin_step (cpu_copy_thread_min_bytes)
-  std::int64_t written_back_ = -1;      // CPU copy thread: the write-back not yet posted
+  StepCopies step_copies_ = StepCopies::kInline;  // set by begin_step
+  std::int64_t written_back_ = -1;                // CPU copy thread: the write-back not yet posted
   // CPU copy thread, per step: the streamed layer stage() is called for next,
   // and the first whose staging was posted without waking the thread (-1: none).
   std::int64_t next_stage_ = 0;
