@@ -16,11 +16,11 @@
 # Units a machine ended travel to the next one: carry OUT's parity-jobs.tgz as
 # build/parity-cuda-units.tgz and `run` starts from its units (they are kept
 # only where the wheels and the harness are the same bytes).
-# The jobs share one lock around each vLLM start and stop (vLLM 0.34 refuses
-# to start when another process frees GPU memory while it profiles): on an
-# H100 a start holds it 30-50 s (the first on a machine 90-140 s: FlashInfer
-# compiles its kernels), so more than 4-6 jobs only wait
-# (bench/raw/2026-12-06-h100-vllm-0.34-parity-cuda-jobs-12-starts.txt).
+# The jobs' vLLMs are given their KV cache in bytes, so they start side by
+# side (vLLM then skips the memory profiling that refuses a start while
+# another process frees GPU memory); each holds about 9 GiB and wants 0.3 of
+# the card free as it starts, so 4 jobs on an H100, up to 8 on an H200
+# (docs/gpu-test-machine.md; the first start on a machine compiles FlashInfer).
 # STAGE (default /tmp/stage), WORK (default /tmp/work-vllm-0.34.0), OUT: the
 # call's output folder. VLLM_VERSION: 0.34.0 unless given.
 set -uo pipefail
@@ -60,6 +60,6 @@ run)
   grep -h "^parity: .* in [0-9.]* s" "$harness"/jobs/*.log
   exit $code ;;
 *)
-  sed -n '2,26p' "$0" >&2
+  sed -n '2,25p' "$0" >&2
   exit 2 ;;
 esac
