@@ -110,6 +110,14 @@ std::vector<SlotRun> HostArena::runs(const std::vector<std::int64_t>& slots) con
   return out;
 }
 
+std::vector<SlotRun> HostArena::all_runs() const {
+  std::vector<SlotRun> out;
+  for (std::int64_t first = 0; first < num_slots_; first += slots_per_chunk_) {
+    out.push_back(SlotRun{first, std::min(slots_per_chunk_, num_slots_ - first), first});
+  }
+  return out;
+}
+
 Status HostArena::allocate_all() {
   for (std::int64_t c = 0; c < num_chunks(); ++c) {
     if (const Status s = ensure_chunk(c); !s.ok()) return s;

@@ -106,8 +106,8 @@ void LayerStreamer::plan_copies() {
       stage_home_runs_ = home_runs(stage_blocks_, stage_rows_);
       writeback_home_runs_ = home_runs(writeback_blocks_, writeback_rows_);
     } else {
-      stage_runs_ = pair_runs(stage_blocks_, stage_rows_);
-      writeback_runs_ = pair_runs(writeback_blocks_, writeback_rows_);
+      stage_runs_ = detail::pair_runs(homes_->runs(stage_rows_), stage_blocks_, stage_rows_);
+      writeback_runs_ = detail::pair_runs(homes_->runs(writeback_rows_), writeback_blocks_, writeback_rows_);
     }
   }
 }
@@ -427,10 +427,8 @@ std::string LayerStreamer::home_bytes(const std::string& name) {
   const auto it = streamed_index_.find(name);
   if (it == streamed_index_.end()) throw std::invalid_argument("layer '" + name + "' is not streamed");
   synchronize();
-  std::vector<std::int64_t> all(static_cast<std::size_t>(homes_->num_slots()));
-  for (std::size_t b = 0; b < all.size(); ++b) all[b] = static_cast<std::int64_t>(b);
   std::string out;
-  for (const auto& run : homes_->runs(all)) {
+  for (const auto& run : homes_->all_runs()) {
     auto view = homes_->run_view(it->second, run);
     if (!view.ok()) throw std::runtime_error(view.status().error());
     const at::Tensor bytes = view.value().contiguous();

@@ -78,21 +78,4 @@ std::vector<LayerStreamer::HomeRun> LayerStreamer::home_runs(const std::vector<s
   return out;
 }
 
-std::vector<LayerStreamer::PairRun> LayerStreamer::pair_runs(const std::vector<std::int64_t>& blocks,
-                                                             const std::vector<std::int64_t>& rows) const {
-  // The arena's runs of rows, split where the block ids stop being consecutive.
-  std::vector<PairRun> out;
-  for (const auto& run : homes_->runs(rows)) {
-    for (auto i = static_cast<std::size_t>(run.offset); i < static_cast<std::size_t>(run.offset + run.count);
-         ++i) {
-      if (i > static_cast<std::size_t>(run.offset) && blocks[i] == out.back().block + out.back().count) {
-        ++out.back().count;
-        continue;
-      }
-      out.push_back(PairRun{blocks[i], rows[i], 1, static_cast<std::int64_t>(i)});
-    }
-  }
-  return out;
-}
-
 }  // namespace activekv

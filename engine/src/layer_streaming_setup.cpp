@@ -69,9 +69,7 @@ Result<std::unique_ptr<LayerStreamer>> LayerStreamer::create(
                                            chunk_bytes_for(num_streamed));
   // Every home starts as zeros (the reference's homes), allocated now: a step
   // never allocates host memory.
-  std::vector<std::int64_t> all(static_cast<std::size_t>(num_rows));
-  for (std::int64_t r = 0; r < num_rows; ++r) all[static_cast<std::size_t>(r)] = r;
-  for (const auto& run : homes->runs(all)) {
+  for (const auto& run : homes->all_runs()) {
     for (std::int64_t l = 0; l < num_streamed; ++l) {
       auto view = homes->run_view(l, run);
       if (!view.ok()) return view.status();

@@ -66,4 +66,20 @@ WrittenOnly written_not_staged(const std::vector<std::int64_t>& stage_blocks,
   return out;
 }
 
+std::vector<PairRun> pair_runs(const std::vector<SlotRun>& runs, const std::vector<std::int64_t>& blocks,
+                               const std::vector<std::int64_t>& rows) {
+  std::vector<PairRun> out;
+  for (const auto& run : runs) {
+    for (std::int64_t i = run.offset; i < run.offset + run.count; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      if (i > run.offset && blocks[k] == out.back().block + out.back().count) {
+        ++out.back().count;
+        continue;
+      }
+      out.push_back(PairRun{blocks[k], rows[k], 1, i});
+    }
+  }
+  return out;
+}
+
 }  // namespace activekv::detail

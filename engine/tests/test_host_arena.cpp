@@ -23,6 +23,20 @@ TEST(HostArena, RunsSplitAtGapsAndChunkEdges) {
   EXPECT_EQ(runs[3].first, 6);
 }
 
+TEST(HostArena, AllRunsAreTheRunsOfEverySlotInOrder) {
+  HostArena arena(10, 2, 50, /*pin=*/false, /*chunk_bytes=*/300);  // 3 slots a chunk, the last holds one
+  std::vector<std::int64_t> every(10);
+  for (std::int64_t s = 0; s < 10; ++s) every[static_cast<std::size_t>(s)] = s;
+  const auto expected = arena.runs(every);
+  const auto all = arena.all_runs();
+  ASSERT_EQ(all.size(), expected.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ((std::vector<std::int64_t>{all[i].first, all[i].count, all[i].offset}),
+              (std::vector<std::int64_t>{expected[i].first, expected[i].count, expected[i].offset}));
+  }
+  EXPECT_EQ(all.back().count, 1);
+}
+
 TEST(HostArena, ChunksAllocatedOnFirstUseAndBounded) {
   HostArena arena(10, 2, 50, false, 300);
   EXPECT_EQ(arena.allocated_chunks(), 0);

@@ -1,7 +1,8 @@
 // A layer-streaming step's plan (src/step_runs.h), without a device: the
 // pieces' order keeps every block with its home row and puts the copy
 // engine's long runs first; a write-back splits the same way; blocks written
-// back and not staged are found in block order.
+// back and not staged are found in block order; runs of rows split into pairs
+// of runs consecutive in both.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +73,30 @@ TEST(StepRuns, BlocksWrittenBackAndNotStagedComeInBlockOrder) {
   EXPECT_EQ(all.blocks, (Ids{2, 7, 9}));
   EXPECT_TRUE(all.all);
   EXPECT_TRUE(detail::written_not_staged({1}, {}).all);
+}
+
+TEST(StepRuns, PairRunsSplitWhereTheBlockIdsStopBeingConsecutive) {
+  // Rows 5-8 hold blocks 10, 11, 13, 14 (a gap after 11); row 20 block 3;
+  // rows 30-31 blocks 41, 40 (descending: two runs).
+  const Ids blocks{10, 11, 13, 14, 3, 41, 40};
+  const std::vector<detail::PairRun> runs = detail::pair_runs(kRuns, blocks, kRows);
+  ASSERT_EQ(runs.size(), 5u);
+  std::int64_t covered = 0;
+  for (const detail::PairRun& run : runs) {  // every pair in a run is (block + i, row + i), at its offset
+    for (std::int64_t i = 0; i < run.count; ++i) {
+      const auto k = static_cast<std::size_t>(run.offset + i);
+      EXPECT_EQ(blocks[k], run.block + i);
+      EXPECT_EQ(kRows[k], run.row + i);
+    }
+    covered += run.count;
+  }
+  EXPECT_EQ(covered, static_cast<std::int64_t>(blocks.size()));
+  EXPECT_EQ(runs[0].count, 2);
+  EXPECT_EQ(runs[1].block, 13);
+  EXPECT_EQ(runs[1].row, 7);
+  // Consecutive block ids across two runs of rows stay two copies.
+  const std::vector<detail::PairRun> apart = detail::pair_runs(kRuns, Ids{0, 1, 2, 3, 4, 5, 6}, kRows);
+  EXPECT_EQ(apart.size(), 3u);
 }
 
 }  // namespace

@@ -83,6 +83,8 @@ class HostArena {
 
   // Splits a batch of slots into runs of consecutive slots within a chunk.
   std::vector<SlotRun> runs(const std::vector<std::int64_t>& slots) const;
+  // Every slot in order, one run a chunk (offsets are slot numbers).
+  std::vector<SlotRun> all_runs() const;
 
   // The [count, layer_bytes] bytes of `layer` for the run's slots, allocating
   // the chunk on first use. Errors: kOutOfRange, kOutOfMemory (refused).

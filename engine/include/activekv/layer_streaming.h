@@ -309,14 +309,7 @@ class LayerStreamer {
     return tuning_.settle_across_steps && streamed + geometry_.ring_size >= geometry_.num_streamed();
   }
 
-  // Consecutive blocks in consecutive home rows of one chunk: one copy on
-  // the CPU path (kRuns). `offset` is the run's place in the step's list.
-  struct PairRun {
-    std::int64_t block;
-    std::int64_t row;
-    std::int64_t count;
-    std::int64_t offset;
-  };
+  using PairRun = detail::PairRun;  // step_runs.h
   // CPU: a step's runs of consecutive home rows (inside a chunk) with their
   // blocks. Exact homes: a memcpy per stretch of consecutive block ids (a
   // copy_ pays ATen's dispatch each call, index_copy_ moves elements: both ran
@@ -331,8 +324,6 @@ class LayerStreamer {
   // Between a run's home rows and its blocks in the ring, either way.
   void copy_run_cpu(std::int64_t streamed, const HomeRun& run, bool to_home);
   std::vector<HomeRun> home_runs(const std::vector<std::int64_t>& blocks,
-                                 const std::vector<std::int64_t>& rows) const;
-  std::vector<PairRun> pair_runs(const std::vector<std::int64_t>& blocks,
                                  const std::vector<std::int64_t>& rows) const;
   // kDeviceGather: a step's blocks as the device indexes them. Home rows in
   // order group by home chunk; `local` is each block's row inside its chunk.

@@ -44,4 +44,16 @@ struct WrittenOnly {
 WrittenOnly written_not_staged(const std::vector<std::int64_t>& stage_blocks,
                                const std::vector<std::int64_t>& writeback_blocks);
 
+// kRuns on a device: pairs of (block, home row) runs, each consecutive in both
+// (inside one of `runs`, split where the block ids stop being consecutive),
+// with its offset into the step's lists: one copy a run.
+struct PairRun {
+  std::int64_t block;
+  std::int64_t row;
+  std::int64_t count;
+  std::int64_t offset;
+};
+std::vector<PairRun> pair_runs(const std::vector<SlotRun>& runs, const std::vector<std::int64_t>& blocks,
+                               const std::vector<std::int64_t>& rows);
+
 }  // namespace activekv::detail
