@@ -37,7 +37,9 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(1000 * x, 1)
 
 
-def summarize(requests: list[dict[str, Any]], counters: dict[str, float], workers: int = 1) -> dict[str, Any]:
+def summarize(
+    requests: list[dict[str, Any]], counters: dict[str, float], workers: int = 1, on_gpu: bool = False
+) -> dict[str, Any]:
     ok = [r for r in requests if "error" not in r]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
@@ -66,26 +68,32 @@ def summarize(requests: list[dict[str, Any]], counters: dict[str, float], worker
     if by_source:  # vLLM 0.32+: the tier the connector says each hit came from
         out["cached_by_source"] = by_source
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
-    out["connector"] = connector_time(counters, len(requests), workers)
+    out["connector"] = connector_time(counters, len(requests), workers, on_gpu)
     return out
 
 
-def connector_time(counters: dict[str, float], requests: int, workers: int = 1) -> dict[str, float] | None:
+def connector_time(
+    counters: dict[str, float], requests: int, workers: int = 1, on_gpu: bool = False
+) -> dict[str, float] | None:
     """Where ActiveKV's own time went over the rate point, from its counters:
-    loads and saves (milliseconds a request, and the bytes' rate while they
-    ran), lookups and hits. vLLM sums the workers' counters; the workers run
-    side by side, so a request's time is that sum over the number of workers,
-    and the rate is all workers' together. None for an engine without them."""
+    the workers' time on loads and saves (milliseconds a request, and on CPU
+    the bytes' rate while they ran), lookups and hits. vLLM sums the workers'
+    counters; the workers run side by side, so a request's time is that sum
+    over the number of workers, and the rate is all workers' together. On a
+    GPU the counters hold the time spent issuing copies that then run on a
+    copy stream, so no rate is derived from them there. None for an engine
+    without them."""
     get = lambda name: counters.get(f"vllm:activekv_{name}_total", 0.0)  # noqa: E731
     if not any(k.startswith("vllm:activekv_") for k in counters) or not requests:
         return None
     load_s, save_s, stream_s = (get(n) / 1e6 / workers for n in ("load_us", "save_us", "stream_us"))
     return {
         "load_ms_a_request": round(1000 * load_s / requests, 2),
-        "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s else None,
+        "load_gbps": round(get("bytes_to_device") / load_s / 1e9, 2) if load_s and not on_gpu else None,
         "save_ms_a_request": round(1000 * save_s / requests, 2),
-        "save_gbps": round(get("bytes_to_host") / save_s / 1e9, 2) if save_s else None,
+        "save_gbps": round(get("bytes_to_host") / save_s / 1e9, 2) if save_s and not on_gpu else None,
         "stream_ms_a_request": round(1000 * stream_s / requests, 2),
+        "copies_on_a_stream": on_gpu,
         "hit_tokens": get("hit_tokens"),
         "stored_blocks": get("stored_blocks"),
         "evicted_blocks": get("evicted_blocks"),
@@ -103,13 +111,15 @@ def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str,
             continue
         engine, workload = runs[-1]["engine"], runs[-1]["workload"]["name"]
         device = runs[-1]["machine"].get("device", "?")
+        # Records before the runner wrote "cuda" name a CUDA device by its name.
+        on_gpu = runs[-1]["machine"].get("cuda", device.startswith("NVIDIA"))
         by_rate: dict[float, list[dict[str, Any]]] = defaultdict(list)
         for r in lines:
             if r["type"] == "request" and r["phase"] == "measured":
                 by_rate[r["rate"]].append(r)
         points = {}
         for p in (r for r in lines if r["type"] == "point"):
-            points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"], runs[-1].get("workers", 1))
+            points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"], runs[-1].get("workers", 1), on_gpu)
             points[p["rate"]]["_answers"] = {_key(r): r.get("output_sha") for r in by_rate[p["rate"]]}
         table[(workload, device)][engine] = points
     order = list(ENGINES)
@@ -179,10 +189,13 @@ def markdown(table) -> str:
             for rate, s in sorted(points.items()):
                 if s.get("connector"):
                     c = s["connector"]
+                    rates = not c["copies_on_a_stream"]  # on CPU the time is the copies' own
                     out.append(
-                        f"- {engine} at {rate:g}/s, its own time: loads {c['load_ms_a_request']} ms a "
-                        f"request ({c['load_gbps']} GB/s while loading), saves {c['save_ms_a_request']} ms "
-                        f"({c['save_gbps']} GB/s), streaming {c['stream_ms_a_request']} ms; "
+                        f"- {engine} at {rate:g}/s, its workers' time: loads {c['load_ms_a_request']} ms a "
+                        + (f"request ({c['load_gbps']} GB/s while loading)" if rates else "request issuing copies")
+                        + f", saves {c['save_ms_a_request']} ms"
+                        + (f" ({c['save_gbps']} GB/s)" if rates else "")
+                        + f", streaming {c['stream_ms_a_request']} ms; "
                         f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
                         f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
                     )

@@ -87,6 +87,7 @@ def machine() -> dict[str, Any]:
         import torch
 
         info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+        info["cuda"] = torch.cuda.is_available()
     except ImportError:
         pass
     return info

@@ -221,6 +221,40 @@ def test_connector_time_from_activekv_counters():
     assert report.connector_time({"vllm:prefix_cache_hits_total": 3.0}, requests=10) is None
 
 
+def test_connector_time_derives_no_rate_from_a_gpus_issue_time():
+    # On a GPU load_us counts the worker issuing copies that run on a copy
+    # stream: 105 GB in 142 ms would read as 741 GB/s, past any bus.
+    counters = {"vllm:activekv_load_us_total": 142279.0, "vllm:activekv_bytes_to_device_total": 105.5e9}
+    c = report.connector_time(counters, requests=32, on_gpu=True)
+    assert c["load_ms_a_request"] == 4.45 and c["load_gbps"] is None and c["copies_on_a_stream"]
+    assert report.connector_time(counters, requests=32)["load_gbps"] == pytest.approx(741.5, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("machine", "says"),
+    [
+        ({"device": "NVIDIA H200"}, "loads 142.28 ms a request issuing copies, saves"),  # before "cuda" was written
+        ({"device": "GPU-X", "cuda": True}, "loads 142.28 ms a request issuing copies, saves"),
+        ({"device": "x86_64", "cuda": False}, "GB/s while loading"),
+    ],
+)
+def test_report_says_what_the_workers_time_is_on_each_machine(tmp_path, machine, says):
+    path = _write(
+        tmp_path,
+        "activekv-exact",
+        2.0,
+        [0.1],
+        {"vllm:activekv_load_us_total": 142279.0, "vllm:activekv_bytes_to_device_total": 105.5e9},
+        device=machine["device"],
+    )
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[0]["machine"] = machine
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (line,) = [x for x in report.markdown(report.load(tmp_path)).splitlines() if "workers' time" in x]
+    assert says in line
+    assert ("GB/s" in line) == (not machine.get("cuda", machine["device"].startswith("NVIDIA")))
+
+
 def test_host_bytes_are_split_as_each_tier_counts_them():
     host = 8 << 30
     extra = lambda name: json.loads(ENGINES[name].server_args(host, workers=2)[1])["kv_connector_extra_config"]  # noqa: E731
