@@ -48,10 +48,7 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     # The in-memory store: stored, then each prompt's hit after its twin's.
     llm = make_llm("ActiveKVHostConnector", in_memory, max_model_len=max_len)
     try:
-        timed_generate(llm, prompt_of(2048, 0), "warm-up")
-        for n in lengths:
-            timed_generate(llm, prompt_of(n, n), "restart")
-            timed_generate(llm, twin_of(n), "restart")
+        store_prompts(llm, lengths)
         for n in lengths:
             cells[str(n)]["in_memory_hit_ms"] = hit_after_twin_ms(llm, n)
     finally:
@@ -61,10 +58,8 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     llm = make_llm("ActiveKVHostConnector", on_file, max_model_len=max_len)
     out["first_start_s"] = round(time.perf_counter() - t0, 1)
     try:
-        timed_generate(llm, prompt_of(2048, 0), "warm-up")
-        for n in lengths:
-            cells[str(n)]["recompute_ms"] = round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)
-            timed_generate(llm, twin_of(n), "restart")
+        for n, recompute_ms in store_prompts(llm, lengths).items():
+            cells[str(n)]["recompute_ms"] = recompute_ms
     finally:
         shutdown(llm)
     t0 = time.perf_counter()
@@ -85,6 +80,17 @@ def restart(lengths: list[int], store_dir: str) -> dict[str, Any]:
     for stale in (path, Path(f"{path}.index")):
         stale.unlink(missing_ok=True)
     return out
+
+
+def store_prompts(llm, lengths: list[int]) -> dict[int, float]:
+    """After a warm-up, each length's prompt and its twin computed and so
+    stored: {length: the prompt's recompute in ms}."""
+    timed_generate(llm, prompt_of(2048, 0), "warm-up")
+    recompute_ms = {}
+    for n in lengths:
+        recompute_ms[n] = round(1000 * timed_generate(llm, prompt_of(n, n), "restart"), 1)
+        timed_generate(llm, twin_of(n), "restart")
+    return recompute_ms
 
 
 def twin_of(n: int) -> list[int]:
