@@ -32,7 +32,11 @@ _DIGEST_PIN = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 _DISTRIBUTION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # a PEP 508 name
 _RELEASE_VERSION = re.compile(r"^\d+(\.\d+)*$")  # a vLLM release: 0.32.0
 # Keys a target table may leave out (their defaults are the dataclass's).
-OPTIONAL_TARGET_KEYS = {"broken_beside_torch", "accelerator"}
+OPTIONAL_TARGET_KEYS = {"broken_beside_torch", "accelerator", "image_build_gib"}
+# Free space an image of a target needs while it is built, where release.toml
+# does not say: a cpu builder or runtime base is ~2 GB, and a build step's
+# layer is held twice (its container and the committed layer).
+DEFAULT_IMAGE_BUILD_GIB = 6
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,6 +80,9 @@ class Target:
     # Distributions vLLM pulls in that fail to import beside this target's
     # torch: uninstalled wherever the target's vLLM is installed.
     broken_beside_torch: tuple[str, ...] = ()
+    # GiB free the container runtime needs while one of the target's images
+    # is built (checked before each build: a clear error, not a full disk).
+    image_build_gib: int = DEFAULT_IMAGE_BUILD_GIB
 
     @property
     def cpython_tags(self) -> tuple[str, ...]:
@@ -254,6 +261,9 @@ class _Reader:
         size = self.typed(t, where, "max_wheel_bytes", int)
         if size <= 0:
             raise self.fail(where, f"max_wheel_bytes must be positive, got {size}")
+        build_gib = self.typed(t, where, "image_build_gib", int) if "image_build_gib" in t else DEFAULT_IMAGE_BUILD_GIB
+        if build_gib <= 0:
+            raise self.fail(where, f"image_build_gib must be positive, got {build_gib}")
         ca = (
             self.typed(t, where, "ca_bundle", str)
             or self.environ.get("PIP_CERT")
@@ -283,6 +293,7 @@ class _Reader:
             vllm_distribution=self.typed(t, where, "vllm_distribution", str),
             vllm_version=self.release_version(t, where, "vllm_version"),
             broken_beside_torch=self.distributions(t, where, "broken_beside_torch"),
+            image_build_gib=build_gib,
         )
 
     def accelerator(self, t: Mapping[str, Any], where: str, name: str) -> str:

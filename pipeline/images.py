@@ -143,10 +143,6 @@ def _fingerprint(inputs: dict[str, Path | None], dockerfile: Path, args: dict[st
     return _digest(*parts)
 
 
-# Free space an image build needs where the runtime keeps its layers: a
-# builder or runtime base is ~2 GB and a build step's layer is held twice
-# (its container and the committed layer) while it is committed.
-BUILD_SPACE = 6 * 2**30
 # Our builder and runtime-base images carry it (naming their base), and the
 # runtime images inherit it.
 BASE_LABEL = "org.activekv.base"
@@ -200,7 +196,7 @@ def _image(
                     tag=ref,
                     context=ctx,
                     dockerfile=dockerfile,
-                    needs_free=BUILD_SPACE,
+                    needs_free=target.image_build_gib * 2**30,
                     build_args=args,
                     labels={BASE_LABEL: f"{base_ref}@{base_id}"},
                 )

@@ -96,6 +96,16 @@ def write(tmp_path: Path, old: str, new: str) -> Path:
         ),
         ("max_wheel_bytes = 8_000_000", "max_wheel_bytes = 0", ["[targets.cpu]", "max_wheel_bytes must be positive"]),
         (
+            "max_wheel_bytes = 8_000_000",
+            "max_wheel_bytes = 8_000_000\nimage_build_gib = 0",
+            ["[targets.cpu]", "image_build_gib must be positive"],
+        ),
+        (
+            "max_wheel_bytes = 8_000_000",
+            'max_wheel_bytes = 8_000_000\nimage_build_gib = "14"',
+            ["[targets.cpu]", "image_build_gib must be a int"],
+        ),
+        (
             'builder_dockerfile = "docker/builder-cpu.Dockerfile"',
             'builder_dockerfile = "docker/missing.Dockerfile"',
             ["builder_dockerfile", "missing.Dockerfile", "does not exist"],
