@@ -146,6 +146,8 @@ def server_flags(args, w: wl.Workload) -> list[str]:
         tensor_parallel_size=args.tensor_parallel_size,
     )
     flags += ["--enable-prompt-tokens-details", "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.step_times:
+        flags.append("--enable-logging-iteration-details")
     return flags + args.server_arg
 
 
@@ -242,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="an ActiveKV connector option for every ActiveKV engine (JSON value)",
+    )
+    r.add_argument(
+        "--step-times",
+        action="store_true",
+        help="vLLM logs each iteration (its requests, tokens and time; vLLM 0.26+): "
+        "the report then times steps that admit requests against decode-only ones",
     )
     r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
     r.add_argument("--start-timeout", type=float, default=900)

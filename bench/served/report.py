@@ -6,13 +6,16 @@ output tokens/s and requests/s over the rate point, the share of prompt tokens
 that came from vLLM's GPU prefix cache and from the connector (the host tier:
 vLLM's own counters, the same definition for every peer), and how many answers
 were the same as plain vLLM's. Then each ActiveKV engine against the best peer
-at each rate, and the curves as PNGs (TTFT p50 and p99 against rate,
-throughput against rate).
+at each rate, where each engine's time went (its own counters; with
+`run --step-times`, vLLM's iterations from the server's log: the steps that
+took in prompt tokens against the decode-only ones), and the curves as PNGs
+(TTFT p50 and p99 against rate, throughput against rate).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -101,6 +104,45 @@ def connector_time(
     }
 
 
+# vLLM's line for one iteration under --enable-logging-iteration-details (0.26, 0.32, 0.34).
+ITERATION = re.compile(
+    r"Iteration\(\d+\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms(?! \(dummy\))"
+)
+
+
+def step_times(log: Path, start: int, end: int) -> dict[str, Any] | None:
+    """vLLM's iterations logged between bytes `start` and `end` of a server's
+    log, in two kinds: those that took in prompt tokens (a request admitted or
+    a prefill chunk: where a connector's loads for it run when they run in the
+    step) and the decode-only ones; the count, p50 and p90 of each, and the
+    first kind's share of all step time. None where none was logged."""
+    if not log.is_file():
+        return None
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read(max(0, end - start)).decode(errors="replace")
+    prompt, decode = [], []
+    for m in ITERATION.finditer(text):
+        ctx_requests, gen_requests, ms = int(m.group(1)), int(m.group(3)), float(m.group(5))
+        if ctx_requests:
+            prompt.append(ms)
+        elif gen_requests:
+            decode.append(ms)
+    if not prompt and not decode:
+        return None
+    total = sum(prompt) + sum(decode)
+    return {
+        "prompt_steps": len(prompt),
+        "prompt_step_p50_ms": round(percentile(prompt, 50), 2) if prompt else None,
+        "prompt_step_p90_ms": round(percentile(prompt, 90), 2) if prompt else None,
+        "decode_steps": len(decode),
+        "decode_step_p50_ms": round(percentile(decode, 50), 2) if decode else None,
+        "decode_step_p90_ms": round(percentile(decode, 90), 2) if decode else None,
+        "prompt_share": round(sum(prompt) / total, 3) if total else None,
+    }
+
+
 def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]]:
     """{(workload, machine): {engine: {rate: summary}}} from every records file."""
     table: dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]] = defaultdict(dict)
@@ -121,6 +163,8 @@ def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str,
         for p in (r for r in lines if r["type"] == "point"):
             points[p["rate"]] = summarize(by_rate[p["rate"]], p["counters"], runs[-1].get("workers", 1), on_gpu)
             points[p["rate"]]["_answers"] = {_key(r): r.get("output_sha") for r in by_rate[p["rate"]]}
+            if "server_log" in p:
+                points[p["rate"]]["steps"] = step_times(path.with_suffix(".server.log"), *p["server_log"])
         table[(workload, device)][engine] = points
     order = list(ENGINES)
     for key, engines in table.items():  # engines in engines.py's order
@@ -198,6 +242,15 @@ def markdown(table) -> str:
                         + f", streaming {c['stream_ms_a_request']} ms; "
                         f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
                         f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
+                    )
+        for engine, points in engines.items():
+            for rate, s in sorted(points.items()):
+                if t := s.get("steps"):
+                    out.append(
+                        f"- {engine} at {rate:g}/s, vLLM's steps: {t['decode_steps']} decode-only, "
+                        f"p50 {t['decode_step_p50_ms']} ms, p90 {t['decode_step_p90_ms']} ms; "
+                        f"{t['prompt_steps']} taking in prompt tokens, p50 {t['prompt_step_p50_ms']} ms, "
+                        f"p90 {t['prompt_step_p90_ms']} ms ({100 * (t['prompt_share'] or 0):.0f}% of step time)"
                     )
         out.append("")
     return "\n".join(out)

@@ -4,7 +4,8 @@ Records go to RECORDS/<workload>/<engine>.jsonl, one JSON object a line:
 "run" (the server's command, flags and the machine's versions), "request"
 (one per request: its rate point, phase, times, token counts, error), and
 "point" after each rate point (the Prometheus counters' change over it: vLLM's
-GPU prefix and connector hit counters, ActiveKV's own). A rate point's lines
+GPU prefix and connector hit counters, ActiveKV's own; where its lines are
+in the server's log). A rate point's lines
 are appended together when it ends, so a run cut off mid-point leaves the
 points before it whole, and the next run for the same engine and workload
 goes on with the rates that have no "point" yet (a fresh server: doc-qa's
@@ -297,6 +298,7 @@ def run_sweep(
             warmup = asyncio.run(doc_qa_warmup(server.url, w, vocab))
         for rate in todo:
             before = server.metrics()
+            log_from = server.log_size()
             t0 = time.monotonic()
             if w.kind == "multi-turn":
                 got = asyncio.run(multi_turn_point(server.url, w, rate, vocab))
@@ -304,6 +306,7 @@ def run_sweep(
                 got = asyncio.run(open_loop_point(server.url, w, rate, point_prompts(w, rate, vocab)))
             duration = time.monotonic() - t0
             after = server.metrics()
+            log_to = server.log_size()
             lines = [{"type": "request", "phase": "warmup", "rate": rate, **r} for r in warmup]
             warmup = []
             lines += [{"type": "request", "phase": "measured", "rate": rate, **r} for r in got]
@@ -315,6 +318,9 @@ def run_sweep(
                     "requests": len(got),
                     "errors": sum("error" in r for r in got),
                     "counters": counters_delta(before, after),
+                    # The rate point's lines in the server's log (its
+                    # iterations, where --step-times turned them on).
+                    "server_log": [log_from, log_to],
                 }
             )
             with path.open("a") as f:

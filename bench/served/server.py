@@ -82,6 +82,10 @@ class Server:
             log_path,
         )
 
+    def log_size(self) -> int:
+        """Bytes in the log so far: where the lines written from now on start."""
+        return self.log_path.stat().st_size if self.log_path.is_file() else 0
+
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.is_file():
             return "(no log)"

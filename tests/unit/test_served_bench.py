@@ -316,3 +316,43 @@ def test_stop_ends_the_servers_group_even_after_its_leader_exited(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("the leader's child outlived stop()")
+
+
+def _iteration(i, ctx_requests, ctx_tokens, gen_requests, ms, dummy=False):
+    return (
+        f"(APIServer pid=1) INFO 12-07 06:21:02 [loggers.py:199] Iteration({i}): {ctx_requests} context requests, "
+        f"{ctx_tokens} context tokens, {gen_requests} generation requests, {gen_requests} generation tokens, "
+        f"iteration elapsed time: {ms:.2f} ms{' (dummy)' if dummy else ''}, GPU KV cache usage: 50.0%\n"
+    )
+
+
+def test_step_times_split_the_points_iterations_by_whether_they_took_prompt_tokens(tmp_path):
+    before = _iteration(0, 1, 25000, 0, 900.0)  # the warm-up's prefill: outside the point
+    inside = [
+        _iteration(1, 1, 30, 3, 70.0),  # a request admitted beside three decoding
+        _iteration(2, 0, 0, 4, 20.0),
+        _iteration(3, 0, 0, 4, 22.0),
+        _iteration(4, 0, 0, 0, 5.0, dummy=True),
+        _iteration(5, 0, 0, 4, 24.0),
+        "(APIServer pid=1) INFO 12-07 06:21:02 [loggers.py:335] Engine 000: Avg prompt throughput: 1.0 tokens/s\n",
+    ]
+    log = tmp_path / "activekv-exact.server.log"
+    log.write_text(before + "".join(inside) + _iteration(6, 2, 60, 2, 500.0))
+    start = len(before.encode())
+    t = report.step_times(log, start, start + len("".join(inside).encode()))
+    assert (t["prompt_steps"], t["prompt_step_p50_ms"]) == (1, 70.0)
+    assert (t["decode_steps"], t["decode_step_p50_ms"], t["decode_step_p90_ms"]) == (3, 22.0, 23.6)
+    assert t["prompt_share"] == round(70 / (70 + 20 + 22 + 24), 3)
+    assert report.step_times(log, 0, 0) is None  # no iteration in the range
+    assert report.step_times(tmp_path / "absent.log", 0, 10) is None
+
+
+def test_report_times_the_steps_of_a_point_from_its_servers_log(tmp_path):
+    path = _write(tmp_path, "activekv-exact", 2.0, [0.1], {})
+    path.with_suffix(".server.log").write_text(_iteration(1, 1, 30, 3, 70.0) + _iteration(2, 0, 0, 4, 20.0))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    lines[-1]["server_log"] = [0, path.with_suffix(".server.log").stat().st_size]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    text = report.markdown(report.load(tmp_path))
+    assert "- activekv-exact at 2/s, vLLM's steps: 1 decode-only, p50 20.0 ms" in text
+    assert "1 taking in prompt tokens, p50 70.0 ms" in text

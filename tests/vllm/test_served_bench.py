@@ -30,6 +30,7 @@ RUN = [
     "--host-gib",
     "0.1",
     "--eager",
+    "--step-times",
     "--set",
     f"users={USERS},turns={TURNS},system_tokens=64,history_tokens=64-160,question_tokens=8-16,answer_tokens={ANSWER}",
 ]
@@ -96,3 +97,14 @@ def test_report_tables_and_curves(records, tmp_path):
     run_line = runner.read_records(runner.records_path(records, "multi-turn", "activekv-exact"))[0]
     config = json.loads(run_line["server_args"][run_line["server_args"].index("--kv-transfer-config") + 1])
     assert config["kv_connector_extra_config"] == {"mode": "exact", "capacity_bytes": int(0.1 * (1 << 30))}
+
+
+@pytest.mark.parametrize("engine", ["plain", "activekv-exact"])
+def test_the_points_steps_come_from_the_servers_own_log(records, engine):
+    (point,) = report.load(records)[next(iter(report.load(records)))][engine].values()
+    steps = point["steps"]
+    # Every turn's prompt is taken in by some step, and every answer of
+    # ANSWER tokens decodes over steps that take no prompt tokens.
+    assert steps["prompt_steps"] >= 1 and steps["decode_steps"] >= ANSWER - 1
+    assert 0 < steps["prompt_step_p50_ms"] and 0 < steps["decode_step_p50_ms"]
+    assert 0 < steps["prompt_share"] < 1
