@@ -71,8 +71,22 @@ def summarize(
     if by_source:  # vLLM 0.32+: the tier the connector says each hit came from
         out["cached_by_source"] = by_source
     out["preemptions"] = counters.get("vllm:num_preemptions_total")
+    out["phases_ms"] = request_phases(counters)
     out["connector"] = connector_time(counters, len(requests), workers, on_gpu)
     return out
+
+
+def request_phases(counters: dict[str, float]) -> dict[str, float] | None:
+    """The mean time a request spent queued, in prefill (a load inside the
+    step included) and in decode over the rate point, in ms, from vLLM's own
+    histograms (runner.PHASE_HISTOGRAMS); None where they were not scraped."""
+    out = {}
+    for phase in ("queue", "prefill", "decode"):
+        name = f"vllm:request_{phase}_time_seconds"
+        count = counters.get(f"{name}_count")
+        if count:
+            out[phase] = round(1000 * counters.get(f"{name}_sum", 0.0) / count, 1)
+    return out or None
 
 
 def connector_time(
@@ -242,6 +256,13 @@ def markdown(table) -> str:
                         + f", streaming {c['stream_ms_a_request']} ms; "
                         f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
                         f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
+                    )
+        for engine, points in engines.items():
+            for rate, s in sorted(points.items()):
+                if ph := s.get("phases_ms"):
+                    out.append(
+                        f"- {engine} at {rate:g}/s, a request's time in vLLM (means): "
+                        + ", ".join(f"{phase} {ms} ms" for phase, ms in ph.items())
                     )
         for engine, points in engines.items():
             for rate, s in sorted(points.items()):

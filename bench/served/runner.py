@@ -221,6 +221,15 @@ def point_prompts(w: wl.Workload, rate: float, vocab: int) -> list[tuple[dict, l
     return [({"user": u}, wl.long_context(w, vocab, u)) for u in range(w.users)]
 
 
+# vLLM's own histograms of where each request's time went (0.26+): their sums
+# and counts over a rate point give the mean of each phase, for every engine.
+PHASE_HISTOGRAMS = (
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+)
+
+
 def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What changed over a rate point, for the counters a report reads (gauges
     as they stood at its end)."""
@@ -240,7 +249,9 @@ def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
     out = {}
     for name, value in after.items():
         base = name.split("{", 1)[0]
-        if name.startswith(keep) and not base.endswith("_created"):
+        if base.startswith(PHASE_HISTOGRAMS) and base.endswith(("_sum", "_count")):
+            out[name] = value - before.get(name, 0.0)
+        elif name.startswith(keep) and not base.endswith("_created"):
             counter = base.endswith(("_total", "_count", "_sum"))
             out[name] = value - before.get(name, 0.0) if counter else value
     return out

@@ -117,6 +117,31 @@ def test_metrics_are_summed_over_labels():
     }
 
 
+def test_each_requests_phases_come_from_vllms_histograms_over_the_point():
+    text = (
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="0.3"} 4.0\n'
+        'vllm:request_queue_time_seconds_sum{engine="0"} 2.5\n'
+        'vllm:request_queue_time_seconds_count{engine="0"} 5.0\n'
+        'vllm:request_prefill_time_seconds_sum{engine="0"} 1.5\n'
+        'vllm:request_prefill_time_seconds_count{engine="0"} 5.0\n'
+        'vllm:request_decode_time_seconds_sum{engine="0"} 12.0\n'
+        'vllm:request_decode_time_seconds_count{engine="0"} 5.0\n'
+    )
+    before = {
+        "vllm:request_queue_time_seconds_sum": 0.5,
+        "vllm:request_queue_time_seconds_count": 1.0,
+        "vllm:request_prefill_time_seconds_sum": 0.3,
+        "vllm:request_prefill_time_seconds_count": 1.0,
+        "vllm:request_decode_time_seconds_sum": 2.0,
+        "vllm:request_decode_time_seconds_count": 1.0,
+    }
+    delta = runner.counters_delta(before, server.parse_metrics(text))
+    assert "vllm:request_queue_time_seconds_bucket" not in delta  # buckets summed over le mean nothing
+    # Four requests over the point: 2 s queued, 1.2 s in prefill, 10 s decoding.
+    assert report.request_phases(delta) == {"queue": 500.0, "prefill": 300.0, "decode": 2500.0}
+    assert report.request_phases({"vllm:prefix_cache_hits_total": 1.0}) is None
+
+
 def test_percentile_is_numpys():
     np = pytest.importorskip("numpy")
     xs = [0.3, 0.1, 0.9, 0.5, 0.7, 0.2, 0.25]

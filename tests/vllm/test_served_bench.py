@@ -108,3 +108,6 @@ def test_the_points_steps_come_from_the_servers_own_log(records, engine):
     assert steps["prompt_steps"] >= 1 and steps["decode_steps"] >= ANSWER - 1
     assert 0 < steps["prompt_step_p50_ms"] and 0 < steps["decode_step_p50_ms"]
     assert 0 < steps["prompt_share"] < 1
+    # vLLM's own account of each request's time, over the same point.
+    assert set(point["phases_ms"]) == {"queue", "prefill", "decode"}
+    assert point["phases_ms"]["decode"] > 0 and point["phases_ms"]["prefill"] > 0
