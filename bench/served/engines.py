@@ -7,6 +7,8 @@ activekv-compressed ActiveKV's host store, compressed homes
 activekv-streaming  ActiveKV with layer streaming (long contexts past the GPU's budget)
 vllm-offloading     vLLM's OffloadingConnector (its CPU tier; --kv-offloading-backend native)
 lmcache             LMCache's in-process connector (LMCacheConnectorV1) on its local CPU tier
+null-connector      a connector that does nothing (null_connector.py): vLLM's connector
+                    path alone, to tell its cost from a tier's (not in the default sweep)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Engine:
     connector: str | None = None
     extra: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    module: str | None = None  # kv_connector_module_path: a connector vLLM does not register
 
     # host_bytes is the server's total over its workers; each tier takes it
     # as its configuration counts: vLLM's cpu_bytes_to_use is the total,
@@ -38,6 +41,8 @@ class Engine:
             for k, v in self.extra.items()
         }
         config = {"kv_connector": self.connector, "kv_role": "kv_both", "kv_connector_extra_config": extra}
+        if self.module:
+            config["kv_connector_module_path"] = self.module
         return ["--kv-transfer-config", json.dumps(config)]
 
     def server_env(self, host_bytes: int, workers: int = 1) -> dict[str, str]:
@@ -58,6 +63,7 @@ ENGINES: dict[str, Engine] = {
             {"capacity_bytes": "WORKER_BYTES", "streaming": {"resident_layers": 14, "ring_size": 2}},
         ),
         Engine("vllm-offloading", "OffloadingConnector", {"cpu_bytes_to_use": "HOST_BYTES"}),
+        Engine("null-connector", "NullConnector", module="bench.served.null_connector"),
         # LMCache keys its chunks with Python's hash(): without a fixed seed each
         # process keys differently (its docs: 0% hits).
         Engine(
@@ -84,4 +90,4 @@ def with_options(engine: Engine, options: dict) -> Engine:
         return engine
     if not engine.connector:
         raise ValueError(f"engine {engine.name} has no connector to take options {sorted(options)}")
-    return Engine(engine.name, engine.connector, {**engine.extra, **options}, engine.env)
+    return Engine(engine.name, engine.connector, {**engine.extra, **options}, engine.env, engine.module)

@@ -3,6 +3,7 @@ the records' resumption, the metrics parser, the report's arithmetic."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 from pathlib import Path
@@ -81,6 +82,14 @@ def test_engines_get_the_same_host_bytes():
     assert with_options(ENGINES["activekv-exact"], {"store_threshold": 2}).extra["store_threshold"] == 2
     with pytest.raises(ValueError, match="plain has no connector"):
         with_options(ENGINES["plain"], {"x": 1})
+
+
+def test_the_null_connector_is_loaded_from_this_checkout_by_its_module_path():
+    (flag, text) = ENGINES["null-connector"].server_args(3 << 30)
+    config = json.loads(text)
+    assert (flag, config["kv_connector"]) == ("--kv-transfer-config", "NullConnector")
+    module = importlib.import_module(config["kv_connector_module_path"])  # vllm serve imports it so
+    assert module.NullConnector.__name__ == config["kv_connector"]
 
 
 def test_metrics_are_summed_over_labels():

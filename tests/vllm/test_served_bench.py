@@ -39,7 +39,7 @@ RUN = [
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("served")
-    assert served.main([*RUN, "--engines", "plain,activekv-exact", "--records", str(out)]) == 0
+    assert served.main([*RUN, "--engines", "plain,activekv-exact,null-connector", "--records", str(out)]) == 0
     return out
 
 
@@ -111,3 +111,13 @@ def test_the_points_steps_come_from_the_servers_own_log(records, engine):
     # vLLM's own account of each request's time, over the same point.
     assert set(point["phases_ms"]) == {"queue", "prefill", "decode"}
     assert point["phases_ms"]["decode"] > 0 and point["phases_ms"]["prefill"] > 0
+
+
+def test_a_connector_that_does_nothing_serves_plain_vllms_answers(records):
+    # vLLM loads it from this checkout (kv_connector_module_path) and runs
+    # every hook; nothing comes from a host tier.
+    table = report.load(records)
+    (point,) = table[next(iter(table))]["null-connector"].values()
+    assert point["host_hit_pct"] == 0 and point["errors"] == 0
+    assert point["same_answers"] == f"{USERS * TURNS}/{USERS * TURNS}"
+    assert point["steps"]["decode_steps"] >= ANSWER - 1
