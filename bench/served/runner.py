@@ -268,6 +268,7 @@ def run_sweep(
     start_timeout_s: float,
     force: bool = False,
     workers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Path:
     """Runs the rates of `w` this engine has no records of yet; returns the file."""
     path = records_path(records, w.name, engine.name)
@@ -281,7 +282,7 @@ def run_sweep(
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
     server = Server.for_engine(
-        model_dir, server_args, engine, host_bytes, path.with_suffix(".server.log"), workers=workers
+        model_dir, server_args, engine, host_bytes, path.with_suffix(".server.log"), workers=workers, env=env
     )
     run_line = {
         "type": "run",

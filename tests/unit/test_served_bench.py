@@ -390,3 +390,8 @@ def test_report_times_the_steps_of_a_point_from_its_servers_log(tmp_path):
     text = report.markdown(report.load(tmp_path))
     assert "- activekv-exact at 2/s, vLLM's steps: 1 decode-only, p50 20.0 ms" in text
     assert "1 taking in prompt tokens, p50 70.0 ms" in text
+
+
+def test_the_core_reservation_is_every_servers_unless_vllm_keeps_its_own():
+    assert served.reserved_cpus_env("1") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    assert served.reserved_cpus_env("vllm") == {}

