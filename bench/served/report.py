@@ -231,6 +231,32 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def _connector_note(c: dict[str, Any]) -> str:
+    rates = not c["copies_on_a_stream"]  # on CPU the time is the copies' own
+    return (
+        f"its workers' time: loads {c['load_ms_a_request']} ms a "
+        + (f"request ({c['load_gbps']} GB/s while loading)" if rates else "request issuing copies")
+        + f", saves {c['save_ms_a_request']} ms"
+        + (f" ({c['save_gbps']} GB/s)" if rates else "")
+        + f", streaming {c['stream_ms_a_request']} ms; "
+        f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
+        f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
+    )
+
+
+def _phases_note(phases: dict[str, float]) -> str:
+    return "a request's time in vLLM (means): " + ", ".join(f"{phase} {ms} ms" for phase, ms in phases.items())
+
+
+def _steps_note(t: dict[str, Any]) -> str:
+    return (
+        f"vLLM's steps: {t['decode_steps']} decode-only, "
+        f"p50 {t['decode_step_p50_ms']} ms, p90 {t['decode_step_p90_ms']} ms; "
+        f"{t['prompt_steps']} taking in prompt tokens, p50 {t['prompt_step_p50_ms']} ms, "
+        f"p90 {t['prompt_step_p90_ms']} ms ({100 * (t['prompt_share'] or 0):.0f}% of step time)"
+    )
+
+
 def markdown(table) -> str:
     out = []
     for (workload, device), engines in sorted(table.items()):
@@ -243,36 +269,11 @@ def markdown(table) -> str:
                 out.append(f"| {engine} | " + " | ".join(_cell(row.get(k)) for k, _ in COLUMNS) + " |")
         out.append("")
         out.extend(against_peers(engines))
-        for engine, points in engines.items():
-            for rate, s in sorted(points.items()):
-                if s.get("connector"):
-                    c = s["connector"]
-                    rates = not c["copies_on_a_stream"]  # on CPU the time is the copies' own
-                    out.append(
-                        f"- {engine} at {rate:g}/s, its workers' time: loads {c['load_ms_a_request']} ms a "
-                        + (f"request ({c['load_gbps']} GB/s while loading)" if rates else "request issuing copies")
-                        + f", saves {c['save_ms_a_request']} ms"
-                        + (f" ({c['save_gbps']} GB/s)" if rates else "")
-                        + f", streaming {c['stream_ms_a_request']} ms; "
-                        f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
-                        f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
-                    )
-        for engine, points in engines.items():
-            for rate, s in sorted(points.items()):
-                if ph := s.get("phases_ms"):
-                    out.append(
-                        f"- {engine} at {rate:g}/s, a request's time in vLLM (means): "
-                        + ", ".join(f"{phase} {ms} ms" for phase, ms in ph.items())
-                    )
-        for engine, points in engines.items():
-            for rate, s in sorted(points.items()):
-                if t := s.get("steps"):
-                    out.append(
-                        f"- {engine} at {rate:g}/s, vLLM's steps: {t['decode_steps']} decode-only, "
-                        f"p50 {t['decode_step_p50_ms']} ms, p90 {t['decode_step_p90_ms']} ms; "
-                        f"{t['prompt_steps']} taking in prompt tokens, p50 {t['prompt_step_p50_ms']} ms, "
-                        f"p90 {t['prompt_step_p90_ms']} ms ({100 * (t['prompt_share'] or 0):.0f}% of step time)"
-                    )
+        for key, describe in (("connector", _connector_note), ("phases_ms", _phases_note), ("steps", _steps_note)):
+            for engine, points in engines.items():
+                for rate, s in sorted(points.items()):
+                    if s.get(key):
+                        out.append(f"- {engine} at {rate:g}/s, " + describe(s[key]))
         out.append("")
     return "\n".join(out)
 
