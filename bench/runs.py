@@ -92,10 +92,18 @@ def reserve_cpus(value: str) -> dict[str, str | None]:
     busy engine core, where a run without a connector gets 1 thread on core 0.
     Setting 1 gives every engine the same threads, so the figures compare
     connectors, not thread layouts."""
-    name = "VLLM_CPU_NUM_OF_RESERVED_CPU"
-    if value != "vllm":
-        os.environ[name] = value
-    return {name: os.environ.get(name)}
+    os.environ.update(reserved_cpus_env(value))
+    return {RESERVED_CPUS: os.environ.get(RESERVED_CPUS)}
+
+
+RESERVED_CPUS = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def reserved_cpus_env(value: str) -> dict[str, str]:
+    """The environment that gives vLLM `value` reserved cores ("vllm": none
+    set, vLLM's own choice); for a server started with an environment of its
+    own, reserve_cpus for this process and its children."""
+    return {} if value == "vllm" else {RESERVED_CPUS: value}
 
 
 def forward_binding(cpus: str) -> dict[str, str]:

