@@ -14,6 +14,8 @@ EXPECTED_ON_CPU = {
     "save-load-exact": "passed",
     "save-load-compressed": "passed",
     "save-load-full-graph": "passed",
+    "save-load-small-ring": "passed",
+    "save-load-small-ring-compressed": "passed",
     "save-fences-complete": "passed",
     # CPU copies are synchronous: no fence can pass its deadline.
     "fence-timeout-quarantines": "skipped",

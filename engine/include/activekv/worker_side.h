@@ -57,6 +57,7 @@
 #include "activekv/kv_codec.h"
 #include "activekv/kv_layout.h"
 #include "activekv/layer_streaming.h"
+#include "activekv/load_pieces.h"
 #include "activekv/settle_queue.h"
 #include "activekv/step_plan.h"
 #include "activekv/telemetry.h"
@@ -87,6 +88,17 @@ class WorkerSide {
     store_path_ = std::move(path);
     store_identity_ = std::move(identity);
   }
+  // On a device, a step's loads cross in pieces (load_pieces.h) through a ring
+  // of `pieces` staging buffers of at most `piece_bytes` each, which
+  // register_kv_caches allocates: the device memory loads take beyond vLLM's
+  // KV cache, whatever a request's size (the default: kLoadStagingPieces of
+  // kLoadStagingPieceBytes). Call before register_kv_caches. On the CPU the
+  // blocks are read where they lie.
+  static constexpr std::int64_t kLoadStagingPieces = 3;
+  static constexpr std::int64_t kLoadStagingPieceBytes = std::int64_t{64} << 20;
+  void set_load_staging(std::int64_t pieces, std::int64_t piece_bytes);
+  // The device memory the load staging took (0 on the CPU).
+  std::int64_t load_staging_bytes() const;
   // Must be called once, before any step. Errors name the layer or shape, or
   // the store file and what to do.
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
@@ -107,14 +119,14 @@ class WorkerSide {
   void bind_plan(StepPlan plan);
   void clear_plan() {
     plan_.reset();
-    load_ops_.clear();
-    staged_loads_.clear();
+    load_pieces_.clear();
+    pieces_issued_ = pieces_landed_ = 0;
   }
   // Cheap questions, so the binding skips idle calls without crossing into
   // native work (vLLM calls these every step, for every layer).
   bool loads_this_step() const { return plan_ && !plan_->loads.empty(); }
   // Loads that land layer by layer (wait_for_layer_load), not all in start_load.
-  bool staged_loads_this_step() const { return !staged_loads_.empty(); }
+  bool staged_loads_this_step() const { return pieces_landed_ < load_pieces_.size(); }
   bool saves_this_step() const { return plan_ && !plan_->saves.empty(); }
   // Whether the bound step stages or writes back streamed layers' blocks.
   bool streams_this_step() const { return plan_ && streamer_ && streamer_->moves_blocks_this_step(); }
@@ -172,7 +184,10 @@ class WorkerSide {
     bool whole = false;  // every layer was gathered
     std::chrono::steady_clock::time_point deadline;
   };
-  void decode_loads(const std::string& layer_name);
+  // Lands (decodes into vLLM's KV cache) the step's pieces in order through
+  // layer `layer`'s last, issuing the next pieces into the buffers they free.
+  void land_loads_through(std::int64_t layer);
+  void issue_load_piece();
   void settle_saves(bool wait);
   // The store's part of save_layer; `gathered` is set when a device gather ran.
   void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
@@ -183,10 +198,6 @@ class WorkerSide {
   static std::optional<bool> outcome(const PendingSave& p, bool wait);
   void settle(PendingSave& p, bool done);  // seals, fails or quarantines it
 
-  struct LayerLoad {
-    at::Tensor rows;  // on the device
-    std::optional<c10::Event> ready;
-  };
   bool has_streams() const { return device_.type() != c10::DeviceType::CPU; }
   at::Tensor block_ids_tensor(const std::vector<std::int64_t>& ids) const;
 
@@ -211,9 +222,17 @@ class WorkerSide {
   std::optional<c10::Stream> gather_stream_;  // a save's gather and encode
   Telemetry stats_;
 
-  std::vector<LoadOp> load_ops_;
+  std::int64_t staging_pieces_ = kLoadStagingPieces;
+  std::int64_t staging_piece_bytes_ = kLoadStagingPieceBytes;
+  std::vector<at::Tensor> staging_;  // the ring's buffers (device)
+  // Per buffer: recorded on the compute stream once its last piece landed.
+  std::vector<std::optional<c10::Event>> staging_free_;
+  std::vector<SlotRun> load_runs_;  // the step's slots, in load order
   at::Tensor load_block_ids_;
-  std::unordered_map<std::string, LayerLoad> staged_loads_;
+  std::vector<detail::LoadPiece> load_pieces_;
+  std::vector<std::optional<c10::Event>> piece_ready_;  // per piece (device)
+  std::size_t pieces_issued_ = 0;
+  std::size_t pieces_landed_ = 0;
   std::optional<StepPlan> plan_;
   SlotLease save_lease_;
   std::vector<SlotRun> save_runs_;

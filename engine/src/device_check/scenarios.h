@@ -12,7 +12,10 @@
 namespace activekv::device_check {
 
 // The host store (store_scenarios.cpp): saves and loads, fences, the codec.
-std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks = true);
+// small_ring: the loads cross a ring of two one-block staging buffers
+// (WorkerSide::set_load_staging), so each buffer is reused within the step.
+std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks = true,
+                      bool small_ring = false);
 std::string save_fences_complete(c10::Device device, Findings& f);
 std::string fence_timeout_quarantines(c10::Device device, Findings& f);
 std::string compressed_decode(c10::Device device, Findings& f);

@@ -31,11 +31,12 @@ namespace activekv::device_check {
 
 // ---- save, then load into other blocks: bitwise (exact) or close (compressed)
 
-std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks) {
+std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks, bool small_ring) {
   const KVLayout l = layout({"l0", "l1", "l2"}, 2, 32);
   Config config;
   config.mode = mode;
   WorkerSide w(config, l, 64, 0);
+  if (small_ring) w.set_load_staging(2, l.layer_bytes(mode));
   Caches kv;
   std::uint64_t seed = 1;
   for (const auto& n : l.layer_names) kv[n] = random({12, 2, kBlockSize, 64}, seed++).to(device);
@@ -75,9 +76,14 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
     }
     f.expect(bitwise(after[4], before[n][4]), block_of(n, 4) + " changed though no load targets it");
   }
+  if (small_ring && !device.is_cpu()) {
+    f.expect(w.load_staging_bytes() == 2 * l.layer_bytes(mode),
+             "the load staging is not two one-block buffers");
+  }
   return std::string("4 blocks x 3 layers saved (two runs), 3 loaded back ") +
          (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance") +
-         (layer_hooks ? "" : ", with no per-layer call (a full CUDA graph's steps)");
+         (layer_hooks ? "" : ", with no per-layer call (a full CUDA graph's steps)") +
+         (small_ring ? ", through a ring of two one-block staging buffers (9 pieces)" : "");
 }
 
 // ---- a save large enough to outlast a step -----------------------------------

@@ -1,0 +1,27 @@
+#include "activekv/load_pieces.h"
+
+#include <algorithm>
+
+namespace activekv::detail {
+
+std::vector<LoadPiece> load_pieces(std::int64_t layers, std::int64_t rows, std::int64_t piece_rows) {
+  std::vector<LoadPiece> out;
+  if (rows <= 0 || piece_rows <= 0) return out;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    for (std::int64_t r = 0; r < rows; r += piece_rows) out.push_back({l, r, std::min(piece_rows, rows - r)});
+  }
+  return out;
+}
+
+std::vector<SlotRun> runs_within(const std::vector<SlotRun>& runs, std::int64_t row, std::int64_t rows) {
+  std::vector<SlotRun> out;
+  const std::int64_t end = row + rows;
+  for (const auto& run : runs) {
+    const std::int64_t from = std::max(row, run.offset);
+    const std::int64_t to = std::min(end, run.offset + run.count);
+    if (from < to) out.push_back(SlotRun{run.first + (from - run.offset), to - from, from - row});
+  }
+  return out;
+}
+
+}  // namespace activekv::detail
