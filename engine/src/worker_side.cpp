@@ -319,7 +319,7 @@ void WorkerSide::land_loads_through(std::int64_t layer) {
       continue;
     }
     const std::size_t b = i % staging_.size();
-    piece_ready_[i]->block(current_stream(device_));
+    if (piece_ready_[i]) piece_ready_[i]->block(current_stream(device_));
     kv.index_copy_(0, ids, codec_->decode(staging_[b].narrow(0, 0, piece.rows)));
     staging_free_[b].emplace(device_.type());
     staging_free_[b]->record(current_stream(device_));
