@@ -263,6 +263,7 @@ void WorkerSide::start_load(bool layer_hooks) {
   if (ids.empty()) return;
   const auto n = static_cast<std::int64_t>(ids.size());
   load_block_ids_ = block_ids_tensor(ids);
+  load_ids_ = std::move(ids);
   load_runs_ = arena_->runs(slots);
   const auto layers = static_cast<std::int64_t>(layout_.layer_names.size());
   // On the CPU a piece is a layer, read where it lies; on a device a piece
@@ -319,7 +320,13 @@ void WorkerSide::land_loads_through(std::int64_t layer) {
       continue;
     }
     const std::size_t b = i % staging_.size();
-    if (piece_ready_[i]) piece_ready_[i]->block(current_stream(device_));
+    if (!piece_ready_[i]) {  // its copies never started (an arena error): recompute, never serve it
+      for (std::int64_t r = 0; r < piece.rows; ++r) {
+        load_error_blocks_.push_back(load_ids_[static_cast<std::size_t>(piece.row + r)]);
+      }
+      continue;
+    }
+    piece_ready_[i]->block(current_stream(device_));
     kv.index_copy_(0, ids, codec_->decode(staging_[b].narrow(0, 0, piece.rows)));
     staging_free_[b].emplace(device_.type());
     staging_free_[b]->record(current_stream(device_));

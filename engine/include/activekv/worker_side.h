@@ -227,8 +227,9 @@ class WorkerSide {
   std::vector<at::Tensor> staging_;  // the ring's buffers (device)
   // Per buffer: recorded on the compute stream once its last piece landed.
   std::vector<std::optional<c10::Event>> staging_free_;
-  std::vector<SlotRun> load_runs_;  // the step's slots, in load order
-  at::Tensor load_block_ids_;
+  std::vector<SlotRun> load_runs_;      // the step's slots, in load order
+  std::vector<std::int64_t> load_ids_;  // the step's loaded block ids, in load order
+  at::Tensor load_block_ids_;           // the same, on the device
   std::vector<detail::LoadPiece> load_pieces_;
   std::vector<std::optional<c10::Event>> piece_ready_;  // per piece (device)
   std::size_t pieces_issued_ = 0;
