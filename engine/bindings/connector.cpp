@@ -227,6 +227,9 @@ void add_worker_lifetime_methods(py::dict& ns) {
     for (const auto& [k, v] : kv_caches) caches.emplace(py::cast<std::string>(k), py::cast<at::Tensor>(v));
     WorkerSide& worker = worker_of(self);
     raise_if_failed(worker.register_kv_caches(caches));
+    if (const std::string line = worker.load_staging_line(); !line.empty()) {
+      py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
+    }
     if (const std::string line = worker.streaming_copies_line(); !line.empty()) {
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", line);
     }

@@ -1,14 +1,31 @@
-// The worker's start-up lines: what its store file recovered, and by what
-// layer streaming moves the homes and the ring (the copy method LayerStreamer
-// chose, and why where another was possible).
+// The worker's start-up lines: the device memory its loads stage through,
+// what its store file recovered, and by what layer streaming moves the homes
+// and the ring (the copy method LayerStreamer chose, and why where another
+// was possible).
 #include "activekv/worker_side.h"
 
 #include "cuda_batch_copy.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 namespace activekv {
+
+std::string WorkerSide::load_staging_line() const {
+  if (staging_.empty()) return "";
+  const auto bytes = static_cast<double>(staging_.front().numel());
+  char size[32];
+  if (bytes >= (1 << 20)) {
+    std::snprintf(size, sizeof size, "%.1f MiB", bytes / (1 << 20));
+  } else {
+    std::snprintf(size, sizeof size, "%.1f KiB", bytes / (1 << 10));
+  }
+  return "ActiveKV loads (rank " + std::to_string(tp_rank_) + "): staged through " +
+         std::to_string(staging_.size()) + " buffers of " + size + " on " + device_.str() +
+         " (pieces of at most " + std::to_string(staging_.front().size(0)) +
+         " blocks), beside vLLM's KV cache";
+}
 
 std::string WorkerSide::store_file_line() const {
   const StoreFile* f = arena_ ? arena_->file() : nullptr;

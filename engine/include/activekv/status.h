@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -47,5 +48,13 @@ class Result {
   Status status_;
   std::optional<T> value_;
 };
+
+// The value, or its error thrown as std::runtime_error: for callers where a
+// failure is a broken contract (a step's plan naming a slot it was not given).
+template <class T>
+T value_or_throw(Result<T> r) {
+  if (!r.ok()) throw std::runtime_error(r.status().error());
+  return std::move(r.value());
+}
 
 }  // namespace activekv

@@ -102,6 +102,8 @@ class WorkerSide {
   // Must be called once, before any step. Errors name the layer or shape, or
   // the store file and what to do.
   Status register_kv_caches(const std::unordered_map<std::string, at::Tensor>& kv_caches);
+  // One line on the device memory the loads stage through (empty on the CPU).
+  std::string load_staging_line() const;
   // One line on the store file's recovery (empty without a store file).
   std::string store_file_line() const;
   // One line on how layer streaming's homes and ring cross (empty without
@@ -188,6 +190,7 @@ class WorkerSide {
   // layer `layer`'s last, issuing the next pieces into the buffers they free.
   void land_loads_through(std::int64_t layer);
   void issue_load_piece();
+  Status allocate_load_staging();  // register_kv_caches, on a device
   void settle_saves(bool wait);
   // The store's part of save_layer; `gathered` is set when a device gather ran.
   void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,

@@ -79,7 +79,12 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   if (small_ring && !device.is_cpu()) {
     f.expect(w.load_staging_bytes() == 2 * l.layer_bytes(mode),
              "the load staging is not two one-block buffers");
+    f.expect(w.load_staging_line().find("through 2 buffers") != std::string::npos &&
+                 w.load_staging_line().find("at most 1 blocks") != std::string::npos,
+             "the start-up line does not say the staging: " + w.load_staging_line());
   }
+  f.expect(device.is_cpu() == w.load_staging_line().empty(),
+           "a start-up line on the load staging where there is none, or none where there is");
   return std::string("4 blocks x 3 layers saved (two runs), 3 loaded back ") +
          (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance") +
          (layer_hooks ? "" : ", with no per-layer call (a full CUDA graph's steps)") +
