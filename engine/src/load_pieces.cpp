@@ -16,7 +16,13 @@ std::vector<LoadPiece> load_pieces(std::int64_t layers, std::int64_t rows, std::
 std::vector<SlotRun> runs_within(const std::vector<SlotRun>& runs, std::int64_t row, std::int64_t rows) {
   std::vector<SlotRun> out;
   const std::int64_t end = row + rows;
-  for (const auto& run : runs) {
+  // The last run starting at or before `row`: a step's pieces each look up
+  // their own rows, not every run of the load.
+  auto it = std::upper_bound(runs.begin(), runs.end(), row,
+                             [](std::int64_t r, const SlotRun& run) { return r < run.offset; });
+  if (it != runs.begin()) --it;
+  for (; it != runs.end() && it->offset < end; ++it) {
+    const SlotRun& run = *it;
     const std::int64_t from = std::max(row, run.offset);
     const std::int64_t to = std::min(end, run.offset + run.count);
     if (from < to) out.push_back(SlotRun{run.first + (from - run.offset), to - from, from - row});

@@ -23,8 +23,8 @@ struct LoadPiece {
 std::vector<LoadPiece> load_pieces(std::int64_t layers, std::int64_t rows, std::int64_t piece_rows);
 
 // The parts of `runs` (HostArena::runs of the step's slots: offsets into the
-// load order) inside rows [row, row + rows): each part's first slot and count,
-// its offset counted from `row`.
+// load order, ascending) inside rows [row, row + rows): each part's first slot
+// and count, its offset counted from `row`.
 std::vector<SlotRun> runs_within(const std::vector<SlotRun>& runs, std::int64_t row, std::int64_t rows);
 
 }  // namespace activekv::detail
