@@ -146,15 +146,14 @@ def step_times(log: Path, start: int, end: int) -> dict[str, Any] | None:
     if not prompt and not decode:
         return None
     total = sum(prompt) + sum(decode)
-    return {
-        "prompt_steps": len(prompt),
-        "prompt_step_p50_ms": round(percentile(prompt, 50), 2) if prompt else None,
-        "prompt_step_p90_ms": round(percentile(prompt, 90), 2) if prompt else None,
-        "decode_steps": len(decode),
-        "decode_step_p50_ms": round(percentile(decode, 50), 2) if decode else None,
-        "decode_step_p90_ms": round(percentile(decode, 90), 2) if decode else None,
-        "prompt_share": round(sum(prompt) / total, 3) if total else None,
-    }
+    out: dict[str, Any] = {}
+    for kind, steps in (("prompt", prompt), ("decode", decode)):
+        out[f"{kind}_steps"] = len(steps)
+        for q in (50, 90):
+            ms = percentile(steps, q)  # None where there were none
+            out[f"{kind}_step_p{q}_ms"] = None if ms is None else round(ms, 2)
+    out["prompt_share"] = round(sum(prompt) / total, 3) if total else None
+    return out
 
 
 def load(records: Path) -> dict[tuple[str, str], dict[str, dict[float, dict[str, Any]]]]:
