@@ -14,7 +14,7 @@ null-connector      a connector that does nothing (null_connector.py): vLLM's co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GIB = 1 << 30
 ACTIVEKV = "ActiveKVHostConnector"
@@ -90,4 +90,4 @@ def with_options(engine: Engine, options: dict) -> Engine:
         return engine
     if not engine.connector:
         raise ValueError(f"engine {engine.name} has no connector to take options {sorted(options)}")
-    return Engine(engine.name, engine.connector, {**engine.extra, **options}, engine.env, engine.module)
+    return replace(engine, extra={**engine.extra, **options})  # every other field kept as it is
