@@ -151,7 +151,9 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
-  const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
+  Config config = parse_config(transfer.attr("kv_connector_extra_config"));
+  // Both sides read the async_load_min_tokens in force on this device.
+  config.async_load_min_tokens = config.async_load_tokens(on_device(vllm_config));
   check_vllm_settings(vllm_config, config);
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
@@ -257,7 +259,7 @@ void add_worker_step_methods(py::dict& ns) {
   });
   ns["start_load_kv"] = named("start_load_kv", [](py::object self, py::object forward_context, py::kwargs) {
     WorkerSide& w = worker_of(self);
-    if (!w.loads_this_step() && !w.streams_this_step()) return;
+    if (!w.loads_this_step() && !w.async_loads_this_step() && !w.streams_this_step()) return;
     const bool hooks = layer_hooks_run(forward_context);
     py::gil_scoped_release nogil;
     w.start_load(hooks);
@@ -306,13 +308,16 @@ void add_worker_report_methods(py::dict& ns) {
     WorkerSide& w = worker_of(self);
     if (w.nothing_awaiting() && py::len(finished) == 0) return py::make_tuple(py::none(), py::none());
     const auto ids = py::cast<std::vector<std::string>>(py::list(finished));
-    std::vector<std::string> done;
+    std::vector<std::string> done, landed;
     {
       py::gil_scoped_release nogil;
       done = w.get_finished(ids);
+      landed = w.take_landed_requests();
     }
-    py::object sending = done.empty() ? py::none() : py::object(py::set(py::cast(done)));
-    return py::make_tuple(sending, py::none());
+    const auto set_or_none = [](const std::vector<std::string>& v) {
+      return v.empty() ? py::none() : py::object(py::set(py::cast(v)));
+    };
+    return py::make_tuple(set_or_none(done), set_or_none(landed));
   });
   ns["get_block_ids_with_load_errors"] = named("get_block_ids_with_load_errors", [](py::object self) {
     py::set errors;  // empty on nearly every step: no list made on the way

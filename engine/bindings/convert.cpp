@@ -47,6 +47,8 @@ struct Field {
 // ActiveKVMetadata, scheduler -> workers.
 constexpr std::tuple kPlanFields{
     Field{"loads", &StepPlan::loads},
+    // Absent on metadata made before asynchronous loads: none.
+    Field{"async_loads", &StepPlan::async_loads, true},
     Field{"saves", &StepPlan::saves},
     Field{"awaiting_free", &StepPlan::awaiting_free},
     // Absent on metadata made without streaming in mind: nothing to stage.
@@ -73,6 +75,13 @@ py::object to_python(const std::vector<LoadOp>& ops) {
   return out;
 }
 
+// An asynchronous load as (req_id, [its loads]).
+py::object to_python(const std::vector<AsyncLoad>& loads) {
+  py::list out;
+  for (const auto& load : loads) out.append(py::make_tuple(load.req_id, to_python(load.loads)));
+  return out;
+}
+
 py::object to_python(const std::vector<SaveOp>& ops) {
   py::list out;
   for (const auto& op : ops) out.append(py::make_tuple(op.slot, op.block_id, to_bytes(op.key), op.req_id));
@@ -88,6 +97,13 @@ void from_python(const py::handle& list, std::vector<LoadOp>& ops) {
   for (const auto& t : list) {
     ops.push_back({py::cast<std::int64_t>(t[py::int_(0)]), py::cast<std::int64_t>(t[py::int_(1)]),
                    to_key(t[py::int_(2)])});
+  }
+}
+
+void from_python(const py::handle& list, std::vector<AsyncLoad>& loads) {
+  for (const auto& t : list) {
+    AsyncLoad& load = loads.emplace_back(AsyncLoad{py::cast<std::string>(t[py::int_(0)]), {}});
+    from_python(t[py::int_(1)], load.loads);
   }
 }
 

@@ -45,11 +45,13 @@ py::tuple SchedulerEngine::get_num_new_matched_tokens(const py::handle& request,
   sync(request);
   const std::string id = py::cast<std::string>(request.attr("request_id"));
   std::int64_t n;
+  bool load_async;
   {
     py::gil_scoped_release nogil;
     n = side_->get_num_new_matched_tokens(id, num_computed);
+    load_async = side_->loads_async(id);
   }
-  return py::make_tuple(n, false);
+  return py::make_tuple(n, load_async);
 }
 
 void SchedulerEngine::update_state_after_alloc(const py::handle& request, const py::handle& blocks,

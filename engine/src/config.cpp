@@ -8,9 +8,15 @@
 namespace activekv {
 namespace {
 
-constexpr std::array<const char*, 8> kKeys = {
-    "capacity_bytes", "fence_timeout_ms", "max_bytes_per_request", "mode",
-    "store_blocks",   "store_path",       "store_threshold",       "streaming"};
+constexpr std::array<const char*, 9> kKeys = {"async_load_min_tokens",
+                                              "capacity_bytes",
+                                              "fence_timeout_ms",
+                                              "max_bytes_per_request",
+                                              "mode",
+                                              "store_blocks",
+                                              "store_path",
+                                              "store_threshold",
+                                              "streaming"};
 constexpr const char* kStreamingWhere = "kv_connector_extra_config['streaming']";
 
 std::string where(const std::string& key) { return "kv_connector_extra_config['" + key + "']"; }
@@ -138,6 +144,14 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
                 v.repr);
       }
       c.store_path = v.string_value;
+    } else if (key == "async_load_min_tokens") {
+      if (v.kind != ConfigValue::Kind::kNone) {
+        std::int64_t tokens = 0;
+        s = read_int(
+            key, v, tokens, [](auto x) { return x >= 0; },
+            "an integer >= 0 (0 = every load inside its step)");
+        c.async_load_min_tokens = tokens;
+      }
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {
@@ -156,6 +170,11 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     auto streaming = read_streaming(it->second);
     if (!streaming.ok()) return streaming.status();
     c.streaming = streaming.value();
+    if (c.async_load_min_tokens.value_or(0) > 0) {
+      return bad(where("async_load_min_tokens") + ": " + std::to_string(*c.async_load_min_tokens) +
+                 " asks for asynchronous loads, but layer streaming lands loads inside the forward; "
+                 "leave async_load_min_tokens unset (or 0) with streaming");
+    }
   }
   return c;
 }

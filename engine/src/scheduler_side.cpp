@@ -116,7 +116,10 @@ bool SchedulerSide::wants_tokens(const std::string& req_id, std::int64_t compute
 std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id,
                                                        std::int64_t num_computed_tokens) {
   if (num_computed_tokens % block_size_ != 0) {
-    if (const auto it = requests_.find(req_id); it != requests_.end()) it->second.lookup_tokens = 0;
+    if (const auto it = requests_.find(req_id); it != requests_.end()) {
+      it->second.lookup_tokens = 0;
+      it->second.load_async = false;
+    }
     return 0;
   }
   auto& st = requests_.at(req_id);
@@ -132,7 +135,14 @@ std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id
     ++hits;
   }
   st.lookup_start = first;
+  const std::int64_t async_tokens = config_.async_load_min_tokens.value_or(0);
+  st.load_async = async_tokens > 0 && hits > 0 && hits * block_size_ >= async_tokens;
   return hits * block_size_;
+}
+
+bool SchedulerSide::loads_async(const std::string& req_id) const {
+  const auto it = requests_.find(req_id);
+  return it != requests_.end() && it->second.load_async;
 }
 
 void SchedulerSide::update_state_after_alloc(const std::string& req_id,
@@ -145,12 +155,14 @@ void SchedulerSide::update_state_after_alloc(const std::string& req_id,
   st.lookup_tokens = 0;
   if (num_external_tokens <= 0) return;
   const std::int64_t n = num_external_tokens / block_size_;
+  std::vector<LoadOp>& loads =
+      st.load_async ? pending_async_loads_.emplace_back(AsyncLoad{req_id, {}}).loads : pending_loads_;
   for (std::int64_t i = st.lookup_start; i < st.lookup_start + n; ++i) {
     const BlockKey& key = st.keys.at(static_cast<std::size_t>(i));
     // Another vLLM sharing the store may have evicted it since the lookup:
     // the worker then reports the load failed, and vLLM computes the block.
     const std::int64_t slot = index_->pin(key).value_or(kNoSlot);
-    pending_loads_.push_back(LoadOp{slot, block_ids[static_cast<std::size_t>(i)], key});
+    loads.push_back(LoadOp{slot, block_ids[static_cast<std::size_t>(i)], key});
   }
   stats_.add(Counter::kHitBlocks, n);
   stats_.add(Counter::kHitTokens, num_external_tokens);
@@ -161,8 +173,10 @@ StepPlan SchedulerSide::build_step(const std::vector<NewRequest>& new_requests,
                                    const std::vector<CachedRequest>& cached_requests) {
   StepPlan plan;
   plan.loads = std::move(pending_loads_);
+  plan.async_loads = std::move(pending_async_loads_);
   plan.awaiting_free = std::move(notify_awaiting_);
   pending_loads_.clear();
+  pending_async_loads_.clear();
   notify_awaiting_.clear();
   if (homes_) plan_streaming(new_requests, cached_requests, plan);
   for (const auto& r : new_requests) {

@@ -43,6 +43,8 @@ WorkerSide::~WorkerSide() {
     drain_saves();
     if (streamer_) streamer_->synchronize();
     if (load_stream_) load_stream_->synchronize();
+    if (async_copy_stream_) async_copy_stream_->synchronize();
+    if (async_land_stream_) async_land_stream_->synchronize();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
   }
 }
@@ -79,7 +81,12 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     load_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
     save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
     gather_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
-    if (Status st = allocate_load_staging(); !st.ok()) return st;
+    if (Status st = allocate_ring(step_ring_, staging_pieces_); !st.ok()) return st;
+    if (config_.async_load_min_tokens.value_or(0) > 0) {
+      async_copy_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+      async_land_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
+      if (Status st = allocate_ring(async_ring_, kAsyncLoadStagingPieces); !st.ok()) return st;
+    }
   }
   codec_ = make_codec(config_.mode, block_shape, layout_.dtype, layout_.head_size);
   const auto num_layers = static_cast<std::int64_t>(layout_.layer_names.size());
@@ -140,11 +147,15 @@ void WorkerSide::bind_plan(StepPlan plan) {
                               std::to_string(num_slots_) + " slots)");
     }
   };
-  for (const auto& op : plan.loads) {
+  auto check_load = [&](const LoadOp& op) {
     if (op.slot == kNoSlot)
       check_block(op.block_id);
     else
       check(op.slot, op.block_id);
+  };
+  for (const auto& op : plan.loads) check_load(op);
+  for (const auto& load : plan.async_loads) {
+    for (const auto& op : load.loads) check_load(op);
   }
   for (const auto& ids : {&plan.stage_blocks, &plan.writeback_blocks}) {
     for (const auto block_id : *ids) check_block(block_id);
@@ -357,6 +368,18 @@ std::vector<std::int64_t> WorkerSide::take_load_errors() {
     out.insert(out.end(), poisoned.begin(), poisoned.end());
   }
   return out;
+}
+
+std::vector<std::string> WorkerSide::take_landed_requests() {
+  std::vector<std::string> landed;
+  // In issue order: one stream lands them all.
+  while (!async_loads_.empty() && (!async_loads_.front().done || async_loads_.front().done->query())) {
+    AsyncLoadInFlight& load = async_loads_.front();
+    report_.merge(load.report);
+    landed.push_back(std::move(load.req_id));
+    async_loads_.pop_front();
+  }
+  return landed;
 }
 
 WorkerReport WorkerSide::take_report() {

@@ -13,18 +13,24 @@
 namespace activekv {
 
 std::string WorkerSide::load_staging_line() const {
-  if (staging_.empty()) return "";
-  const auto bytes = static_cast<double>(staging_.front().numel());
+  const std::vector<at::Tensor>& staging = step_ring_.buffers;
+  if (staging.empty()) return "";
+  const auto bytes = static_cast<double>(staging.front().numel());
   char size[32];
   if (bytes >= (1 << 20)) {
     std::snprintf(size, sizeof size, "%.1f MiB", bytes / (1 << 20));
   } else {
     std::snprintf(size, sizeof size, "%.1f KiB", bytes / (1 << 10));
   }
+  const std::string async_loads = async_ring_.buffers.empty()
+                                      ? "; every hit lands inside its step"
+                                      : "; hits of " + std::to_string(*config_.async_load_min_tokens) +
+                                            " tokens or more land asynchronously, through " +
+                                            std::to_string(async_ring_.buffers.size()) + " more";
   return "ActiveKV loads (rank " + std::to_string(tp_rank_) + "): staged through " +
-         std::to_string(staging_.size()) + " buffers of " + size + " on " + device_.str() +
-         " (pieces of at most " + std::to_string(staging_.front().size(0)) +
-         " blocks), beside vLLM's KV cache";
+         std::to_string(staging.size()) + " buffers of " + size + " on " + device_.str() +
+         " (pieces of at most " + std::to_string(staging.front().size(0)) + " blocks)" + async_loads +
+         ", beside vLLM's KV cache";
 }
 
 std::string WorkerSide::store_file_line() const {

@@ -56,6 +56,32 @@ TEST(Config, BadValuesNameTheKey) {
   expect_error({{"store_path", text("")}}, "['store_path']: expected a file path");
 }
 
+TEST(Config, AsyncLoadsDefaultToDevicesWithoutStreaming) {
+  const Config plain = Config::parse({}).value();
+  EXPECT_EQ(plain.async_load_tokens(/*on_device=*/true), Config::async_load_default_tokens);
+  EXPECT_EQ(plain.async_load_tokens(/*on_device=*/false), 0);
+  const Config unset = Config::parse({{"async_load_min_tokens", none()}}).value();
+  EXPECT_EQ(unset.async_load_tokens(true), Config::async_load_default_tokens);
+  const Config asked = Config::parse({{"async_load_min_tokens", integer(16)}}).value();
+  EXPECT_EQ(asked.async_load_tokens(true), 16);
+  EXPECT_EQ(asked.async_load_tokens(false), 16);  // asked for: on the CPU too
+  const Config off = Config::parse({{"async_load_min_tokens", integer(0)}}).value();
+  EXPECT_EQ(off.async_load_tokens(true), 0);
+  const Config streaming =
+      Config::parse({{"streaming", table({{"resident_layers", integer(1)}}, "{'resident_layers': 1}")}})
+          .value();
+  EXPECT_EQ(streaming.async_load_tokens(true), 0);
+}
+
+TEST(Config, AsyncLoadsAreRefusedWithStreamingByName) {
+  expect_error({{"async_load_min_tokens", integer(-1)}},
+               "['async_load_min_tokens']: -1 is out of range; expected an integer >= 0");
+  expect_error({{"async_load_min_tokens", integer(64)},
+                {"streaming", table({{"resident_layers", integer(1)}}, "{'resident_layers': 1}")}},
+               "['async_load_min_tokens']: 64 asks for asynchronous loads, but layer streaming lands loads "
+               "inside the forward");
+}
+
 TEST(Config, AStorePathIsKeptAsGiven) {
   EXPECT_EQ(Config::parse({}).value().store_path, "");
   EXPECT_EQ(Config::parse({{"store_path", text("/dev/shm/activekv")}}).value().store_path,
@@ -110,7 +136,7 @@ TEST(Config, StreamingErrorsNameTheKeyInTheReferenceWords) {
                      "an integer >= 1");
   expect_exact_error({{"bogus", integer(1)}},
                      "kv_connector_extra_config: unknown key 'bogus'; accepted keys: "
-                     "capacity_bytes, fence_timeout_ms, max_bytes_per_request, mode, "
+                     "async_load_min_tokens, capacity_bytes, fence_timeout_ms, max_bytes_per_request, mode, "
                      "store_blocks, store_path, store_threshold, streaming");
 }
 

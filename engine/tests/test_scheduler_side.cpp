@@ -67,6 +67,35 @@ TEST(SchedulerSide, APromptsFullBlocksAreSavedFromTheDeviceBlocksHoldingThem) {
   EXPECT_TRUE(plan.loads.empty());
 }
 
+// A hit of at least async_load_min_tokens loads asynchronously, apart from the
+// step's loads and named by its request; a shorter one loads in its step.
+TEST(SchedulerSide, LongHitsLoadAsynchronouslyShortOnesInTheirStep) {
+  Config config = store_config();
+  config.async_load_min_tokens = 2 * kBlockSize;
+  auto s = store(config);
+  s.apply_report(saved(prefill(s, "a", tokens(4 * kBlockSize), {0, 1, 2, 3})));
+  // Three full blocks below the one holding the last prompt token.
+  s.observe_request("long", std::nullopt, 4 * kBlockSize, tokens(4 * kBlockSize));
+  EXPECT_EQ(s.get_num_new_matched_tokens("long", 0), 3 * kBlockSize);
+  EXPECT_TRUE(s.loads_async("long"));
+  s.update_state_after_alloc("long", Ids{4, 5, 6, 7}, 3 * kBlockSize);
+  // vLLM schedules no token of it this step.
+  const StepPlan plan = s.build_step({}, {});
+  EXPECT_TRUE(plan.loads.empty());
+  ASSERT_EQ(plan.async_loads.size(), 1u);
+  EXPECT_EQ(plan.async_loads[0].req_id, "long");
+  Ids blocks;
+  for (const auto& op : plan.async_loads[0].loads) blocks.push_back(op.block_id);
+  EXPECT_EQ(blocks, (Ids{4, 5, 6}));
+  // One block of hit: under the threshold.
+  s.observe_request("short", std::nullopt, 2 * kBlockSize, tokens(2 * kBlockSize));
+  EXPECT_EQ(s.get_num_new_matched_tokens("short", 0), kBlockSize);
+  EXPECT_FALSE(s.loads_async("short"));
+  // A lookup past a partial block matches nothing and loads nothing asynchronously.
+  EXPECT_EQ(s.get_num_new_matched_tokens("long", 1), 0);
+  EXPECT_FALSE(s.loads_async("long"));
+}
+
 TEST(SchedulerSide, ASavedPrefixIsOfferedOnlyOnceItsSaveWasReported) {
   auto s = store();
   const StepPlan first = prefill(s, "a", tokens(10), {7, 3, 9});

@@ -45,10 +45,10 @@ TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
   WorkerSide w(config, layout(), 8, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}, {}, {}, {}, {}, {}});
+  step(w, kv, saving({SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}));
   auto report = w.take_report();
   EXPECT_EQ(report.saved, (std::vector<std::int64_t>{0, 5}));
-  step(w, kv, StepPlan{{LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}, {}, {}, {}, {}, {}, {}});
+  step(w, kv, loading({LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}));
   for (const auto& n : layout().layer_names) {
     EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort)));
     EXPECT_TRUE(at::equal(kv[n][2].view(at::kShort), kv[n][3].view(at::kShort)));
@@ -62,10 +62,10 @@ TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  step(w, kv, StepPlan{{}, {SaveOp{2, 4, key(1), "r"}}, {}, {}, {}, {}, {}});
+  step(w, kv, saving({SaveOp{2, 4, key(1), "r"}}));
   w.take_report();
   const at::Tensor before = kv["l0"][6].clone();
-  step(w, kv, StepPlan{{LoadOp{2, 6, key(9)}}, {}, {}, {}, {}, {}, {}});
+  step(w, kv, loading({LoadOp{2, 6, key(9)}}));
   EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{6}));
   EXPECT_EQ(w.take_report().failed_loads, (std::vector<std::int64_t>{2}));
   EXPECT_TRUE(at::equal(kv["l0"][6], before));
@@ -96,7 +96,7 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   WorkerSide w(config, layout(), 4, 0);
   auto kv = caches();
   ASSERT_TRUE(w.register_kv_caches(kv).ok());
-  w.bind_plan(StepPlan{{}, {SaveOp{1, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
+  w.bind_plan(saving({SaveOp{1, 0, key(1), "r"}}));
   w.save_layer("l0", kv["l0"]);  // l1, l2: no hook
   w.wait_for_save();
   w.clear_plan();
@@ -105,7 +105,7 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   EXPECT_TRUE(report.failed_saves.empty());
   ASSERT_TRUE(w.arena()->tag(1));
 
-  w.bind_plan(StepPlan{{LoadOp{1, 5, key(1)}}, {}, {}, {}, {}, {}, {}});
+  w.bind_plan(loading({LoadOp{1, 5, key(1)}}));
   w.start_load(/*layer_hooks=*/false);
   for (const auto& n : layout().layer_names) {  // landed before any wait_for_layer_load
     EXPECT_TRUE(at::equal(kv[n][5].view(at::kShort), kv[n][0].view(at::kShort))) << n;
@@ -113,6 +113,47 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
   w.wait_for_save();
   w.clear_plan();
   EXPECT_EQ(w.take_report().loaded, (std::vector<std::int64_t>{1}));
+}
+
+// Asynchronous loads land while vLLM keeps their request out of the batch:
+// the request is named once all its loads landed (a failed one included), and
+// only then are its slots reported read (the scheduler unpins them then).
+TEST(WorkerSide, AsyncLoadsNameTheirRequestOnceLandedAndReportTheirSlotsThen) {
+  Config config;
+  config.async_load_min_tokens = 64;
+  WorkerSide w(config, layout(), 8, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  step(w, kv, saving({SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}));
+  w.take_report();
+  EXPECT_TRUE(w.nothing_awaiting());
+  // "a" loads slots 5 and 0 into blocks 1 and 2; "b" asks slot 0 for a block it does not hold.
+  step(w, kv,
+       loading_async({AsyncLoad{"a", {LoadOp{5, 1, key(2)}, LoadOp{0, 2, key(1)}}},
+                      AsyncLoad{"b", {LoadOp{0, 9, key(7)}}}}));
+  EXPECT_FALSE(w.nothing_awaiting());
+  EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{9}));
+  EXPECT_TRUE(w.take_report().loaded.empty());  // not before the request is named
+  EXPECT_EQ(w.take_landed_requests(), (std::vector<std::string>{"a", "b"}));
+  for (const auto& n : layout().layer_names) {
+    EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort))) << n;
+    EXPECT_TRUE(at::equal(kv[n][2].view(at::kShort), kv[n][3].view(at::kShort))) << n;
+  }
+  const WorkerReport report = w.take_report();
+  EXPECT_EQ(report.loaded, (std::vector<std::int64_t>{5, 0, 0}));
+  EXPECT_EQ(report.failed_loads, (std::vector<std::int64_t>{0}));
+  EXPECT_TRUE(w.take_landed_requests().empty());
+  EXPECT_TRUE(w.nothing_awaiting());
+}
+
+TEST(WorkerSide, RejectsAnAsyncLoadOutsideTheCacheAndBindsNothing) {
+  Config config;
+  WorkerSide w(config, layout(), 4, 0);
+  auto kv = caches();
+  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  EXPECT_THROW(w.bind_plan(loading_async({AsyncLoad{"a", {LoadOp{1, 12, key(1)}}}})), std::out_of_range);
+  EXPECT_THROW(w.bind_plan(loading_async({AsyncLoad{"a", {LoadOp{4, 1, key(1)}}}})), std::out_of_range);
+  EXPECT_FALSE(w.async_loads_this_step());
 }
 
 TEST(WorkerSide, RejectsCachesThatDoNotMatchTheSpec) {

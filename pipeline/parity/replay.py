@@ -222,7 +222,7 @@ class _Replay:
         output = _worker_step(self.worker, self.kv, meta, recorded, seen, clock, self.layer_hooks)
         self.outputs.add(output, _live_worker_meta(recorded))
         self.step += 1
-        if not (meta.loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
+        if not (meta.loads or meta.async_loads or meta.saves or meta.stage_blocks or meta.writeback_blocks):
             self.control_steps += 1
             self.control_seconds += clock.seconds - step_start
 
@@ -377,9 +377,10 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
     from vllm.v1.outputs import KVConnectorOutput
 
     clock(worker.bind_connector_metadata, meta)
-    finished_sending = None
+    finished_sending = finished_recving = None
     output = KVConnectorOutput()
     load_ids = _block_ids(meta.loads)
+    async_ids = [b for a in meta.async_loads for b in _block_ids(a[1] if isinstance(a, tuple) else a.loads)]
     stage_ids = list(meta.stage_blocks)
     staged: set[str] = set()
     # As vLLM with the patch series does: the attention wrapper asks
@@ -427,16 +428,23 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
         elif kind == "wait_for_save":
             clock(worker.wait_for_save)
         elif kind == "get_finished":
-            sending, _ = clock(worker.get_finished, set(ev["finished"]))
-            finished_sending = sending
-            out.append(("get_finished", sorted(sending or ())))
+            # Asynchronous loads land when the device gets to them: idle here,
+            # every one issued is named in its step, as on the CPU.
+            settle_device(kv)
+            sending, recving = clock(worker.get_finished, set(ev["finished"]))
+            finished_sending, finished_recving = sending, recving
+            out.append(("get_finished", sorted(sending or ()), sorted(recving or ())))
+            if async_ids:
+                out.extend(("loaded asynchronously", (n, _digest(t[async_ids]))) for n, t in kv.items())
         elif kind == "get_block_ids_with_load_errors":
             out.append(("load errors", sorted(clock(worker.get_block_ids_with_load_errors))))
         elif kind == "build_connector_worker_meta":
             settle_device(kv)
             wm = clock(worker.build_connector_worker_meta)
             out.append(("worker meta", plain_worker_meta(wm)))
-            output = KVConnectorOutput(finished_sending=finished_sending, kv_connector_worker_meta=wm)
+            output = KVConnectorOutput(
+                finished_sending=finished_sending, finished_recving=finished_recving, kv_connector_worker_meta=wm
+            )
         elif kind == "clear_connector_metadata":
             clock(worker.clear_connector_metadata)
     return None if output.is_empty() else output

@@ -48,8 +48,13 @@ def plain_metadata(meta) -> dict[str, Any]:
     def op(o):
         return tuple(o) if isinstance(o, tuple) else tuple(o.__dict__.values())
 
+    def async_load(a):
+        req_id, loads = (a[0], a[1]) if isinstance(a, tuple) else (a.req_id, a.loads)
+        return (req_id, [op(o) for o in loads])
+
     return {
         "loads": [op(o) for o in meta.loads],
+        "async_loads": [async_load(a) for a in getattr(meta, "async_loads", [])],
         "saves": [op(o) for o in meta.saves],
         "awaiting_free": list(meta.awaiting_free),
         "stage_blocks": list(meta.stage_blocks),

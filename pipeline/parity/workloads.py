@@ -258,6 +258,19 @@ def sessions(mode: str) -> list[Session]:
                 ("48 requests running", many_running),
             ],
         ),
+        # Hits of two blocks or more load while vLLM parks their request
+        # (WAITING_FOR_REMOTE_KVS): the same hits as the default session's.
+        Session(
+            "async-loads",
+            {"mode": mode, "async_load_min_tokens": 2 * BS},
+            [
+                ("async loads: miss", miss),
+                ("async loads: full hit", full_hit),
+                ("async loads: partial hit", partial_hit),
+                ("async loads: mixed batch", mixed_batch),
+                ("async loads: preemption and resume", preemption_and_resume),
+            ],
+        ),
         Session(
             "small-store",
             {"mode": mode, "capacity_bytes": 8 * one_block},

@@ -25,11 +25,24 @@ class SaveOp:
     req_id: str
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncLoad:
+    """A request's loads that cross while vLLM keeps the request out of the
+    batch (WAITING_FOR_REMOTE_KVS): the workers name it in get_finished's
+    receiving set once every one of them landed, failed or not."""
+
+    req_id: str
+    loads: list[LoadOp]
+
+
 @dataclasses.dataclass
 class ActiveKVMetadata(KVConnectorMetadata):
     """Scheduler -> workers, one per step."""
 
+    # Loads that land inside this step's forward, before their layers' attention.
     loads: list[LoadOp] = dataclasses.field(default_factory=list)
+    # Loads that land outside the forwards, each request's on its own.
+    async_loads: list[AsyncLoad] = dataclasses.field(default_factory=list)
     saves: list[SaveOp] = dataclasses.field(default_factory=list)
     # Finished requests whose device blocks stay allocated until the workers
     # report (get_finished) that none of their saves is still running.

@@ -27,7 +27,7 @@ from .config import ActiveKVConfig
 from .identity import BlockKey, block_keys
 from .homes import HomeRows
 from .index import BlockIndex
-from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, LoadOp, SaveOp
+from .metadata import ActiveKVMetadata, ActiveKVWorkerMetadata, AsyncLoad, LoadOp, SaveOp
 from .policy import AdmissionPolicy
 from .stats import ActiveKVStats, Telemetry
 from .streaming import cdiv
@@ -41,6 +41,7 @@ class _RequestState:
     block_ids: list[int] = dataclasses.field(default_factory=list)
     lookup_start: int = 0  # first block index past vLLM's own prefix hit
     lookup_tokens: int = 0  # what the last lookup could have served
+    load_async: bool = False  # the last lookup's hit loads asynchronously
     sighted: bool = False
     save_cursor: int = 0  # blocks below it were already offered for saving
     blocks_written: int = 0
@@ -76,6 +77,7 @@ class SchedulerSide:
         self._total_hit_tokens = 0
         self._requests: dict[str, _RequestState] = {}
         self._pending_loads: list[LoadOp] = []
+        self._pending_async_loads: list[AsyncLoad] = []
         self._slot_owner: dict[int, str] = {}  # pending save slot -> request id
         self._confirmations: Counter[int] = Counter()  # save reports per slot
         self._load_reports: Counter[int] = Counter()
@@ -100,6 +102,7 @@ class SchedulerSide:
         if num_computed_tokens % self.block_size:
             if request.request_id in self._requests:
                 self._requests[request.request_id].lookup_tokens = 0
+                self._requests[request.request_id].load_async = False
             return 0, False
         st = self._state(request)
         first = num_computed_tokens // self.block_size
@@ -114,7 +117,11 @@ class SchedulerSide:
                 break
             hits += 1
         st.lookup_start = first
-        return hits * self.block_size, False
+        # At least async_load_min_tokens (resolved for the device by the
+        # connector) load while vLLM keeps the request out of the batch.
+        async_tokens = self.config.async_load_min_tokens or 0
+        st.load_async = async_tokens > 0 and hits > 0 and hits * self.block_size >= async_tokens
+        return hits * self.block_size, st.load_async
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self._state(request)
@@ -126,17 +133,23 @@ class SchedulerSide:
             return
         block_ids = blocks.get_block_ids()[0]
         n = num_external_tokens // self.block_size
+        loads = self._pending_loads
+        if st.load_async:
+            loads = []
+            self._pending_async_loads.append(AsyncLoad(req_id=request.request_id, loads=loads))
         for i in range(st.lookup_start, st.lookup_start + n):
             slot = self.index.pin(st.keys[i])
-            self._pending_loads.append(LoadOp(slot=slot, block_id=block_ids[i], key=st.keys[i]))
+            loads.append(LoadOp(slot=slot, block_id=block_ids[i], key=st.keys[i]))
         self.stats.add("hit_blocks", n)
         self.stats.add("hit_tokens", num_external_tokens)
         self._total_hit_tokens += num_external_tokens
 
     # -- per-step plan ------------------------------------------------------------
     def build_connector_meta(self, scheduler_output) -> ActiveKVMetadata:
-        meta = ActiveKVMetadata(loads=self._pending_loads, awaiting_free=self._notify_awaiting)
-        self._pending_loads, self._notify_awaiting = [], []
+        meta = ActiveKVMetadata(
+            loads=self._pending_loads, async_loads=self._pending_async_loads, awaiting_free=self._notify_awaiting
+        )
+        self._pending_loads, self._pending_async_loads, self._notify_awaiting = [], [], []
         scheduled = scheduler_output.num_scheduled_tokens
         if self.homes is not None:
             self._plan_streaming(scheduler_output, meta)

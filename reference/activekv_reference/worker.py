@@ -70,6 +70,9 @@ class WorkerSide:
         # Requests whose blocks vLLM keeps until we report their saves done.
         self._awaiting_free: set[str] = set()
         self._recent_finished: deque[str] = deque(maxlen=_RECENT_FINISHED)
+        # Asynchronous loads landed since the last get_finished: each request
+        # with the report of its slots.
+        self._landed_async: list[tuple[str, ActiveKVWorkerMetadata]] = []
 
     # -- set-up ---------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -102,7 +105,7 @@ class WorkerSide:
     def check_plan(self, meta: ActiveKVMetadata) -> None:
         """Every block id and slot of the step must exist (IndexError, nothing done)."""
         num_blocks = next(iter(self._kv.values())).shape[0]
-        for op in [*meta.loads, *meta.saves]:
+        for op in [*meta.loads, *(op for a in meta.async_loads for op in a.loads), *meta.saves]:
             if not 0 <= op.block_id < num_blocks:
                 raise IndexError(f"block id {op.block_id} out of range (the KV cache has {num_blocks} blocks)")
             if not 0 <= op.slot < self.num_slots:
@@ -124,21 +127,36 @@ class WorkerSide:
     # -- loads ----------------------------------------------------------------
     def start_load_kv(self, meta: ActiveKVMetadata, layer_hooks: bool = True) -> None:
         """`layer_hooks`: whether wait_for_layer_load runs this step; when it
-        does not, every layer's loads land here, before the forward."""
+        does not, every layer's loads land here, before the forward. The
+        asynchronous loads land here too (this reference copies at once), and
+        get_finished names their requests."""
         self._load_ops = []
         self._staged_loads = {}
-        if not meta.loads:
-            return
-        assert self.arena is not None
-        t0 = time.perf_counter()
-        for op in meta.loads:
-            self._out.loaded.append(op.slot)
+        for load in meta.async_loads:
+            # Its slots are reported with its request, in get_finished.
+            out = ActiveKVWorkerMetadata()
+            self._stage_loads(load.loads, out, layer_hooks=False)
+            self._landed_async.append((load.req_id, out))
+        if meta.loads:
+            self._stage_loads(meta.loads, self._out, layer_hooks)
+
+    def _checked(self, ops: list[LoadOp], out: ActiveKVWorkerMetadata) -> list[LoadOp]:
+        """The loads whose slot holds the block asked for; the others failed."""
+        good = []
+        for op in ops:
+            out.loaded.append(op.slot)
             if self.arena.key(op.slot) == self.tag(op.key):
-                self._load_ops.append(op)
+                good.append(op)
             else:  # never serve bytes that are not the block asked for
-                self._out.failed_loads.append(op.slot)
+                out.failed_loads.append(op.slot)
                 self._load_error_blocks.add(op.block_id)
                 self.stats.add("failed_loads", 1)
+        return good
+
+    def _stage_loads(self, ops: list[LoadOp], out: ActiveKVWorkerMetadata, layer_hooks: bool) -> None:
+        assert self.arena is not None
+        t0 = time.perf_counter()
+        self._load_ops = self._checked(ops, out)
         for name in self.layout.layer_names:
             if not self._load_ops:
                 break
@@ -218,14 +236,20 @@ class WorkerSide:
         self.stats.add("save_us", _elapsed_us(t0))
 
     # -- reporting ------------------------------------------------------------
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, None]:
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Saves complete inside wait_for_save, so a finished request that the
         # scheduler kept for its saves can be released as soon as both the
         # notice and its finish have arrived.
         self._recent_finished.extend(finished_req_ids)
         done = {r for r in self._awaiting_free if r in self._recent_finished}
         self._awaiting_free -= done
-        return (done or None), None
+        loaded = set()
+        for req_id, out in self._landed_async:
+            self._out.loaded.extend(out.loaded)
+            self._out.failed_loads.extend(out.failed_loads)
+            loaded.add(req_id)
+        self._landed_async = []
+        return (done or None), (loaded or None)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_error_blocks = self._load_error_blocks, set()

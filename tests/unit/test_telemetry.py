@@ -210,7 +210,11 @@ def test_the_configuration_is_one_info_metric_set_to_one(impl):
         "resident_layers": "1",
         "ring_size": "3",
         "homes": "exact",
+        "async_load_min_tokens": "0",  # none with streaming
     }
+    _, reg = prom(impl, {"async_load_min_tokens": 96})
+    [info] = _info(reg)
+    assert info.labels["async_load_min_tokens"] == "96"
     _, reg = prom(impl, {"store_path": "/some/where/store"})
     [info] = _info(reg)
     assert info.labels["store_path_set"] == "true" and info.labels["streaming"] == "false"

@@ -24,22 +24,57 @@ def exact_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
+@pytest.fixture(scope="module")
+def async_llm(tiny_model, connector):
+    """Every hit of a block or more loads asynchronously (vLLM parks the
+    request while its blocks cross); in this process, to see it happen."""
+    llm = h.make_llm(
+        tiny_model, {"mode": "exact", "async_load_min_tokens": h.BLOCK_SIZE}, connector=connector, in_process=True
+    )
+    yield llm
+    h.shutdown(llm)
+
+
 @catches_a_wrong_block
 def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, plain, figures):
-    rng = random.Random(1)
+    served_from_host_store(exact_llm, plain, figures, seed=1, label="exact reload")
+
+
+@catches_a_wrong_block
+def test_a_hit_loaded_asynchronously_is_served_bitwise(async_llm, plain, figures):
+    connector = async_llm.llm_engine.engine_core.engine_core.scheduler.connector
+    lookup = connector.get_num_new_matched_tokens
+    answers = []  # every lookup's (tokens, loads asynchronously)
+
+    def recorded(request, num_computed_tokens):
+        answers.append(tuple(lookup(request, num_computed_tokens)))
+        return answers[-1]
+
+    connector.get_num_new_matched_tokens = recorded
+    try:
+        reusable = served_from_host_store(async_llm, plain, figures, seed=3, label="asynchronous reload")
+    finally:
+        del connector.get_num_new_matched_tokens
+    assert (reusable, True) in answers, f"no lookup loaded the hit asynchronously: {answers}"
+
+
+def served_from_host_store(llm, plain, figures, *, seed: int, label: str) -> int:
+    """A prompt pushed out of vLLM's prefix cache comes back from the host
+    store, bit for bit vLLM's own prefix hit; returns the tokens reused."""
+    rng = random.Random(seed)
     prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
     # A request of max_model_len tokens needs every device block: it evicts the prompt.
     filler = h.random_tokens(rng, h.MAX_MODEL_LEN - h.MAX_TOKENS)
     reusable = h.reusable_tokens(len(prompt))
 
-    first = h.generate(exact_llm, [prompt])[0]
+    first = h.generate(llm, [prompt])[0]
     # The oracle: vLLM's own prefix-cache hit on the KV the cold run computed,
     # in this engine: the shapes of a reload (reusable cached + the rest), run
     # twice to see that vLLM agrees with itself on them.
-    own_hits = h.own_prefix_hits(exact_llm, [prompt])
-    h.generate(exact_llm, [filler])
-    with h.TelemetryDelta(exact_llm) as delta:
-        again = h.generate(exact_llm, [prompt])[0]
+    own_hits = h.own_prefix_hits(llm, [prompt])
+    h.generate(llm, [filler])
+    with h.TelemetryDelta(llm) as delta:
+        again = h.generate(llm, [prompt])[0]
 
     assert first.num_cached_tokens == 0
     assert all(run[0].num_cached_tokens == reusable for run in own_hits)
@@ -48,13 +83,13 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     # Exact mode stores the KV bytes and nothing else.
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
     # Same engine, same shapes, same KV bytes: the same logprobs, bit for bit.
-    figures.extend(f"exact reload: {note}" for note in comparison.check_reloads([again], own_hits))
+    figures.extend(f"{label}: {note}" for note in comparison.check_reloads([again], own_hits))
     # Plain vLLM (no connector) with its own prefix hit of the same cached-token count.
     (plain_hit,) = plain([prompt], prefix_hit=True)
     assert again.tokens == first.tokens == plain_hit.tokens
     bitwise = comparison.difference([again], [plain_hit])
     figures.append(
-        "exact reload vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
+        f"{label} vs plain vLLM's own prefix hit (another LLM instance): tokens equal, "
         + (
             "logprobs bit for bit equal"
             if not bitwise
@@ -62,6 +97,7 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
             f"(first difference at {bitwise.split(':')[0]})"
         )
     )
+    return reusable
 
 
 @catches_a_wrong_block

@@ -48,6 +48,9 @@ class SchedulerSide {
 
   // Tokens loadable from the host store past `num_computed_tokens`.
   std::int64_t get_num_new_matched_tokens(const std::string& req_id, std::int64_t num_computed_tokens);
+  // Whether the hit the request's last lookup found loads asynchronously:
+  // at least config.async_load_min_tokens (resolved for the device) tokens.
+  bool loads_async(const std::string& req_id) const;
   void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
                                 std::int64_t num_external_tokens);
 
@@ -101,6 +104,7 @@ class SchedulerSide {
     std::vector<std::int64_t> block_ids;
     std::int64_t lookup_start = 0;
     std::int64_t lookup_tokens = 0;  // what the last lookup could have served
+    bool load_async = false;         // the last lookup's hit loads asynchronously
     bool sighted = false;
     std::int64_t save_cursor = 0;
     std::int64_t blocks_written = 0;
@@ -133,6 +137,7 @@ class SchedulerSide {
   Telemetry stats_;
   std::unordered_map<std::string, RequestState> requests_;
   std::vector<LoadOp> pending_loads_;
+  std::vector<AsyncLoad> pending_async_loads_;
   std::unordered_map<std::int64_t, std::string> slot_owner_;
   std::map<std::int64_t, std::int64_t> confirmations_;  // save reports per slot
   std::map<std::int64_t, std::int64_t> load_reports_;

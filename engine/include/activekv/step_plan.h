@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "activekv/block_key.h"
@@ -26,9 +27,20 @@ struct SaveOp {
   std::string req_id;
 };
 
+// A request's loads that cross while vLLM keeps the request out of the batch
+// (WAITING_FOR_REMOTE_KVS): the workers name it in get_finished's receiving
+// set once every one of them landed, failed or not.
+struct AsyncLoad {
+  std::string req_id;
+  std::vector<LoadOp> loads;
+};
+
 // Scheduler -> workers.
 struct StepPlan {
+  // Loads that land inside this step's forward, before their layers' attention.
   std::vector<LoadOp> loads;
+  // Loads that land outside the forwards, each request's on its own.
+  std::vector<AsyncLoad> async_loads;
   std::vector<SaveOp> saves;
   // Finished requests whose device blocks stay allocated until the workers
   // report that none of their saves is still running.
@@ -44,10 +56,27 @@ struct StepPlan {
 
   // Whether the step plans nothing at all (idle steps share one metadata).
   bool empty() const {
-    return loads.empty() && saves.empty() && awaiting_free.empty() && stage_blocks.empty() &&
-           writeback_blocks.empty();
+    return loads.empty() && async_loads.empty() && saves.empty() && awaiting_free.empty() &&
+           stage_blocks.empty() && writeback_blocks.empty();
   }
 };
+
+// A plan of only saves, only loads, or only asynchronous loads.
+inline StepPlan saving(std::vector<SaveOp> saves) {
+  StepPlan plan;
+  plan.saves = std::move(saves);
+  return plan;
+}
+inline StepPlan loading(std::vector<LoadOp> loads) {
+  StepPlan plan;
+  plan.loads = std::move(loads);
+  return plan;
+}
+inline StepPlan loading_async(std::vector<AsyncLoad> loads) {
+  StepPlan plan;
+  plan.async_loads = std::move(loads);
+  return plan;
+}
 
 // Workers -> scheduler; reports of all TP ranks are concatenated.
 struct WorkerReport {

@@ -144,7 +144,7 @@ constexpr bool gauge_is_ratio(Gauge g) { return g == Gauge::kStoreHitRatio; }
 inline constexpr std::string_view kConfigInfoName = "config_info";
 inline constexpr std::string_view kConfigInfoHelp =
     "ActiveKV's configuration (kv_connector_extra_config) in its labels; the value is 1";
-inline constexpr std::array<std::string_view, 11> kConfigInfoLabels = {"mode",
+inline constexpr std::array<std::string_view, 12> kConfigInfoLabels = {"mode",
                                                                        "capacity_bytes",
                                                                        "store_threshold",
                                                                        "max_bytes_per_request",
@@ -154,7 +154,8 @@ inline constexpr std::array<std::string_view, 11> kConfigInfoLabels = {"mode",
                                                                        "streaming",
                                                                        "resident_layers",
                                                                        "ring_size",
-                                                                       "homes"};
+                                                                       "homes",
+                                                                       "async_load_min_tokens"};
 
 class Telemetry {
  public:

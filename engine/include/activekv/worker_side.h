@@ -27,6 +27,14 @@
 // block is visible only after its save completed. Copies of one step thus
 // overlap the next step's loads. On CPU everything is immediate: a save
 // settles inside wait_for_save.
+// Asynchronous loads (StepPlan::async_loads, config.async_load_min_tokens):
+// start_load issues each request's loads on a stream of their own, after the
+// work already queued on the compute stream (a block vLLM just gave the
+// request may still be written by a step in flight), landing them there
+// through their own staging ring; take_landed_requests names a request once
+// all its copies completed, and only then reports its slots read. vLLM keeps
+// the request out of every batch until then, so no event joins the compute
+// stream. On the CPU they land inside start_load.
 // Layer streaming (layer_streaming.h), when a geometry is given: bind_plan
 // begins the streamer's step, wait_for_layer_load stages the layer's blocks
 // before the step's loads land on top, save_layer writes the layer's blocks
@@ -94,7 +102,10 @@ class WorkerSide {
   // KV cache, whatever a request's size (the default: kLoadStagingPieces of
   // kLoadStagingPieceBytes). Call before register_kv_caches. On the CPU the
   // blocks are read where they lie.
+  // Asynchronous loads take a ring of kAsyncLoadStagingPieces more of the
+  // same size, when config.async_load_min_tokens is above 0.
   static constexpr std::int64_t kLoadStagingPieces = 3;
+  static constexpr std::int64_t kAsyncLoadStagingPieces = 2;
   static constexpr std::int64_t kLoadStagingPieceBytes = std::int64_t{64} << 20;
   void set_load_staging(std::int64_t pieces, std::int64_t piece_bytes);
   // The device memory the load staging took (0 on the CPU).
@@ -121,14 +132,14 @@ class WorkerSide {
   void bind_plan(StepPlan plan);
   void clear_plan() {
     plan_.reset();
-    load_pieces_.clear();
-    pieces_issued_ = pieces_landed_ = 0;
+    step_loads_ = LoadBatch{};
   }
   // Cheap questions, so the binding skips idle calls without crossing into
   // native work (vLLM calls these every step, for every layer).
   bool loads_this_step() const { return plan_ && !plan_->loads.empty(); }
+  bool async_loads_this_step() const { return plan_ && !plan_->async_loads.empty(); }
   // Loads that land layer by layer (wait_for_layer_load), not all in start_load.
-  bool staged_loads_this_step() const { return pieces_landed_ < load_pieces_.size(); }
+  bool staged_loads_this_step() const { return step_loads_.landing(); }
   bool saves_this_step() const { return plan_ && !plan_->saves.empty(); }
   // Whether the bound step stages or writes back streamed layers' blocks.
   bool streams_this_step() const { return plan_ && streamer_ && streamer_->moves_blocks_this_step(); }
@@ -137,7 +148,9 @@ class WorkerSide {
   // vLLM's has_layer_work hook (the series' patch 0001), by its name.
   bool has_layer_work() const { return loads_this_step() || saves_this_step() || streams_this_step(); }
   bool streaming() const { return streaming_.has_value(); }
-  bool nothing_awaiting() const { return awaiting_free_.empty(); }
+  // Nothing for get_finished to tell: no finished request kept for its saves,
+  // no asynchronous load issued and not yet named.
+  bool nothing_awaiting() const { return awaiting_free_.empty() && async_loads_.empty(); }
 
   // layer_hooks: whether wait_for_layer_load runs this step (not under a full
   // CUDA graph); without it every layer's loads land here.
@@ -151,6 +164,9 @@ class WorkerSide {
 
   // Requests the scheduler kept for their saves that can now be released.
   std::vector<std::string> get_finished(const std::vector<std::string>& finished_req_ids);
+  // Requests whose asynchronous loads all completed (failed ones included)
+  // since the last call, in issue order; their slots join the report.
+  std::vector<std::string> take_landed_requests();
   std::vector<std::int64_t> take_load_errors();
   WorkerReport take_report();
   // The counters since the last take (vLLM takes once a step) and, with
@@ -186,11 +202,48 @@ class WorkerSide {
     bool whole = false;  // every layer was gathered
     std::chrono::steady_clock::time_point deadline;
   };
-  // Lands (decodes into vLLM's KV cache) the step's pieces in order through
+  // Device staging buffers; each free again once the stream that lands
+  // from it passed its event.
+  struct StagingRing {
+    std::vector<at::Tensor> buffers;
+    std::vector<std::optional<c10::Event>> free;
+  };
+  // Loads crossing in pieces (load_pieces.h): on a device through a ring.
+  struct LoadBatch {
+    std::vector<SlotRun> runs;      // their slots, in load order
+    std::vector<std::int64_t> ids;  // their block ids, in load order
+    at::Tensor block_ids;           // the same, on the device
+    std::vector<detail::LoadPiece> pieces;
+    std::vector<std::optional<c10::Event>> ready;  // per piece (device)
+    std::size_t issued = 0;
+    std::size_t landed = 0;
+    bool landing() const { return landed < pieces.size(); }
+  };
+  // The copy and landing streams of one kind of load, and its ring.
+  struct LoadLane {
+    StagingRing* ring;
+    c10::Stream copy;
+    c10::Stream land;
+  };
+  // A request's asynchronous loads, from start_load until all landed.
+  struct AsyncLoadInFlight {
+    std::string req_id;
+    WorkerReport report;  // its slots: loaded, failed
+    LoadBatch batch;      // kept until done: its block ids are in use
+    std::optional<c10::Event> done;
+  };
+  // Checks each load's slot holds its block (else records a failed load into
+  // `report` and the block as a load error) and makes the batch of the good
+  // ones, block ids made on `ids_stream`.
+  LoadBatch checked_batch(const std::vector<LoadOp>& ops, WorkerReport& report, const StagingRing* ring,
+                          std::optional<c10::Stream> ids_stream);
+  // Lands (decodes into vLLM's KV cache) the batch's pieces in order through
   // layer `layer`'s last, issuing the next pieces into the buffers they free.
-  void land_loads_through(std::int64_t layer);
-  void issue_load_piece();
-  Status allocate_load_staging();  // register_kv_caches, on a device
+  void land_through(LoadBatch& batch, std::int64_t layer, const std::optional<LoadLane>& lane);
+  void issue_piece(LoadBatch& batch, const LoadLane& lane);
+  void start_async_loads();
+  std::optional<LoadLane> step_lane();
+  Status allocate_ring(StagingRing& ring, std::int64_t pieces);  // on a device
   void settle_saves(bool wait);
   // The store's part of save_layer; `gathered` is set when a device gather ran.
   void store_save_layer(const std::string& layer_name, const at::Tensor& kv_layer,
@@ -227,16 +280,13 @@ class WorkerSide {
 
   std::int64_t staging_pieces_ = kLoadStagingPieces;
   std::int64_t staging_piece_bytes_ = kLoadStagingPieceBytes;
-  std::vector<at::Tensor> staging_;  // the ring's buffers (device)
-  // Per buffer: recorded on the compute stream once its last piece landed.
-  std::vector<std::optional<c10::Event>> staging_free_;
-  std::vector<SlotRun> load_runs_;      // the step's slots, in load order
-  std::vector<std::int64_t> load_ids_;  // the step's loaded block ids, in load order
-  at::Tensor load_block_ids_;           // the same, on the device
-  std::vector<detail::LoadPiece> load_pieces_;
-  std::vector<std::optional<c10::Event>> piece_ready_;  // per piece (device)
-  std::size_t pieces_issued_ = 0;
-  std::size_t pieces_landed_ = 0;
+  StagingRing step_ring_;  // the step's loads, landed by the compute stream
+  LoadBatch step_loads_;
+  // Asynchronous loads: their ring, copy and landing streams, and what runs.
+  StagingRing async_ring_;
+  std::optional<c10::Stream> async_copy_stream_;
+  std::optional<c10::Stream> async_land_stream_;
+  std::deque<AsyncLoadInFlight> async_loads_;
   std::optional<StepPlan> plan_;
   SlotLease save_lease_;
   std::vector<SlotRun> save_runs_;

@@ -45,23 +45,14 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   if (!s.ok()) return "";
   // Slots 10..12 form one run, 40 another: both copy paths.
   step(w, l, kv,
-       StepPlan{{},
-                {SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"}, SaveOp{12, 5, key(3), "r"},
-                 SaveOp{40, 9, key(4), "r"}},
-                {},
-                {},
-                {},
-                {},
-                {}},
+       saving({SaveOp{10, 3, key(1), "r"}, SaveOp{11, 7, key(2), "r"}, SaveOp{12, 5, key(3), "r"},
+               SaveOp{40, 9, key(4), "r"}}),
        layer_hooks);
   w.drain_saves();  // on a device the copies settle after their step
   f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
   Caches before;
   for (const auto& [n, t] : kv) before[n] = t.cpu();
-  step(
-      w, l, kv,
-      StepPlan{{LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}}, {}, {}, {}, {}, {}, {}},
-      layer_hooks);
+  step(w, l, kv, loading({LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}}), layer_hooks);
   f.expect(w.take_load_errors().empty(), "the loads reported errors");
   // Each loaded block against the block its slot was saved from.
   const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
@@ -132,7 +123,7 @@ std::string save_fences_complete(c10::Device device, Findings& f) {
     f.expect(!w.arena()->tag(n - 1), "the last block was visible before its copy completed");
     bool refused = false;  // its slots are not written again while the copy runs
     try {
-      w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
+      w.bind_plan(saving({SaveOp{0, 0, key(1), "r"}}));
     } catch (const std::invalid_argument&) {
       refused = true;
     }
@@ -197,13 +188,13 @@ std::string fence_timeout_quarantines(c10::Device device, Findings& f) {
   // A quarantined slot is never written again; a fresh one still is.
   bool refused = false;
   try {
-    w.bind_plan(StepPlan{{}, {SaveOp{0, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
+    w.bind_plan(saving({SaveOp{0, 0, key(1), "r"}}));
   } catch (const std::invalid_argument&) {
     refused = true;
   }
   f.expect(refused, "a quarantined slot was leased again");
   const KVLayout l = big_layout();
-  step(w, l, kv, StepPlan{{}, {SaveOp{n, 0, key(1), "r"}}, {}, {}, {}, {}, {}});
+  step(w, l, kv, saving({SaveOp{n, 0, key(1), "r"}}));
   w.drain_saves();
   f.expect(w.take_report().saved == Ids{n}, "a fresh slot was not saved after the quarantine");
   return "a 1 ms deadline on a " + std::to_string(n * l.slot_bytes(Mode::kExact) >> 20) +
