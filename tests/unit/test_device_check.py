@@ -16,6 +16,8 @@ EXPECTED_ON_CPU = {
     "save-load-full-graph": "passed",
     "save-load-small-ring": "passed",
     "save-load-small-ring-compressed": "passed",
+    "save-load-async": "passed",
+    "save-load-async-compressed": "passed",
     "save-fences-complete": "passed",
     # CPU copies are synchronous: no fence can pass its deadline.
     "fence-timeout-quarantines": "skipped",

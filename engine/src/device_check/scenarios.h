@@ -14,8 +14,9 @@ namespace activekv::device_check {
 // The host store (store_scenarios.cpp): saves and loads, fences, the codec.
 // small_ring: the loads cross a ring of two one-block staging buffers
 // (WorkerSide::set_load_staging), so each buffer is reused within the step.
+// async_loads: the loads are a request's asynchronous loads (StepPlan::async_loads).
 std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks = true,
-                      bool small_ring = false);
+                      bool small_ring = false, bool async_loads = false);
 std::string save_fences_complete(c10::Device device, Findings& f);
 std::string fence_timeout_quarantines(c10::Device device, Findings& f);
 std::string compressed_decode(c10::Device device, Findings& f);

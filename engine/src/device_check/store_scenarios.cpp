@@ -31,10 +31,12 @@ namespace activekv::device_check {
 
 // ---- save, then load into other blocks: bitwise (exact) or close (compressed)
 
-std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks, bool small_ring) {
+std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hooks, bool small_ring,
+                      bool async_loads) {
   const KVLayout l = layout({"l0", "l1", "l2"}, 2, 32);
   Config config;
   config.mode = mode;
+  if (async_loads) config.async_load_min_tokens = 1;
   WorkerSide w(config, l, 64, 0);
   if (small_ring) w.set_load_staging(2, l.layer_bytes(mode));
   Caches kv;
@@ -52,7 +54,23 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   f.expect(w.take_report().saved == Ids{10, 11, 12, 40}, "slots 10, 11, 12, 40 not all reported saved");
   Caches before;
   for (const auto& [n, t] : kv) before[n] = t.cpu();
-  step(w, l, kv, loading({LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}}), layer_hooks);
+  const std::vector<LoadOp> loads = {LoadOp{40, 0, key(4)}, LoadOp{10, 1, key(1)}, LoadOp{11, 2, key(2)}};
+  if (!async_loads) {
+    step(w, l, kv, loading(loads), layer_hooks);
+  } else {
+    // Landed on streams of their own: named once every copy completed, and
+    // only then are the slots reported read.
+    step(w, l, kv, loading_async({AsyncLoad{"r", loads}}), layer_hooks);
+    std::vector<std::string> landed = w.take_landed_requests();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (landed.empty() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      landed = w.take_landed_requests();
+    }
+    f.expect(landed == std::vector<std::string>{"r"}, "the request was not named within 10 s of its loads");
+    f.expect(w.nothing_awaiting(), "a landed request is still awaited");
+  }
+  f.expect(w.take_report().loaded == Ids{40, 10, 11}, "slots 40, 10, 11 not reported read");
   f.expect(w.take_load_errors().empty(), "the loads reported errors");
   // Each loaded block against the block its slot was saved from.
   const std::vector<std::pair<std::int64_t, std::int64_t>> landed = {{0, 9}, {1, 3}, {2, 7}};
@@ -68,8 +86,12 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
     f.expect(bitwise(after[4], before[n][4]), block_of(n, 4) + " changed though no load targets it");
   }
   if (small_ring && !device.is_cpu()) {
-    f.expect(w.load_staging_bytes() == 2 * l.layer_bytes(mode),
-             "the load staging is not two one-block buffers");
+    f.expect(w.load_staging_bytes() ==
+                 (async_loads ? 2 + WorkerSide::kAsyncLoadStagingPieces : 2) * l.layer_bytes(mode),
+             "the load staging is not two one-block buffers (and the asynchronous loads' ring)");
+    f.expect(!async_loads ||
+                 w.load_staging_line().find("land asynchronously, through 2 more") != std::string::npos,
+             "the start-up line does not say the asynchronous loads' staging: " + w.load_staging_line());
     f.expect(w.load_staging_line().find("through 2 buffers") != std::string::npos &&
                  w.load_staging_line().find("at most 1 blocks") != std::string::npos,
              "the start-up line does not say the staging: " + w.load_staging_line());
@@ -79,7 +101,8 @@ std::string save_load(c10::Device device, Mode mode, Findings& f, bool layer_hoo
   return std::string("4 blocks x 3 layers saved (two runs), 3 loaded back ") +
          (mode == Mode::kExact ? "bitwise" : "within the int8 codec's tolerance") +
          (layer_hooks ? "" : ", with no per-layer call (a full CUDA graph's steps)") +
-         (small_ring ? ", through a ring of two one-block staging buffers (9 pieces)" : "");
+         (small_ring ? ", through a ring of two one-block staging buffers (9 pieces)" : "") +
+         (async_loads ? ", asynchronously (on streams of their own, named once landed)" : "");
 }
 
 // ---- a save large enough to outlast a step -----------------------------------
