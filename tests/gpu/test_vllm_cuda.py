@@ -126,10 +126,17 @@ def test_vllm_keeps_its_default_cuda_graphs_for_the_store(llms, setting, figures
 # A tail of one token makes the reload a one-token step: a uniform decode
 # batch, which replays a full CUDA graph in compiled mode (the loads land at
 # start_load_kv); five tokens make a piecewise step (they land per layer).
+# In-step loads land inside the reload's forward; asynchronous ones
+# (async_load_min_tokens) on streams of their own while vLLM parks the request.
 @pytest.mark.parametrize("tail", [1, 5], ids=["full-graph-step", "piecewise-step"])
-def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting, tail):
-    llm = connector_llm(llms, setting, {"mode": "exact", "store_blocks": "prompt_and_decode"})
-    rng = random.Random(tail)  # a prompt of its own: no block stored by the other case
+@pytest.mark.parametrize("loads", ["in-step", "async"])
+def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting, tail, loads):
+    extra = {"mode": "exact", "store_blocks": "prompt_and_decode"}
+    if loads == "async":
+        extra["async_load_min_tokens"] = h.BLOCK_SIZE
+    llm = connector_llm(llms, setting, extra)
+    # A prompt of its own: no block stored by another case.
+    rng = random.Random(tail + (100 if loads == "async" else 0))
     prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + tail)
     reusable = h.reusable_tokens(len(prompt))
     h.flush_device_cache(llm)
