@@ -343,6 +343,12 @@ void add_scheduler_methods(py::dict& ns) {
       named("get_num_new_matched_tokens", [](py::object self, py::object request, std::int64_t n) {
         return scheduler_of(self).get_num_new_matched_tokens(request, n);
       });
+  // vLLM 0.34, with --max-num-inflight-kv-loads: a request that may load
+  // asynchronously waits in a queue of its own and may start loading while
+  // the running batch is full.
+  ns["may_load_async"] = named("may_load_async", [](py::object self, py::object request) {
+    return scheduler_of(self).may_load_async(request);
+  });
   ns["update_state_after_alloc"] = named(
       "update_state_after_alloc", [](py::object self, py::object request, py::object blocks, std::int64_t n) {
         scheduler_of(self).update_state_after_alloc(request, blocks, n);

@@ -30,6 +30,9 @@ class SchedulerEngine {
   void apply(const WorkerReport& report);
   bool request_finished(const py::handle& request);
 
+  bool may_load_async(const py::handle& request) const {
+    return side_->may_load_async(py::cast<std::int64_t>(request.attr("num_prompt_tokens")));
+  }
   bool has_pending_work() const { return side_->has_pending_work(); }
   Telemetry take_telemetry() { return side_->take_telemetry(); }
 

@@ -237,6 +237,11 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         return self.scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def may_load_async(self, request) -> bool:
+        # vLLM 0.34, with --max-num-inflight-kv-loads: such a request waits in
+        # a queue of its own and may start loading while the batch is full.
+        return self.scheduler_side.may_load_async(request)
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         self.scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
 

@@ -123,6 +123,13 @@ class SchedulerSide:
         st.load_async = async_tokens > 0 and hits > 0 and hits * self.block_size >= async_tokens
         return hits * self.block_size, st.load_async
 
+    def may_load_async(self, request) -> bool:
+        """Whether the request's prompt could load asynchronously at all: its
+        full blocks below the last token's reach async_load_min_tokens."""
+        tokens = self.config.async_load_min_tokens or 0
+        reach = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
+        return tokens > 0 and reach >= tokens
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self._state(request)
         self.stats.add("lookups", 1)

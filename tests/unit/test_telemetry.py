@@ -331,3 +331,20 @@ def test_the_streaming_geometry_is_reported_once_as_gauges_in_both_engines():
     assert geometry["streaming_streamed_layers"] == 4
     assert set(geometry) == {n for n in ref.GAUGES if n.startswith("streaming_")}
     assert not any(first["native"][n] for n in ref.COUNTERS), "the geometry was counted"
+
+
+def test_may_load_async_is_the_same_answer_in_both_engines_and_follows_the_threshold():
+    # vLLM 0.34 asks it as a request enters the queue (--max-num-inflight-kv-loads).
+    cfg = standalone.kv_cache_config(num_blocks=16)
+    bs = cfg.kv_cache_groups[0].kv_cache_spec.block_size
+    lengths = range(1, 5 * bs)
+    answers = {}
+    for impl in IMPLS:
+        sched, _ = standalone.make_pair(impl, {"async_load_min_tokens": 2 * bs}, cfg)
+        answers[impl] = [sched.may_load_async(_request("r", range(n))) for n in lengths]
+        off, _ = standalone.make_pair(impl, {}, cfg)  # none on the CPU unless asked for
+        assert not any(off.may_load_async(_request("r", range(n))) for n in lengths)
+    assert answers["native"] == answers["reference"]
+    yes = [n for n, a in zip(lengths, answers["native"]) if a]
+    # Two full blocks must lie below the block of the last prompt token.
+    assert yes and yes == list(range(yes[0], lengths[-1] + 1)) and yes[0] == 2 * bs + 1

@@ -51,6 +51,13 @@ class SchedulerSide {
   // Whether the hit the request's last lookup found loads asynchronously:
   // at least config.async_load_min_tokens (resolved for the device) tokens.
   bool loads_async(const std::string& req_id) const;
+  // Whether a prompt of this many tokens could load asynchronously at all:
+  // its full blocks below the last token's reach async_load_min_tokens
+  // (vLLM 0.34's may_load_async, asked as a request enters the queue).
+  bool may_load_async(std::int64_t num_prompt_tokens) const {
+    const std::int64_t tokens = config_.async_load_min_tokens.value_or(0);
+    return tokens > 0 && (num_prompt_tokens - 1) / block_size_ * block_size_ >= tokens;
+  }
   void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
                                 std::int64_t num_external_tokens);
 
