@@ -345,6 +345,6 @@ def test_may_load_async_is_the_same_answer_in_both_engines_and_follows_the_thres
         off, _ = standalone.make_pair(impl, {}, cfg)  # none on the CPU unless asked for
         assert not any(off.may_load_async(_request("r", range(n))) for n in lengths)
     assert answers["native"] == answers["reference"]
-    yes = [n for n, a in zip(lengths, answers["native"]) if a]
+    yes = [n for n, a in zip(lengths, answers["native"], strict=True) if a]
     # Two full blocks must lie below the block of the last prompt token.
     assert yes and yes == list(range(yes[0], lengths[-1] + 1)) and yes[0] == 2 * bs + 1
