@@ -24,38 +24,9 @@ def exact_llm(tiny_model, connector):
     h.shutdown(llm)
 
 
-@pytest.fixture(scope="module")
-def async_llm(tiny_model, connector):
-    """Every hit of a block or more loads asynchronously (vLLM parks the
-    request while its blocks cross); in this process, to see it happen."""
-    llm = h.make_llm(
-        tiny_model, {"mode": "exact", "async_load_min_tokens": h.BLOCK_SIZE}, connector=connector, in_process=True
-    )
-    yield llm
-    h.shutdown(llm)
-
-
 @catches_a_wrong_block
 def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, plain, figures):
     served_from_host_store(exact_llm, plain, figures, seed=1, label="exact reload")
-
-
-@catches_a_wrong_block
-def test_a_hit_loaded_asynchronously_is_served_bitwise(async_llm, plain, figures):
-    connector = async_llm.llm_engine.engine_core.engine_core.scheduler.connector
-    lookup = connector.get_num_new_matched_tokens
-    answers = []  # every lookup's (tokens, loads asynchronously)
-
-    def recorded(request, num_computed_tokens):
-        answers.append(tuple(lookup(request, num_computed_tokens)))
-        return answers[-1]
-
-    connector.get_num_new_matched_tokens = recorded
-    try:
-        reusable = served_from_host_store(async_llm, plain, figures, seed=3, label="asynchronous reload")
-    finally:
-        del connector.get_num_new_matched_tokens
-    assert (reusable, True) in answers, f"no lookup loaded the hit asynchronously: {answers}"
 
 
 def served_from_host_store(llm, plain, figures, *, seed: int, label: str) -> int:
@@ -178,3 +149,35 @@ def test_mixed_concurrent_batch(batch_llm, expected, figures):
         f"mixed batch: cold pass stored {cold['stored_blocks']:.0f} blocks; warm pass "
         f"{warm['hit_tokens']:.0f} tokens from the host store"
     )
+
+
+# Last in the module: in this process vLLM keeps one connector per process,
+# so an LLM made while another is still in use takes that one's connector
+# from it (each LLM of this module is made after the one before it is done).
+@pytest.fixture(scope="module")
+def async_llm(tiny_model, connector):
+    """Every hit of a block or more loads asynchronously (vLLM parks the
+    request while its blocks cross); in this process, to see it happen."""
+    llm = h.make_llm(
+        tiny_model, {"mode": "exact", "async_load_min_tokens": h.BLOCK_SIZE}, connector=connector, in_process=True
+    )
+    yield llm
+    h.shutdown(llm)
+
+
+@catches_a_wrong_block
+def test_a_hit_loaded_asynchronously_is_served_bitwise(async_llm, plain, figures):
+    connector = async_llm.llm_engine.engine_core.engine_core.scheduler.connector
+    lookup = connector.get_num_new_matched_tokens
+    answers = []  # every lookup's (tokens, loads asynchronously)
+
+    def recorded(request, num_computed_tokens):
+        answers.append(tuple(lookup(request, num_computed_tokens)))
+        return answers[-1]
+
+    connector.get_num_new_matched_tokens = recorded
+    try:
+        reusable = served_from_host_store(async_llm, plain, figures, seed=3, label="asynchronous reload")
+    finally:
+        del connector.get_num_new_matched_tokens
+    assert (reusable, True) in answers, f"no lookup loaded the hit asynchronously: {answers}"
