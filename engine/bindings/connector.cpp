@@ -151,9 +151,7 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
 void connector_init(py::object self, py::object vllm_config, py::object role, py::object kv_cache_config) {
   g_classes->base.attr("__init__")(self, vllm_config, role, kv_cache_config);
   const py::object transfer = self.attr("_kv_transfer_config");
-  Config config = parse_config(transfer.attr("kv_connector_extra_config"));
-  // Both sides read the async_load_min_tokens in force on this device.
-  config.async_load_min_tokens = config.async_load_tokens(on_device(vllm_config));
+  const Config config = parse_config(transfer.attr("kv_connector_extra_config"));
   check_vllm_settings(vllm_config, config);
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);

@@ -6,7 +6,6 @@
 #include "activekv/config.h"
 #include "convert.h"
 #include "vllm_classes.h"
-#include "vllm_facts.h"
 
 namespace activekv::bindings {
 
@@ -73,8 +72,7 @@ std::string yes_no(bool b) { return b ? "true" : "false"; }
 // The info metric's label values, in kConfigInfoLabels' order. The store
 // path itself is not shown (a label should not carry a file system path):
 // only whether one is set. Streaming's labels are empty with streaming off.
-// async_load_min_tokens is the value in force on this engine's device.
-py::list config_labels(const Config& c, bool on_device) {
+py::list config_labels(const Config& c) {
   const bool streaming = c.streaming.has_value();
   const auto opt = [&](auto f) { return streaming ? f(*c.streaming) : std::string(); };
   py::list out;
@@ -89,7 +87,7 @@ py::list config_labels(const Config& c, bool on_device) {
   out.append(opt([](const StreamingConfig& s) { return std::to_string(s.resident_layers); }));
   out.append(opt([](const StreamingConfig& s) { return std::to_string(s.ring_size); }));
   out.append(opt([](const StreamingConfig& s) { return std::string(mode_name(s.homes)); }));
-  out.append(std::to_string(c.async_load_tokens(on_device)));
+  out.append(std::to_string(c.async_load_min_tokens));
   return out;
 }
 
@@ -174,8 +172,7 @@ py::dict prom_namespace(const py::object& prom_base) {
         "name"_a = kPrefix + std::string(kConfigInfoName), "documentation"_a = name_of(kConfigInfoHelp),
         "multiprocess_mode"_a = "mostrecent", "labelnames"_a = info_labels);
     const py::list config =
-        config_labels(parse_config(vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config")),
-                      on_device(vllm_config));
+        config_labels(parse_config(vllm_config.attr("kv_transfer_config").attr("kv_connector_extra_config")));
     for (const auto& [idx, values] : per_engine) {
       const py::object all = py::list(py::reinterpret_borrow<py::object>(values)) + config;
       info.attr("labels")(*all).attr("set")(1);

@@ -60,12 +60,6 @@ StreamingGeometry streaming_geometry(const StreamingConfig& streaming, const py:
   return value_or_raise(StreamingGeometry::plan(streaming, layer_names));
 }
 
-bool on_device(const py::handle& vllm_config) {
-  // A config without a device_config (as tests make) runs on the CPU.
-  const py::object device_config = py::getattr(vllm_config, "device_config", py::none());
-  return !device_config.is_none() && py::cast<std::string>(device_config.attr("device_type")) != "cpu";
-}
-
 KVLayout layout_of(const py::handle& kv_cache_config) {
   const py::list groups = kv_cache_config.attr("kv_cache_groups");
   if (const auto why = unservable_kv_cache_groups(kv_cache_groups_of(groups))) {

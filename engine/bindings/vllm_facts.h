@@ -12,10 +12,6 @@ namespace activekv::bindings {
 
 namespace py = pybind11;
 
-// Whether vLLM runs the model on a device (CUDA, XPU), not on the CPU: its
-// device_config's device_type (none: the CPU).
-bool on_device(const py::handle& vllm_config);
-
 // The KV cache's layout: its one full-attention group's layers, block shape
 // and dtype.
 KVLayout layout_of(const py::handle& kv_cache_config);

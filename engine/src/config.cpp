@@ -145,13 +145,9 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
       }
       c.store_path = v.string_value;
     } else if (key == "async_load_min_tokens") {
-      if (v.kind != ConfigValue::Kind::kNone) {
-        std::int64_t tokens = 0;
-        s = read_int(
-            key, v, tokens, [](auto x) { return x >= 0; },
-            "an integer >= 0 (0 = every load inside its step)");
-        c.async_load_min_tokens = tokens;
-      }
+      s = read_int(
+          key, v, c.async_load_min_tokens, [](auto x) { return x >= 0; },
+          "an integer >= 0 (0 = every load inside its step)");
     } else if (key == "capacity_bytes") {
       s = read_int(key, v, c.capacity_bytes, capacity_in_range, kCapacityAccepts);
     } else if (key == "fence_timeout_ms") {
@@ -170,10 +166,10 @@ Result<Config> Config::parse(const std::map<std::string, ConfigValue>& extra) {
     auto streaming = read_streaming(it->second);
     if (!streaming.ok()) return streaming.status();
     c.streaming = streaming.value();
-    if (c.async_load_min_tokens.value_or(0) > 0) {
-      return bad(where("async_load_min_tokens") + ": " + std::to_string(*c.async_load_min_tokens) +
+    if (c.async_load_min_tokens > 0) {
+      return bad(where("async_load_min_tokens") + ": " + std::to_string(c.async_load_min_tokens) +
                  " asks for asynchronous loads, but layer streaming lands loads inside the forward; "
-                 "leave async_load_min_tokens unset (or 0) with streaming");
+                 "leave async_load_min_tokens at 0 with streaming");
     }
   }
   return c;

@@ -135,7 +135,7 @@ std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id
     ++hits;
   }
   st.lookup_start = first;
-  const std::int64_t async_tokens = config_.async_load_min_tokens.value_or(0);
+  const std::int64_t async_tokens = config_.async_load_min_tokens;
   st.load_async = async_tokens > 0 && hits > 0 && hits * block_size_ >= async_tokens;
   return hits * block_size_;
 }

@@ -82,7 +82,7 @@ Status WorkerSide::register_kv_caches(const std::unordered_map<std::string, at::
     save_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
     gather_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
     if (Status st = allocate_ring(step_ring_, staging_pieces_); !st.ok()) return st;
-    if (config_.async_load_min_tokens.value_or(0) > 0) {
+    if (config_.async_load_min_tokens > 0) {
       async_copy_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
       async_land_stream_ = impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false);
       if (Status st = allocate_ring(async_ring_, kAsyncLoadStagingPieces); !st.ok()) return st;

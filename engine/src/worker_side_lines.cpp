@@ -24,7 +24,7 @@ std::string WorkerSide::load_staging_line() const {
   }
   const std::string async_loads = async_ring_.buffers.empty()
                                       ? "; every hit lands inside its step"
-                                      : "; hits of " + std::to_string(*config_.async_load_min_tokens) +
+                                      : "; hits of " + std::to_string(config_.async_load_min_tokens) +
                                             " tokens or more land asynchronously, through " +
                                             std::to_string(async_ring_.buffers.size()) + " more";
   return "ActiveKV loads (rank " + std::to_string(tp_rank_) + "): staged through " +

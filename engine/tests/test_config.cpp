@@ -56,21 +56,14 @@ TEST(Config, BadValuesNameTheKey) {
   expect_error({{"store_path", text("")}}, "['store_path']: expected a file path");
 }
 
-TEST(Config, AsyncLoadsDefaultToDevicesWithoutStreaming) {
-  const Config plain = Config::parse({}).value();
-  EXPECT_EQ(plain.async_load_tokens(/*on_device=*/true), Config::async_load_default_tokens);
-  EXPECT_EQ(plain.async_load_tokens(/*on_device=*/false), 0);
-  const Config unset = Config::parse({{"async_load_min_tokens", none()}}).value();
-  EXPECT_EQ(unset.async_load_tokens(true), Config::async_load_default_tokens);
-  const Config asked = Config::parse({{"async_load_min_tokens", integer(16)}}).value();
-  EXPECT_EQ(asked.async_load_tokens(true), 16);
-  EXPECT_EQ(asked.async_load_tokens(false), 16);  // asked for: on the CPU too
-  const Config off = Config::parse({{"async_load_min_tokens", integer(0)}}).value();
-  EXPECT_EQ(off.async_load_tokens(true), 0);
-  const Config streaming =
-      Config::parse({{"streaming", table({{"resident_layers", integer(1)}}, "{'resident_layers': 1}")}})
+TEST(Config, AsyncLoadsAreOffUnlessAsked) {
+  EXPECT_EQ(Config::parse({}).value().async_load_min_tokens, 0);
+  EXPECT_EQ(Config::parse({{"async_load_min_tokens", integer(16)}}).value().async_load_min_tokens, 16);
+  const Config off_with_streaming =
+      Config::parse({{"async_load_min_tokens", integer(0)},
+                     {"streaming", table({{"resident_layers", integer(1)}}, "{'resident_layers': 1}")}})
           .value();
-  EXPECT_EQ(streaming.async_load_tokens(true), 0);
+  EXPECT_EQ(off_with_streaming.async_load_min_tokens, 0);
 }
 
 TEST(Config, AsyncLoadsAreRefusedWithStreamingByName) {

@@ -16,8 +16,6 @@ Mode = Literal["exact", "compressed"]
 StoreScope = Literal["prompt", "prompt_and_decode"]
 
 GIB = 1 << 30
-# async_load_min_tokens where none is given, on a device (the native Config::async_load_default_tokens).
-ASYNC_LOAD_DEFAULT_TOKENS = 2048
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,9 +67,8 @@ class ActiveKVConfig:
     # A hit of at least this many tokens loads asynchronously: vLLM parks the
     # request (WAITING_FOR_REMOTE_KVS) while its blocks cross and runs the
     # other requests' steps meanwhile. 0: every load lands inside the step
-    # that computes the request. None: ASYNC_LOAD_DEFAULT_TOKENS on a device,
-    # 0 on the CPU and with streaming (async_load_tokens).
-    async_load_min_tokens: int | None = None
+    # that computes the request. Refused with streaming.
+    async_load_min_tokens: int = 0
     # A file that holds the host store across restarts (the native engine's
     # store file; this reference keeps its store in process memory and
     # refuses it at start-up). None: in process memory.
@@ -93,19 +90,13 @@ class ActiveKVConfig:
         if streaming is not None:
             extra["streaming"] = _streaming(streaming)
         config = cls(**extra)
-        if config.streaming is not None and (config.async_load_min_tokens or 0) > 0:
+        if config.streaming is not None and config.async_load_min_tokens > 0:
             raise ConfigError(
                 f"kv_connector_extra_config['async_load_min_tokens']: {config.async_load_min_tokens} asks for "
                 "asynchronous loads, but layer streaming lands loads inside the forward; leave "
-                "async_load_min_tokens unset (or 0) with streaming"
+                "async_load_min_tokens at 0 with streaming"
             )
         return config
-
-    def async_load_tokens(self, on_device: bool) -> int:
-        """The async_load_min_tokens in force on a device or on the CPU."""
-        if self.async_load_min_tokens is not None:
-            return self.async_load_min_tokens
-        return ASYNC_LOAD_DEFAULT_TOKENS if on_device and self.streaming is None else 0
 
     def store_slots(self, slot_bytes: int, host_memory_bytes: int) -> int:
         """The host store's size in blocks of ``slot_bytes`` (one block over all
@@ -118,13 +109,6 @@ class ActiveKVConfig:
         if self.capacity_bytes > host_memory_bytes:
             raise ConfigError(f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less")
         return slots
-
-
-def on_device(vllm_config: Any) -> bool:
-    """Whether vLLM runs the model on a device (CUDA, XPU), not on the CPU (a
-    config without a device_config, as tests make, runs on the CPU)."""
-    device_config = getattr(vllm_config, "device_config", None)
-    return device_config is not None and device_config.device_type != "cpu"
 
 
 def physical_memory_bytes() -> int:
@@ -188,10 +172,6 @@ def _check_value(name: str, annotation: str, value: Any) -> None:
                 f"{where}: {value!r} is not accepted; accepted values: {', '.join(repr(a) for a in accepted)}"
             )
         return
-    if annotation == "int | None":
-        if value is None:
-            return
-        annotation = "int"
     # bool is an int subclass in Python; a flag is never a byte count.
     if annotation == "int" and (not isinstance(value, int) or isinstance(value, bool)):
         raise ConfigError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")

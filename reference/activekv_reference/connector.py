@@ -3,7 +3,6 @@ scheduler side or the worker side, by role. No logic of its own lives here."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -15,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from .config import ActiveKVConfig, ConfigError, on_device, physical_memory_bytes
+from .config import ActiveKVConfig, ConfigError, physical_memory_bytes
 from .identity import ModelIdentity
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata
@@ -92,11 +91,7 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
 class ActiveKVReferenceConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        config = ActiveKVConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        # Both sides read the async_load_min_tokens in force on this device.
-        self.config = dataclasses.replace(
-            config, async_load_min_tokens=config.async_load_tokens(on_device(vllm_config))
-        )
+        self.config = ActiveKVConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         check_vllm_settings(vllm_config, self.config)
         if self.config.store_path is not None:
             raise ConfigError(

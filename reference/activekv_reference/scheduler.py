@@ -117,16 +117,15 @@ class SchedulerSide:
                 break
             hits += 1
         st.lookup_start = first
-        # At least async_load_min_tokens (resolved for the device by the
-        # connector) load while vLLM keeps the request out of the batch.
-        async_tokens = self.config.async_load_min_tokens or 0
+        # At least async_load_min_tokens load while vLLM keeps the request out of the batch.
+        async_tokens = self.config.async_load_min_tokens
         st.load_async = async_tokens > 0 and hits > 0 and hits * self.block_size >= async_tokens
         return hits * self.block_size, st.load_async
 
     def may_load_async(self, request) -> bool:
         """Whether the request's prompt could load asynchronously at all: its
         full blocks below the last token's reach async_load_min_tokens."""
-        tokens = self.config.async_load_min_tokens or 0
+        tokens = self.config.async_load_min_tokens
         reach = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
         return tokens > 0 and reach >= tokens
 

@@ -100,12 +100,11 @@ CONFIG_INFO_LABELS: tuple[str, ...] = (
 )
 
 
-def config_labels(config, on_device: bool) -> list[str]:
+def config_labels(config) -> list[str]:
     """The info metric's label values (CONFIG_INFO_LABELS' order) of an
     ActiveKVConfig. The store path itself is not shown (a label should not
     carry a file system path), only whether one is set; streaming's labels
-    are empty with streaming off; async_load_min_tokens is the value in force
-    on the engine's device."""
+    are empty with streaming off."""
     s = config.streaming
     return [
         config.mode,
@@ -119,7 +118,7 @@ def config_labels(config, on_device: bool) -> list[str]:
         str(s.resident_layers) if s is not None else "",
         str(s.ring_size) if s is not None else "",
         s.homes if s is not None else "",
-        str(config.async_load_tokens(on_device)),
+        str(config.async_load_min_tokens),
     ]
 
 
@@ -204,7 +203,7 @@ class ActiveKVStats(KVConnectorStats):
 class ActiveKVPromMetrics(KVConnectorPromMetrics):
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        from .config import ActiveKVConfig, on_device
+        from .config import ActiveKVConfig
 
         def children(metric):
             return {idx: metric.labels(*values) for idx, values in per_engine_labelvalues.items()}
@@ -232,7 +231,7 @@ class ActiveKVPromMetrics(KVConnectorPromMetrics):
         )
         config = ActiveKVConfig.from_extra_config(vllm_config.kv_transfer_config.kv_connector_extra_config)
         for values in per_engine_labelvalues.values():
-            info.labels(*values, *config_labels(config, on_device(vllm_config))).set(1)
+            info.labels(*values, *config_labels(config)).set(1)
         self._latest: dict[Any, dict[str, dict[str, list]]] = {}  # engine -> gauge -> source -> [seq, value]
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

@@ -116,3 +116,14 @@ def test_bad_streaming_table_names_the_key(extra, message):
     with pytest.raises(ConfigError) as err:
         ActiveKVConfig.from_extra_config(extra)
     assert str(err.value) == message
+
+
+def test_async_loads_are_off_unless_asked_and_refused_with_streaming():
+    assert ActiveKVConfig.from_extra_config({}).async_load_min_tokens == 0
+    assert ActiveKVConfig.from_extra_config({"async_load_min_tokens": 64}).async_load_min_tokens == 64
+    with pytest.raises(ConfigError, match=r"\['async_load_min_tokens'\]: -1 is out of range; expected an integer >= 0"):
+        ActiveKVConfig.from_extra_config({"async_load_min_tokens": -1})
+    with pytest.raises(ConfigError, match=r"\['async_load_min_tokens'\]: expected an integer, got bool True"):
+        ActiveKVConfig.from_extra_config({"async_load_min_tokens": True})
+    with pytest.raises(ConfigError, match="64 asks for asynchronous loads, but layer streaming lands loads"):
+        ActiveKVConfig.from_extra_config({"async_load_min_tokens": 64, "streaming": {"resident_layers": 1}})

@@ -210,7 +210,7 @@ def test_the_configuration_is_one_info_metric_set_to_one(impl):
         "resident_layers": "1",
         "ring_size": "3",
         "homes": "exact",
-        "async_load_min_tokens": "0",  # none with streaming
+        "async_load_min_tokens": "0",
     }
     _, reg = prom(impl, {"async_load_min_tokens": 96})
     [info] = _info(reg)
@@ -342,7 +342,7 @@ def test_may_load_async_is_the_same_answer_in_both_engines_and_follows_the_thres
     for impl in IMPLS:
         sched, _ = standalone.make_pair(impl, {"async_load_min_tokens": 2 * bs}, cfg)
         answers[impl] = [sched.may_load_async(_request("r", range(n))) for n in lengths]
-        off, _ = standalone.make_pair(impl, {}, cfg)  # none on the CPU unless asked for
+        off, _ = standalone.make_pair(impl, {}, cfg)  # none unless asked for
         assert not any(off.may_load_async(_request("r", range(n))) for n in lengths)
     assert answers["native"] == answers["reference"]
     yes = [n for n, a in zip(lengths, answers["native"], strict=True) if a]

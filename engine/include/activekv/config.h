@@ -64,22 +64,14 @@ struct Config {
   std::optional<StreamingConfig> streaming;
   // A hit of at least this many tokens loads asynchronously: vLLM parks the
   // request (WAITING_FOR_REMOTE_KVS) while its blocks cross, and the other
-  // requests' steps run meanwhile instead of waiting for the copies. 0: every
-  // load lands inside the step that computes the request. Absent (or None in
-  // Python): async_load_default_tokens on a device, 0 on the CPU (whose
-  // copies are the step's own work either way) and with streaming (which
-  // lands loads inside the forward).
-  std::optional<std::int64_t> async_load_min_tokens;
+  // requests' steps run meanwhile instead of waiting for the copies. 0 (the
+  // default): every load lands inside the step that computes the request.
+  // Refused with streaming, which lands loads inside the forward.
+  std::int64_t async_load_min_tokens = 0;
   // A file that holds the host store across restarts (store_file.h; a path
   // in /dev/shm or on a disk). Empty: the store lives in process memory.
   std::string store_path;
 
-  // The async_load_min_tokens in force on a device or on the CPU.
-  static constexpr std::int64_t async_load_default_tokens = 2048;
-  std::int64_t async_load_tokens(bool on_device) const {
-    if (async_load_min_tokens) return *async_load_min_tokens;
-    return on_device && !streaming ? async_load_default_tokens : 0;
-  }
   // Validates every key; the error names the key and what it accepts.
   static Result<Config> parse(const std::map<std::string, ConfigValue>& extra);
 

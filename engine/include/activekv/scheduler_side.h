@@ -49,13 +49,13 @@ class SchedulerSide {
   // Tokens loadable from the host store past `num_computed_tokens`.
   std::int64_t get_num_new_matched_tokens(const std::string& req_id, std::int64_t num_computed_tokens);
   // Whether the hit the request's last lookup found loads asynchronously:
-  // at least config.async_load_min_tokens (resolved for the device) tokens.
+  // at least config.async_load_min_tokens tokens.
   bool loads_async(const std::string& req_id) const;
   // Whether a prompt of this many tokens could load asynchronously at all:
   // its full blocks below the last token's reach async_load_min_tokens
   // (vLLM 0.34's may_load_async, asked as a request enters the queue).
   bool may_load_async(std::int64_t num_prompt_tokens) const {
-    const std::int64_t tokens = config_.async_load_min_tokens.value_or(0);
+    const std::int64_t tokens = config_.async_load_min_tokens;
     return tokens > 0 && (num_prompt_tokens - 1) / block_size_ * block_size_ >= tokens;
   }
   void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
