@@ -124,8 +124,7 @@ std::int64_t SchedulerSide::get_num_new_matched_tokens(const std::string& req_id
   }
   auto& st = requests_.at(req_id);
   const std::int64_t first = num_computed_tokens / block_size_;
-  // The block holding the last prompt token is always computed by vLLM.
-  const std::int64_t limit = (st.num_prompt_tokens - 1) / block_size_;
+  const std::int64_t limit = loadable_blocks(st.num_prompt_tokens);
   // What the store could serve at most: the full blocks from `first` below it.
   st.lookup_tokens = std::max<std::int64_t>(limit - first, 0) * block_size_;
   const auto& keys = keys_upto(st, limit);

@@ -62,9 +62,8 @@ std::optional<WorkerSide::LoadLane> WorkerSide::step_lane() {
   return LoadLane{&step_ring_, *load_stream_, current_stream(device_)};
 }
 
-WorkerSide::LoadBatch WorkerSide::checked_batch(const std::vector<LoadOp>& ops, WorkerReport& report,
-                                                const StagingRing* ring,
-                                                std::optional<c10::Stream> ids_stream) {
+WorkerSide::LoadBatch WorkerSide::started_batch(const std::vector<LoadOp>& ops, WorkerReport& report,
+                                                const std::optional<LoadLane>& lane) {
   LoadBatch batch;
   std::vector<std::int64_t> slots;
   for (const auto& op : ops) {
@@ -81,16 +80,19 @@ WorkerSide::LoadBatch WorkerSide::checked_batch(const std::vector<LoadOp>& ops, 
   if (batch.ids.empty()) return batch;
   const auto n = static_cast<std::int64_t>(batch.ids.size());
   {
-    std::optional<c10::StreamGuard> on_ids_stream;
-    if (ids_stream) on_ids_stream.emplace(*ids_stream);
+    std::optional<c10::StreamGuard> on_land_stream;
+    if (lane) on_land_stream.emplace(lane->land);
     batch.block_ids = block_ids_tensor(batch.ids);
   }
   batch.runs = arena_->runs(slots);
   // On the CPU a piece is a layer, read where it lies; on a device a piece
   // fills one staging buffer.
   const auto layers = static_cast<std::int64_t>(layout_.layer_names.size());
-  batch.pieces = detail::load_pieces(layers, n, ring ? ring->buffers.front().size(0) : n);
+  batch.pieces = detail::load_pieces(layers, n, lane ? lane->ring->buffers.front().size(0) : n);
   batch.ready.resize(batch.pieces.size());
+  while (lane && batch.issued < std::min(batch.pieces.size(), lane->ring->buffers.size())) {
+    issue_piece(batch, *lane);
+  }
   stats_.add(Counter::kLoadedBlocks, n);
   stats_.add(Counter::kBytesToDevice, n * arena_->slot_bytes());
   return batch;
@@ -104,10 +106,7 @@ void WorkerSide::start_load(bool layer_hooks) {
   if (plan_->loads.empty()) return;
   const Stopwatch t;
   const std::optional<LoadLane> lane = step_lane();
-  step_loads_ = checked_batch(plan_->loads, report_, lane ? lane->ring : nullptr, std::nullopt);
-  while (lane && step_loads_.issued < std::min(step_loads_.pieces.size(), step_ring_.buffers.size())) {
-    issue_piece(step_loads_, *lane);
-  }
+  step_loads_ = started_batch(plan_->loads, report_, lane);
   stats_.add(Counter::kLoadUs, t.us());
   if (!layer_hooks)
     land_through(step_loads_, static_cast<std::int64_t>(layout_.layer_names.size()) - 1, lane);
@@ -127,12 +126,7 @@ void WorkerSide::start_async_loads() {
   const auto last_layer = static_cast<std::int64_t>(layout_.layer_names.size()) - 1;
   for (const auto& load : plan_->async_loads) {
     AsyncLoadInFlight in_flight{load.req_id, {}, {}, std::nullopt};
-    in_flight.batch = checked_batch(load.loads, in_flight.report, lane ? lane->ring : nullptr,
-                                    lane ? std::optional(lane->land) : std::nullopt);
-    while (lane &&
-           in_flight.batch.issued < std::min(in_flight.batch.pieces.size(), async_ring_.buffers.size())) {
-      issue_piece(in_flight.batch, *lane);
-    }
+    in_flight.batch = started_batch(load.loads, in_flight.report, lane);
     land_through(in_flight.batch, last_layer, lane);
     if (lane) {
       in_flight.done.emplace(device_.type());

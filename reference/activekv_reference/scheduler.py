@@ -106,8 +106,7 @@ class SchedulerSide:
             return 0, False
         st = self._state(request)
         first = num_computed_tokens // self.block_size
-        # The block holding the last prompt token is always computed by vLLM.
-        limit = (request.num_prompt_tokens - 1) // self.block_size
+        limit = self._loadable_blocks(request)
         # What the store could serve at most: the full blocks from `first` below it.
         st.lookup_tokens = max(limit - first, 0) * self.block_size
         keys = self._keys_upto(st, limit)
@@ -126,8 +125,12 @@ class SchedulerSide:
         """Whether the request's prompt could load asynchronously at all: its
         full blocks below the last token's reach async_load_min_tokens."""
         tokens = self.config.async_load_min_tokens
-        reach = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
-        return tokens > 0 and reach >= tokens
+        return tokens > 0 and self._loadable_blocks(request) * self.block_size >= tokens
+
+    def _loadable_blocks(self, request) -> int:
+        """The prompt's blocks the store may serve: those below the one holding
+        the last prompt token, which vLLM always computes."""
+        return (request.num_prompt_tokens - 1) // self.block_size
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self._state(request)

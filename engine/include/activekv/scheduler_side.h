@@ -56,7 +56,7 @@ class SchedulerSide {
   // (vLLM 0.34's may_load_async, asked as a request enters the queue).
   bool may_load_async(std::int64_t num_prompt_tokens) const {
     const std::int64_t tokens = config_.async_load_min_tokens;
-    return tokens > 0 && (num_prompt_tokens - 1) / block_size_ * block_size_ >= tokens;
+    return tokens > 0 && loadable_blocks(num_prompt_tokens) * block_size_ >= tokens;
   }
   void update_state_after_alloc(const std::string& req_id, std::span<const std::int64_t> block_ids,
                                 std::int64_t num_external_tokens);
@@ -118,6 +118,11 @@ class SchedulerSide {
     std::int64_t unconfirmed_saves = 0;
   };
   const std::vector<BlockKey>& keys_upto(RequestState& st, std::int64_t num_blocks);
+  // The prompt's blocks the store may serve: those below the one holding the
+  // last prompt token, which vLLM always computes.
+  std::int64_t loadable_blocks(std::int64_t num_prompt_tokens) const {
+    return (num_prompt_tokens - 1) / block_size_;
+  }
   void plan_saves(const std::string& req_id, RequestState& st, std::int64_t computed, StepPlan& plan);
   void save_settled(std::int64_t slot);
   // The step's stage and write-back blocks; after plan.loads is set.

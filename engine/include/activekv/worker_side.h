@@ -233,10 +233,11 @@ class WorkerSide {
     std::optional<c10::Event> done;
   };
   // Checks each load's slot holds its block (else records a failed load into
-  // `report` and the block as a load error) and makes the batch of the good
-  // ones, block ids made on `ids_stream`.
-  LoadBatch checked_batch(const std::vector<LoadOp>& ops, WorkerReport& report, const StagingRing* ring,
-                          std::optional<c10::Stream> ids_stream);
+  // `report` and the block as a load error) and starts the batch of the good
+  // ones: on a device (`lane`), its block ids made on the landing stream and
+  // the ring's buffers given its first pieces.
+  LoadBatch started_batch(const std::vector<LoadOp>& ops, WorkerReport& report,
+                          const std::optional<LoadLane>& lane);
   // Lands (decodes into vLLM's KV cache) the batch's pieces in order through
   // layer `layer`'s last, issuing the next pieces into the buffers they free.
   void land_through(LoadBatch& batch, std::int64_t layer, const std::optional<LoadLane>& lane);
