@@ -40,11 +40,21 @@ void step(WorkerSide& w, std::unordered_map<std::string, at::Tensor>& kv, StepPl
   w.clear_plan();
 }
 
+// Where each test starts: a worker of `num_slots` host slots, registered
+// over caches().
+struct Registered {
+  explicit Registered(const Config& config = {}, std::int64_t num_slots = 4)
+      : w(config, layout(), num_slots, 0), kv(caches()) {
+    const Status s = w.register_kv_caches(kv);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error());
+  }
+  WorkerSide w;
+  std::unordered_map<std::string, at::Tensor> kv;
+};
+
 TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
-  Config config;
-  WorkerSide w(config, layout(), 8, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r({}, 8);
+  auto& [w, kv] = r;
   step(w, kv, saving({SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}));
   auto report = w.take_report();
   EXPECT_EQ(report.saved, (std::vector<std::int64_t>{0, 5}));
@@ -58,10 +68,8 @@ TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
 }
 
 TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
-  Config config;
-  WorkerSide w(config, layout(), 4, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r;
+  auto& [w, kv] = r;
   step(w, kv, saving({SaveOp{2, 4, key(1), "r"}}));
   w.take_report();
   const at::Tensor before = kv["l0"][6].clone();
@@ -75,10 +83,8 @@ TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
 // request finished, its saves settling): the notice bound with that step's
 // plan must still release the request.
 TEST(WorkerSide, FinishedRequestReleasedOnAStepWithoutForward) {
-  Config config;
-  WorkerSide w(config, layout(), 4, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r;
+  auto& [w, kv] = r;
   StepPlan idle;
   idle.awaiting_free = {"r1"};
   w.bind_plan(std::move(idle));
@@ -92,10 +98,8 @@ TEST(WorkerSide, FinishedRequestReleasedOnAStepWithoutForward) {
 // A full CUDA graph runs no per-layer hook: wait_for_save gathers the layers
 // save_layer never saw, and start_load(false) lands the loads at once.
 TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
-  Config config;
-  WorkerSide w(config, layout(), 4, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r;
+  auto& [w, kv] = r;
   w.bind_plan(saving({SaveOp{1, 0, key(1), "r"}}));
   w.save_layer("l0", kv["l0"]);  // l1, l2: no hook
   w.wait_for_save();
@@ -121,9 +125,8 @@ TEST(WorkerSide, LayersWithoutHooksAreSavedAtWaitForSaveAndLoadedAtStartLoad) {
 TEST(WorkerSide, AsyncLoadsNameTheirRequestOnceLandedAndReportTheirSlotsThen) {
   Config config;
   config.async_load_min_tokens = 64;
-  WorkerSide w(config, layout(), 8, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r(config, 8);
+  auto& [w, kv] = r;
   step(w, kv, saving({SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}));
   w.take_report();
   EXPECT_TRUE(w.nothing_awaiting());
@@ -147,10 +150,8 @@ TEST(WorkerSide, AsyncLoadsNameTheirRequestOnceLandedAndReportTheirSlotsThen) {
 }
 
 TEST(WorkerSide, RejectsAnAsyncLoadOutsideTheCacheAndBindsNothing) {
-  Config config;
-  WorkerSide w(config, layout(), 4, 0);
-  auto kv = caches();
-  ASSERT_TRUE(w.register_kv_caches(kv).ok());
+  Registered r;
+  auto& [w, kv] = r;
   EXPECT_THROW(w.bind_plan(loading_async({AsyncLoad{"a", {LoadOp{1, 12, key(1)}}}})), std::out_of_range);
   EXPECT_THROW(w.bind_plan(loading_async({AsyncLoad{"a", {LoadOp{4, 1, key(1)}}}})), std::out_of_range);
   EXPECT_FALSE(w.async_loads_this_step());
