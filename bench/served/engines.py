@@ -3,6 +3,8 @@ given the same host bytes, on the same server flags otherwise.
 
 plain               vLLM with its GPU prefix cache only (what every peer adds to)
 activekv-exact      ActiveKV's host store, bit for bit vLLM's own KV
+activekv-exact-async  the same, hits of 2048+ tokens loaded while vLLM parks the request
+                    (async_load_min_tokens; not in the default sweep until it is the default)
 activekv-compressed ActiveKV's host store, compressed homes
 activekv-streaming  ActiveKV with layer streaming (long contexts past the GPU's budget)
 vllm-offloading     vLLM's OffloadingConnector (its CPU tier; --kv-offloading-backend native)
@@ -54,6 +56,11 @@ ENGINES: dict[str, Engine] = {
     for e in [
         Engine("plain"),
         Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}),
+        Engine(
+            "activekv-exact-async",
+            ACTIVEKV,
+            {"mode": "exact", "capacity_bytes": "WORKER_BYTES", "async_load_min_tokens": 2048},
+        ),
         Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "WORKER_BYTES"}),
         # R resident layers and the ring as the streaming figures in
         # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
