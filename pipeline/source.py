@@ -17,6 +17,9 @@ ENGINE = "engine"
 # What building the engine reads: its project, and the build-time metadata
 # hook its pyproject names (kept outside engine/, which holds no Python).
 SOURCE_PATHS = (ENGINE, "packaging/build_support")
+# Of those, what no wheel holds: the C++ tests and benchmarks, built only with
+# ACTIVEKV_BUILD_TESTS / ACTIVEKV_BUILD_BENCH, which the wheels leave off.
+NOT_IN_WHEELS = (f"{ENGINE}/tests", f"{ENGINE}/bench")
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -35,11 +38,12 @@ def tree_changes(root: Path = ROOT) -> list[str]:
 
 def source_date_epoch(*paths: str) -> str:
     """SOURCE_DATE_EPOCH for what is built from `paths` (default: the
-    engine's sources): the time of the last commit that changed them. A
-    commit elsewhere then leaves the artifact's bytes as they were, so
-    evidence made on another host from them (the GPU host's parity record)
-    holds until their sources change."""
-    return git("log", "-1", "--format=%ct", "--", *(paths or SOURCE_PATHS)) or git("log", "-1", "--format=%ct")
+    engine's sources that go into its wheels): the time of the last commit
+    that changed them. A commit elsewhere (the C++ tests included) then leaves
+    the artifact's bytes as they were, so evidence made on another host from
+    them (the GPU host's parity record) holds until their sources change."""
+    pathspecs = paths or (*SOURCE_PATHS, *(f":(exclude){p}" for p in NOT_IN_WHEELS))
+    return git("log", "-1", "--format=%ct", "--", *pathspecs) or git("log", "-1", "--format=%ct")
 
 
 def engine_version(root: Path = ROOT) -> str:
