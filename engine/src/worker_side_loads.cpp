@@ -127,6 +127,7 @@ void WorkerSide::start_async_loads() {
   for (const auto& load : plan_->async_loads) {
     AsyncLoadInFlight in_flight{load.req_id, {}, {}, std::nullopt};
     in_flight.batch = started_batch(load.loads, in_flight.report, lane);
+    stats_.add(Counter::kAsyncLoadedBlocks, static_cast<std::int64_t>(in_flight.batch.ids.size()));
     land_through(in_flight.batch, last_layer, lane);
     if (lane) {
       in_flight.done.emplace(device_.type());

@@ -65,6 +65,9 @@ TEST(WorkerSide, SavedBlocksLoadBackBitwise) {
   }
   EXPECT_EQ(w.take_report().loaded, (std::vector<std::int64_t>{5, 0}));
   EXPECT_TRUE(w.take_load_errors().empty());
+  const Telemetry counted = w.take_telemetry();
+  EXPECT_EQ(counted.get(Counter::kLoadedBlocks), 2);
+  EXPECT_EQ(counted.get(Counter::kAsyncLoadedBlocks), 0);  // loaded in their step
 }
 
 TEST(WorkerSide, RefusesSlotHoldingAnotherBlock) {
@@ -129,6 +132,7 @@ TEST(WorkerSide, AsyncLoadsNameTheirRequestOnceLandedAndReportTheirSlotsThen) {
   auto& [w, kv] = r;
   step(w, kv, saving({SaveOp{0, 3, key(1), "r"}, SaveOp{5, 7, key(2), "r"}}));
   w.take_report();
+  w.take_telemetry();
   EXPECT_TRUE(w.nothing_awaiting());
   // "a" loads slots 5 and 0 into blocks 1 and 2; "b" asks slot 0 for a block it does not hold.
   step(w, kv,
@@ -136,7 +140,10 @@ TEST(WorkerSide, AsyncLoadsNameTheirRequestOnceLandedAndReportTheirSlotsThen) {
                       AsyncLoad{"b", {LoadOp{0, 9, key(7)}}}}));
   EXPECT_FALSE(w.nothing_awaiting());
   EXPECT_EQ(w.take_load_errors(), (std::vector<std::int64_t>{9}));
-  EXPECT_TRUE(w.take_report().loaded.empty());  // not before the request is named
+  const Telemetry counted = w.take_telemetry();
+  EXPECT_EQ(counted.get(Counter::kLoadedBlocks), 2);
+  EXPECT_EQ(counted.get(Counter::kAsyncLoadedBlocks), 2);  // b's failed load is neither
+  EXPECT_TRUE(w.take_report().loaded.empty());             // not before the request is named
   EXPECT_EQ(w.take_landed_requests(), (std::vector<std::string>{"a", "b"}));
   for (const auto& n : layout().layer_names) {
     EXPECT_TRUE(at::equal(kv[n][1].view(at::kShort), kv[n][7].view(at::kShort))) << n;

@@ -49,6 +49,8 @@ COUNTERS: dict[str, str] = {
     "rejected_full": "Blocks not stored: every slot pending or pinned",
     "saved_blocks": "Blocks written to host memory by workers",
     "loaded_blocks": "Blocks read from host memory by workers",
+    "async_loaded_blocks": "Of loaded_blocks, those loaded while vLLM kept their request out of the batch "
+    "(async_load_min_tokens)",
     "failed_loads": "Blocks whose load failed (recomputed by vLLM)",
     "bytes_to_host": "Bytes written to the host store",
     "bytes_to_device": "Bytes read from the host store",

@@ -135,7 +135,8 @@ class WorkerSide:
         for load in meta.async_loads:
             # Its slots are reported with its request, in get_finished.
             out = ActiveKVWorkerMetadata()
-            self._stage_loads(load.loads, out, layer_hooks=False)
+            loaded = self._stage_loads(load.loads, out, layer_hooks=False)
+            self.stats.add("async_loaded_blocks", loaded)
             self._landed_async.append((load.req_id, out))
         if meta.loads:
             self._stage_loads(meta.loads, self._out, layer_hooks)
@@ -153,7 +154,9 @@ class WorkerSide:
                 self.stats.add("failed_loads", 1)
         return good
 
-    def _stage_loads(self, ops: list[LoadOp], out: ActiveKVWorkerMetadata, layer_hooks: bool) -> None:
+    def _stage_loads(self, ops: list[LoadOp], out: ActiveKVWorkerMetadata, layer_hooks: bool) -> int:
+        """Stages `ops`' blocks (lands them now without layer hooks); returns
+        how many loaded (the others failed)."""
         assert self.arena is not None
         t0 = time.perf_counter()
         self._load_ops = self._checked(ops, out)
@@ -171,6 +174,7 @@ class WorkerSide:
         if not layer_hooks:
             for name in self.layout.layer_names:
                 self._decode_loads(name)
+        return n
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Streamed layers: their read blocks first, the step's loads on top.

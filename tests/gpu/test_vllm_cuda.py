@@ -149,6 +149,7 @@ def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting, tail, l
     assert [r.num_cached_tokens for r in own_hits] == [reusable, reusable]
     assert again.num_cached_tokens == reusable and delta["hit_tokens"] == reusable
     assert delta["loaded_blocks"] == reusable // h.BLOCK_SIZE
+    assert delta["async_loaded_blocks"] == (delta["loaded_blocks"] if loads == "async" else 0)
     bitwise(own_hits[1:], own_hits[:1], "vLLM's own prefix hits disagree with each other")
     bitwise([again], own_hits[:1], "the reload from the host store differs from vLLM's own prefix hit")
 

@@ -29,9 +29,10 @@ def test_prefix_pushed_out_of_vllm_cache_is_served_from_host_store(exact_llm, pl
     served_from_host_store(exact_llm, plain, figures, seed=1, label="exact reload")
 
 
-def served_from_host_store(llm, plain, figures, *, seed: int, label: str) -> int:
+def served_from_host_store(llm, plain, figures, *, seed: int, label: str, loads_async: bool = False) -> int:
     """A prompt pushed out of vLLM's prefix cache comes back from the host
-    store, bit for bit vLLM's own prefix hit; returns the tokens reused."""
+    store, bit for bit vLLM's own prefix hit; returns the tokens reused.
+    `loads_async`: the LLM loads every hit asynchronously (else none)."""
     rng = random.Random(seed)
     prompt = h.random_tokens(rng, 10 * h.BLOCK_SIZE + 5)
     # A request of max_model_len tokens needs every device block: it evicts the prompt.
@@ -53,6 +54,8 @@ def served_from_host_store(llm, plain, figures, *, seed: int, label: str) -> int
     assert again.num_cached_tokens == reusable
     # Exact mode stores the KV bytes and nothing else.
     assert delta["bytes_to_device"] == delta["loaded_blocks"] * h.exact_block_bytes()
+    assert delta["loaded_blocks"] > 0
+    assert delta["async_loaded_blocks"] == (delta["loaded_blocks"] if loads_async else 0)
     # Same engine, same shapes, same KV bytes: the same logprobs, bit for bit.
     figures.extend(f"{label}: {note}" for note in comparison.check_reloads([again], own_hits))
     # Plain vLLM (no connector) with its own prefix hit of the same cached-token count.
@@ -177,7 +180,9 @@ def test_a_hit_loaded_asynchronously_is_served_bitwise(async_llm, plain, figures
 
     connector.get_num_new_matched_tokens = recorded
     try:
-        reusable = served_from_host_store(async_llm, plain, figures, seed=3, label="asynchronous reload")
+        reusable = served_from_host_store(
+            async_llm, plain, figures, seed=3, label="asynchronous reload", loads_async=True
+        )
     finally:
         del connector.get_num_new_matched_tokens
     assert (reusable, True) in answers, f"no lookup loaded the hit asynchronously: {answers}"
