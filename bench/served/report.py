@@ -112,6 +112,9 @@ def connector_time(
         "stream_ms_a_request": round(1000 * stream_s / requests, 2),
         "copies_on_a_stream": on_gpu,
         "hit_tokens": get("hit_tokens"),
+        "loaded_blocks": get("loaded_blocks"),
+        # None from an engine that did not count them (before the counter existed).
+        "async_loaded_blocks": counters.get("vllm:activekv_async_loaded_blocks_total"),
         "stored_blocks": get("stored_blocks"),
         "evicted_blocks": get("evicted_blocks"),
         "failed_loads": get("failed_loads"),
@@ -238,7 +241,9 @@ def _connector_note(c: dict[str, Any]) -> str:
         + f", saves {c['save_ms_a_request']} ms"
         + (f" ({c['save_gbps']} GB/s)" if rates else "")
         + f", streaming {c['stream_ms_a_request']} ms; "
-        f"{c['hit_tokens']:.0f} tokens hit, {c['stored_blocks']:.0f} blocks stored, "
+        f"{c['hit_tokens']:.0f} tokens hit, {c['loaded_blocks']:.0f} blocks loaded"
+        + (f" ({c['async_loaded_blocks']:.0f} asynchronously)" if c["async_loaded_blocks"] is not None else "")
+        + f", {c['stored_blocks']:.0f} blocks stored, "
         f"{c['evicted_blocks']:.0f} evicted, {c['failed_loads']:.0f} failed loads"
     )
 

@@ -256,6 +256,16 @@ def test_connector_time_from_activekv_counters():
     assert report.connector_time({"vllm:prefix_cache_hits_total": 3.0}, requests=10) is None
 
 
+def test_connector_note_says_how_many_blocks_loaded_asynchronously_where_the_engine_counted_them():
+    counters = {"vllm:activekv_loaded_blocks_total": 300.0, "vllm:activekv_load_us_total": 1.0}
+    before_the_counter = report._connector_note(report.connector_time(counters, requests=3))
+    assert "300 blocks loaded," in before_the_counter and "asynchronously" not in before_the_counter
+    counters["vllm:activekv_async_loaded_blocks_total"] = 280.0
+    assert "300 blocks loaded (280 asynchronously)" in report._connector_note(
+        report.connector_time(counters, requests=3)
+    )
+
+
 def test_connector_time_derives_no_rate_from_a_gpus_issue_time():
     # On a GPU load_us counts the worker issuing copies that run on a copy
     # stream: 105 GB in 142 ms would read as 741 GB/s, past any bus.
