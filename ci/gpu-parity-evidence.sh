@@ -12,6 +12,11 @@
 #                                              then into OUT: the record (once written),
 #                                              the jobs' logs and every unit ended so far
 #                                              (parity-jobs.tgz), and each unit's times.
+#   AGAIN="UNIT ..." ci/gpu-parity-evidence.sh run ...
+#                                              the same, running the named units again (a
+#                                              failed unit is kept as failed): each one's
+#                                              kept result and log go to OUT as
+#                                              UNIT-before.json / UNIT-before.log first.
 #
 # Units a machine ended travel to the next one: carry OUT's parity-jobs.tgz as
 # build/parity-cuda-units.tgz and `run` starts from its units (they are kept
@@ -50,6 +55,12 @@ run)
     mkdir -p "$harness" && tar xzf build/parity-cuda-units.tgz -C "$harness" units
     echo "units carried in: $(ls "$harness/units" | tr '\n' ' ')"
   fi
+  for unit in ${AGAIN:-}; do
+    [[ -f $harness/units/$unit.json ]] || { echo "AGAIN: no unit $unit in $harness/units" >&2; exit 2; }
+    mv "$harness/units/$unit.json" "$OUT/$unit-before.json"
+    cp "$harness/jobs/$unit.log" "$OUT/$unit-before.log" 2>/dev/null
+    echo "running $unit again (its kept result: $unit-before.json)"
+  done
   start=$(date +%s)
   PYTHONUNBUFFERED=1 timeout "$limit" python3 -m pipeline parity --target cuda --engine-wheel "$engine" \
     --vllm-wheel "$vllm" --out "$record" --jobs "$jobs"
@@ -60,6 +71,6 @@ run)
   grep -h "^parity: .* in [0-9.]* s" "$harness"/jobs/*.log
   exit $code ;;
 *)
-  sed -n '2,25p' "$0" >&2
+  sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2
   exit 2 ;;
 esac
