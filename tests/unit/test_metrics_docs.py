@@ -105,7 +105,19 @@ def test_the_dashboard_shows_what_an_operator_runs_by():
         "streamed_step_bytes_to_device",
         "streamed_step_bytes_to_host",
         "evicted_blocks_total",
+        "async_loaded_blocks_total",
         "quarantined_fences_total",
         "config_info",
     ):
         assert f"vllm:activekv_{name}" in used, name
+
+
+def test_the_dashboard_says_each_key_once():
+    """Grafana keeps a repeated key's last value and drops the others unseen."""
+
+    def once(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"repeated keys {sorted({k for k in keys if keys.count(k) > 1})}"
+        return dict(pairs)
+
+    json.loads(DASHBOARD.read_text(), object_pairs_hook=once)
