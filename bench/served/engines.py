@@ -51,16 +51,14 @@ class Engine:
         return {k: (f"{host_bytes / workers / GIB:g}" if v == "WORKER_GIB" else v) for k, v in self.env.items()}
 
 
+EXACT = {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}
+
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in [
         Engine("plain"),
-        Engine("activekv-exact", ACTIVEKV, {"mode": "exact", "capacity_bytes": "WORKER_BYTES"}),
-        Engine(
-            "activekv-exact-async",
-            ACTIVEKV,
-            {"mode": "exact", "capacity_bytes": "WORKER_BYTES", "async_load_min_tokens": 2048},
-        ),
+        Engine("activekv-exact", ACTIVEKV, EXACT),
+        Engine("activekv-exact-async", ACTIVEKV, {**EXACT, "async_load_min_tokens": 2048}),
         Engine("activekv-compressed", ACTIVEKV, {"mode": "compressed", "capacity_bytes": "WORKER_BYTES"}),
         # R resident layers and the ring as the streaming figures in
         # docs/benchmarks/history.md ran them on a 16 GiB budget; --engine-option overrides.
