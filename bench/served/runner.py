@@ -309,34 +309,40 @@ def run_sweep(
         if w.kind == "doc-qa":
             warmup = asyncio.run(doc_qa_warmup(server.url, w, vocab))
         for rate in todo:
-            before = server.metrics()
-            log_from = server.log_size()
-            t0 = time.monotonic()
-            if w.kind == "multi-turn":
-                got = asyncio.run(multi_turn_point(server.url, w, rate, vocab))
-            else:
-                got = asyncio.run(open_loop_point(server.url, w, rate, point_prompts(w, rate, vocab)))
-            duration = time.monotonic() - t0
-            after = server.metrics()
-            log_to = server.log_size()
             lines = [{"type": "request", "phase": "warmup", "rate": rate, **r} for r in warmup]
             warmup = []
-            lines += [{"type": "request", "phase": "measured", "rate": rate, **r} for r in got]
-            lines.append(
-                {
-                    "type": "point",
-                    "rate": rate,
-                    "duration_s": round(duration, 3),
-                    "requests": len(got),
-                    "errors": sum("error" in r for r in got),
-                    "counters": counters_delta(before, after),
-                    # The rate point's lines in the server's log (its
-                    # iterations, where --step-times turned them on).
-                    "server_log": [log_from, log_to],
-                }
-            )
+            lines += rate_point(server, w, rate, vocab)
             with path.open("a") as f:
                 f.writelines(json.dumps(line) + "\n" for line in lines)
     finally:
         server.stop()
     return path
+
+
+def rate_point(server: Server, w: wl.Workload, rate: float, vocab: int) -> list[dict[str, Any]]:
+    """One rate's requests on a started server: their records and the point's line."""
+    before = server.metrics()
+    log_from = server.log_size()
+    t0 = time.monotonic()
+    if w.kind == "multi-turn":
+        got = asyncio.run(multi_turn_point(server.url, w, rate, vocab))
+    else:
+        got = asyncio.run(open_loop_point(server.url, w, rate, point_prompts(w, rate, vocab)))
+    duration = time.monotonic() - t0
+    after = server.metrics()
+    log_to = server.log_size()
+    lines = [{"type": "request", "phase": "measured", "rate": rate, **r} for r in got]
+    lines.append(
+        {
+            "type": "point",
+            "rate": rate,
+            "duration_s": round(duration, 3),
+            "requests": len(got),
+            "errors": sum("error" in r for r in got),
+            "counters": counters_delta(before, after),
+            # The rate point's lines in the server's log (its
+            # iterations, where --step-times turned them on).
+            "server_log": [log_from, log_to],
+        }
+    )
+    return lines
