@@ -237,11 +237,11 @@ def streaming_fragmented_homes(llm):
 
 
 def sessions(mode: str) -> list[Session]:
+    return store_sessions(mode) + streaming_sessions(mode)
+
+
+def store_sessions(mode: str) -> list[Session]:
     one_block = h.exact_block_bytes()
-    streaming_options = {
-        "kv_cache_bytes": h.streaming_budget_bytes(STREAMING_LAYERS),
-        "max_model_len": h.STREAMING_CONTEXT,
-    }
     return [
         Session(
             "default",
@@ -292,6 +292,15 @@ def sessions(mode: str) -> list[Session]:
                 ("decode-block saving", decode_blocks),
             ],
         ),
+    ]
+
+
+def streaming_sessions(mode: str) -> list[Session]:
+    streaming_options = {
+        "kv_cache_bytes": h.streaming_budget_bytes(STREAMING_LAYERS),
+        "max_model_len": h.STREAMING_CONTEXT,
+    }
+    return [
         Session(
             "streaming",
             {"mode": mode, "streaming": h.STREAMING},
