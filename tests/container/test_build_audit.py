@@ -22,6 +22,7 @@ from pipeline.audit.static import audit_wheel
 from pipeline.audit.wheel import Finding
 from pipeline.errors import AuditError, RebuildError
 from pipeline.paths import ROOT
+from pipeline.source import engine_version
 from pipeline.stages import audit
 from tests.container.wheels import rewrite_wheel
 
@@ -36,7 +37,7 @@ def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
     target = cpu_built.target
     wheel = cpu_built.wheel
     # The release's version with the cpu target's local label (one index holds every target's wheels).
-    assert wheel.name == f"activekv-0.1.0+cpu-cp311-cp311-{target.platform_tag}.whl"
+    assert wheel.name == f"activekv-{engine_version()}+cpu-cp311-cp311-{target.platform_tag}.whl"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     assert [n for n in names if not n.startswith("activekv-")] == ["activekv.cpython-311-x86_64-linux-gnu.so"]
@@ -52,7 +53,7 @@ def test_cpu_wheel_is_binary_only_repaired_and_loads(cpu_built, tmp_path):
 
 def rebuild_manifest(folder: Path, commit: str, wheel: Path) -> Path:
     """What verify-rebuild reads of a manifest: the commit and the wheels."""
-    path = folder / "activekv-0.1.0.manifest.json"
+    path = folder / f"activekv-{engine_version()}.manifest.json"
     path.write_text(
         json.dumps(
             {
@@ -150,7 +151,7 @@ def test_audit_rejects_a_library_nobody_provides(cpu_built, policy, tmp_path):
 
 
 def test_audit_rejects_a_wrong_torch_pin(cpu_built, policy, tmp_path):
-    meta = "activekv-0.1.0+cpu.dist-info/METADATA"
+    meta = f"activekv-{engine_version()}+cpu.dist-info/METADATA"
     pin = f"torch=={cpu_built.target.torch}".encode()
     bad = rewrite_wheel(
         cpu_built.wheel, tmp_path / cpu_built.wheel.name, edit={meta: lambda b: b.replace(pin, b"torch==2.12.0")}
@@ -163,7 +164,7 @@ def test_audit_rejects_a_wrong_torch_pin(cpu_built, policy, tmp_path):
 def test_audit_rejects_a_wrong_platform_tag(cpu_built, policy, tmp_path):
     tag = cpu_built.target.platform_tag
     name = cpu_built.wheel.name.replace(tag, "manylinux_2_17_x86_64")
-    wheel_file = "activekv-0.1.0+cpu.dist-info/WHEEL"
+    wheel_file = f"activekv-{engine_version()}+cpu.dist-info/WHEEL"
     bad = rewrite_wheel(
         cpu_built.wheel, tmp_path / name, edit={wheel_file: lambda b: b.replace(tag.encode(), b"manylinux_2_17_x86_64")}
     )

@@ -25,10 +25,11 @@ from pipeline.paths import ROOT
 from pipeline.publishing import index as package_index
 from pipeline.publishing import registry
 from pipeline.stages import audit, manifest, parity_gate, publish, runtime_image
+from pipeline.source import engine_version
 from tests.small_release import small_release
 
 pytestmark = pytest.mark.container
-VERSION = "0.1.0"
+VERSION = engine_version()  # the README's operator lines name it too
 
 
 def free_port() -> int:
@@ -670,7 +671,7 @@ def readme_script(lines: list[str], index_url: str) -> str:
     for line in lines:
         if line.startswith("docker ") or line.startswith("pip install -c "):
             continue
-        out.append(line.replace("0.1.0", VERSION).replace("INDEX/simple", f"{index_url}/simple"))
+        out.append(line.replace("INDEX/simple", f"{index_url}/simple"))
     return "\n".join(out) + "\n"
 
 
@@ -750,11 +751,7 @@ def test_the_readmes_commands_check_and_install_a_release_without_a_checkout(sig
 
     # The image lines, on the host, in the release's folder.
     image = next(a for a in json.loads(path.read_text())["artifacts"] if a["kind"] == "image")
-    host_lines = [
-        line.replace("0.1.0", VERSION).replace("docker ", f"{runtime.name} ", 1)
-        for line in lines
-        if line.startswith("docker ")
-    ]
+    host_lines = [line.replace("docker ", f"{runtime.name} ", 1) for line in lines if line.startswith("docker ")]
     assert len(host_lines) == 2, host_lines
     done = subprocess.run(
         ["sh", "-c", "set -eu\n" + "\n".join(host_lines)], cwd=copies[0], capture_output=True, text=True

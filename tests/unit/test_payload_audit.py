@@ -29,11 +29,12 @@ from pipeline.audit.policy import POLICY_FILE, Policy, load_policy
 from pipeline.audit.static import audit_wheel
 from pipeline.digest import record_hash
 from pipeline.errors import AuditError, ConfigError
+from pipeline.source import engine_version
 from pipeline.stages import audit
 
 TARGET = config.load(environ={}).targets["cpu"]
 PY = TARGET.cpython_tags[0]
-VERSION = "0.1.0+cpu"  # the release's version with the cpu target's local label
+VERSION = TARGET.wheel_version(engine_version())  # the release's, with the cpu target's local label
 DIST_INFO = f"activekv-{VERSION}.dist-info"
 WHEEL_NAME = f"activekv-{VERSION}-{PY}-{PY}-{TARGET.platform_tag}.whl"
 MODULE = f"activekv.cpython-{PY.removeprefix('cp')}-x86_64-linux-gnu.so"
@@ -445,7 +446,7 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
         (f"{DIST_INFO}/METADATA", b"\xff\xfeName: activekv\n", "metadata", "not UTF-8"),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Summary:", b"Summary"), "metadata", "malformed"),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Name: activekv", b"Name: torch"), "metadata", "Name"),
-        (f"{DIST_INFO}/METADATA", METADATA.replace(b"Version: 0.1.0+cpu", b"Version: 9.9"), "metadata", "Version"),
+        (f"{DIST_INFO}/METADATA", METADATA.replace(f"Version: {VERSION}".encode(), b"Version: 9.9"), "metadata", "Version"),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Metadata-Version: 2.2\n", b""), "metadata", "lacks"),
         (f"{DIST_INFO}/WHEEL", b"\xff" + WHEEL, "metadata", "not UTF-8"),
         (f"{DIST_INFO}/WHEEL", WHEEL.replace(b"Wheel-Version: 1.0\n", b""), "metadata", "Wheel-Version"),
