@@ -27,11 +27,12 @@ import dataclasses
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
+from pipeline.errors import ConfigError
 from pipeline.patch_series import PATCHES_DIR, load_series
 from pipeline.paths import ROOT
+from pipeline.toml_schema import load_checked
 
 LABELS = ROOT / "ci" / "retention.toml"
 ALLOWED_LABEL = "contract"
@@ -69,7 +70,7 @@ def hunks(patch: Path) -> list[Hunk]:
 def retention(
     version: str, labels_file: Path = LABELS, patches_dir: Path = PATCHES_DIR
 ) -> tuple[list[dict], list[str]]:
-    labels = tomllib.loads(labels_file.read_text()).get("hunk", []) if labels_file.is_file() else []
+    labels = load_checked(labels_file, "retention.schema.json").get("hunk", []) if labels_file.is_file() else []
     by_key = {(e.get("version"), e["patch"], e["file"], e["hunk"]): e for e in labels}
     rows, violations = [], []
     for patch in load_series(version, patches_dir).patches:
@@ -185,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     versions = [args.vllm] if args.vllm else release_versions(config.load())
     kept, v1 = [], []
     for version in versions:
-        rows, found = retention(version)
+        try:
+            rows, found = retention(version)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
         kept += rows
         v1 += [f"vLLM {version}: {v}" for v in found]
     calls, v2 = census()

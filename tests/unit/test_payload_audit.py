@@ -446,7 +446,12 @@ def test_a_wheel_without_its_extension_module_is_refused(tmp_path):
         (f"{DIST_INFO}/METADATA", b"\xff\xfeName: activekv\n", "metadata", "not UTF-8"),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Summary:", b"Summary"), "metadata", "malformed"),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Name: activekv", b"Name: torch"), "metadata", "Name"),
-        (f"{DIST_INFO}/METADATA", METADATA.replace(f"Version: {VERSION}".encode(), b"Version: 9.9"), "metadata", "Version"),
+        (
+            f"{DIST_INFO}/METADATA",
+            METADATA.replace(f"Version: {VERSION}".encode(), b"Version: 9.9"),
+            "metadata",
+            "Version",
+        ),
         (f"{DIST_INFO}/METADATA", METADATA.replace(b"Metadata-Version: 2.2\n", b""), "metadata", "lacks"),
         (f"{DIST_INFO}/WHEEL", b"\xff" + WHEEL, "metadata", "not UTF-8"),
         (f"{DIST_INFO}/WHEEL", WHEEL.replace(b"Wheel-Version: 1.0\n", b""), "metadata", "Wheel-Version"),
