@@ -44,7 +44,11 @@ def where(path: Any) -> str:
 def problems(data: dict, schema: str) -> list[str]:
     """What in `data` the schema refuses, one line each, in the file's order."""
     validator = jsonschema.Draft202012Validator(json.loads((SCHEMAS / schema).read_text()))
-    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    # Entries by their number (the 10th after the 9th), keys by name.
+    errors = sorted(
+        validator.iter_errors(data),
+        key=lambda e: [(0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in e.absolute_path],
+    )
     return [f"{where(e.absolute_path)}: {e.message}" for e in errors]
 
 

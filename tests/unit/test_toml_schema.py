@@ -66,6 +66,13 @@ def test_an_allowlist_entry_without_its_reason_is_refused():
     assert "cpp_imports[1]: Additional properties are not allowed ('reson' was unexpected)" in found
 
 
+def test_problems_come_in_the_files_order():
+    cells = [{"mode": "exact", "scenario": f"s{i}"} for i in range(12)]
+    cells[2]["mode"] = cells[10]["mode"] = "neither"
+    found = toml_schema.problems({"gating": cells}, "parity-expected.schema.json")
+    assert [line.split(":")[0] for line in found] == ["gating[3].mode", "gating[11].mode"]
+
+
 def test_a_pin_with_a_short_hash_is_refused():
     pin = {"name": "vllm", "version": "0.34.0", "file": "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"}
     found = toml_schema.problems({"distribution": [{**pin, "sha256": "abc"}]}, "vllm-distributions.schema.json")
