@@ -229,10 +229,12 @@ def test_report_hit_shares_answers_and_the_best_peer(tmp_path):
     assert exact["same_answers"] == "2/3"
     assert exact["cached_by_source"] == {"host": 700}
     assert exact["ttft_p50_ms"] == 100.0
-    lines = report.against_peers(engines)
-    (line,) = [x for x in lines if x.startswith("- activekv-exact")]
-    # the best peer's TTFT p50 is vllm-offloading's 300 ms
-    assert "ttft_p50 0.33x vllm-offloading's" in line
+    lines = report.against_peers(engines, "multi-turn")
+    (i,) = [n for n, x in enumerate(lines) if x.startswith("- activekv-exact")]
+    # ActiveKV's TTFT p50 of 100 ms over each peer's (vllm-offloading's 300 ms)
+    plain_ratio = 100 / engines["plain"][2.0]["ttft_p50_ms"]
+    assert f"ttft_p50 {plain_ratio:.2f}x plain, 0.33x vllm-offloading" in lines[i]
+    assert lines[i + 1].startswith("  goals: ttft_p50 below every peer's: met")
 
 
 def test_resumption_counts_only_whole_rate_points(tmp_path):
@@ -406,3 +408,46 @@ def test_report_times_the_steps_of_a_point_from_its_servers_log(tmp_path):
 def test_the_core_reservation_is_every_servers_unless_vllm_keeps_its_own():
     assert runs.reserved_cpus_env("1") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
     assert runs.reserved_cpus_env("vllm") == {}
+
+
+def _figures(ttft_p50, ttft_p99, tpot_p50=10.0, tok_s=100.0, host_hit_pct=90.0):
+    return {
+        "ttft_p50_ms": ttft_p50,
+        "ttft_p99_ms": ttft_p99,
+        "tpot_p50_ms": tpot_p50,
+        "output_tok_s": tok_s,
+        "host_hit_pct": host_hit_pct,
+    }
+
+
+def test_goals_hold_activekv_below_every_peer_and_1_5x_below_the_best():
+    peers = {"vllm-offloading": _figures(300.0, 900.0, tok_s=100.0), "plain": _figures(2000.0, 5000.0, tok_s=50.0)}
+    met = report.goals(_figures(200.0, 600.0, tok_s=100.0), peers)
+    assert met == [
+        "ttft_p50 below every peer's: met",
+        "ttft_p50 1.5x below the best peer's (1.50x): met",
+        "ttft_p99 below every peer's: met",
+        "ttft_p99 1.5x below the best peer's (1.50x): met",
+        "throughput at least the best peer's: met",
+    ]
+    short = report.goals(_figures(250.0, 950.0, tok_s=99.0), peers)
+    assert short == [
+        "ttft_p50 below every peer's: met",
+        "ttft_p50 1.5x below the best peer's (1.20x): not met",
+        "ttft_p99 below every peer's: not met",
+        "ttft_p99 1.5x below the best peer's (0.95x): not met",
+        "throughput at least the best peer's: not met",
+    ]
+    # Where the host tier serves few hits, the 1.5x margin is not asked.
+    assert not any("1.5x" in v for v in report.goals(_figures(250.0, 950.0, host_hit_pct=10.0), peers))
+
+
+def test_where_everything_fits_activekv_is_held_within_2_percent_of_plain():
+    plain = {"plain": _figures(100.0, 200.0, tpot_p50=10.0, tok_s=100.0)}
+    assert report.fits_goal(_figures(101.9, 203.0, tpot_p50=10.1, tok_s=98.5), plain) == [
+        "within 2% of plain vLLM on every figure: met"
+    ]
+    (verdict,) = report.fits_goal(_figures(103.0, 200.0, tpot_p50=10.0, tok_s=97.0), plain)
+    assert verdict == "within 2% of plain vLLM on every figure (ttft_p50 1.030x, output_tok_s 0.970x): not met"
+    (verdict,) = report.fits_goal(_figures(100.0, 200.0), {"vllm-offloading": _figures(1.0, 1.0)})
+    assert verdict.endswith("no figure")

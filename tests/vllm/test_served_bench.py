@@ -91,7 +91,8 @@ def test_report_tables_and_curves(records, tmp_path):
     assert served.main(["report", "--records", str(records), "--plots", str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "| plain | 4 | 24 |" in text and "| activekv-exact | 4 | 24 |" in text
-    assert "activekv-exact at 4/s against the best peer" in text
+    assert "activekv-exact at 4/s against each peer: ttft_p50 " in text
+    assert "  goals: ttft_p50 below every peer's: " in text
     (png,) = tmp_path.glob("served-multi-turn-*.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     run_line = runner.read_records(runner.records_path(records, "multi-turn", "activekv-exact"))[0]
