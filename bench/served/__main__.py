@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench import runs
@@ -155,6 +156,7 @@ def server_flags(args, w: wl.Workload) -> list[str]:
 def run(args) -> int:
     from bench.served.runner import run_sweep
 
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None  # from the command's start
     base = wl.WORKLOADS[args.workload]
     w = workload_with(base, args.set, args.rates)
     if args.host_gib:
@@ -183,6 +185,7 @@ def run(args) -> int:
                 workers=args.tensor_parallel_size,
                 # The same core reservation for every engine's server (runs.reserve_cpus).
                 env=runs.reserved_cpus_env(args.reserved_cpus),
+                deadline=deadline,
             )
         except Exception as e:  # noqa: BLE001 - one engine failing leaves the others to run
             print(f"{name} / {w.name} failed: {e}", file=sys.stderr, flush=True)
@@ -257,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     runs.add_reserved_cpus_argument(r)
     r.add_argument("--server-arg", action="append", default=[], help="one more vllm serve flag")
     r.add_argument("--start-timeout", type=float, default=900)
+    r.add_argument(
+        "--budget-s",
+        type=float,
+        help="seconds this command may take: a rate point whose arrivals cannot all be sent in what is "
+        "left is not started (a later run takes it, as with a run cut off); for machines lent in short calls",
+    )
     r.add_argument("--force", action="store_true", help="run again over existing records")
     p = sub.add_parser("report", help="tables and plots from the records")
     p.add_argument("--records", type=Path, default=DEFAULT_RECORDS)

@@ -269,8 +269,11 @@ def run_sweep(
     force: bool = False,
     workers: int = 1,
     env: dict[str, str] | None = None,
+    deadline: float | None = None,
 ) -> Path:
-    """Runs the rates of `w` this engine has no records of yet; returns the file."""
+    """Runs the rates of `w` this engine has no records of yet; returns the file.
+    With a deadline (time.monotonic()), a rate point that cannot end before it
+    is not started: the server stops cleanly and a later run takes the rest."""
     path = records_path(records, w.name, engine.name)
     if force and path.exists():
         path.unlink()
@@ -278,6 +281,8 @@ def run_sweep(
     todo = [r for r in w.rates if r not in done]
     if not todo:
         print(f"{engine.name} / {w.name}: every rate has records ({path.name}); --force runs it again", flush=True)
+        return path
+    if not fits_before(deadline, w, todo[0], engine.name):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     host_bytes = int(w.host_gib * GIB)
@@ -309,6 +314,8 @@ def run_sweep(
         if w.kind == "doc-qa":
             warmup = asyncio.run(doc_qa_warmup(server.url, w, vocab))
         for rate in todo:
+            if not fits_before(deadline, w, rate, engine.name):
+                break
             lines = [{"type": "request", "phase": "warmup", "rate": rate, **r} for r in warmup]
             warmup = []
             lines += rate_point(server, w, rate, vocab)
@@ -317,6 +324,21 @@ def run_sweep(
     finally:
         server.stop()
     return path
+
+
+def fits_before(deadline: float | None, w: wl.Workload, rate: float, engine: str) -> bool:
+    """Whether the rate point's arrivals can all be sent before the deadline."""
+    if deadline is None:
+        return True
+    left, need = deadline - time.monotonic(), w.least_point_s(rate)
+    if need <= left:
+        return True
+    print(
+        f"{engine} / {w.name}: rate {rate:g} left for a later run (its arrivals take {need:.0f} s, "
+        f"{max(left, 0):.0f} s of --budget-s left)",
+        flush=True,
+    )
+    return False
 
 
 def rate_point(server: Server, w: wl.Workload, rate: float, vocab: int) -> list[dict[str, Any]]:

@@ -84,6 +84,12 @@ class Workload:
     def max_model_len(self) -> int:
         return self.max_prompt_tokens() + self.answer_tokens + 64
 
+    def least_point_s(self, rate: float) -> float:
+        """The least a rate point can take: the time its arrivals take to be
+        sent (0 for a burst, rate 0)."""
+        requests = self.users * self.turns if self.kind == "multi-turn" else self.requests
+        return requests / rate if rate > 0 else 0.0
+
     def working_set_tokens(self) -> int:
         """Tokens of KV the workload keeps reusing (a rate point's worth, at its
         largest: every conversation at its last turn, every document)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import json
 import statistics
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -451,3 +453,31 @@ def test_where_everything_fits_activekv_is_held_within_2_percent_of_plain():
     assert verdict == "within 2% of plain vLLM on every figure (ttft_p50 1.030x, output_tok_s 0.970x): not met"
     (verdict,) = report.fits_goal(_figures(100.0, 200.0), {"vllm-offloading": _figures(1.0, 1.0)})
     assert verdict.endswith("no figure")
+
+
+def test_a_rate_point_is_started_only_if_its_arrivals_fit_the_budget(capsys):
+    w = replace(wl.WORKLOADS["multi-turn"], users=10, turns=3)  # 30 requests a point
+    assert w.least_point_s(2.0) == 15.0
+    assert replace(wl.WORKLOADS["doc-qa"], requests=40).least_point_s(4.0) == 10.0
+    assert wl.WORKLOADS["long-streaming"].least_point_s(0.0) == 0.0  # a burst
+    now = time.monotonic()
+    assert runner.fits_before(None, w, 2.0, "e")
+    assert runner.fits_before(now + 60, w, 2.0, "e")
+    assert not runner.fits_before(now + 10, w, 2.0, "e")
+    assert "rate 2 left for a later run (its arrivals take 15 s, 10 s of --budget-s left)" in capsys.readouterr().out
+
+
+def test_a_sweep_with_no_time_left_starts_no_server(tmp_path, capsys):
+    w = replace(wl.WORKLOADS["multi-turn"], users=10, turns=3, rates=(1.0,))
+    path = runner.run_sweep(
+        records=tmp_path,
+        model_dir=tmp_path / "no-model",
+        vocab=100,
+        w=w,
+        engine=ENGINES["plain"],
+        server_args=[],
+        start_timeout_s=1,
+        deadline=time.monotonic() + 5,
+    )
+    assert not path.exists()
+    assert "rate 1 left for a later run" in capsys.readouterr().out
