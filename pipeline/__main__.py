@@ -30,8 +30,9 @@ byte for byte: pipeline/rebuild.py).
 
 Targets default to those of release.toml's default profile (--profile picks
 another). A fatal error prints one `error:` line and exits with its own code
-(pipeline/errors.py). Every command but verify holds the checkout's pipeline
-lock: a second run at the same time refuses, naming the first.
+(pipeline/errors.py). Every command but verify, verify-rebuild and plan holds
+the checkout's pipeline lock: a second run at the same time refuses, naming
+the first.
 """
 
 from __future__ import annotations
