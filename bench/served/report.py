@@ -7,9 +7,10 @@ that came from vLLM's GPU prefix cache and from the connector (the host tier:
 vLLM's own counters, the same definition for every peer), and how many answers
 were the same as plain vLLM's. Then each ActiveKV engine against each peer
 at each rate and each goal met or not (TTFT_MARGIN below), where each
-engine's time went (its own counters; with `run --step-times`, vLLM's iterations from the server's log: the steps that
-took in prompt tokens against the decode-only ones), and the curves as PNGs
-(TTFT p50 and p99 against rate, throughput against rate).
+engine's time went (its own counters; with `run --step-times`, vLLM's
+iterations from the server's log: the steps that took in prompt tokens
+against the decode-only ones), and the curves as PNGs (TTFT p50 and p99
+against rate, throughput against rate).
 """
 
 from __future__ import annotations
