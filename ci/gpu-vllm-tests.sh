@@ -29,7 +29,10 @@ for group in "${groups[@]}"; do
   esac
 done
 [[ -n ${OUT:-} ]] || { echo "OUT: the call's output folder" >&2; exit 2; }
-[[ -f $work/env.sh ]] || { echo "no $work/env.sh: run ci/gpu-parity-evidence.sh install (or ci/gpu-vllm-check.sh ... -- -k nothing) first" >&2; exit 2; }
+if [[ ! -f $work/env.sh ]]; then
+  echo "no $work/env.sh: run ci/gpu-parity-evidence.sh install (or ci/gpu-vllm-check.sh ... -- -k nothing) first" >&2
+  exit 2
+fi
 # shellcheck disable=SC1091
 source "$work/env.sh"
 mkdir -p "$OUT"
@@ -62,6 +65,7 @@ if [[ " ${groups[*]} " == *" once "* ]]; then
   names+=(once)
 fi
 for group in "${names[@]}"; do
-  echo "$group: $(grep -E '^=+ .* in [0-9.]+s' "$OUT/tests-$group.txt" | tail -1 | tr -d '=' | sed 's/^ *//') ($(tail -1 "$OUT/tests-$group.txt"))"
+  summary=$(grep -E '^=+ .* in [0-9.]+s' "$OUT/tests-$group.txt" | tail -1 | tr -d '=' | sed 's/^ *//')
+  echo "$group: $summary ($(tail -1 "$OUT/tests-$group.txt"))"
 done
 exit $failed
