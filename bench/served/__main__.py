@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench import runs
+from bench.served import crosscheck
 from bench.served import engines as eng
 from bench.served import workloads as wl
 from bench.served.tokenizer import write_tokenizer
@@ -272,12 +273,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plots", type=Path, help="write PNG curves here")
     p.add_argument("--out", type=Path, help="write the markdown tables here too")
     sub.add_parser("workloads", help="list the workloads and their sizes")
+    c = sub.add_parser("crosscheck", help="this client beside vLLM's own `vllm bench serve` on one server")
+    crosscheck.add_arguments(c)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if args.what == "run":
         return run(args)
     if args.what == "report":
         return report(args)
+    if args.what == "crosscheck":
+        path, vocab = model_dir(args.model)
+        flags = vllm_flags(
+            model=args.model,
+            max_model_len=args.input_len + args.output_len + 64,
+            block_size=args.block_size,
+            kv_blocks=args.kv_blocks,
+            kv_budget_gib=args.kv_budget_gib,
+            eager=args.eager,
+        )
+        return crosscheck.run(args, path, vocab, flags + ["--enable-prompt-tokens-details"])
     for w in wl.WORKLOADS.values():
         print(
             f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
