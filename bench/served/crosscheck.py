@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.served import workloads as wl
+from bench.served.report import percentile
 from bench.served.runner import open_loop_point
 from bench.served.server import MODEL_NAME, Server
 
@@ -32,11 +33,12 @@ def ours(url: str, args, vocab: int) -> dict[str, Any]:
     got = [r for r in asyncio.run(open_loop_point(url, w, args.rate, prompts)) if "error" not in r]
     ttft = [1000 * r["ttft_s"] for r in got]
     tpot = [1000 * r["tpot_s"] for r in got if "tpot_s" in r]
+    # The report's percentiles (numpy's linear rule, as vLLM's tool computes them too).
     return {
         "completed": len(got),
-        "ttft_p50_ms": statistics.median(ttft),
-        "ttft_p99_ms": statistics.quantiles(ttft, n=100)[98] if len(ttft) > 1 else ttft[0],
-        "tpot_p50_ms": statistics.median(tpot),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "tpot_p50_ms": percentile(tpot, 50),
     }
 
 
