@@ -20,13 +20,11 @@ cd "$(dirname "$0")/.."
 version=${VLLM_VERSION:-0.34.0}
 work=${WORK:-/tmp/work-vllm-$version}
 jobs=${JOBS:-3} limit=${LIMIT_S:-540} stagger=${STAGGER_S:-20}
+all_groups=(compiled-head128 compiled-head32 eager-head128 eager-head32 once)
 groups=("$@")
-[[ ${#groups[@]} -gt 0 ]] || groups=(compiled-head128 compiled-head32 eager-head128 eager-head32 once)
+[[ ${#groups[@]} -gt 0 ]] || groups=("${all_groups[@]}")
 for group in "${groups[@]}"; do
-  case $group in
-    compiled-head128 | compiled-head32 | eager-head128 | eager-head32 | once) ;;
-    *) echo "unknown group $group (compiled-head128 compiled-head32 eager-head128 eager-head32 once)" >&2; exit 2 ;;
-  esac
+  [[ " ${all_groups[*]} " == *" $group "* ]] || { echo "unknown group $group (${all_groups[*]})" >&2; exit 2; }
 done
 [[ -n ${OUT:-} ]] || { echo "OUT: the call's output folder" >&2; exit 2; }
 if [[ ! -f $work/env.sh ]]; then
@@ -39,11 +37,11 @@ mkdir -p "$OUT"
 
 run_group() {
   local group=$1 mode select
-  case $group in
-    compiled-head128 | compiled-head32 | eager-head128 | eager-head32)
-      mode=${group%%-*} select=${group#*-} ;;
-    once) mode=eager select="not head32 and not head128" ;;
-  esac
+  if [[ $group == once ]]; then
+    mode=eager select="not head32 and not head128"
+  else
+    mode=${group%%-*} select=${group#*-}
+  fi
   ACTIVEKV_GPU_MODES=$mode PYTHONUNBUFFERED=1 timeout "$limit" \
     python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -k "$select" -v -rs > "$OUT/tests-$group.txt" 2>&1
   local code=$?
