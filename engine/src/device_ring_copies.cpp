@@ -1,6 +1,6 @@
 // A device's ring copies (device_ring_copies.h): the step's order on the copy
 // streams, the fences between them and the compute stream, and the
-// write-backs' settlement. The copy methods' parts are device_gather.cpp.
+// write-backs' settlement. The copy methods' parts are device_copy_methods.cpp.
 #include "device_ring_copies.h"
 
 #include "cuda_batch_copy.h"
@@ -143,7 +143,6 @@ void DeviceRingCopies::plan_step() {
   writeback_index_.reset();
   writeback_long_ids_.reset();
   clear_step_tasks();
-  start_rest_end_ = 0;
   for (auto& fence : stage_fences_) fence.reset();
 }
 
@@ -216,25 +215,13 @@ void DeviceRingCopies::start(Telemetry& stats) {
     compute_done->record(current_stream(ring_.device));
   }
   const auto first = std::min<std::int64_t>(ring_.geometry.ring_size, ring_.num_streamed());
-  const std::int64_t now = tuning_.start_one_layer ? 1 : first;  // the rest: issue_start_rest
   for (std::int64_t j = 0; j < first; ++j) note_stage_issued(j, stats);
-  const std::uint64_t task = issue([this, compute_done, now] {
+  const std::uint64_t task = issue([this, compute_done, first] {
     if (compute_done) compute_done->block(copy_stream_);
-    for (std::int64_t j = 0; j < now; ++j) issue_stage(j);
+    for (std::int64_t j = 0; j < first; ++j) issue_stage(j);
   });
-  for (std::int64_t j = 0; j < now; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
-  start_rest_end_ = now < first ? first : 0;
+  for (std::int64_t j = 0; j < first; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
   stats.add(Counter::kStreamUs, t.us());
-}
-
-void DeviceRingCopies::issue_start_rest() {
-  if (start_rest_end_ == 0) return;
-  const std::int64_t end = start_rest_end_;
-  start_rest_end_ = 0;
-  const std::uint64_t task = issue([this, end] {
-    for (std::int64_t j = 1; j < end; ++j) issue_stage(j, tuning_.ahead_in_one_call);
-  });
-  for (std::int64_t j = 1; j < end; ++j) stage_tasks_[static_cast<std::size_t>(j)] = task;
 }
 
 void DeviceRingCopies::issue_stage(std::int64_t streamed, bool one_call) {
@@ -259,7 +246,6 @@ void DeviceRingCopies::issue_stage(std::int64_t streamed, bool one_call) {
 void DeviceRingCopies::stage(std::int64_t j, Telemetry& stats) {
   const auto ju = static_cast<std::size_t>(j);
   const Stopwatch t;
-  if (j > 0 && j < start_rest_end_) issue_start_rest();  // in vLLM's order the first write_back did
   if (ring_.stages_this_step() && !stage_issued_[ju]) {
     // Not issued ahead (start or the write-back K layers before did not run):
     // the compute stream has queued every earlier layer's attention by now.
@@ -283,8 +269,6 @@ void DeviceRingCopies::stage(std::int64_t j, Telemetry& stats) {
 
 void DeviceRingCopies::write_back(std::int64_t j, Telemetry& stats) {
   const Stopwatch t;
-  // Ahead of this task's wait for the attention: the bus runs on.
-  issue_start_rest();
   auto attended = std::make_shared<c10::Event>(ring_.device.type());
   attended->record(current_stream(ring_.device));
   const std::int64_t next = j + ring_.geometry.ring_size;  // the buffer's next occupant

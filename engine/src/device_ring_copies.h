@@ -3,8 +3,7 @@
 // streamed layer j precedes the staging of layer j + K into it:
 //   start          the copy stream waits for the compute stream (the ring's
 //                  previous occupants are done), then stages the first K
-//                  streamed layers (start_one_layer: the first; the first
-//                  layer's write_back issues the others);
+//                  streamed layers;
 //   stage          the compute stream waits for the layer's stage fence
 //                  (and the buffer's last occupant's write-back);
 //   write_back     the copy stream waits for the compute stream (the layer's
@@ -17,7 +16,7 @@
 //                  waits for it: the gather reads the buffer), stage layer
 //                  j + K into the buffer.
 // How the bytes cross is the copy method (StreamCopy): kRuns here,
-// kDeviceGather and kCopyEngineBatch in device_gather.cpp (kDeviceGather: a
+// kDeviceGather and kCopyEngineBatch in device_copy_methods.cpp (kDeviceGather: a
 // gather stream reads the homes into staging pieces; the copy stream scatters
 // each piece into the buffer once it is read and its turn came).
 // A write-back's fence is settled at the next end_step (waiting at most
@@ -80,10 +79,6 @@ class DeviceRingCopies final : public RingCopies {
                         std::chrono::steady_clock::time_point deadline);
   // The write-back's copies, on `stream` (the copy stream, or the write-back stream).
   void copy_write_back(std::int64_t streamed, const c10::Stream& stream);
-  // start_one_layer: issues the ring's first occupants that start left (no
-  // wait for the compute stream: start's wait precedes them on the copy
-  // stream); nothing when none are left.
-  void issue_start_rest();
   void apply_issue_thread();  // starts or stops it as tuning_ says
   // In issue order; wait: each until it completes or passes its deadline,
   // otherwise up to the first still running within its deadline.
@@ -101,7 +96,7 @@ class DeviceRingCopies final : public RingCopies {
   // Compressed homes: the step's fresh blocks as zeros in the buffer, on the current stream.
   void zero_fresh(std::int64_t streamed);
 
-  // --- The copy methods' parts (device_gather.cpp) ---
+  // --- The copy methods' parts (device_copy_methods.cpp) ---
   // Staging through pieces, decoded on the copy stream: kDeviceGather, and
   // kCopyEngineBatch with compressed homes (whose pieces the batch fills).
   bool stages_by_pieces() const {
@@ -204,9 +199,6 @@ class DeviceRingCopies final : public RingCopies {
   std::vector<PairRun> stage_runs_;      // kRuns, and kCopyEngineBatch with exact homes
   std::vector<PairRun> writeback_runs_;
   std::vector<std::optional<c10::Event>> stage_fences_;  // per streamed layer
-  // start_one_layer: streamed layers [1, start_rest_end_) are marked issued by
-  // start but not yet issued (0: none).
-  std::int64_t start_rest_end_ = 0;
   // Per streamed layer: the write-back of the ring buffer's previous occupant
   // (settle_across_steps: for a first occupant, the last step's), which the
   // layer's compute waits for.

@@ -17,15 +17,13 @@ const std::vector<TuningRow>& tuning_rows() {
       {"batch-copy-hi", batch, [](T& t) { t.copy_high_priority = true; }},
       {"batch-issue-thread", batch, [](T& t) { t.issue_thread = true; }},
       {"batch-ahead-in-calls", batch, [](T& t) { t.ahead_in_one_call = false; }},
-      {"batch-start-one-layer", batch, [](T& t) { t.start_one_layer = true; }},
       {"batch-host-settle", batch, [](T& t) { t.settle_across_steps = false; }}};
   return rows;
 }
 
 // The device methods and their knobs at the points hardest to hold at the bus's
 // bound: the gather's pieces and the copy stream's priority, the batch's
-// write-back stream, its calls to the driver, the issue thread, whether start issues
-// the first streamed layer alone, and whether write-backs settle on the host
+// write-back stream, its calls to the driver, the issue thread, and whether write-backs settle on the host
 // each step (the default settles them across steps; the two differ only with
 // --back-to-back) (the gather stream's priority stays
 // high: the 2026-12-01 sweep found it changed no step by more than 1.5%).

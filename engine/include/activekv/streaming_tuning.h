@@ -31,9 +31,6 @@ struct StreamingTuning {
   // kCopyEngineBatch: a staging issued ahead of its layer goes in one call
   // (0.99 of the bus against 0.97 in calls at 16k; 2026-12-04).
   bool ahead_in_one_call = true;
-  // Device: a step's start issues only the first layer's staging, the rest
-  // after that layer's attention is queued. Not yet measured inside vLLM, so off.
-  bool start_one_layer = false;
   // Device: write-backs settle across steps, ordered on the device instead of
   // waited for on the host at begin_step (prefill back to back 1.005-1.024x its
   // bound, 1.025-1.055x without; 2026-12-05). Off with ACTIVEKV_SETTLE_ACROSS_STEPS=0.

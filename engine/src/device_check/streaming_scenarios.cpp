@@ -91,9 +91,6 @@ StreamingTuning ring_step_tuning(std::int64_t step, std::size_t num_methods, std
   tuning.fused_codec = (step / static_cast<std::int64_t>(num_methods)) % 2 == 0;
   // On CUDA: the copies issued from the copy thread, and from this one.
   tuning.issue_thread = (step / 2) % 2 == 0;
-  // Steps 4-7, 12-15, 20-23: start stages the first streamed layer alone,
-  // the second goes from the first layer's write-back.
-  tuning.start_one_layer = (step / 4) % 2 == 1;
   // Steps 3-5, 9-11, ...: write-backs settle across steps (a buffer's first
   // staging waits for its last use alone; set_tuning has waited for the
   // device, streaming-back-to-back does not).
@@ -376,15 +373,14 @@ ChainPlan plan_chain(c10::Device device) {
 std::vector<std::vector<at::Tensor>> run_chain(WorkerSide& worker, Caches& kv, const ChainPlan& chain,
                                                const std::vector<StreamCopy>& methods, c10::Device device) {
   const at::Tensor slow = device.is_cpu() ? at::Tensor() : random({4096, 4096}, 3).to(device);
-  // Half the steps as the defaults set, half with the first streamed layer
-  // staged alone and (CUDA) the copy thread; set_tuning waits for the device.
+  // Half the steps as the defaults set, half (CUDA) with the copy thread;
+  // set_tuning waits for the device.
   StreamingTuning tuning;
   tuning.settle_across_steps = true;
   worker.streamer()->set_tuning(tuning);
   std::vector<std::vector<at::Tensor>> copied(chain.steps.size());
   for (std::size_t i = 0; i < chain.steps.size(); ++i) {
     if (i == chain.steps.size() / 2) {
-      tuning.start_one_layer = true;
       tuning.issue_thread = true;
       worker.streamer()->set_tuning(tuning);
     }
