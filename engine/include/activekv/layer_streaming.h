@@ -2,8 +2,8 @@
 // reference (reference/activekv_reference/streaming.py). This header is the
 // streamer that coordinates a step (layer_streaming.cpp); its copies between
 // the homes and the ring go through one copier chosen at creation by the
-// ring's device (src/ring_copies.h: the CPU's, src/cpu_ring_copies.h; a
-// device's, src/device_ring_copies.h); which layers are resident and which
+// ring's device (engine/src/ring_copies.h): the CPU's (cpu_ring_copies.h) or
+// a device's (device_ring_copies.h). Which layers are resident and which
 // buffer a streamed layer uses is streaming_geometry.h.
 //
 // Per step and streamed layer, in vLLM's order:
