@@ -5,6 +5,7 @@ namespace activekv::bindings {
 namespace {
 
 // py::exception's tags: the classes are raised from Status, not by translating C++ exceptions.
+struct ErrorTag {};
 struct ConfigErrorTag {};
 struct UnsupportedLayoutErrorTag {};
 
@@ -20,9 +21,12 @@ PyObject* g_unsupported_layout_error = nullptr;
 }  // namespace
 
 void register_errors(py::module_& m) {
-  g_config_error = py::exception<ConfigErrorTag>(m, "ConfigError", PyExc_ValueError).ptr();
+  const py::handle error = py::exception<ErrorTag>(m, "Error", PyExc_ValueError);
+  g_config_error = py::exception<ConfigErrorTag>(m, "ConfigError", error).ptr();
   g_unsupported_layout_error =
-      py::exception<UnsupportedLayoutErrorTag>(m, "UnsupportedLayoutError", PyExc_ValueError).ptr();
+      py::exception<UnsupportedLayoutErrorTag>(m, "UnsupportedLayoutError", error).ptr();
+  m.attr("Error").attr("__doc__") =
+      "What ActiveKV refuses: ConfigError or UnsupportedLayoutError (a ValueError; catch this one for both).";
   m.attr("ConfigError").attr("__doc__") =
       "A configuration ActiveKV refuses: its kv_connector_extra_config or vLLM's settings.";
   m.attr("UnsupportedLayoutError").attr("__doc__") = "A KV cache layout ActiveKV cannot serve.";

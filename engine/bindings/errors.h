@@ -1,9 +1,10 @@
 // The module's exceptions, and an engine Status or Result raised as one.
 //
-// activekv.ConfigError (a ValueError): a configuration ActiveKV refuses, its
-// own kv_connector_extra_config or vLLM's settings, named with what to do.
-// activekv.UnsupportedLayoutError (a ValueError): a KV cache ActiveKV cannot
-// serve. The reference engine raises the same two classes by name.
+// activekv.Error (a ValueError) is what ActiveKV refuses, one of two kinds:
+// activekv.ConfigError, a configuration, its own kv_connector_extra_config or
+// vLLM's settings, named with what to do; activekv.UnsupportedLayoutError, a
+// KV cache it cannot serve. The reference engine raises the same classes by
+// name.
 #pragma once
 
 #include <pybind11/pybind11.h>

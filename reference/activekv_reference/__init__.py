@@ -2,7 +2,7 @@
 engine must do bit for bit. Used for parity and the tests only; never released."""
 
 from .connector import ActiveKVReferenceConnector
-from .config import ActiveKVConfig, ConfigError
+from .config import ActiveKVConfig, ConfigError, Error
 from .layout import UnsupportedLayoutError
 
-__all__ = ["ActiveKVConfig", "ActiveKVReferenceConnector", "ConfigError", "UnsupportedLayoutError"]
+__all__ = ["ActiveKVConfig", "ActiveKVReferenceConnector", "ConfigError", "Error", "UnsupportedLayoutError"]

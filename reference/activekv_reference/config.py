@@ -39,7 +39,12 @@ _STREAMING_RANGES = {
 }
 
 
-class ConfigError(ValueError):
+class Error(ValueError):
+    """What ActiveKV refuses: a ConfigError or an UnsupportedLayoutError
+    (the native module's activekv.Error)."""
+
+
+class ConfigError(Error):
     """A configuration ActiveKV refuses: a bad ``kv_connector_extra_config``
     (the message names the key) or vLLM settings it cannot serve (it names
     the setting to use). The native module raises activekv.ConfigError."""

@@ -7,10 +7,10 @@ import dataclasses
 import torch
 
 from .codec import layer_bytes
-from .config import Mode
+from .config import Error, Mode
 
 
-class UnsupportedLayoutError(ValueError):
+class UnsupportedLayoutError(Error):
     """A KV cache ActiveKV cannot serve (the native module's
     activekv.UnsupportedLayoutError)."""
 
