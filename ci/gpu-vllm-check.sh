@@ -206,6 +206,12 @@ if [[ -d $WORK/deps/nvidia_cutlass_dsl/dsl_packages ]]; then
   PYTHONPATH="$PYTHONPATH:$WORK/deps/nvidia_cutlass_dsl/dsl_packages"
 fi
 export ACTIVEKV_UNPATCHED_VLLM="$WORK/vllm-unpatched" ACTIVEKV_TEST_CACHE="$WORK/cache"
+# FlashInfer's top-p/top-k sampler has no precompiled kernels here (flashinfer-cubin
+# is not carried), so the first vLLMs on a fresh machine compiled them in their
+# start-up profiling: 124-132 s each for the 0.1.1 parity record's first four
+# jobs, 4 s for the jobs after them. Every test, parity cell and benchmark
+# here decodes greedily, which that sampler does not serve.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 if [[ -n $lmcache ]]; then
   # vLLM's LMCacheConnectorV1 loads this adapter. LMCache binds its compiled ops
   # (pybind11 functions) over a torch fallback, silently where they fail to load.
@@ -223,6 +229,7 @@ fi
 {
   printf 'export PYTHONPATH=%q\n' "$PYTHONPATH"
   printf 'export ACTIVEKV_UNPATCHED_VLLM=%q ACTIVEKV_TEST_CACHE=%q\n' "$ACTIVEKV_UNPATCHED_VLLM" "$ACTIVEKV_TEST_CACHE"
+  echo "export VLLM_USE_FLASHINFER_SAMPLER=0"
   [[ -z ${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-} ]] || echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
 } > "$WORK/env.sh"
 echo "+ for later runs here (python -m pipeline parity, bench.served, bench.soak): source $WORK/env.sh"

@@ -345,6 +345,19 @@ def _block_ids(ops) -> list[int]:
     return [op[1] if isinstance(op, tuple) else op.block_id for op in ops]
 
 
+def _put_blocks(layer: torch.Tensor, ids: list[int], blocks: torch.Tensor | None) -> None:
+    """The recorded blocks (host memory) into the layer's device blocks `ids`:
+    one copy, not one a block (each a synchronous copy on a GPU). A block
+    named twice gets its last copy, as block by block."""
+    if not ids:
+        return
+    if len(set(ids)) < len(ids):
+        for i, b in enumerate(ids):
+            layer[b] = blocks[i]
+        return
+    layer[torch.tensor(ids, device=layer.device)] = blocks.to(layer.device)
+
+
 def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
@@ -416,13 +429,11 @@ def _worker_step(worker, kv, meta, events, out: list[Observation], clock: _Clock
                 # This implementation planned other saves than the recording:
                 # give it the recorded contents where they exist.
                 out.append(("save plan differs from the recording", (ids, ev["block_ids"])))
-            for i, b in enumerate(ev["block_ids"]):
-                layer[b] = ev["blocks"][i]
+            _put_blocks(layer, ev["block_ids"], ev["blocks"])
             back = list(meta.writeback_blocks)
             if back != ev.get("writeback_ids", []):
                 out.append(("write-back plan differs from the recording", (back, ev.get("writeback_ids"))))
-            for i, b in enumerate(ev.get("writeback_ids", [])):
-                layer[b] = ev["writeback"][i]
+            _put_blocks(layer, ev.get("writeback_ids", []), ev.get("writeback"))
             if works(ev["layer"]):
                 clock(worker.save_kv_layer, ev["layer"], layer, None)
         elif kind == "wait_for_save":

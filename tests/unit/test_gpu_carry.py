@@ -372,7 +372,8 @@ def fake_python(tmp_path: Path) -> Path:
     script = tmp_path / "python"
     script.write_text(r"""#!/usr/bin/env bash
 skip=${PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK:-}
-echo "PYTHONPATH=${PYTHONPATH:-} SKIP=$skip CMAKE=${SKBUILD_CMAKE_DEFINE:-} :: $*" >> "$FAKE_LOG"
+sampler=${VLLM_USE_FLASHINFER_SAMPLER:-}
+echo "PYTHONPATH=${PYTHONPATH:-} SKIP=$skip CMAKE=${SKBUILD_CMAKE_DEFINE:-} SAMPLER=$sampler :: $*" >> "$FAKE_LOG"
 args=("$@")
 if [[ $1 == -m && $2 == pip ]]; then
   for ((i = 0; i < ${#args[@]}; i++)); do [[ ${args[i]} == --target ]] && target=${args[i + 1]}; done
@@ -710,6 +711,9 @@ def test_lmcache_is_fetched_with_vllms_list_installed_apart_and_on_the_path_afte
     # Later commands there (the served benchmark, the parity gate) source the same environment.
     assert f"source {work}/env.sh" in done.stdout
     assert f"export PYTHONPATH={path}\n" in (work / "env.sh").read_text(), "the path kept for the served benchmark"
+    # No vLLM there compiles FlashInfer's sampler at start-up (minutes on a fresh machine).
+    assert " SAMPLER=0 :: " in logged(tmp_path, "-m pytest -m gpu tests/gpu")
+    assert "export VLLM_USE_FLASHINFER_SAMPLER=0\n" in (work / "env.sh").read_text()
 
 
 def test_the_lmcache_list_pins_by_hash_only_what_the_machine_and_vllms_list_lack():
