@@ -47,12 +47,11 @@ std::vector<CpuRingCopies::HomeRun> CpuRingCopies::home_runs(const std::vector<s
   const bool by_index = ring_.codec || !ring_.kv.front().is_contiguous();
   std::vector<HomeRun> out;
   for (const auto& run : ring_.homes->runs(rows)) {
-    const auto first = blocks.begin() + run.offset;
-    std::vector<std::int64_t> ids(first, first + run.count);
-    bool consecutive = true;
-    for (std::size_t i = 1; i < ids.size(); ++i) consecutive = consecutive && ids[i] == ids[i - 1] + 1;
-    HomeRun r{run, consecutive, std::move(ids), std::nullopt};
-    if (!consecutive && by_index) r.ids = at::tensor(r.blocks, at::kLong);
+    HomeRun r{run, pair_runs({run}, blocks, rows), std::nullopt};
+    if (r.pieces.size() > 1 && by_index) {
+      const auto first = blocks.begin() + run.offset;
+      r.ids = at::tensor(std::vector<std::int64_t>(first, first + run.count), at::kLong);
+    }
     out.push_back(std::move(r));
   }
   return out;
@@ -62,25 +61,23 @@ void CpuRingCopies::copy_run(std::int64_t streamed, const HomeRun& run, bool to_
   at::Tensor& kv = ring_.kv[static_cast<std::size_t>(streamed)];
   if (!ring_.codec &&
       kv.is_contiguous()) {  // exact homes and a contiguous ring: bytes between rows and blocks
-    // One memcpy per stretch of ids consecutive with the rows. Not ATen's
-    // copy_: microseconds a call, and a small CPU cache's home rows come in
-    // many short runs as requests come and go (9-19 a layer at 3776 tokens
-    // in the CPU benchmark where ids alone give 2-3).
+    // One memcpy per piece. Not ATen's copy_: microseconds a call, and a
+    // small CPU cache's home rows come in many short runs as requests come and
+    // go (9-19 a layer at 3776 tokens in the CPU benchmark where ids alone
+    // give 2-3).
     const auto bytes = static_cast<std::size_t>(ring_.homes->layer_bytes());  // one block of the ring
     auto* ring = static_cast<char*>(kv.data_ptr());
     auto* rows = static_cast<char*>(ring_.home_bytes_of(streamed, run.rows).data_ptr());
-    for (std::size_t i = 0, n = 1; i < run.blocks.size(); i += n) {
-      n = 1;
-      while (i + n < run.blocks.size() && run.blocks[i + n] == run.blocks[i] + static_cast<std::int64_t>(n))
-        ++n;
-      char* block = ring + static_cast<std::size_t>(run.blocks[i]) * bytes;
-      char* row = rows + i * bytes;
-      std::memcpy(to_home ? row : block, to_home ? block : row, n * bytes);
+    for (const auto& piece : run.pieces) {
+      char* block = ring + static_cast<std::size_t>(piece.block) * bytes;
+      char* row = rows + static_cast<std::size_t>(piece.offset - run.rows.offset) * bytes;
+      const auto n = static_cast<std::size_t>(piece.count) * bytes;
+      std::memcpy(to_home ? row : block, to_home ? block : row, n);
     }
     return;
   }
-  if (run.consecutive) {
-    const at::Tensor blocks = kv.narrow(0, run.blocks.front(), run.rows.count);
+  if (run.pieces.size() == 1) {
+    const at::Tensor blocks = kv.narrow(0, run.pieces.front().block, run.rows.count);
     if (to_home) {
       ring_.copy_to_home(streamed, run.rows, blocks);
     } else {

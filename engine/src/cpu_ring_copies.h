@@ -17,6 +17,7 @@
 #include <optional>
 #include <vector>
 
+#include "activekv/step_runs.h"
 #include "ring_copies.h"
 
 namespace activekv::detail {
@@ -42,15 +43,15 @@ class CpuRingCopies final : public RingCopies {
   const std::vector<int>& copy_thread_cpus() const override { return copy_thread_cpus_; }
 
  private:
-  // A step's runs of consecutive home rows (inside a chunk) with their
-  // blocks. Exact homes: a memcpy per stretch of consecutive block ids (a
-  // copy_ pays ATen's dispatch each call, index_copy_ moves elements: both ran
-  // at 2-5 GB/s a block at a time). Compressed homes: one slice of the ring
-  // where the ids are consecutive, else the codec's batch by index.
+  // A step's runs of consecutive home rows (inside a chunk), each cut where
+  // its block ids stop being consecutive (pair_runs, step_runs.h). Exact
+  // homes: a memcpy per piece (a copy_ pays ATen's dispatch each call,
+  // index_copy_ moves elements: both ran at 2-5 GB/s a block at a time).
+  // Compressed homes: one slice of the ring where the run is one piece, else
+  // the codec's batch by index.
   struct HomeRun {
     SlotRun rows;
-    bool consecutive;
-    std::vector<std::int64_t> blocks;
+    std::vector<PairRun> pieces;
     std::optional<at::Tensor> ids;  // the blocks for an index copy (compressed homes)
   };
   std::vector<HomeRun> home_runs(const std::vector<std::int64_t>& blocks,

@@ -359,7 +359,8 @@ def _put_blocks(layer: torch.Tensor, ids: list[int], blocks: torch.Tensor | None
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    # Hashed where the bytes lie (the buffer protocol): a copy less of every observation.
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy()).hexdigest()
 
 
 def full_graph_forward_context():
