@@ -77,7 +77,6 @@ class RingCopies {
   // tasks use goes.
   void stop_thread() { copy_thread_.reset(); }
   bool has_thread() const { return copy_thread_ != nullptr; }
-  CopyThread& thread() { return *copy_thread_; }
   // std::invalid_argument naming what `method` needs, where !can_copy_by(method).
   void check_can_copy_by(StreamCopy method) const;
   // Marks streamed layer `streamed`'s staging issued this step and counts its bytes.
