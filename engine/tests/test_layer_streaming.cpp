@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "pinned_cpu.h"
@@ -388,6 +390,33 @@ TEST(LayerStreamer, ACopyThreadOnlyForTheInstancesOneWorker) {
     EXPECT_EQ(worker.streamer()->copy_thread_cpus().empty(), workers > 1) << workers << " workers";
     EXPECT_EQ(worker.streamer()->tuning().cpu_copy_thread, workers == 1) << workers << " workers";
   }
+}
+
+// On the CPU the copier is the CPU's: runs, nothing else, and the tuning's
+// bounds are checked before anything changes.
+TEST(LayerStreamer, TheCpusCopierCopiesByRunsAndRefusesTheDevicesMethods) {
+  Streaming s;
+  LayerStreamer& streamer = *s.worker.streamer();
+  EXPECT_EQ(streamer.copy_method(), StreamCopy::kRuns);
+  EXPECT_TRUE(streamer.can_copy_by(StreamCopy::kRuns));
+  for (const StreamCopy method : {StreamCopy::kDeviceGather, StreamCopy::kCopyEngineBatch}) {
+    EXPECT_FALSE(streamer.can_copy_by(method)) << copy_method_name(method);
+    try {
+      streamer.set_copy_method(method);
+      ADD_FAILURE() << copy_method_name(method) << " accepted on the CPU";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("needs"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(streamer.copy_method(), StreamCopy::kRuns);
+  }
+  EXPECT_NO_THROW(streamer.set_copy_method(StreamCopy::kRuns));
+  EXPECT_FALSE(streamer.tuning().settle_across_steps) << "nothing stays in flight across CPU steps";
+  StreamingTuning bad = streamer.tuning();
+  bad.cpu_copy_thread_min_bytes = -1;
+  EXPECT_THROW(streamer.set_tuning(bad), std::invalid_argument);
+  EXPECT_EQ(streamer.tuning().cpu_copy_thread_min_bytes, StreamingTuning{}.cpu_copy_thread_min_bytes);
+  EXPECT_FALSE(streamer.has_fused_codec());
+  EXPECT_TRUE(streamer.fused_codec_missing().empty());
 }
 
 TEST(LayerStreamer, ResidentLayersAreNeverStaged) {
