@@ -1,6 +1,7 @@
 // A layer-streaming step's blocks as the ring's copies take them: plain
 // functions of block ids, home rows and their runs (HostArena::runs), so the
-// plan is testable without a device. LayerStreamer::begin_step makes them.
+// plan is testable without a device. The ring's copiers make them once a
+// step (plan_step, src/ring_copies.h).
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,7 @@ struct WrittenOnly {
 WrittenOnly written_not_staged(const std::vector<std::int64_t>& stage_blocks,
                                const std::vector<std::int64_t>& writeback_blocks);
 
-// kRuns on a device: pairs of (block, home row) runs, each consecutive in both
+// kRuns (and the CPU's memcpys): pairs of (block, home row) runs, each consecutive in both
 // (inside one of `runs`, split where the block ids stop being consecutive),
 // with its offset into the step's lists: one copy a run.
 struct PairRun {
