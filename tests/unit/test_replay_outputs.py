@@ -50,3 +50,18 @@ def test_the_old_behaviour_the_update_takes_the_oldest_when_none_matches():
     # The replay diverged from the recording: its step said something else.
     events = [("build", "out0", SAVED), ("build", "out1", LOADED), ("update", {"saved": [9]})]
     assert play(1, events) == [("update 2", "out0")]
+
+
+def test_recorded_blocks_go_back_into_their_ids_a_block_named_twice_keeps_its_last_copy():
+    import torch
+
+    from pipeline.parity.replay import _put_blocks
+
+    layer = torch.zeros(5, 2)
+    blocks = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    _put_blocks(layer, [4, 0, 2], blocks)
+    assert layer.tolist() == [[2, 3], [0, 0], [4, 5], [0, 0], [0, 1]]
+    _put_blocks(layer, [1, 1], blocks[:2])
+    assert layer[1].tolist() == [2, 3]
+    _put_blocks(layer, [], None)  # a step that saves nothing
+    assert layer.tolist() == [[2, 3], [2, 3], [4, 5], [0, 0], [0, 1]]
