@@ -213,14 +213,7 @@ def report(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.served",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="what", required=True)
-    r = sub.add_parser("run", help="one workload's sweep, engine after engine")
+def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--workload", required=True, choices=list(wl.WORKLOADS))
     r.add_argument("--engines", default=",".join(eng.DEFAULT_SWEEP))
     r.add_argument("--rates", help="requests a second, comma-separated (the workload's own otherwise)")
@@ -268,6 +261,39 @@ def main(argv: list[str] | None = None) -> int:
         "left is not started (a later run takes it, as with a run cut off); for machines lent in short calls",
     )
     r.add_argument("--force", action="store_true", help="run again over existing records")
+
+
+def run_crosscheck(args) -> int:
+    path, vocab = model_dir(args.model)
+    flags = vllm_flags(
+        model=args.model,
+        max_model_len=args.input_len + args.output_len + 64,
+        block_size=args.block_size,
+        kv_blocks=args.kv_blocks,
+        kv_budget_gib=args.kv_budget_gib,
+        eager=args.eager,
+    )
+    return crosscheck.run(args, path, vocab, flags + ["--enable-prompt-tokens-details"])
+
+
+def list_workloads(args) -> int:
+    for w in wl.WORKLOADS.values():
+        print(
+            f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
+            f"{w.max_prompt_tokens():,}, KV budget {w.kv_budget_gib:g} GiB, host {w.host_gib:g} GiB, "
+            f"rates {', '.join(f'{r:g}' for r in w.rates)}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.served",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="what", required=True)
+    add_run_arguments(sub.add_parser("run", help="one workload's sweep, engine after engine"))
     p = sub.add_parser("report", help="tables and plots from the records")
     p.add_argument("--records", type=Path, default=DEFAULT_RECORDS)
     p.add_argument("--plots", type=Path, help="write PNG curves here")
@@ -277,29 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     crosscheck.add_arguments(c)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    if args.what == "run":
-        return run(args)
-    if args.what == "report":
-        return report(args)
-    if args.what == "crosscheck":
-        path, vocab = model_dir(args.model)
-        flags = vllm_flags(
-            model=args.model,
-            max_model_len=args.input_len + args.output_len + 64,
-            block_size=args.block_size,
-            kv_blocks=args.kv_blocks,
-            kv_budget_gib=args.kv_budget_gib,
-            eager=args.eager,
-        )
-        return crosscheck.run(args, path, vocab, flags + ["--enable-prompt-tokens-details"])
-    for w in wl.WORKLOADS.values():
-        print(
-            f"{w.name}: working set {w.working_set_tokens():,} tokens, longest prompt "
-            f"{w.max_prompt_tokens():,}, KV budget {w.kv_budget_gib:g} GiB, host {w.host_gib:g} GiB, "
-            f"rates {', '.join(f'{r:g}' for r in w.rates)}"
-        )
-    return 0
-
+    commands = {"run": run, "report": report, "crosscheck": run_crosscheck, "workloads": list_workloads}
+    return commands[args.what](args)
 
 if __name__ == "__main__":
     sys.exit(main())
