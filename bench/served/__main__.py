@@ -306,5 +306,6 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": run, "report": report, "crosscheck": run_crosscheck, "workloads": list_workloads}
     return commands[args.what](args)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -412,9 +412,10 @@ TEST(LayerStreamer, TheCpusCopierCopiesByRunsAndRefusesTheDevicesMethods) {
   EXPECT_NO_THROW(streamer.set_copy_method(StreamCopy::kRuns));
   EXPECT_FALSE(streamer.tuning().settle_across_steps) << "nothing stays in flight across CPU steps";
   StreamingTuning bad = streamer.tuning();
+  const std::int64_t before = bad.cpu_copy_thread_min_bytes;  // the default, or what the environment set
   bad.cpu_copy_thread_min_bytes = -1;
   EXPECT_THROW(streamer.set_tuning(bad), std::invalid_argument);
-  EXPECT_EQ(streamer.tuning().cpu_copy_thread_min_bytes, StreamingTuning{}.cpu_copy_thread_min_bytes);
+  EXPECT_EQ(streamer.tuning().cpu_copy_thread_min_bytes, before) << "a refused tuning changes nothing";
   EXPECT_FALSE(streamer.has_fused_codec());
   EXPECT_TRUE(streamer.fused_codec_missing().empty());
 }

@@ -48,6 +48,7 @@ import torch
 from .codec import make_codec
 from .config import ConfigError, Mode, StreamingConfig
 from .homes import rows_for
+from .layout import UnsupportedLayoutError
 
 STREAMING_KEY = "kv_connector_extra_config['streaming']"
 
@@ -211,7 +212,7 @@ class LayerStreamer:
         for name in self.geometry.streamed:
             ptr, ring = kv_caches[name].data_ptr(), self.geometry.ring_of(name)
             if ring_ptr.setdefault(ring, ptr) != ptr:
-                raise ValueError(
+                raise UnsupportedLayoutError(
                     f"ActiveKV layer streaming: the KV cache of layer {name!r} is not a view of "
                     f"ring buffer {ring}; vLLM must carry ActiveKV's patch series "
                     "(0002, get_kv_cache_regions) for streaming"

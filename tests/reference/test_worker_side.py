@@ -160,9 +160,11 @@ def test_streamed_layers_find_their_own_bytes_in_the_shared_ring():
 
 def test_streaming_needs_the_rings_to_alias():
     from activekv_reference.config import StreamingConfig
+    from activekv_reference.layout import UnsupportedLayoutError
     from activekv_reference.streaming import StreamingGeometry
 
     geometry = StreamingGeometry.plan(StreamingConfig(resident_layers=0, ring_size=2), LAYOUT.layer_names[:2] + ("l2",))
     worker = WorkerSide(ActiveKVConfig(), LAYOUT, 8, tp_rank=0, streaming=geometry)
-    with pytest.raises(ValueError, match="'l2' is not a view of ring buffer 0"):
+    # A KV cache it cannot serve: the same class the native engine raises.
+    with pytest.raises(UnsupportedLayoutError, match="'l2' is not a view of ring buffer 0"):
         worker.register_kv_caches(kv_caches(seed=1))
