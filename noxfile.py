@@ -43,7 +43,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def lint(session: nox.Session) -> None:
-    """ruff format --check and ruff check over the project's Python."""
+    """The layout and lint checks: ruff (Python), clang-format (C++), lizard
+    (no function over 80 lines in the engine, the pipeline and the benchmarks)."""
     sessions.run_lint(session)
 
 

@@ -278,12 +278,18 @@ def run_all_tests(session: Session, images: ImagePrep | None = None) -> None:
 
 # The C++ clang-format lays out: the engine's and the probes'.
 CPP_SOURCES = ("engine/*.cpp", "engine/*.h", "engine/*.cu", "engine/*.cuh", "bench/probes/*.cpp")
+# The code whose functions stay within one screen (lizard, FUNCTION_LINES at
+# most): the engine, the pipeline and the benchmarks; the tests read as
+# scenarios and may run longer.
+SHAPED_CODE = ("engine", "pipeline", "bench")
+FUNCTION_LINES = 80
 
 
 def run_lint(session: Session) -> None:
-    """ruff's layout and rules (ruff.toml) over the project's Python and
-    clang-format's layout (.clang-format) over its C++: a file laid out
-    otherwise, or a finding, fails the phase and names the file."""
+    """ruff's layout and rules (ruff.toml) over the project's Python,
+    clang-format's layout (.clang-format) over its C++, and lizard's count of
+    each function's lines over both: a file laid out otherwise, a finding or a
+    function over FUNCTION_LINES lines fails the phase and names the file."""
     session.install("-r", str(ROOT / "packaging" / "lint-requirements.txt"))
     session.run("ruff", "format", "--check", "--diff", str(ROOT))
     session.run("ruff", "check", "--output-format", "concise", str(ROOT))
@@ -295,6 +301,15 @@ def run_lint(session: Session) -> None:
         text=True,
     ).stdout.split()
     session.run("clang-format", "--dry-run", "--Werror", *cpp, external=True)
+    # Only the length counts here (complexity and arguments limits set out of reach).
+    session.run(
+        "lizard",
+        "--warnings_only",
+        f"--length={FUNCTION_LINES}",
+        "--CCN=100000",
+        "--arguments=100000",
+        *(str(ROOT / d) for d in SHAPED_CODE),
+    )
 
 
 def junit_counts(path: Path) -> str:

@@ -13,6 +13,6 @@ def test_pre_commit_hooks_pin_what_the_lint_phase_installs():
         if "==" in line and not line.startswith("#")
     )
     hooks = re.findall(r'"([a-z-]+)==([0-9.]+)"', (ROOT / ".pre-commit-config.yaml").read_text())
-    assert set(pinned) == {"ruff", "clang-format"}
+    assert set(pinned) == {"ruff", "clang-format", "lizard"}
     assert hooks and all(pinned[name] == version for name, version in hooks)
     assert {name for name, _ in hooks} == set(pinned)
