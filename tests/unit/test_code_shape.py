@@ -1,0 +1,35 @@
+"""The code's shape kept: no source file of the engine, the pipeline or the
+benchmarks over FILE_LINES lines (a file that grows past it holds more than
+one job; split it along its seams). The functions' length is lizard's, in the
+lint phase (pipeline/sessions.py)."""
+
+import subprocess
+
+from pipeline.paths import ROOT
+from pipeline.sessions import SHAPED_CODE
+
+FILE_LINES = 500
+SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".cu", ".cuh")
+
+
+def shaped_sources() -> list[str]:
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *SHAPED_CODE],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return [f for f in files if f.endswith(SOURCE_SUFFIXES) and (ROOT / f).is_file()]
+
+
+def test_no_source_file_of_the_engine_pipeline_or_benchmarks_is_over_500_lines():
+    sources = shaped_sources()
+    assert any(f.startswith("engine/src/") for f in sources), "no engine sources found: the listing is wrong"
+    too_long = {}
+    for f in sources:
+        with open(ROOT / f, encoding="utf-8") as text:
+            lines = sum(1 for _ in text)
+        if lines > FILE_LINES:
+            too_long[f] = lines
+    assert not too_long, f"over {FILE_LINES} lines (split each along its seams): {too_long}"
