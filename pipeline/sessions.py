@@ -33,6 +33,7 @@ from pipeline.paths import (
     ccache_env,
     relative,
 )
+from pipeline.source import project_files
 from pipeline.stages import patch_vllm
 
 if TYPE_CHECKING:
@@ -293,13 +294,7 @@ def run_lint(session: Session) -> None:
     session.install("-r", str(ROOT / "packaging" / "lint-requirements.txt"))
     session.run("ruff", "format", "--check", "--diff", str(ROOT))
     session.run("ruff", "check", "--output-format", "concise", str(ROOT))
-    cpp = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *CPP_SOURCES],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    cpp = project_files(*CPP_SOURCES)
     session.run("clang-format", "--dry-run", "--Werror", *cpp, external=True)
     # Only the length counts here (complexity and arguments limits set out of reach).
     session.run(

@@ -55,14 +55,16 @@ def engine_version(root: Path = ROOT) -> str:
     return release
 
 
+def project_files(*pathspecs: str) -> list[str]:
+    """The tracked and the untracked but not ignored files `pathspecs` name
+    (what a build or a check of the working tree sees), relative to ROOT."""
+    return git("ls-files", "--cached", "--others", "--exclude-standard", *pathspecs).splitlines()
+
+
 def snapshot_source(dest: Path) -> list[str]:
     """Copy the tracked and not-ignored files of SOURCE_PATHS to dest, keeping
     their paths (the project is dest/engine); returns them."""
-    files = [
-        f
-        for f in git("ls-files", "--cached", "--others", "--exclude-standard", *SOURCE_PATHS).splitlines()
-        if (ROOT / f).is_file()
-    ]
+    files = [f for f in project_files(*SOURCE_PATHS) if (ROOT / f).is_file()]
     if dest.exists():
         shutil.rmtree(dest)
     for f in files:

@@ -3,24 +3,16 @@ benchmarks over FILE_LINES lines (a file that grows past it holds more than
 one job; split it along its seams). The functions' length is lizard's, in the
 lint phase (pipeline/sessions.py)."""
 
-import subprocess
-
 from pipeline.paths import ROOT
 from pipeline.sessions import SHAPED_CODE
+from pipeline.source import project_files
 
 FILE_LINES = 500
 SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".cu", ".cuh")
 
 
 def shaped_sources() -> list[str]:
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *SHAPED_CODE],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    return [f for f in files if f.endswith(SOURCE_SUFFIXES) and (ROOT / f).is_file()]
+    return [f for f in project_files(*SHAPED_CODE) if f.endswith(SOURCE_SUFFIXES) and (ROOT / f).is_file()]
 
 
 def test_no_source_file_of_the_engine_pipeline_or_benchmarks_is_over_500_lines():
