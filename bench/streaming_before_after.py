@@ -1,7 +1,9 @@
 """The layer streamer before and after an engine change, from the runs of
-ci/gpu-streaming-before-after.sh: one row per point that both sides measured,
-with each side's step-to-bound ratio (the median over its rounds, and their
-spread) and after / before of the medians.
+ci/gpu-streaming-before-after.sh: one row per point, with each side's step
+time (the median over its rounds, and their spread), after / before of the
+medians, and each side's median step against its bound. Step times are
+compared, not the ratios: a run's bound comes from the bus's peak measured at
+its own start, which moves by a percent or two from run to run.
 
     python -m bench.streaming_before_after DIR [DIR ...]
 
@@ -27,10 +29,10 @@ def point_label(r: dict) -> str:
     return f"{r['part']} {point_name(r)}, {r['homes']}, {r['method']}"
 
 
-def ratios_by_point(dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
-    """{point: {side: [step / bound of each round]}}, points in the order the
-    runs first measured them."""
-    found: dict[str, dict[str, list[float]]] = defaultdict(lambda: {side: [] for side in SIDES})
+def steps_by_point(dirs: list[Path]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """{point: {side: [(step ms, step / bound) of each round]}}, points in
+    the order the runs first measured them."""
+    found: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: {side: [] for side in SIDES})
     files = sorted(
         (int(m["round"]), m["side"], path) for d in dirs for path in d.iterdir() if (m := RUN_FILE.match(path.name))
     )
@@ -39,15 +41,15 @@ def ratios_by_point(dirs: list[Path]) -> dict[str, dict[str, list[float]]]:
     for _, side, path in files:
         for r in read_results(path):
             if r["part"] in ("grid", "compressed") and "ratio" in r:
-                found[point_label(r)][side].append(r["ratio"])
+                found[point_label(r)][side].append((r["step_ms"], r["ratio"]))
     return found
 
 
-def table(found: dict[str, dict[str, list[float]]]) -> tuple[list[str], float]:
-    """The table's lines, and the largest |after / before - 1| among the
-    points both sides measured."""
+def table(found: dict[str, dict[str, list[tuple[float, float]]]]) -> tuple[list[str], float]:
+    """The table's lines, and the largest |after / before - 1| of the median
+    step times among the points both sides measured."""
     lines = [
-        "| point | after: median step / bound (rounds, spread) | before | after / before |",
+        "| point | after: median step ms (rounds, spread); / bound | before | after / before |",
         "|---|---|---|---|",
     ]
     worst = 0.0
@@ -56,25 +58,31 @@ def table(found: dict[str, dict[str, list[float]]]) -> tuple[list[str], float]:
         if not after or not before:
             lines.append(f"| {label} | {cell(after)} | {cell(before)} | one side only |")
             continue
-        change = statistics.median(after) / statistics.median(before)
+        change = median_step(after) / median_step(before)
         worst = max(worst, abs(change - 1))
         lines.append(f"| {label} | {cell(after)} | {cell(before)} | {change:.4f} |")
     return lines, worst
 
 
-def cell(ratios: list[float]) -> str:
-    if not ratios:
+def median_step(runs: list[tuple[float, float]]) -> float:
+    return statistics.median(step for step, _ in runs)
+
+
+def cell(runs: list[tuple[float, float]]) -> str:
+    if not runs:
         return "not measured"
-    return f"{statistics.median(ratios):.3f}x ({len(ratios)}, {min(ratios):.3f}-{max(ratios):.3f})"
+    steps = [step for step, _ in runs]
+    ratio = statistics.median(ratio for _, ratio in runs)
+    return f"{statistics.median(steps):.2f} ({len(steps)}, {min(steps):.2f}-{max(steps):.2f}); {ratio:.3f}x"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path)
     args = parser.parse_args()
-    lines, worst = table(ratios_by_point(args.dirs))
+    lines, worst = table(steps_by_point(args.dirs))
     print("\n".join(lines))
-    print(f"\nlargest change of a point's median, after against before: {worst:.2%}")
+    print(f"\nlargest change of a point's median step, after against before: {worst:.2%}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """bench.streaming_before_after: the before/after table from
 ci/gpu-streaming-before-after.sh's runs. Each side's rounds count by their
-median, the change is after's median over before's, a point one side never
-reached says so and does not count, and a folder with no runs stops."""
+median step time, the change is after's median over before's, a point one
+side never reached says so and does not count, and a folder with no runs stops."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from bench import streaming_before_after as sba
 
 
 def run_file(path, points):
-    """A streaming_bench output with a RESULT line per (method, ratio)."""
+    """A streaming_bench output with a RESULT line per (method, ratio): a
+    step of 40 ms x ratio against a bound of 40 ms."""
     lines = ["device cuda; 32 layers", 'RESULT {"part": "peak", "h2d_gbs": 55.0, "d2h_gbs": 55.0}']
     for method, ratio in points:
         row = {
@@ -46,11 +47,12 @@ def test_medians_over_rounds_and_the_change(tmp_path):
     for n, (a, b) in enumerate(zip(after, before, strict=True), 1):
         run_file(tmp_path / f"grid-after-{n}.txt", [("batch", a), ("gather", 1.5)])
         run_file(tmp_path / f"grid-before-{n}.txt", [("batch", b)])
-    found = sba.ratios_by_point([tmp_path])
+    found = sba.steps_by_point([tmp_path])
     batch = next(label for label in found if label.endswith(", batch"))
-    assert found[batch] == {"after": after, "before": before}
+    assert [ratio for _, ratio in found[batch]["after"]] == after
+    assert [ratio for _, ratio in found[batch]["before"]] == before
     lines, worst = sba.table(found)
-    change = statistics.median(after) / statistics.median(before)
+    change = statistics.median(40.0 * r for r in after) / statistics.median(40.0 * r for r in before)
     assert f"{change:.4f}" in next(line for line in lines if line.startswith(f"| {batch} |"))
     # the gather point only "after" reached: shown, not counted
     assert any(", gather |" in line and "one side only" in line for line in lines)
@@ -62,12 +64,15 @@ def test_rounds_from_several_folders_are_one_set(tmp_path):
         (tmp_path / folder).mkdir()
         run_file(tmp_path / folder / f"grid-after-{n}.txt", [("batch", 1.0 + n / 100)])
         run_file(tmp_path / folder / f"grid-before-{n}.txt", [("batch", 1.0)])
-    found = sba.ratios_by_point([tmp_path / "first", tmp_path / "second"])
+    found = sba.steps_by_point([tmp_path / "first", tmp_path / "second"])
     (sides,) = found.values()
-    assert sides == {"after": [1.01, 1.02], "before": [1.0, 1.0]}
+    assert {side: [ratio for _, ratio in runs] for side, runs in sides.items()} == {
+        "after": [1.01, 1.02],
+        "before": [1.0, 1.0],
+    }
 
 
 def test_a_folder_without_runs_stops_and_names_it(tmp_path):
     (tmp_path / "grid-after.txt").write_text("not a round's file name\n")
     with pytest.raises(SystemExit, match=str(tmp_path)):
-        sba.ratios_by_point([tmp_path])
+        sba.steps_by_point([tmp_path])
