@@ -155,8 +155,8 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
   check_vllm_settings(vllm_config, config);
   const KVLayout layout = layout_of(kv_cache_config);
   const std::int64_t slot_bytes = layout.slot_bytes(config.mode);
-  const std::int64_t host_bytes = physical_memory_bytes();
-  const std::int64_t num_slots = value_or_raise(config.store_slots(slot_bytes, host_bytes));
+  const HostMemory host = usable_host_memory();
+  const std::int64_t num_slots = value_or_raise(config.store_slots(slot_bytes, host));
   const bool scheduler = role.is(g_classes->scheduler_role);
   std::optional<StreamingGeometry> geometry;
   std::optional<StartupReport> report;
@@ -174,7 +174,7 @@ void connector_init(py::object self, py::object vllm_config, py::object role, py
     report =
         StartupReport::of(*geometry, num_blocks, layout.block_size, layout.layer_bytes(geometry->homes),
                           py::cast<std::int64_t>(vllm_config.attr("model_config").attr("max_model_len")));
-    raise_if_failed(report->check_host_memory(config.capacity_bytes, host_bytes));
+    raise_if_failed(report->check_host_memory(config.capacity_bytes, host));
     if (scheduler) {
       // Under vLLM's logger: its handlers print it, as they do vLLM's own start-up lines.
       py::module_::import("logging").attr("getLogger")("vllm.activekv").attr("info")("%s", report->line());

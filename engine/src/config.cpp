@@ -103,16 +103,15 @@ std::int64_t physical_memory_bytes() {
          static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
-Result<std::int64_t> Config::store_slots(std::int64_t slot_bytes, std::int64_t host_memory_bytes) const {
+Result<std::int64_t> Config::store_slots(std::int64_t slot_bytes, const HostMemory& host) const {
   const std::string at = where("capacity_bytes") + "=" + std::to_string(capacity_bytes);
   const std::int64_t slots = capacity_bytes / slot_bytes;
   if (slots == 0) {
     return bad(at + " holds no block; one block takes " + std::to_string(slot_bytes) + " bytes in " +
                mode_name(mode) + " mode");
   }
-  if (capacity_bytes > host_memory_bytes) {
-    return bad(at + " exceeds this host's memory (" + std::to_string(host_memory_bytes) +
-               " bytes); ask for less");
+  if (capacity_bytes > host.bytes) {
+    return bad(at + " exceeds " + host.what + " (" + std::to_string(host.bytes) + " bytes); ask for less");
   }
   return slots;
 }

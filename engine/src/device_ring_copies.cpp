@@ -12,6 +12,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 namespace activekv::detail {
@@ -60,10 +61,19 @@ void DeviceRingCopies::apply_issue_thread() {
 }
 
 void DeviceRingCopies::synchronize() {
-  drain_thread();
+  // The streams are waited for also where the copy thread's last task failed
+  // (drain_thread rethrows its error): the copies it issued before still land,
+  // and the destructor frees what they write.
+  std::exception_ptr thread_failed;
+  try {
+    drain_thread();
+  } catch (...) {
+    thread_failed = std::current_exception();
+  }
   if (gather_stream_) gather_stream_->synchronize();
   if (writeback_stream_) writeback_stream_->synchronize();
   copy_stream_.synchronize();
+  if (thread_failed) std::rethrow_exception(thread_failed);
   settle_writebacks(/*wait=*/true);  // all done: their rows' poison is known
 }
 

@@ -131,12 +131,12 @@ std::string StartupReport::line() const {
               : "");
 }
 
-Status StartupReport::check_host_memory(std::int64_t capacity_bytes, std::int64_t host_memory_bytes) const {
-  if (capacity_bytes + host_bytes <= host_memory_bytes) return Status::Ok();
+Status StartupReport::check_host_memory(std::int64_t capacity_bytes, const HostMemory& host) const {
+  if (capacity_bytes + host_bytes <= host.bytes) return Status::Ok();
   return bad("kv_connector_extra_config['capacity_bytes']=" + std::to_string(capacity_bytes) +
              " plus the streamed layers' homes (" + std::to_string(host_bytes) + " bytes for " +
-             std::to_string(device_blocks) + " blocks) exceed this host's memory (" +
-             std::to_string(host_memory_bytes) +
+             std::to_string(device_blocks) + " blocks) exceed " + host.what + " (" +
+             std::to_string(host.bytes) +
              " bytes); lower capacity_bytes, raise "
              "kv_connector_extra_config['streaming']['resident_layers'], or give vLLM fewer KV "
              "cache blocks (gpu_memory_utilization, num_gpu_blocks_override)");

@@ -159,14 +159,15 @@ Config with_capacity(std::int64_t bytes, Mode mode = Mode::kExact) {
 }
 
 TEST(Config, TheStoreHoldsAsManyWholeBlocksAsTheCapacityBuys) {
-  constexpr std::int64_t kHost = std::int64_t{1} << 40;
+  const HostMemory kHost{std::int64_t{1} << 40, "this host's memory"};
   EXPECT_EQ(with_capacity(1000).store_slots(100, kHost).value(), 10);
   EXPECT_EQ(with_capacity(1099).store_slots(100, kHost).value(), 10);  // a part block buys nothing
   EXPECT_EQ(with_capacity(100).store_slots(100, kHost).value(), 1);
 }
 
 TEST(Config, ACapacityBelowOneBlockIsRefusedNamingTheBlockSizeAndMode) {
-  const auto slots = with_capacity(99, Mode::kCompressed).store_slots(100, std::int64_t{1} << 40);
+  const auto slots =
+      with_capacity(99, Mode::kCompressed).store_slots(100, {std::int64_t{1} << 40, "this host's memory"});
   ASSERT_FALSE(slots.ok());
   EXPECT_EQ(slots.status().error_code(), ErrorCode::kInvalidConfig);
   EXPECT_EQ(slots.status().error(),
@@ -175,16 +176,25 @@ TEST(Config, ACapacityBelowOneBlockIsRefusedNamingTheBlockSizeAndMode) {
 }
 
 TEST(Config, ACapacityBeyondTheHostsMemoryIsRefused) {
-  EXPECT_TRUE(with_capacity(4096).store_slots(100, 4096).ok());  // all of it is allowed
-  const auto slots = with_capacity(4097).store_slots(100, 4096);
+  const HostMemory host{4096, "this host's memory"};
+  EXPECT_TRUE(with_capacity(4096).store_slots(100, host).ok());  // all of it is allowed
+  const auto slots = with_capacity(4097).store_slots(100, host);
   ASSERT_FALSE(slots.ok());
   EXPECT_EQ(slots.status().error_code(), ErrorCode::kInvalidConfig);
   EXPECT_EQ(slots.status().error(),
             "kv_connector_extra_config['capacity_bytes']=4097 exceeds this host's memory (4096 "
             "bytes); ask for less");
   // No block is checked first: a store too small says so, whatever the host.
-  EXPECT_NE(with_capacity(50).store_slots(100, 10).status().error().find("holds no block"),
-            std::string::npos);
+  EXPECT_NE(
+      with_capacity(50).store_slots(100, {10, "this host's memory"}).status().error().find("holds no block"),
+      std::string::npos);
+}
+
+TEST(Config, ACapacityBeyondTheCgroupsLimitIsRefusedNamingItsFile) {
+  const HostMemory limit{4096, "the memory limit of this process's cgroup, /sys/fs/cgroup/memory.max"};
+  EXPECT_EQ(with_capacity(4097).store_slots(100, limit).status().error(),
+            "kv_connector_extra_config['capacity_bytes']=4097 exceeds the memory limit of this process's "
+            "cgroup, /sys/fs/cgroup/memory.max (4096 bytes); ask for less");
 }
 
 TEST(Config, ThisHostHasSomePhysicalMemory) { EXPECT_GT(physical_memory_bytes(), 0); }

@@ -106,8 +106,9 @@ TEST(StartupReport, CountsBlocksAndBytesAsTheReference) {
 
 TEST(StartupReport, RefusesHomesBeyondTheHostsMemory) {
   const auto r = StartupReport::of(geometry(), 100, 32, 8192, 1000);  // 3670016 bytes of homes
-  EXPECT_TRUE(r.check_host_memory(1000, 1000 + 3670016).ok());
-  EXPECT_EQ(r.check_host_memory(1001, 1000 + 3670016).error(),
+  const HostMemory host{1000 + 3670016, "this host's memory"};
+  EXPECT_TRUE(r.check_host_memory(1000, host).ok());
+  EXPECT_EQ(r.check_host_memory(1001, host).error(),
             "kv_connector_extra_config['capacity_bytes']=1001 plus the streamed layers' homes "
             "(3670016 bytes for 100 blocks) exceed this host's memory (3671016 bytes); lower "
             "capacity_bytes, raise kv_connector_extra_config['streaming']['resident_layers'], or "

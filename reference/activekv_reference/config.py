@@ -103,22 +103,96 @@ class ActiveKVConfig:
             )
         return config
 
-    def store_slots(self, slot_bytes: int, host_memory_bytes: int) -> int:
+    def store_slots(self, slot_bytes: int, host: HostMemory) -> int:
         """The host store's size in blocks of ``slot_bytes`` (one block over all
         layers in this mode); ConfigError naming capacity_bytes when that
-        is no block, or when capacity_bytes is more than ``host_memory_bytes``."""
+        is no block, or when capacity_bytes is more than ``host`` (naming it)."""
         where = f"kv_connector_extra_config['capacity_bytes']={self.capacity_bytes}"
         slots = self.capacity_bytes // slot_bytes
         if slots == 0:
             raise ConfigError(f"{where} holds no block; one block takes {slot_bytes} bytes in {self.mode} mode")
-        if self.capacity_bytes > host_memory_bytes:
-            raise ConfigError(f"{where} exceeds this host's memory ({host_memory_bytes} bytes); ask for less")
+        if self.capacity_bytes > host.bytes:
+            raise ConfigError(f"{where} exceeds {host.what} ({host.bytes} bytes); ask for less")
         return slots
 
 
 def physical_memory_bytes() -> int:
     """This host's physical memory in bytes."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemory:
+    """The memory a host store may take, and what that figure is for an error.
+
+    The host's physical memory, or less where this process's cgroup caps it (a
+    container's --memory, a systemd unit's MemoryMax): the kernel does not
+    refuse an allocation past a cgroup's limit, it kills the process
+    mid-serving, so start-up checks capacity_bytes against the smaller."""
+
+    bytes: int
+    what: str = "this host's memory"
+
+
+def cgroup_memory_limit(
+    proc_cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup"
+) -> HostMemory | None:
+    """The smallest memory limit on the process's cgroup and its ancestors
+    (cgroup v2 memory.max, v1 memory/.../memory.limit_in_bytes), naming the
+    file that set it; None where none is set or none can be read."""
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:  # ID:CONTROLLERS:PATH
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        number, controllers, path = parts
+        if number == "0" and controllers == "":
+            found += _limits_up_from(cgroup_root, path, "memory.max")
+        elif "memory" in controllers.split(","):
+            found += _limits_up_from(f"{cgroup_root}/memory", path, "memory.limit_in_bytes")
+    if not found:
+        return None
+    return min(found, key=lambda limit: limit.bytes)
+
+
+def _limits_up_from(mount: str, path: str, name: str) -> list[HostMemory]:
+    out = []
+    while True:
+        file = f"{mount}{'' if path == '/' else path}/{name}"
+        if (limit := _read_limit(file)) is not None:
+            out.append(HostMemory(limit, f"the memory limit of this process's cgroup, {file}"))
+        if path == "/":
+            return out
+        path = path.rsplit("/", 1)[0] or "/"
+
+
+def _read_limit(file: str) -> int | None:
+    """A limit file's number; None for "max" (v2), v1's "no limit" (a page
+    count near 2**63), a missing file or anything else."""
+    try:
+        with open(file) as f:
+            text = f.read().split()
+    except OSError:
+        return None
+    if len(text) != 1 or not text[0].isdigit():
+        return None
+    value = int(text[0])
+    return value if 0 < value < 1 << 62 else None
+
+
+def usable_host_memory(physical_bytes: int | None = None, cgroup_limit: HostMemory | None = None) -> HostMemory:
+    """The smaller of the physical memory and the cgroup limit (both read
+    from this host where not given)."""
+    if physical_bytes is None:
+        physical_bytes, cgroup_limit = physical_memory_bytes(), cgroup_memory_limit()
+    if cgroup_limit is not None and cgroup_limit.bytes < physical_bytes:
+        return cgroup_limit
+    return HostMemory(physical_bytes)
 
 
 def _streaming(table: Any) -> StreamingConfig:

@@ -14,7 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from .config import ActiveKVConfig, ConfigError, physical_memory_bytes
+from .config import ActiveKVConfig, ConfigError, usable_host_memory
 from .identity import ModelIdentity
 from .layout import KVLayout
 from .metadata import ActiveKVMetadata
@@ -100,8 +100,8 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
             )
         layout = KVLayout.from_kv_cache_config(kv_cache_config)
         slot_bytes = layout.slot_bytes(self.config.mode)
-        host_bytes = physical_memory_bytes()
-        num_slots = self.config.store_slots(slot_bytes, host_bytes)
+        host = usable_host_memory()
+        num_slots = self.config.store_slots(slot_bytes, host)
         geometry = None
         if self.config.streaming is not None:
             check_streamable(vllm_config, kv_cache_config.kv_cache_groups)
@@ -114,12 +114,12 @@ class ActiveKVReferenceConnector(KVConnectorBase_V1):
                 vllm_config.model_config.max_model_len,
             )
             # The homes come on top of the host store, in every worker.
-            if self.config.capacity_bytes + report.host_bytes > host_bytes:
+            if self.config.capacity_bytes + report.host_bytes > host.bytes:
                 raise ConfigError(
                     f"kv_connector_extra_config['capacity_bytes']={self.config.capacity_bytes} "
                     f"plus the streamed layers' homes ({report.host_bytes} bytes for "
-                    f"{kv_cache_config.num_blocks} blocks) exceed this host's memory "
-                    f"({host_bytes} bytes); lower capacity_bytes, raise "
+                    f"{kv_cache_config.num_blocks} blocks) exceed {host.what} "
+                    f"({host.bytes} bytes); lower capacity_bytes, raise "
                     f"kv_connector_extra_config['streaming']['resident_layers'], or give vLLM "
                     f"fewer KV cache blocks (gpu_memory_utilization, num_gpu_blocks_override)"
                 )

@@ -328,6 +328,44 @@ def test_launcher_rejects_bad_flags_with_usage(release_tree, runtime, flags, mes
     assert message in result.stderr and "usage: activekv-serve" in result.stderr
 
 
+def test_a_store_past_the_containers_memory_limit_is_refused_at_start_naming_it(release_tree, runtime, cache_dir):
+    """A container's --memory is a cgroup limit, which the kernel enforces by
+    killing the process once its memory reaches it, not by refusing an
+    allocation: activekv-serve in a 3 GiB container asked for a 4 GiB host
+    store stops at start-up naming the cgroup's file and its figure, where
+    the host's memory alone would have let it start and die as the store filled."""
+    model = tiny_llama(cache_dir)
+    name = f"activekv-memory-limit-{free_port()}"
+    limit, capacity = 3 << 30, 4 << 30
+    args = ["run", "-d", "--name", name, "--network=host", f"--memory={limit}", "-v", f"{model}:/model:ro"]
+    server = ["--model", "/model", "--skip-tokenizer-init", "--kv-cache-memory-bytes", str(16 << 20)]
+    try:
+        runtime.run(
+            *args,
+            release_tree["runtime"]["id"],
+            "--activekv-capacity",
+            str(capacity),
+            *server,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+        )
+        exit_code = subprocess.run([runtime.name, "wait", name], capture_output=True, text=True, timeout=600)
+        done = runtime.run("logs", name, capture=True, check=False)
+    finally:
+        runtime.run("rm", "--force", name, check=False)
+    logs = done.stdout + done.stderr
+    assert exit_code.stdout.strip() not in ("", "0"), logs[-3000:]
+    refused = re.search(
+        rf"kv_connector_extra_config\['capacity_bytes'\]={capacity} exceeds the memory limit of this process's "
+        r"cgroup, (/sys/fs/cgroup/\S+) \((\d+) bytes\); ask for less",
+        logs,
+    )
+    assert refused, logs[-3000:]
+    assert int(refused.group(2)) == limit
+
+
 def completion(port: int, prompt: list[int], logprobs: int | None = None) -> dict:
     request = {"model": "/model", "prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
     if logprobs:

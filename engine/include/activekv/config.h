@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "activekv/host_memory.h"
 #include "activekv/status.h"
 
 namespace activekv {
@@ -78,8 +79,8 @@ struct Config {
   // The host store's size in blocks of `slot_bytes` (one block over all
   // layers in this config's mode): capacity_bytes / slot_bytes. An error
   // naming capacity_bytes when that is no block, or when capacity_bytes is
-  // more than `host_memory_bytes` (physical_memory_bytes() on a real host).
-  Result<std::int64_t> store_slots(std::int64_t slot_bytes, std::int64_t host_memory_bytes) const;
+  // more than `host` (usable_host_memory() on a real host), naming it.
+  Result<std::int64_t> store_slots(std::int64_t slot_bytes, const HostMemory& host) const;
 };
 
 const char* mode_name(Mode mode);

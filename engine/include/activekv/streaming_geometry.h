@@ -86,7 +86,7 @@ struct StartupReport {
   std::string line() const;
   // The homes come on top of the host store, in every worker: refuses
   // (naming what to lower) a store plus homes beyond the host's memory.
-  Status check_host_memory(std::int64_t capacity_bytes, std::int64_t host_memory_bytes) const;
+  Status check_host_memory(std::int64_t capacity_bytes, const HostMemory& host) const;
 };
 
 }  // namespace activekv
