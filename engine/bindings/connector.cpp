@@ -122,7 +122,9 @@ void unpin_store_file(const py::object& self) {
 // buffers of its own, which vLLM does not measure. And where vLLM captures
 // breakable CUDA graphs (auto-enabled for some architectures since 0.34), the
 // KV cache update op is captured with its layer's early wait, which streaming
-// needs every step. Asked before vLLM sizes its cache and again by each
+// needs every step. Asynchronous loads before vLLM 0.32 (SchedulerOutput
+// without has_sync_kv_loads): vLLM 0.26's GPU test of the asynchronous reload
+// found its hit uncounted. Asked before vLLM sizes its cache and again by each
 // connector; throws ValueError naming the setting to use.
 void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   const py::object cache = py::getattr(vllm_config, "cache_config", py::none());
@@ -134,6 +136,14 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
         "on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset (it then takes "
         "1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM with "
         "--no-enable-extensible-kv-cache");
+  }
+  if (config.async_load_min_tokens > 0 && !g_classes->features.sync_kv_loads_flag) {
+    raise_config_error(
+        "kv_connector_extra_config['async_load_min_tokens']=" + std::to_string(config.async_load_min_tokens) +
+        " asks for asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM " +
+        g_classes->features.version +
+        " their hits go uncounted (tests/gpu), so they are refused: leave async_load_min_tokens at 0 "
+        "(every hit loads inside its step)");
   }
   if (!config.streaming) return;
   const py::object compilation = py::getattr(vllm_config, "compilation_config", py::none());

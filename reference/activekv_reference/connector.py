@@ -9,10 +9,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
+import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
 )
+from vllm.v1.core.sched.output import SchedulerOutput
 
 from .config import ActiveKVConfig, ConfigError, usable_host_memory
 from .identity import ModelIdentity
@@ -64,7 +66,10 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
     device memory vLLM measured free after warm-up; with gpu_memory_utilization
     unset it takes all of it, and the loads stage through device buffers of
     their own. Breakable CUDA graphs capture the KV cache update op with the
-    early wait streaming needs. Refused, naming the setting to use."""
+    early wait streaming needs. Asynchronous loads before vLLM 0.32 (no
+    SchedulerOutput.has_sync_kv_loads): vLLM 0.26's GPU test of the
+    asynchronous reload found its hit uncounted. Refused, naming the setting
+    to use."""
     cache = getattr(vllm_config, "cache_config", None)
     if (
         getattr(cache, "enable_extensible_kv_cache", None) is True
@@ -75,6 +80,15 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
             "default on CUDA since vLLM 0.34) leaves no room for when gpu_memory_utilization is unset "
             "(it then takes 1.0 of the device): set --gpu-memory-utilization, e.g. 0.9, or start vLLM "
             "with --no-enable-extensible-kv-cache"
+        )
+    if config.async_load_min_tokens > 0 and "has_sync_kv_loads" not in getattr(
+        SchedulerOutput, "__dataclass_fields__", {}
+    ):
+        raise ConfigError(
+            f"kv_connector_extra_config['async_load_min_tokens']={config.async_load_min_tokens} asks for "
+            f"asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM "
+            f"{vllm.__version__} their hits go uncounted (tests/gpu), so they are refused: leave "
+            "async_load_min_tokens at 0 (every hit loads inside its step)"
         )
     if config.streaming is None:
         return

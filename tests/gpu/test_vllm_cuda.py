@@ -133,6 +133,8 @@ def test_vllm_keeps_its_default_cuda_graphs_for_the_store(llms, setting, figures
 def test_exact_reload_is_vllms_own_prefix_hit_bit_for_bit(llms, setting, tail, loads):
     extra = {"mode": "exact", "store_blocks": "prompt_and_decode"}
     if loads == "async":
+        if not offers("sync_kv_loads_flag"):
+            pytest.skip(f"vLLM {vllm_version()} refuses asynchronous loads (the refusals' test)")
         extra["async_load_min_tokens"] = h.BLOCK_SIZE
     llm = connector_llm(llms, setting, extra)
     # A prompt of its own: no block stored by another case.
@@ -447,6 +449,18 @@ def offers(feature: str) -> bool:
     import activekv
 
     return bool(activekv.vllm_features()[feature])
+
+
+def test_asynchronous_loads_before_vllm_0_32_are_refused_naming_the_setting(llms, eager_model, capfd):
+    """On vLLM 0.26 the asynchronous reload's hit went uncounted
+    (bench/raw/2026-12-08-h100-vllm-0.26-tests/): refused at start-up there."""
+    if offers("sync_kv_loads_flag"):
+        pytest.skip(f"vLLM {vllm_version()} serves asynchronous loads (0.32+)")
+    llms.close()
+    with pytest.raises(Exception) as raised:
+        h.make_llm(eager_model, {"mode": "exact", "async_load_min_tokens": 64}, connector="native")
+    err = capfd.readouterr().err + str(raised.value)
+    assert "kv_connector_extra_config['async_load_min_tokens']=64" in err and "vLLM 0.32 and later" in err, err[-3000:]
 
 
 def test_sleep_mode_is_refused_naming_the_connector(llms, eager_model):
