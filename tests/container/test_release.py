@@ -351,7 +351,7 @@ def test_a_store_past_the_containers_memory_limit_is_refused_at_start_naming_it(
             "--port",
             str(free_port()),
         )
-        exit_code = subprocess.run([runtime.name, "wait", name], capture_output=True, text=True, timeout=600)
+        exit_code = subprocess.run([runtime.name, "wait", name], capture_output=True, text=True, timeout=300)
         done = runtime.run("logs", name, capture=True, check=False)
     finally:
         runtime.run("rm", "--force", name, check=False)
