@@ -142,7 +142,8 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
         "kv_connector_extra_config['async_load_min_tokens']=" + std::to_string(config.async_load_min_tokens) +
         " asks for asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM " +
         g_classes->features.version +
-        " their hits go uncounted (tests/gpu), so they are refused: leave async_load_min_tokens at 0 "
+        " ActiveKV's GPU tests found their hits uncounted, so they are refused: leave async_load_min_tokens "
+        "at 0 "
         "(every hit loads inside its step)");
   }
   if (!config.streaming) return;

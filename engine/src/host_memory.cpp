@@ -3,7 +3,6 @@
 #include <charconv>
 #include <fstream>
 #include <sstream>
-#include <vector>
 
 #include "activekv/config.h"
 

@@ -87,7 +87,7 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
         raise ConfigError(
             f"kv_connector_extra_config['async_load_min_tokens']={config.async_load_min_tokens} asks for "
             f"asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM "
-            f"{vllm.__version__} their hits go uncounted (tests/gpu), so they are refused: leave "
+            f"{vllm.__version__} ActiveKV's GPU tests found their hits uncounted, so they are refused: leave "
             "async_load_min_tokens at 0 (every hit loads inside its step)"
         )
     if config.streaming is None:
