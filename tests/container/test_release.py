@@ -337,7 +337,17 @@ def test_a_store_past_the_containers_memory_limit_is_refused_at_start_naming_it(
     model = tiny_llama(cache_dir)
     name = f"activekv-memory-limit-{free_port()}"
     limit, capacity = 3 << 30, 4 << 30
-    args = ["run", "-d", "--name", name, "--network=host", f"--memory={limit}", "-v", f"{model}:/model:ro"]
+    args = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network=host",
+        "--shm-size=1g",
+        f"--memory={limit}",
+        "-v",
+        f"{model}:/model:ro",
+    ]
     server = ["--model", "/model", "--skip-tokenizer-init", "--kv-cache-memory-bytes", str(16 << 20)]
     try:
         runtime.run(
