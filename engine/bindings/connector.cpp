@@ -123,9 +123,11 @@ void unpin_store_file(const py::object& self) {
 // breakable CUDA graphs (auto-enabled for some architectures since 0.34), the
 // KV cache update op is captured with its layer's early wait, which streaming
 // needs every step. Asynchronous loads before vLLM 0.32 (SchedulerOutput
-// without has_sync_kv_loads): vLLM 0.26's GPU test of the asynchronous reload
-// found its hit uncounted. Asked before vLLM sizes its cache and again by each
-// connector; throws ValueError naming the setting to use.
+// without has_sync_kv_loads) are unverified: vLLM 0.26's offline LLM drops the
+// statistics of a step without request outputs (llm_engine.py; 0.32 records
+// them), the step where a parked request's hit is counted, and that stopped
+// their GPU test before it compared the tokens. Asked before vLLM sizes its
+// cache and again by each connector; throws ValueError naming the setting to use.
 void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   const py::object cache = py::getattr(vllm_config, "cache_config", py::none());
   if (g_classes->features.extensible_kv_cache &&
@@ -140,10 +142,9 @@ void check_vllm_settings(const py::handle& vllm_config, const Config& config) {
   if (config.async_load_min_tokens > 0 && !g_classes->features.sync_kv_loads_flag) {
     raise_config_error(
         "kv_connector_extra_config['async_load_min_tokens']=" + std::to_string(config.async_load_min_tokens) +
-        " asks for asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM " +
+        " asks for asynchronous loads, which ActiveKV has verified on vLLM 0.32 and later; on this vLLM " +
         g_classes->features.version +
-        " ActiveKV's GPU tests found their hits uncounted, so they are refused: leave async_load_min_tokens "
-        "at 0 "
+        " they are unverified, so refused: leave async_load_min_tokens at 0 "
         "(every hit loads inside its step)");
   }
   if (!config.streaming) return;

@@ -67,9 +67,10 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
     unset it takes all of it, and the loads stage through device buffers of
     their own. Breakable CUDA graphs capture the KV cache update op with the
     early wait streaming needs. Asynchronous loads before vLLM 0.32 (no
-    SchedulerOutput.has_sync_kv_loads): vLLM 0.26's GPU test of the
-    asynchronous reload found its hit uncounted. Refused, naming the setting
-    to use."""
+    SchedulerOutput.has_sync_kv_loads) are unverified: vLLM 0.26's offline LLM
+    drops the statistics of a step without request outputs, where a parked
+    request's hit is counted, and that stopped their GPU test before it
+    compared the tokens. Refused, naming the setting to use."""
     cache = getattr(vllm_config, "cache_config", None)
     if (
         getattr(cache, "enable_extensible_kv_cache", None) is True
@@ -86,8 +87,8 @@ def check_vllm_settings(vllm_config: VllmConfig, config: ActiveKVConfig) -> None
     ):
         raise ConfigError(
             f"kv_connector_extra_config['async_load_min_tokens']={config.async_load_min_tokens} asks for "
-            f"asynchronous loads, which ActiveKV serves on vLLM 0.32 and later; on this vLLM "
-            f"{vllm.__version__} ActiveKV's GPU tests found their hits uncounted, so they are refused: leave "
+            f"asynchronous loads, which ActiveKV has verified on vLLM 0.32 and later; on this vLLM "
+            f"{vllm.__version__} they are unverified, so refused: leave "
             "async_load_min_tokens at 0 (every hit loads inside its step)"
         )
     if config.streaming is None:
