@@ -38,6 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_container(name: str, model: Path, *docker_flags: str) -> list[str]:
+    """`docker run` arguments for a server in a background container: the
+    host's network, the shared memory vLLM's workers need, the model read-only
+    at /model, and `docker_flags` before the mount."""
+    return ["run", "-d", "--name", name, "--network=host", "--shm-size=1g", *docker_flags, "-v", f"{model}:/model:ro"]
+
+
 @pytest.fixture(scope="module")
 def release_tree(cpu_built, patched_cpu_vllm, runtime, tmp_path_factory):
     """build/release-like folders made by the real stages for the cpu target."""
@@ -337,17 +344,7 @@ def test_a_store_past_the_containers_memory_limit_is_refused_at_start_naming_it(
     model = tiny_llama(cache_dir)
     name = f"activekv-memory-limit-{free_port()}"
     limit, capacity = 3 << 30, 4 << 30
-    args = [
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network=host",
-        "--shm-size=1g",
-        f"--memory={limit}",
-        "-v",
-        f"{model}:/model:ro",
-    ]
+    args = server_container(name, model, f"--memory={limit}")
     server = ["--model", "/model", "--skip-tokenizer-init", "--kv-cache-memory-bytes", str(16 << 20)]
     try:
         runtime.run(
@@ -442,17 +439,7 @@ def test_the_runtime_image_streams_a_context_8x_its_kv_budget(release_tree, runt
         for kind in ("plain", "streaming"):
             port = free_port()
             name = f"activekv-{kind}-{port}"
-            args = [
-                "run",
-                "-d",
-                "--name",
-                name,
-                "--network=host",
-                "--shm-size=1g",
-                *same_threads,
-                "-v",
-                f"{model}:/model:ro",
-            ]
+            args = server_container(name, model, *same_threads)
             if kind == "plain":  # vLLM's own server in the same image, 8x the budget
                 args += [
                     "--entrypoint",
@@ -557,16 +544,7 @@ def test_consumer_pulls_the_image_and_serves_with_activekv(signed, published, re
     port = free_port()
     name = f"activekv-serve-{port}"
     runtime.run(
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network=host",
-        "--shm-size=1g",
-        "-e",
-        "VLLM_SERVER_DEV_MODE=1",
-        "-v",
-        f"{model}:/model:ro",
+        *server_container(name, model, "-e", "VLLM_SERVER_DEV_MODE=1"),
         remote,
         "--model",
         "/model",
